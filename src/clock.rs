@@ -121,8 +121,7 @@ impl ManualClock {
 
     /// Moves the clock forward by `d`.
     pub fn advance(&self, d: Duration) {
-        self.now
-            .fetch_add(duration_to_micros(d), Ordering::SeqCst);
+        self.now.fetch_add(duration_to_micros(d), Ordering::SeqCst);
     }
 
     /// Sets the clock to `t`, which may be earlier than now (to test rollback).
@@ -149,7 +148,10 @@ mod tests {
         assert!(b >= a);
         let wall = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
         let diff = wall.as_micros().abs_diff(u128::from(b.0));
-        assert!(diff < 5_000_000, "system clock drifted {diff}µs from wall time");
+        assert!(
+            diff < 5_000_000,
+            "system clock drifted {diff}µs from wall time"
+        );
     }
 
     #[test]

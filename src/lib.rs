@@ -1,5 +1,10 @@
 //! tower-admission
 #![cfg_attr(docsrs, feature(doc_auto_cfg))]
 
+pub mod bounds;
 pub mod clock;
+pub mod concurrency;
+pub mod identity;
+pub mod outbound;
+pub mod quota;
 pub mod reject;

@@ -39,7 +39,8 @@ use serde_json::json;
 pub type ResponseBody<B> = Either<B, Full<Bytes>>;
 
 /// Base of the problem `type` URIs.
-pub const PROBLEM_TYPE_BASE: &str = "https://docs.rs/tower-admission/latest/tower_admission/reject/";
+pub const PROBLEM_TYPE_BASE: &str =
+    "https://docs.rs/tower-admission/latest/tower_admission/reject/";
 
 /// Why a request was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -260,7 +261,9 @@ impl Rejection {
             Rejection::InvalidParameters(errors) => json!({
                 "errors": errors.iter().map(|e| json!({"name": e.name, "reason": e.reason})).collect::<Vec<_>>()
             }),
-            Rejection::PayloadTooLarge { cap, limit } => json!({"cap": cap.to_string(), "limit": limit}),
+            Rejection::PayloadTooLarge { cap, limit } => {
+                json!({"cap": cap.to_string(), "limit": limit})
+            }
             Rejection::QuotaExceeded { policies, .. } => json!({"policies": names(policies)}),
             Rejection::CostExceedsCapacity { policies, cost } => {
                 json!({"policies": names(policies), "cost": cost})
@@ -414,7 +417,10 @@ mod tests {
     #[test]
     fn grpc_rejections_use_grpc_status() {
         let mut h = HeaderMap::new();
-        h.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc+proto"));
+        h.insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("application/grpc+proto"),
+        );
         assert!(is_grpc(&h));
         let r = Rejection::Unauthenticated { reason: "missing" };
         let response = r.into_response(true);

@@ -1,0 +1,1 @@
+//! outbound (in progress)
