@@ -4,7 +4,10 @@
 pub mod bounds;
 pub mod clock;
 pub mod concurrency;
+mod error;
 pub mod identity;
 pub mod outbound;
 pub mod quota;
 pub mod reject;
+
+pub use error::ConfigError;

@@ -1,1 +1,10 @@
-//! quota (in progress)
+//! Quotas: policies, algorithms, stores and the quota layer.
+
+pub mod algorithm;
+mod decision;
+mod policy;
+pub mod store;
+
+pub use decision::{Decision, QuotaDecision};
+pub use policy::{FailureMode, Policy, Quota};
+pub use store::{MemoryConfig, MemoryStore, Store, StoreError};

@@ -1,0 +1,122 @@
+use std::collections::VecDeque;
+
+use crate::quota::algorithm::{micros, never};
+use crate::quota::Decision;
+
+/// Exact sliding log: a request at `t` is admitted only if the cost admitted
+/// in `(t - W, t]` plus its own stays at or below `limit`.
+///
+/// Every admission is its own entry, so admissions with identical timestamps
+/// are distinct. Memory per key is at most `limit` entries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlidingLog {
+    /// Most cost admitted in any window.
+    pub limit: u64,
+    /// Window length in microseconds.
+    pub window: u64,
+}
+
+/// Admissions still inside the window, oldest first.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SlidingLogState {
+    /// `(time in µs, cost)` of each admission, oldest first.
+    pub entries: VecDeque<(u64, u64)>,
+    /// Sum of the costs in `entries`.
+    pub total: u64,
+}
+
+impl SlidingLog {
+    /// Drops entries at or before `now - W`; returns the time the log acts at.
+    fn trim(&self, state: &mut SlidingLogState, now: u64) -> u64 {
+        let now = state.entries.back().map_or(now, |&(t, _)| now.max(t));
+        while let Some(&(t, cost)) = state.entries.front() {
+            if t.saturating_add(self.window) > now {
+                break;
+            }
+            state.entries.pop_front();
+            state.total -= cost;
+        }
+        now
+    }
+
+    fn reset(&self, state: &SlidingLogState, now: u64) -> u64 {
+        state
+            .entries
+            .back()
+            .map_or(0, |&(t, _)| (t + self.window).saturating_sub(now))
+    }
+
+    pub(crate) fn check(&self, state: &mut SlidingLogState, now: u64, cost: u64) -> Decision {
+        self.trim(state, now);
+        let remaining = self.limit.saturating_sub(state.total);
+        let reset = self.reset(state, now);
+        if cost > self.limit {
+            return never(self.limit, remaining, reset);
+        }
+        if cost <= remaining {
+            let reset = if cost > 0 { self.window } else { reset };
+            return Decision {
+                admitted: true,
+                limit: self.limit,
+                remaining: remaining - cost,
+                retry_after: None,
+                reset: micros(reset),
+            };
+        }
+        // Wait until enough of the oldest entries have left the window.
+        let mut to_free = cost - remaining;
+        let mut wait = 0;
+        for &(t, c) in &state.entries {
+            wait = (t + self.window).saturating_sub(now);
+            if c >= to_free {
+                break;
+            }
+            to_free -= c;
+        }
+        Decision {
+            admitted: false,
+            limit: self.limit,
+            remaining,
+            retry_after: Some(micros(wait)),
+            reset: micros(reset),
+        }
+    }
+
+    pub(crate) fn record(&self, state: &mut SlidingLogState, now: u64, cost: u64) {
+        let now = self.trim(state, now);
+        let cost = cost.min(self.limit - state.total);
+        if cost > 0 {
+            state.entries.push_back((now, cost));
+            state.total += cost;
+        }
+    }
+
+    pub(crate) fn adjust(&self, state: &mut SlidingLogState, now: u64, delta: i64) {
+        if delta >= 0 {
+            self.record(state, now, delta.unsigned_abs());
+            return;
+        }
+        self.trim(state, now);
+        // Refunds come off the newest admissions, the ones being settled.
+        let mut refund = delta.unsigned_abs();
+        while refund > 0 {
+            let Some(last) = state.entries.back_mut() else {
+                break;
+            };
+            let take = refund.min(last.1);
+            last.1 -= take;
+            state.total -= take;
+            refund -= take;
+            if last.1 == 0 {
+                state.entries.pop_back();
+            }
+        }
+    }
+
+    pub(crate) fn fresh_at(&self, state: &SlidingLogState) -> u64 {
+        state
+            .entries
+            .back()
+            .map_or(0, |&(t, _)| t.saturating_add(self.window))
+    }
+}

@@ -1,0 +1,78 @@
+use crate::quota::algorithm::{micros, never};
+use crate::quota::Decision;
+
+/// Token bucket with capacity `B` and continuous refill of one token every
+/// `interval` microseconds, as GCRA: the state is one theoretical arrival time.
+///
+/// A request of cost `n` at `now` is admitted iff
+/// `max(tat, now) + n * interval <= now + B * interval`, and then
+/// `tat = max(tat, now) + n * interval`. This is governor's rule, so the two
+/// agree decision for decision. Starting full, at most `floor(B + T / interval)`
+/// are admitted over any interval `T`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenBucket {
+    /// Bucket size `B`, the most admitted at once.
+    pub capacity: u64,
+    /// Microseconds to refill one token.
+    pub interval: u64,
+}
+
+/// The theoretical arrival time: the bucket is full at and after `tat`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TokenBucketState {
+    /// Theoretical arrival time in µs.
+    pub tat: u64,
+}
+
+impl TokenBucket {
+    fn horizon(&self, now: u64) -> u64 {
+        now.saturating_add(self.capacity.saturating_mul(self.interval))
+    }
+
+    pub(crate) fn check(&self, state: &mut TokenBucketState, now: u64, cost: u64) -> Decision {
+        let start = state.tat.max(now);
+        let horizon = self.horizon(now);
+        let remaining = horizon.saturating_sub(start) / self.interval;
+        if cost > self.capacity {
+            return never(self.capacity, remaining, start - now);
+        }
+        let next = start.saturating_add(cost.saturating_mul(self.interval));
+        if next <= horizon {
+            Decision {
+                admitted: true,
+                limit: self.capacity,
+                remaining: (horizon - next) / self.interval,
+                retry_after: None,
+                reset: micros(next - now),
+            }
+        } else {
+            Decision {
+                admitted: false,
+                limit: self.capacity,
+                remaining,
+                retry_after: Some(micros(next - horizon)),
+                reset: micros(start - now),
+            }
+        }
+    }
+
+    pub(crate) fn record(&self, state: &mut TokenBucketState, now: u64, cost: u64) {
+        let next = state
+            .tat
+            .max(now)
+            .saturating_add(cost.saturating_mul(self.interval));
+        state.tat = next.min(self.horizon(now).max(state.tat));
+    }
+
+    pub(crate) fn adjust(&self, state: &mut TokenBucketState, now: u64, delta: i64) {
+        let amount = delta.unsigned_abs().saturating_mul(self.interval);
+        if delta >= 0 {
+            let start = state.tat.max(now);
+            state.tat = start
+                .saturating_add(amount)
+                .min(self.horizon(now).max(start));
+        } else if state.tat > now {
+            state.tat = state.tat.saturating_sub(amount).max(now);
+        }
+    }
+}

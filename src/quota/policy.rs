@@ -1,0 +1,281 @@
+use std::num::NonZeroU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::clock::duration_to_micros;
+use crate::quota::algorithm::{Algorithm, FixedWindow, SlidingLog, SlidingWindow, TokenBucket};
+use crate::ConfigError;
+
+/// What a policy does when its store cannot decide in time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FailureMode {
+    /// Admit. **Breaks a strict cap**: while the store is down nothing is limited.
+    Open,
+    /// Refuse with 503 and `Retry-After`. The default.
+    #[default]
+    Closed,
+    /// Decide against an in-memory limiter holding `1 / divisor` of the
+    /// budget, for example the budget divided by the expected number of
+    /// instances, so the fleet as a whole stays near the cap.
+    LocalShare {
+        /// How many parts the budget is split into.
+        divisor: NonZeroU64,
+    },
+}
+
+/// One named limit: an algorithm, its numbers, and how it behaves.
+///
+/// ```
+/// use tower_admission::quota::Policy;
+/// use std::time::Duration;
+///
+/// let per_minute = Policy::sliding_log("per-minute", 100, Duration::from_secs(60))?;
+/// let burst = Policy::token_bucket("burst", 20, 100, Duration::from_secs(60))?;
+/// assert_eq!(per_minute.name(), "per-minute");
+/// # Ok::<(), tower_admission::ConfigError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    name: Arc<str>,
+    algorithm: Algorithm,
+    shadow: bool,
+    failure_mode: FailureMode,
+}
+
+impl Policy {
+    /// `limit` per clock-aligned `window`.
+    pub fn fixed_window(name: &str, limit: u64, window: Duration) -> Result<Self, ConfigError> {
+        let limit = positive("limit", limit)?;
+        let window = window_micros(window)?;
+        Self::new(name, Algorithm::FixedWindow(FixedWindow { limit, window }))
+    }
+
+    /// Exactly `limit` in every interval `(t - window, t]`.
+    pub fn sliding_log(name: &str, limit: u64, window: Duration) -> Result<Self, ConfigError> {
+        let limit = positive("limit", limit)?;
+        if limit > 1_000_000 {
+            return Err(ConfigError::new(
+                "limit",
+                "a sliding log keeps one entry per admission; use at most 1,000,000 or a sliding_window",
+            ));
+        }
+        let window = window_micros(window)?;
+        Self::new(name, Algorithm::SlidingLog(SlidingLog { limit, window }))
+    }
+
+    /// A bucket of `capacity` tokens refilled continuously with `refill` tokens
+    /// per `period`. One token per unit of cost.
+    ///
+    /// The refill interval `period / refill` must be a whole number of
+    /// microseconds, so the bucket never drifts by rounding.
+    pub fn token_bucket(
+        name: &str,
+        capacity: u64,
+        refill: u64,
+        period: Duration,
+    ) -> Result<Self, ConfigError> {
+        let capacity = positive("capacity", capacity)?;
+        let refill = positive("refill", refill)?;
+        let period = window_micros(period)?;
+        if period % refill != 0 {
+            return Err(ConfigError::new(
+                "refill",
+                format!("period ({period} µs) must divide evenly by refill ({refill}) to the microsecond"),
+            ));
+        }
+        let interval = period / refill;
+        if capacity
+            .checked_mul(interval)
+            .is_none_or(|t| t > u64::MAX / 4)
+        {
+            return Err(ConfigError::new(
+                "capacity",
+                "capacity times refill interval overflows",
+            ));
+        }
+        Self::new(
+            name,
+            Algorithm::TokenBucket(TokenBucket { capacity, interval }),
+        )
+    }
+
+    /// About `limit` per `window`, estimated from two window counters. An
+    /// approximation; see [`SlidingWindow`].
+    pub fn sliding_window(name: &str, limit: u64, window: Duration) -> Result<Self, ConfigError> {
+        let limit = positive("limit", limit)?;
+        let window = window_micros(window)?;
+        Self::new(
+            name,
+            Algorithm::SlidingWindow(SlidingWindow { limit, window }),
+        )
+    }
+
+    /// A policy from an algorithm value, checking the name.
+    pub fn new(name: &str, algorithm: Algorithm) -> Result<Self, ConfigError> {
+        let valid = !name.is_empty()
+            && name.len() <= 64
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+        if !valid {
+            return Err(ConfigError::new(
+                "name",
+                format!("{name:?} must be 1 to 64 characters of [A-Za-z0-9._-]"),
+            ));
+        }
+        Ok(Policy {
+            name: name.into(),
+            algorithm,
+            shadow: false,
+            failure_mode: FailureMode::default(),
+        })
+    }
+
+    /// Shadow mode: decide, log and count, but never refuse.
+    pub fn shadow(mut self) -> Self {
+        self.shadow = true;
+        self
+    }
+
+    /// What to do when the store cannot decide in time.
+    pub fn on_failure(mut self, mode: FailureMode) -> Self {
+        self.failure_mode = mode;
+        self
+    }
+
+    /// The policy's name, used in headers, problem bodies and logs.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The name as a shared string.
+    pub fn name_arc(&self) -> &Arc<str> {
+        &self.name
+    }
+
+    /// The algorithm and its numbers.
+    pub fn algorithm(&self) -> &Algorithm {
+        &self.algorithm
+    }
+
+    /// True in shadow mode.
+    pub fn is_shadow(&self) -> bool {
+        self.shadow
+    }
+
+    /// The failure mode.
+    pub fn failure_mode(&self) -> FailureMode {
+        self.failure_mode
+    }
+}
+
+fn positive(field: &'static str, n: u64) -> Result<u64, ConfigError> {
+    NonZeroU64::new(n)
+        .map(NonZeroU64::get)
+        .ok_or_else(|| ConfigError::new(field, "must be at least 1"))
+}
+
+fn window_micros(window: Duration) -> Result<u64, ConfigError> {
+    let micros = duration_to_micros(window);
+    if micros == 0 {
+        return Err(ConfigError::new("window", "must be at least 1 µs"));
+    }
+    if micros > 366 * 24 * 3600 * 1_000_000 {
+        return Err(ConfigError::new("window", "must be at most one year"));
+    }
+    Ok(micros)
+}
+
+/// The policies applied together to one key: a request is admitted only if
+/// all of them admit it, and a refusal by one consumes nothing from the others.
+///
+/// Atomicity: a store keeps every policy of a quota in one entry (memory: one
+/// map slot under one lock; Redis: one key decided by one script), checks them
+/// all, and records the admission in all of them only if none refused.
+///
+/// ```
+/// use tower_admission::quota::{Policy, Quota};
+/// use std::time::Duration;
+///
+/// let free = Quota::new("free", [
+///     Policy::sliding_log("per-minute", 100, Duration::from_secs(60))?,
+///     Policy::token_bucket("burst", 20, 100, Duration::from_secs(60))?,
+/// ])?;
+/// assert_eq!(free.policies().len(), 2);
+/// # Ok::<(), tower_admission::ConfigError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Quota {
+    name: Arc<str>,
+    policies: Arc<[Policy]>,
+}
+
+impl Quota {
+    /// A quota named `name` (part of every key) with one or more policies.
+    pub fn new(
+        name: &str,
+        policies: impl IntoIterator<Item = Policy>,
+    ) -> Result<Self, ConfigError> {
+        // Same character rules as policy names; the name is part of store keys.
+        let name = Policy::new(
+            name,
+            Algorithm::FixedWindow(FixedWindow {
+                limit: 1,
+                window: 1,
+            }),
+        )?
+        .name;
+        let policies: Arc<[Policy]> = policies.into_iter().collect();
+        if policies.is_empty() {
+            return Err(ConfigError::new(
+                "policies",
+                "a quota needs at least one policy",
+            ));
+        }
+        if policies.len() > 16 {
+            return Err(ConfigError::new(
+                "policies",
+                "a quota has at most 16 policies",
+            ));
+        }
+        for (i, p) in policies.iter().enumerate() {
+            if policies[..i].iter().any(|q| q.name == p.name) {
+                return Err(ConfigError::new(
+                    "policies",
+                    format!("policy name {:?} is used twice", p.name()),
+                ));
+            }
+        }
+        Ok(Quota { name, policies })
+    }
+
+    /// The quota's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The quota's name as a shared string.
+    pub fn name_arc(&self) -> &Arc<str> {
+        &self.name
+    }
+
+    /// The policies, in order.
+    pub fn policies(&self) -> &[Policy] {
+        &self.policies
+    }
+
+    /// This quota with every limit divided by `divisor` (at least 1 each).
+    pub fn share(&self, divisor: NonZeroU64) -> Quota {
+        Quota {
+            name: self.name.clone(),
+            policies: self
+                .policies
+                .iter()
+                .map(|p| Policy {
+                    algorithm: p.algorithm.share(divisor.get()),
+                    ..p.clone()
+                })
+                .collect(),
+        }
+    }
+}

@@ -1,0 +1,393 @@
+use std::hash::{BuildHasher, RandomState};
+use std::num::NonZeroUsize;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hashbrown::HashTable;
+use parking_lot::Mutex;
+
+use crate::clock::{Clock, SystemClock, Timestamp};
+use crate::quota::algorithm::State;
+use crate::quota::store::{Store, StoreError};
+use crate::quota::{Quota, QuotaDecision};
+use crate::ConfigError;
+
+/// Sizing of a [`MemoryStore`].
+#[derive(Debug, Clone, Copy)]
+pub struct MemoryConfig {
+    max_keys: NonZeroUsize,
+    shards: NonZeroUsize,
+}
+
+impl MemoryConfig {
+    /// At most `max_keys` keys, in a number of shards chosen from the CPU count.
+    pub fn new(max_keys: NonZeroUsize) -> Self {
+        let cpus = std::thread::available_parallelism().map_or(4, NonZeroUsize::get);
+        let shards = (cpus * 8)
+            .next_power_of_two()
+            .min(max_keys.get().next_power_of_two());
+        MemoryConfig {
+            max_keys,
+            shards: NonZeroUsize::new(shards).unwrap_or(NonZeroUsize::MIN),
+        }
+    }
+
+    /// Sets the shard count, a power of two no larger than `max_keys`.
+    pub fn shards(mut self, shards: NonZeroUsize) -> Result<Self, ConfigError> {
+        if !shards.is_power_of_two() || shards > self.max_keys {
+            return Err(ConfigError::new(
+                "shards",
+                "must be a power of two no larger than max_keys",
+            ));
+        }
+        self.shards = shards;
+        Ok(self)
+    }
+}
+
+impl Default for MemoryConfig {
+    /// 100,000 keys.
+    fn default() -> Self {
+        Self::new(NonZeroUsize::new(100_000).unwrap_or(NonZeroUsize::MIN))
+    }
+}
+
+/// The embedded store: sharded, atomic per key, bounded by `max_keys`.
+///
+/// - **Atomic.** A key's policies live in one slot of one shard; cleanup,
+///   check and record happen under that shard's lock.
+/// - **Bounded.** Each of the `S` shards holds at most `max_keys / S` keys, so
+///   [`len`](Self::len) never exceeds `max_keys`.
+/// - **Lossless eviction.** Only state equivalent to fresh (an expired window,
+///   a full bucket) is ever dropped, so dropping inflates no quota. Refusals
+///   create no state at all.
+/// - **When full of live keys**, a request for a *new* key gets
+///   [`StoreError::Full`], with the time until the shard's earliest key
+///   expires. The quota layer resolves it with the policy's
+///   [`FailureMode`](crate::quota::FailureMode) (closed by default: 503 with
+///   `Retry-After`). Known keys are never affected, so a flood of new
+///   identities cannot reset or lock out existing ones.
+/// - **Idle keys** are reclaimed lazily when a shard fills, and by
+///   [`sweep`](Self::sweep) / [`spawn_sweeper`](Self::spawn_sweeper).
+///
+/// Clones share state.
+///
+/// ```
+/// use tower_admission::quota::{MemoryStore, Policy, Quota, Store};
+/// use std::{sync::Arc, time::Duration};
+///
+/// # tokio_test_block_on(async {
+/// let store = MemoryStore::new();
+/// let quota = Quota::new("api", [Policy::fixed_window("per-minute", 2, Duration::from_secs(60))?])?;
+/// let alice: Arc<str> = "alice".into();
+/// assert!(store.decide(&quota, &alice, 1).await.unwrap().admitted);
+/// assert!(store.decide(&quota, &alice, 1).await.unwrap().admitted);
+/// assert!(!store.decide(&quota, &alice, 1).await.unwrap().admitted);
+/// # Ok::<(), tower_admission::ConfigError>(())
+/// # });
+/// # fn tokio_test_block_on<F: std::future::Future>(f: F) -> F::Output {
+/// #     tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(f)
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct MemoryStore<C = SystemClock> {
+    inner: Arc<Inner<C>>,
+}
+
+#[derive(Debug)]
+struct Inner<C> {
+    clock: C,
+    hasher: RandomState,
+    shard_cap: usize,
+    shards: Box<[Mutex<Shard>]>,
+}
+
+#[derive(Debug, Default)]
+struct Shard {
+    table: HashTable<Slot>,
+    /// No slot can be dropped before this time.
+    next_expiry: u64,
+}
+
+#[derive(Debug)]
+struct Slot {
+    hash: u64,
+    quota: Arc<str>,
+    key: Arc<str>,
+    states: Box<[State]>,
+    /// From this time every state is equivalent to fresh.
+    fresh_at: u64,
+}
+
+impl MemoryStore<SystemClock> {
+    /// A store of at most 100,000 keys on the system clock.
+    pub fn new() -> Self {
+        Self::with_config(MemoryConfig::default(), SystemClock::new())
+    }
+}
+
+impl Default for MemoryStore<SystemClock> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<C: Clock> MemoryStore<C> {
+    /// A store with the given sizing and clock.
+    pub fn with_config(config: MemoryConfig, clock: C) -> Self {
+        let shards = config.shards.get();
+        MemoryStore {
+            inner: Arc::new(Inner {
+                clock,
+                hasher: RandomState::new(),
+                shard_cap: (config.max_keys.get() / shards).max(1),
+                shards: (0..shards).map(|_| Mutex::new(Shard::default())).collect(),
+            }),
+        }
+    }
+
+    /// The store's clock.
+    pub fn clock(&self) -> &C {
+        &self.inner.clock
+    }
+
+    /// Number of keys held.
+    pub fn len(&self) -> usize {
+        self.inner.shards.iter().map(|s| s.lock().table.len()).sum()
+    }
+
+    /// True when no key is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The most keys this store will ever hold.
+    pub fn capacity(&self) -> usize {
+        self.inner.shard_cap * self.inner.shards.len()
+    }
+
+    /// Drops every key whose state is equivalent to fresh; returns how many.
+    pub fn sweep(&self) -> usize {
+        let now = self.inner.clock.now().as_micros();
+        self.inner.shards.iter().map(|s| s.lock().sweep(now)).sum()
+    }
+
+    /// Runs [`sweep`](Self::sweep) every `period` on the current tokio runtime
+    /// until the returned handle is aborted or the store is dropped.
+    pub fn spawn_sweeper(&self, period: Duration) -> tokio::task::JoinHandle<()> {
+        let weak = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(period);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(inner) = weak.upgrade() else { return };
+                let swept = MemoryStore { inner }.sweep();
+                tracing::debug!(swept, "memory store sweep");
+            }
+        })
+    }
+
+    /// The synchronous decision behind [`Store::decide`].
+    pub fn decide_now(
+        &self,
+        quota: &Quota,
+        key: &Arc<str>,
+        cost: u64,
+    ) -> Result<QuotaDecision, StoreError> {
+        let now = self.inner.clock.now();
+        let hash = self.hash(quota, key);
+        let mut shard = self.shard(hash).lock();
+        let found = shard
+            .table
+            .find_mut(hash, |s| s.quota == *quota.name_arc() && s.key == *key);
+        if let Some(slot) = found {
+            if !states_match(quota, &slot.states) {
+                slot.states = fresh_states(quota);
+            }
+            let decision = decide(quota, &mut slot.states, now, cost);
+            slot.fresh_at = fresh_at(quota, &slot.states);
+            return Ok(decision);
+        }
+        let mut states = fresh_states(quota);
+        let decision = decide(quota, &mut states, now, cost);
+        self.insert(&mut shard, hash, quota, key, states, now)?;
+        Ok(decision)
+    }
+
+    /// The synchronous settlement behind [`Store::adjust`].
+    pub fn adjust_now(&self, quota: &Quota, key: &Arc<str>, delta: i64) -> Result<(), StoreError> {
+        let now = self.inner.clock.now();
+        let hash = self.hash(quota, key);
+        let mut shard = self.shard(hash).lock();
+        let adjust = |states: &mut [State]| {
+            for (policy, state) in quota.policies().iter().zip(states.iter_mut()) {
+                policy.algorithm().adjust(state, now, delta);
+            }
+        };
+        let found = shard
+            .table
+            .find_mut(hash, |s| s.quota == *quota.name_arc() && s.key == *key);
+        if let Some(slot) = found {
+            if !states_match(quota, &slot.states) {
+                slot.states = fresh_states(quota);
+            }
+            adjust(&mut slot.states);
+            slot.fresh_at = fresh_at(quota, &slot.states);
+            return Ok(());
+        }
+        // No live state: a refund changes nothing; a charge starts from fresh.
+        let mut states = fresh_states(quota);
+        adjust(&mut states);
+        self.insert(&mut shard, hash, quota, key, states, now)
+    }
+
+    /// Inserts a new slot unless it would hold nothing, sweeping a full shard
+    /// first; [`StoreError::Full`] when the shard is full of live keys.
+    fn insert(
+        &self,
+        shard: &mut Shard,
+        hash: u64,
+        quota: &Quota,
+        key: &Arc<str>,
+        states: Box<[State]>,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        let now = now.as_micros();
+        let fresh_at = fresh_at(quota, &states);
+        if fresh_at <= now {
+            return Ok(());
+        }
+        if shard.table.len() >= self.inner.shard_cap {
+            if now >= shard.next_expiry {
+                shard.sweep(now);
+            }
+            if shard.table.len() >= self.inner.shard_cap {
+                let retry_after = Duration::from_micros(shard.next_expiry.saturating_sub(now));
+                return Err(StoreError::Full { retry_after });
+            }
+        }
+        shard.table.insert_unique(
+            hash,
+            Slot {
+                hash,
+                quota: quota.name_arc().clone(),
+                key: key.clone(),
+                states,
+                fresh_at,
+            },
+            |s| s.hash,
+        );
+        Ok(())
+    }
+
+    fn hash(&self, quota: &Quota, key: &Arc<str>) -> u64 {
+        self.inner.hasher.hash_one((quota.name(), &**key))
+    }
+
+    fn shard(&self, hash: u64) -> &Mutex<Shard> {
+        // High bits pick the shard; the table uses the low bits.
+        let index = (hash >> 48) as usize & (self.inner.shards.len() - 1);
+        &self.inner.shards[index]
+    }
+}
+
+impl Shard {
+    fn sweep(&mut self, now: u64) -> usize {
+        let before = self.table.len();
+        let mut next = u64::MAX;
+        self.table.retain(|s| {
+            let live = s.fresh_at > now;
+            if live {
+                next = next.min(s.fresh_at);
+            }
+            live
+        });
+        self.next_expiry = next;
+        before - self.table.len()
+    }
+}
+
+fn fresh_states(quota: &Quota) -> Box<[State]> {
+    quota
+        .policies()
+        .iter()
+        .map(|p| p.algorithm().fresh_state())
+        .collect()
+}
+
+fn states_match(quota: &Quota, states: &[State]) -> bool {
+    states.len() == quota.policies().len()
+        && quota.policies().iter().zip(states).all(|(p, s)| {
+            std::mem::discriminant(&p.algorithm().fresh_state()) == std::mem::discriminant(s)
+        })
+}
+
+fn fresh_at(quota: &Quota, states: &[State]) -> u64 {
+    quota
+        .policies()
+        .iter()
+        .zip(states)
+        .map(|(p, s)| p.algorithm().fresh_at(s).as_micros())
+        .max()
+        .unwrap_or(0)
+}
+
+/// Checks every policy, then records in all that admitted if no enforcing
+/// policy refused. One critical section: the caller holds the shard lock.
+pub(crate) fn decide(
+    quota: &Quota,
+    states: &mut [State],
+    now: Timestamp,
+    cost: u64,
+) -> QuotaDecision {
+    let mut admitted = true;
+    let decisions: Vec<_> = quota
+        .policies()
+        .iter()
+        .zip(states.iter_mut())
+        .map(|(policy, state)| {
+            let d = policy.algorithm().check(state, now, cost);
+            if !d.admitted && !policy.is_shadow() {
+                admitted = false;
+            }
+            (policy.name_arc().clone(), d)
+        })
+        .collect();
+    if admitted {
+        for ((policy, state), (_, d)) in quota
+            .policies()
+            .iter()
+            .zip(states.iter_mut())
+            .zip(&decisions)
+        {
+            if d.admitted {
+                policy.algorithm().record(state, now, cost);
+            }
+        }
+    }
+    QuotaDecision {
+        admitted,
+        decisions,
+    }
+}
+
+impl<C: Clock> Store for MemoryStore<C> {
+    fn decide(
+        &self,
+        quota: &Quota,
+        key: &Arc<str>,
+        cost: u64,
+    ) -> impl std::future::Future<Output = Result<QuotaDecision, StoreError>> + Send {
+        std::future::ready(self.decide_now(quota, key, cost))
+    }
+
+    fn adjust(
+        &self,
+        quota: &Quota,
+        key: &Arc<str>,
+        delta: i64,
+    ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send {
+        std::future::ready(self.adjust_now(quota, key, delta))
+    }
+}
