@@ -1,0 +1,249 @@
+use std::collections::HashMap;
+use std::fmt;
+use std::future::{ready, Future};
+use std::hash::{Hash, Hasher};
+
+use http::header::AUTHORIZATION;
+use http::request::Parts;
+use http::HeaderMap;
+use sha2::{Digest as _, Sha256};
+use subtle::ConstantTimeEq;
+
+use super::{AuthError, Authenticator, ConfigError, Identity};
+
+/// Longest `Authorization` header value that is parsed, in bytes. Longer
+/// values are refused as malformed before any hashing.
+pub const MAX_AUTHORIZATION_LEN: usize = 4096;
+
+/// API keys presented as `Authorization: Bearer <key>`.
+///
+/// Only the SHA-256 digest of each key is stored, so a memory dump or a debug
+/// print does not reveal keys. A presented key is hashed and the digest is
+/// looked up in a `HashMap`:
+///
+/// * the bucket is chosen by std's randomly keyed SipHash of the *digest*,
+///   never of the key, so probe timing depends on a value the caller can
+///   neither choose nor observe;
+/// * equality of digests inside the bucket is [`subtle::ConstantTimeEq`],
+///   so no comparison stops early at the first differing byte.
+///
+/// Even a leak of a stored digest prefix would not help to find a key:
+/// that needs a SHA-256 preimage. The lookup is O(1) whatever the number of
+/// keys, which a constant-time scan over every stored digest would not be.
+///
+/// The scheme `Bearer` is matched case-insensitively (RFC 9110 §11.1). The
+/// token must be 1 or more visible ASCII characters without spaces.
+/// A missing, repeated, non-ASCII, oversized ([`MAX_AUTHORIZATION_LEN`]) or
+/// otherwise malformed header is [`AuthError::Missing`]; a well-formed key
+/// that is not configured is [`AuthError::Unknown`].
+///
+/// ```
+/// use tower_admission::identity::{ApiKeys, Identity};
+///
+/// let keys = ApiKeys::new()
+///     .with_key("demo-free", Identity::new("alice", "acme", "free"))
+///     // sha256("demo-pro"), e.g. from `printf demo-pro | sha256sum`
+///     .with_hashed_key(
+///         "de4562274bd40421c1e8c1a589f4ec9f96c4c6e529fa843be4ef0d99d9256b7e",
+///         Identity::new("bob", "globex", "pro"),
+///     )
+///     .unwrap();
+/// assert_eq!(keys.len(), 2);
+/// ```
+#[derive(Clone, Default)]
+pub struct ApiKeys {
+    keys: HashMap<KeyDigest, Identity>,
+}
+
+/// A SHA-256 digest whose equality is constant-time.
+#[derive(Clone, Copy)]
+struct KeyDigest([u8; 32]);
+
+impl KeyDigest {
+    fn of(key: &[u8]) -> Self {
+        KeyDigest(Sha256::digest(key).into())
+    }
+}
+
+impl PartialEq for KeyDigest {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.ct_eq(&other.0).into()
+    }
+}
+
+impl Eq for KeyDigest {}
+
+impl Hash for KeyDigest {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.0.hash(state);
+    }
+}
+
+impl ApiKeys {
+    /// No keys: every request is refused until keys are added.
+    pub fn new() -> Self {
+        ApiKeys::default()
+    }
+
+    /// Adds a key in clear; only its SHA-256 digest is kept. A key added twice
+    /// maps to the identity added last. A key that cannot be presented as a
+    /// bearer token (empty, spaces, non-ASCII) never matches.
+    pub fn with_key(mut self, key: impl AsRef<[u8]>, identity: Identity) -> Self {
+        self.keys.insert(KeyDigest::of(key.as_ref()), identity);
+        self
+    }
+
+    /// Adds a key by its SHA-256 digest written as 64 hex digits (either
+    /// case), so configuration files need not hold keys in clear.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] for the field `hashed_key` when the text is not 64
+    /// hex digits. The error does not repeat the text.
+    pub fn with_hashed_key(
+        mut self,
+        hex_sha256: &str,
+        identity: Identity,
+    ) -> Result<Self, ConfigError> {
+        let digest = parse_hex_digest(hex_sha256.trim())?;
+        self.keys.insert(KeyDigest(digest), identity);
+        Ok(self)
+    }
+
+    /// Number of configured keys.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// True when no key is configured.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// The identity for the bearer token in `headers`.
+    ///
+    /// # Errors
+    ///
+    /// [`AuthError::Missing`] for a missing or malformed header,
+    /// [`AuthError::Unknown`] for a key that is not configured.
+    pub fn identify(&self, headers: &HeaderMap) -> Result<Identity, AuthError> {
+        let token = bearer_token(headers).ok_or(AuthError::Missing)?;
+        self.keys
+            .get(&KeyDigest::of(token))
+            .cloned()
+            .ok_or(AuthError::Unknown)
+    }
+}
+
+impl Authenticator for ApiKeys {
+    fn authenticate(
+        &self,
+        parts: &Parts,
+    ) -> impl Future<Output = Result<Identity, AuthError>> + Send {
+        ready(self.identify(&parts.headers))
+    }
+}
+
+impl fmt::Debug for ApiKeys {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Neither keys nor digests are printed.
+        f.debug_struct("ApiKeys")
+            .field("keys", &self.keys.len())
+            .finish()
+    }
+}
+
+/// The token of a single well-formed `Authorization: Bearer <token>` header.
+fn bearer_token(headers: &HeaderMap) -> Option<&[u8]> {
+    let mut values = headers.get_all(AUTHORIZATION).iter();
+    let value = values.next()?;
+    if values.next().is_some() {
+        return None;
+    }
+    let bytes = value.as_bytes();
+    if bytes.len() > MAX_AUTHORIZATION_LEN {
+        return None;
+    }
+    const SCHEME: &[u8] = b"bearer ";
+    if bytes.len() <= SCHEME.len() || !bytes[..SCHEME.len()].eq_ignore_ascii_case(SCHEME) {
+        return None;
+    }
+    let token = bytes[SCHEME.len()..].trim_ascii_start();
+    let visible = |b: &u8| (0x21..=0x7e).contains(b);
+    (!token.is_empty() && token.iter().all(visible)).then_some(token)
+}
+
+fn parse_hex_digest(hex: &str) -> Result<[u8; 32], ConfigError> {
+    let bytes = hex.as_bytes();
+    if bytes.len() != 64 {
+        return Err(ConfigError::new(
+            "hashed_key",
+            format!(
+                "a SHA-256 digest is 64 hex digits, got {} characters",
+                hex.chars().count()
+            ),
+        ));
+    }
+    let nibble = |b: u8| match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        b'A'..=b'F' => Some(b - b'A' + 10),
+        _ => None,
+    };
+    let mut digest = [0u8; 32];
+    for (out, pair) in digest.iter_mut().zip(bytes.chunks_exact(2)) {
+        match (nibble(pair[0]), nibble(pair[1])) {
+            (Some(hi), Some(lo)) => *out = hi << 4 | lo,
+            _ => {
+                return Err(ConfigError::new(
+                    "hashed_key",
+                    "a SHA-256 digest is 64 hex digits; found a non-hex character",
+                ))
+            }
+        }
+    }
+    Ok(digest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn headers(values: &[&[u8]]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for v in values {
+            h.append(AUTHORIZATION, HeaderValue::from_bytes(v).unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn bearer_token_parsing() {
+        assert_eq!(bearer_token(&headers(&[b"Bearer abc"])), Some(&b"abc"[..]));
+        assert_eq!(
+            bearer_token(&headers(&[b"bEaReR   abc"])),
+            Some(&b"abc"[..])
+        );
+        assert_eq!(bearer_token(&headers(&[])), None);
+        assert_eq!(bearer_token(&headers(&[b"Bearer"])), None);
+        assert_eq!(bearer_token(&headers(&[b"Bearer "])), None);
+        assert_eq!(bearer_token(&headers(&[b"Bearer a b"])), None);
+        assert_eq!(bearer_token(&headers(&[b"Basic abc"])), None);
+        assert_eq!(bearer_token(&headers(&[b"Bearer \xe9t\xe9"])), None);
+        assert_eq!(bearer_token(&headers(&[b"Bearer a", b"Bearer a"])), None);
+    }
+
+    #[test]
+    fn hex_digest_round_trip() {
+        let hex = "de4562274bd40421c1e8c1a589f4ec9f96c4c6e529fa843be4ef0d99d9256b7e";
+        assert_eq!(parse_hex_digest(hex).unwrap(), KeyDigest::of(b"demo-pro").0);
+        assert_eq!(
+            parse_hex_digest(&hex.to_uppercase()).unwrap(),
+            KeyDigest::of(b"demo-pro").0
+        );
+        assert_eq!(parse_hex_digest("zz").unwrap_err().field(), "hashed_key");
+        let bad = format!("{}g", &hex[..63]);
+        assert_eq!(parse_hex_digest(&bad).unwrap_err().field(), "hashed_key");
+    }
+}

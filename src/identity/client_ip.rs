@@ -1,0 +1,564 @@
+use std::borrow::Cow;
+use std::collections::VecDeque;
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::str::FromStr;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::header::FORWARDED;
+use http::{Extensions, HeaderMap, HeaderName, Request};
+use ipnet::{IpNet, Ipv4Net};
+use tower::{Layer, Service};
+
+use super::ConfigError;
+
+/// Most forwarding hops read from the right of the chain. Hops further left
+/// are ignored, so a long or hostile header costs bounded work and memory.
+pub const MAX_HOPS: usize = 32;
+
+/// The client's IP address, as established by [`ClientIpLayer`] from the TCP
+/// peer and, behind trusted proxies only, the forwarding header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ClientIp(pub IpAddr);
+
+impl ClientIp {
+    /// The address.
+    pub fn ip(&self) -> IpAddr {
+        self.0
+    }
+}
+
+impl From<ClientIp> for IpAddr {
+    fn from(client: ClientIp) -> Self {
+        client.0
+    }
+}
+
+impl fmt::Display for ClientIp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// Which forwarding header the trusted proxies write.
+///
+/// Exactly one is read. Reading both would let a caller inject the header
+/// the proxy does not rewrite and have it passed through untouched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ForwardedHeader {
+    /// `X-Forwarded-For: client, proxy1, proxy2` (the default).
+    #[default]
+    XForwardedFor,
+    /// RFC 7239 `Forwarded: for=client, for=proxy1;proto=https`.
+    Forwarded,
+}
+
+impl ForwardedHeader {
+    fn name(self) -> HeaderName {
+        match self {
+            ForwardedHeader::XForwardedFor => HeaderName::from_static("x-forwarded-for"),
+            ForwardedHeader::Forwarded => FORWARDED,
+        }
+    }
+}
+
+/// The proxies whose forwarding headers are believed, as CIDR ranges
+/// (parsed with the `ipnet` crate).
+///
+/// [`client_ip`](TrustedProxies::client_ip) walks the forwarding chain from
+/// right to left, starting at the TCP peer:
+///
+/// 1. If the peer is not trusted, it is the client; headers are ignored.
+/// 2. Otherwise move one hop left. Each hop was written by the trusted proxy
+///    to its right, so it is genuine. The first hop that is not trusted is the
+///    client. If every hop is trusted, the leftmost is the client.
+/// 3. The walk stops at an obfuscated identifier (`unknown`, `_hidden`, or a
+///    `Forwarded` element without `for=`): the client is hidden, and the
+///    answer is the last known address, the trusted hop that received it.
+/// 4. If the walk meets a hop that does not parse (or a header that is not
+///    visible ASCII, or an unbalanced quote), the header is treated as giving
+///    no forwarding information and the answer is the peer.
+///
+/// Only the rightmost [`MAX_HOPS`] hops are read; if all are trusted the
+/// leftmost of them is the answer. Addresses are compared in canonical form,
+/// so `::ffff:10.0.0.1` is `10.0.0.1`. Several header lines form one list, in
+/// order. The walk never panics and never allocates more than `MAX_HOPS`
+/// slots.
+///
+/// ```
+/// use std::net::IpAddr;
+/// use http::HeaderMap;
+/// use tower_admission::identity::TrustedProxies;
+///
+/// let proxies = TrustedProxies::new(["10.0.0.0/8"]).unwrap();
+/// let mut headers = HeaderMap::new();
+/// headers.insert("x-forwarded-for", "6.6.6.6, 1.1.1.1".parse().unwrap());
+/// let peer: IpAddr = "10.0.0.1".parse().unwrap();
+/// // 6.6.6.6 was written by 1.1.1.1, which is not ours: it may be a lie.
+/// assert_eq!(proxies.client_ip(peer, &headers), "1.1.1.1".parse::<IpAddr>().unwrap());
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TrustedProxies {
+    nets: Vec<IpNet>,
+    header: ForwardedHeader,
+}
+
+impl TrustedProxies {
+    /// No trusted proxies: the client is always the TCP peer.
+    pub fn none() -> Self {
+        TrustedProxies::default()
+    }
+
+    /// Trusts the given ranges, each a CIDR (`10.0.0.0/8`, `fd00::/8`) or a
+    /// single address (`192.0.2.1`). Reads `X-Forwarded-For` unless
+    /// [`with_header`](Self::with_header) says otherwise.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] for the field `trusted_proxies` naming the first
+    /// range that does not parse.
+    pub fn new<I>(ranges: I) -> Result<Self, ConfigError>
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        ranges
+            .into_iter()
+            .try_fold(TrustedProxies::none(), |proxies, range| {
+                let range = range.as_ref().trim();
+                let net = IpNet::from_str(range)
+                    .or_else(|_| IpAddr::from_str(range).map(IpNet::from))
+                    .map_err(|_| {
+                        ConfigError::new(
+                            "trusted_proxies",
+                            format!("{range:?} is neither a CIDR range nor an IP address"),
+                        )
+                    })?;
+                Ok(proxies.with_net(net))
+            })
+    }
+
+    /// Also trusts `net`. An IPv4-mapped IPv6 range (`::ffff:10.0.0.0/104`)
+    /// is stored as its IPv4 range.
+    pub fn with_net(mut self, net: IpNet) -> Self {
+        self.nets.push(canonical_net(net.trunc()));
+        self
+    }
+
+    /// Reads `header` instead of the default `X-Forwarded-For`.
+    pub fn with_header(mut self, header: ForwardedHeader) -> Self {
+        self.header = header;
+        self
+    }
+
+    /// The forwarding header that is read.
+    pub fn header(&self) -> ForwardedHeader {
+        self.header
+    }
+
+    /// The trusted ranges.
+    pub fn nets(&self) -> &[IpNet] {
+        &self.nets
+    }
+
+    /// True when `ip` is inside a trusted range.
+    pub fn is_trusted(&self, ip: IpAddr) -> bool {
+        let ip = ip.to_canonical();
+        self.nets.iter().any(|net| net.contains(&ip))
+    }
+
+    /// The client address for a request from `peer` carrying `headers`; see
+    /// the type docs for the walk. Pure and total: it never panics, and the
+    /// answer is always `peer` (canonical) or an address written in the
+    /// configured header.
+    pub fn client_ip(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+        let peer = peer.to_canonical();
+        if !self.is_trusted(peer) {
+            return peer;
+        }
+        let Some(hops) = collect_hops(headers, &self.header.name()) else {
+            return peer;
+        };
+        let mut current = peer;
+        for hop in hops.iter().rev() {
+            let node = match self.header {
+                ForwardedHeader::XForwardedFor => parse_node(hop),
+                ForwardedHeader::Forwarded => forwarded_for(hop),
+            };
+            match node {
+                Node::Ip(ip) => {
+                    current = ip.to_canonical();
+                    if !self.is_trusted(current) {
+                        return current;
+                    }
+                }
+                Node::Obfuscated => return current,
+                Node::Malformed => return peer,
+            }
+        }
+        current
+    }
+}
+
+fn canonical_net(net: IpNet) -> IpNet {
+    if let IpNet::V6(v6) = net {
+        if let (Some(v4), true) = (v6.addr().to_ipv4_mapped(), v6.prefix_len() >= 96) {
+            if let Ok(v4net) = Ipv4Net::new(v4, v6.prefix_len() - 96) {
+                return IpNet::V4(v4net);
+            }
+        }
+    }
+    net
+}
+
+/// The rightmost [`MAX_HOPS`] non-empty list elements of every line of
+/// `name`, in order; `None` when a line is not visible ASCII or has an
+/// unbalanced quote.
+fn collect_hops<'h>(headers: &'h HeaderMap, name: &HeaderName) -> Option<VecDeque<&'h str>> {
+    let mut hops = VecDeque::new();
+    for value in headers.get_all(name) {
+        let text = value.to_str().ok()?;
+        let balanced = split_quoted(text, b',', |element| {
+            let element = element.trim_matches([' ', '\t']);
+            if !element.is_empty() {
+                if hops.len() == MAX_HOPS {
+                    hops.pop_front();
+                }
+                hops.push_back(element);
+            }
+        });
+        if !balanced {
+            return None;
+        }
+    }
+    Some(hops)
+}
+
+/// Calls `f` with each `delim`-separated piece of `text`, ignoring delimiters
+/// inside quoted strings. Returns false when a quote is left open.
+fn split_quoted<'t>(text: &'t str, delim: u8, mut f: impl FnMut(&'t str)) -> bool {
+    let (mut start, mut in_quote, mut escaped) = (0, false, false);
+    for (i, &b) in text.as_bytes().iter().enumerate() {
+        if in_quote {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_quote = false;
+            }
+        } else if b == b'"' {
+            in_quote = true;
+        } else if b == delim {
+            // `delim` is ASCII, so `i` is a char boundary.
+            f(&text[start..i]);
+            start = i + 1;
+        }
+    }
+    if in_quote {
+        return false;
+    }
+    f(&text[start..]);
+    true
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Node {
+    Ip(IpAddr),
+    Obfuscated,
+    Malformed,
+}
+
+/// The node of the `for` parameter of one RFC 7239 forwarded-element.
+fn forwarded_for(element: &str) -> Node {
+    let mut node = None;
+    let mut malformed = false;
+    let balanced = split_quoted(element, b';', |pair| {
+        let pair = pair.trim_matches([' ', '\t']);
+        if pair.is_empty() || malformed {
+            return;
+        }
+        let Some((name, value)) = pair.split_once('=') else {
+            malformed = true;
+            return;
+        };
+        let name = name.trim_matches([' ', '\t']);
+        if name.is_empty() || !name.bytes().all(is_tchar) {
+            malformed = true;
+            return;
+        }
+        let Some(value) = unquote(value.trim_matches([' ', '\t'])) else {
+            malformed = true;
+            return;
+        };
+        if name.eq_ignore_ascii_case("for") {
+            if node.is_some() {
+                // RFC 7239 §4: a parameter must not occur twice in an element.
+                malformed = true;
+            } else {
+                node = Some(parse_node(&value));
+            }
+        }
+    });
+    match (malformed || !balanced, node) {
+        (true, _) => Node::Malformed,
+        (false, Some(node)) => node,
+        // A proxy that does not disclose the client.
+        (false, None) => Node::Obfuscated,
+    }
+}
+
+/// A token, or the contents of a quoted string with escapes removed.
+fn unquote(value: &str) -> Option<Cow<'_, str>> {
+    let Some(inner) = value.strip_prefix('"') else {
+        return (!value.is_empty() && value.bytes().all(is_token_value_char))
+            .then_some(Cow::Borrowed(value));
+    };
+    let inner = inner.strip_suffix('"')?;
+    if !inner.contains('\\') {
+        return (!inner.contains('"')).then_some(Cow::Borrowed(inner));
+    }
+    let mut out = String::with_capacity(inner.len());
+    let mut chars = inner.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => out.push(chars.next()?),
+            '"' => return None,
+            c => out.push(c),
+        }
+    }
+    Some(Cow::Owned(out))
+}
+
+/// RFC 9110 tchar.
+fn is_tchar(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
+/// Characters accepted in an unquoted value: tchar plus `:` `[` `]`, which
+/// some proxies write unquoted around IPv6 addresses and ports.
+fn is_token_value_char(b: u8) -> bool {
+    is_tchar(b) || b":[]".contains(&b)
+}
+
+/// One node: an IPv4 or IPv6 address, optionally `[v6]` and optionally with a
+/// port, or an obfuscated identifier.
+fn parse_node(node: &str) -> Node {
+    if is_obfuscated(node) {
+        return Node::Obfuscated;
+    }
+    if let Ok(ip) = IpAddr::from_str(node) {
+        return Node::Ip(ip);
+    }
+    if let Some(rest) = node.strip_prefix('[') {
+        let Some((v6, after)) = rest.split_once(']') else {
+            return Node::Malformed;
+        };
+        let port_ok = after.is_empty() || after.strip_prefix(':').is_some_and(is_port);
+        return match Ipv6Addr::from_str(v6) {
+            Ok(ip) if port_ok => Node::Ip(IpAddr::V6(ip)),
+            _ => Node::Malformed,
+        };
+    }
+    if let Some((host, port)) = node.split_once(':') {
+        if is_port(port) {
+            if let Ok(ip) = Ipv4Addr::from_str(host) {
+                return Node::Ip(IpAddr::V4(ip));
+            }
+            if is_obfuscated(host) {
+                return Node::Obfuscated;
+            }
+        }
+    }
+    Node::Malformed
+}
+
+/// `unknown`, or RFC 7239 obfnode: `_` followed by ALPHA / DIGIT / `.` `_` `-`.
+fn is_obfuscated(node: &str) -> bool {
+    node.eq_ignore_ascii_case("unknown") || is_obfuscated_token(node)
+}
+
+fn is_obfuscated_token(s: &str) -> bool {
+    s.len() > 1
+        && s.starts_with('_')
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+}
+
+/// RFC 7239 node-port: 1 to 5 digits, or an obfuscated port.
+fn is_port(port: &str) -> bool {
+    ((1..=5).contains(&port.len()) && port.bytes().all(|b| b.is_ascii_digit()))
+        || is_obfuscated_token(port)
+}
+
+/// Layer that inserts the [`ClientIp`] into the request extensions.
+///
+/// The peer is read from the request extensions: axum's
+/// `ConnectInfo<SocketAddr>` (feature `axum`; serve with
+/// `into_make_service_with_connect_info::<SocketAddr>()`), or a plain
+/// [`SocketAddr`]. Without a peer address nothing is inserted, and the
+/// `ClientIp` extractor answers 500, since that is a server set-up error.
+///
+/// Requests are never refused by this layer, and the response is the inner
+/// service's. Clones share the [`TrustedProxies`] through an `Arc`.
+///
+/// ```
+/// use axum::{routing::get, Router};
+/// use tower_admission::identity::{ClientIp, ClientIpLayer, TrustedProxies};
+///
+/// let proxies = TrustedProxies::new(["10.0.0.0/8"]).unwrap();
+/// let app: Router = Router::new()
+///     .route("/ip", get(|ClientIp(ip): ClientIp| async move { ip.to_string() }))
+///     .layer(ClientIpLayer::new(proxies));
+/// ```
+#[derive(Debug, Clone)]
+pub struct ClientIpLayer {
+    proxies: Arc<TrustedProxies>,
+}
+
+impl ClientIpLayer {
+    /// A layer that believes forwarding headers only from `proxies`.
+    pub fn new(proxies: TrustedProxies) -> Self {
+        ClientIpLayer {
+            proxies: Arc::new(proxies),
+        }
+    }
+
+    /// The trusted proxies.
+    pub fn proxies(&self) -> &TrustedProxies {
+        &self.proxies
+    }
+}
+
+impl<S> Layer<S> for ClientIpLayer {
+    type Service = ClientIpService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        ClientIpService {
+            inner,
+            proxies: Arc::clone(&self.proxies),
+        }
+    }
+}
+
+/// Service built by [`ClientIpLayer`].
+#[derive(Debug, Clone)]
+pub struct ClientIpService<S> {
+    inner: S,
+    proxies: Arc<TrustedProxies>,
+}
+
+impl<S> ClientIpService<S> {
+    /// Wraps `inner`, believing forwarding headers only from `proxies`.
+    pub fn new(inner: S, proxies: TrustedProxies) -> Self {
+        ClientIpService {
+            inner,
+            proxies: Arc::new(proxies),
+        }
+    }
+
+    /// A reference to the inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// A mutable reference to the inner service.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, B> Service<Request<B>> for ClientIpService<S>
+where
+    S: Service<Request<B>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request<B>) -> Self::Future {
+        if let Some(peer) = peer_ip(req.extensions()) {
+            let ip = self.proxies.client_ip(peer, req.headers());
+            req.extensions_mut().insert(ClientIp(ip));
+        }
+        self.inner.call(req)
+    }
+}
+
+fn peer_ip(extensions: &Extensions) -> Option<IpAddr> {
+    #[cfg(feature = "axum")]
+    if let Some(axum::extract::ConnectInfo(addr)) =
+        extensions.get::<axum::extract::ConnectInfo<SocketAddr>>()
+    {
+        return Some(addr.ip());
+    }
+    extensions.get::<SocketAddr>().map(SocketAddr::ip)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn nodes() {
+        assert_eq!(parse_node("1.2.3.4"), Node::Ip(ip("1.2.3.4")));
+        assert_eq!(parse_node("1.2.3.4:80"), Node::Ip(ip("1.2.3.4")));
+        assert_eq!(parse_node("1.2.3.4:_p"), Node::Ip(ip("1.2.3.4")));
+        assert_eq!(parse_node("2001:db8::1"), Node::Ip(ip("2001:db8::1")));
+        assert_eq!(parse_node("[2001:db8::1]"), Node::Ip(ip("2001:db8::1")));
+        assert_eq!(
+            parse_node("[2001:db8::1]:4711"),
+            Node::Ip(ip("2001:db8::1"))
+        );
+        assert_eq!(parse_node("unknown"), Node::Obfuscated);
+        assert_eq!(parse_node("_hidden"), Node::Obfuscated);
+        assert_eq!(parse_node("_hidden:80"), Node::Obfuscated);
+        assert_eq!(parse_node("_"), Node::Malformed);
+        assert_eq!(parse_node("1.2.3.4:123456"), Node::Malformed);
+        assert_eq!(parse_node("[2001:db8::1"), Node::Malformed);
+        assert_eq!(parse_node("example.com"), Node::Malformed);
+        assert_eq!(parse_node("010.0.0.1"), Node::Malformed);
+    }
+
+    #[test]
+    fn forwarded_elements() {
+        assert_eq!(
+            forwarded_for("for=192.0.2.60;proto=http"),
+            Node::Ip(ip("192.0.2.60"))
+        );
+        assert_eq!(
+            forwarded_for("For=\"[2001:db8::1]:4711\""),
+            Node::Ip(ip("2001:db8::1"))
+        );
+        assert_eq!(forwarded_for("proto=https;by=10.0.0.1"), Node::Obfuscated);
+        assert_eq!(forwarded_for("for=1.2.3.4;for=5.6.7.8"), Node::Malformed);
+        assert_eq!(forwarded_for("for"), Node::Malformed);
+        assert_eq!(forwarded_for("for=\"1.2.3.4"), Node::Malformed);
+        assert_eq!(forwarded_for("for=\"1\\.2.3.4\""), Node::Ip(ip("1.2.3.4")));
+    }
+
+    #[test]
+    fn mapped_ranges_are_ipv4() {
+        let p = TrustedProxies::new(["::ffff:10.0.0.0/104"]).unwrap();
+        assert_eq!(p.nets(), &["10.0.0.0/8".parse::<IpNet>().unwrap()]);
+        assert!(p.is_trusted(ip("::ffff:10.1.2.3")));
+        assert!(p.is_trusted(ip("10.1.2.3")));
+        let e = TrustedProxies::new(["10.0.0.0/33"]).unwrap_err();
+        assert_eq!(e.field(), "trusted_proxies");
+    }
+}
