@@ -6,6 +6,7 @@ pub mod clock;
 pub mod concurrency;
 mod error;
 pub mod identity;
+pub mod jobs;
 pub mod outbound;
 pub mod quota;
 pub mod reject;

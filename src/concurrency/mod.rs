@@ -1,1 +1,151 @@
-//! concurrency (in progress)
+//! Concurrency caps: bound the requests in flight, globally and per
+//! identity, with a bounded wait queue and a queue deadline.
+//!
+//! A rate limit bounds how many requests *start* per unit of time; it does not
+//! bound how many are *active* at once. A slow dependency makes each request
+//! live longer, so the same admitted rate piles up more active work. This
+//! layer bounds the active work directly.
+//!
+//! # Caps
+//!
+//! [`ConcurrencyLayer::builder`] configures one or both caps:
+//!
+//! * **global** `(limit, queue, deadline)`: at most `limit` requests of the
+//!   whole service in flight.
+//! * **per identity** `(limit, queue, deadline)`: at most `limit` requests in
+//!   flight per authenticated subject
+//!   ([`Identity::subject`](crate::identity::Identity::subject), read from the
+//!   request extensions). Requests **without** an
+//!   [`Identity`](crate::identity::Identity) are counted by the global cap
+//!   only; put the authentication layer outside this one so every request
+//!   carries an identity, or configure a global cap as the backstop.
+//!
+//! Each cap has two forms:
+//!
+//! * **load shedding**, `queue == 0`: a request that finds every permit taken
+//!   is refused at once.
+//! * **queueing with a deadline**, `queue > 0`: up to `queue` requests wait,
+//!   in arrival order, for at most `deadline` each. A request that finds the
+//!   queue full is refused at once; one that waits the whole deadline is
+//!   refused then.
+//!
+//! A request takes its identity permit first and the global permit second, so
+//! a caller over its own cap is refused without taking a place in the global
+//! queue. The worst-case queueing time is the sum of both deadlines.
+//!
+//! # Refusals
+//!
+//! | cap | status | why |
+//! |---|---|---|
+//! | global | 503 + `Retry-After` | the *service* is full; nothing the caller did caused it |
+//! | per identity | 429 + `Retry-After` | the *caller* has too much in flight; it can fix that by waiting for its own requests |
+//! | identity map full | 503 + `Retry-After` | the service cannot track another caller |
+//!
+//! They are [`Rejection::Overloaded`](crate::reject::Rejection::Overloaded)
+//! with [`OverloadScope::Global`](crate::reject::OverloadScope::Global) or
+//! [`OverloadScope::Identity`](crate::reject::OverloadScope::Identity)
+//! (gRPC: `UNAVAILABLE` or `RESOURCE_EXHAUSTED`). The response extensions also
+//! hold an [`OverloadReason`] (queue full, deadline passed, too many
+//! identities). Each refusal is logged at `debug` level through `tracing` and
+//! counted in [`ConcurrencyStats`] (and, with the `metrics` feature, in the
+//! `tower_admission_concurrency_refused_total` counter labelled by scope and
+//! reason).
+//!
+//! **`Retry-After`** is the refusing cap's queue deadline, rounded up to
+//! whole seconds and at least 1 s (so 1 s for the load-shedding form). The
+//! reasoning: a request that could not get a permit within the deadline is
+//! unlikely to get one sooner. [`ConcurrencyLayerBuilder::retry_after`]
+//! overrides it.
+//!
+//! # Permits live until the body is sent
+//!
+//! Permits are held by the response body, a [`PermitBody`], and released
+//! when the body reaches its end, fails, or is dropped (client gone). A
+//! streaming response therefore counts as in flight for as long as it
+//! streams. If the inner service returns an error, the permits are released
+//! at once.
+//!
+//! # Backpressure
+//!
+//! axum does not use `poll_ready` for backpressure, so permits are taken in
+//! `call`, and [`Concurrency`]'s `poll_ready` only delegates to the inner
+//! service. A refused request never reaches the inner service.
+//!
+//! # Bounded memory
+//!
+//! The per-identity map holds one entry per subject that has a request
+//! queued, running or sending its body; the last such request removes the
+//! entry, so an idle service tracks nothing. The map holds at most
+//! [`max_identities`](ConcurrencyLayerBuilder::max_identities) entries
+//! (default [`DEFAULT_MAX_IDENTITIES`]). When it is full, a request of a *new*
+//! subject is refused at once with 503 ([`OverloadReason::TooManyIdentities`])
+//! while subjects already tracked continue as normal. With a global cap
+//! configured the map can never hold more than `global.limit + global.queue`
+//! entries (a tracked subject always has a request holding or waiting for a
+//! global permit), so `max_identities >= global.limit + global.queue` means
+//! this refusal never happens. The map sits behind one mutex, taken twice per
+//! identified request.
+//!
+//! # Example
+//!
+//! ```
+//! use std::time::Duration;
+//! use bytes::Bytes;
+//! use http::{Request, Response, StatusCode};
+//! use http_body_util::Full;
+//! use tower::{service_fn, Layer, ServiceExt};
+//! use tower_admission::concurrency::ConcurrencyLayer;
+//! use tower_admission::identity::Identity;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let layer = ConcurrencyLayer::builder()
+//!     // 64 in flight service-wide, 128 more may wait up to 250 ms: then 503.
+//!     .global(64, 128, Duration::from_millis(250))
+//!     // 4 in flight per subject, no queue: the 5th is refused with 429.
+//!     .per_identity(4, 0, Duration::ZERO)
+//!     .build()?;
+//!
+//! let svc = layer.layer(service_fn(|_req: Request<Full<Bytes>>| async {
+//!     Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from("report"))))
+//! }));
+//!
+//! let mut req = Request::new(Full::default());
+//! req.extensions_mut().insert(Identity::new("alice", "acme", "free"));
+//! let response = svc.oneshot(req).await?;
+//! assert_eq!(response.status(), StatusCode::OK);
+//! // The permit is held by the body until it is sent or dropped.
+//! assert_eq!(layer.in_flight(), 1);
+//! drop(response);
+//! assert_eq!(layer.in_flight(), 0);
+//! assert_eq!(layer.tracked_identities(), 0);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! With axum, apply it with `Router::layer`; all routes share the caps:
+//!
+//! ```
+//! # use std::time::Duration;
+//! # use tower_admission::concurrency::ConcurrencyLayer;
+//! let caps = ConcurrencyLayer::builder()
+//!     .global(64, 0, Duration::ZERO) // shed load: 503 at once past 64
+//!     .build()
+//!     .unwrap();
+//! let app: axum::Router = axum::Router::new()
+//!     .route("/reports", axum::routing::get(|| async { "ok" }))
+//!     .layer(caps.clone());
+//! # let _ = app;
+//! ```
+
+mod body;
+mod future;
+mod layer;
+mod service;
+mod state;
+
+pub use body::PermitBody;
+pub use future::ResponseFuture;
+pub use layer::{ConcurrencyLayer, ConcurrencyLayerBuilder, DEFAULT_MAX_IDENTITIES};
+pub use service::Concurrency;
+pub use state::{ConcurrencyStats, OverloadReason};

@@ -1,0 +1,147 @@
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use http::Response;
+use http_body_util::Either;
+use pin_project_lite::pin_project;
+
+use super::body::PermitBody;
+use super::state::{AcquireFuture, Guard, Refusal};
+use crate::reject::ResponseBody;
+
+pub(crate) type CallInner<F> = Box<dyn FnOnce() -> F + Send>;
+
+pin_project! {
+    /// Response future of [`Concurrency`](super::Concurrency).
+    ///
+    /// Waits in the queue(s) when needed, then runs the inner service's
+    /// future, and finally wraps its body in a [`PermitBody`].
+    pub struct ResponseFuture<F> {
+        #[pin]
+        state: State<F>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<F> {
+        Waiting {
+            acquire: AcquireFuture,
+            call: Option<CallInner<F>>,
+            grpc: bool,
+        },
+        Calling {
+            #[pin]
+            fut: F,
+            guard: Option<Guard>,
+        },
+        Refused {
+            refusal: Option<Refusal>,
+            grpc: bool,
+        },
+    }
+}
+
+impl<F> ResponseFuture<F> {
+    pub(crate) fn waiting(acquire: AcquireFuture, call: CallInner<F>, grpc: bool) -> Self {
+        ResponseFuture {
+            state: State::Waiting {
+                acquire,
+                call: Some(call),
+                grpc,
+            },
+        }
+    }
+
+    pub(crate) fn calling(fut: F, guard: Guard) -> Self {
+        ResponseFuture {
+            state: State::Calling {
+                fut,
+                guard: Some(guard),
+            },
+        }
+    }
+
+    pub(crate) fn refused(refusal: Refusal, grpc: bool) -> Self {
+        ResponseFuture {
+            state: State::Refused {
+                refusal: Some(refusal),
+                grpc,
+            },
+        }
+    }
+}
+
+fn refusal_response<B>(refusal: Refusal, grpc: bool) -> Response<ResponseBody<PermitBody<B>>> {
+    let mut response = refusal.rejection.into_layer_response(grpc);
+    response.extensions_mut().insert(refusal.reason);
+    response
+}
+
+impl<F, B, E> Future for ResponseFuture<F>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+{
+    type Output = Result<Response<ResponseBody<PermitBody<B>>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut state = self.project().state;
+        loop {
+            match state.as_mut().project() {
+                StateProj::Waiting {
+                    acquire,
+                    call,
+                    grpc,
+                } => match ready!(acquire.as_mut().poll(cx)) {
+                    Ok(guard) => {
+                        let call = call.take().expect("polled after completion");
+                        let fut = call();
+                        state.set(State::Calling {
+                            fut,
+                            guard: Some(guard),
+                        });
+                    }
+                    Err(refusal) => {
+                        let grpc = *grpc;
+                        state.set(State::Refused {
+                            refusal: None,
+                            grpc,
+                        });
+                        return Poll::Ready(Ok(refusal_response(refusal, grpc)));
+                    }
+                },
+                StateProj::Calling { fut, guard } => {
+                    let result = ready!(fut.poll(cx));
+                    let guard = guard.take().expect("polled after completion");
+                    return Poll::Ready(match result {
+                        Ok(response) => {
+                            Ok(response.map(|body| Either::Left(PermitBody::new(body, guard))))
+                        }
+                        // The inner service failed: there is no body to hold
+                        // the permits, so they are released now.
+                        Err(e) => Err(e),
+                    });
+                }
+                StateProj::Refused { refusal, grpc } => {
+                    let refusal = refusal.take().expect("polled after completion");
+                    return Poll::Ready(Ok(refusal_response(refusal, *grpc)));
+                }
+            }
+        }
+    }
+}
+
+impl<F> fmt::Debug for ResponseFuture<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            State::Waiting { .. } => "waiting",
+            State::Calling { .. } => "calling",
+            State::Refused { .. } => "refused",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("state", &state)
+            .finish()
+    }
+}

@@ -1,0 +1,224 @@
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+use tower::Layer;
+
+use super::service::Concurrency;
+use super::state::{ConcurrencyStats, Limits, Shared};
+use crate::ConfigError;
+
+/// Default for [`ConcurrencyLayerBuilder::max_identities`].
+pub const DEFAULT_MAX_IDENTITIES: usize = 10_000;
+
+/// Layer that bounds requests in flight; builds [`Concurrency`].
+///
+/// Clones share all state (semaphores, queues, the per-identity map and the
+/// counters), and so do the services built from one layer: apply one layer
+/// value to an axum `Router` and every route shares the same caps.
+#[derive(Clone)]
+pub struct ConcurrencyLayer {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl ConcurrencyLayer {
+    /// Starts a configuration.
+    pub fn builder() -> ConcurrencyLayerBuilder {
+        ConcurrencyLayerBuilder::default()
+    }
+
+    /// Number of requests holding a global permit (running, or still
+    /// sending their response body). 0 without a global cap.
+    pub fn in_flight(&self) -> usize {
+        self.stats().global_in_flight
+    }
+
+    /// Number of requests waiting in the global queue. 0 without a global
+    /// cap.
+    pub fn queued(&self) -> usize {
+        self.stats().global_queued
+    }
+
+    /// Requests of `subject` holding its per-identity permit.
+    pub fn identity_in_flight(&self, subject: &str) -> usize {
+        self.shared
+            .per_identity
+            .as_ref()
+            .and_then(|ids| ids.cap_of(subject))
+            .map_or(0, |cap| cap.in_flight())
+    }
+
+    /// Requests of `subject` waiting in its per-identity queue.
+    pub fn identity_queued(&self, subject: &str) -> usize {
+        self.shared
+            .per_identity
+            .as_ref()
+            .and_then(|ids| ids.cap_of(subject))
+            .map_or(0, |cap| cap.queued())
+    }
+
+    /// Number of identities the per-identity map tracks now: those with a
+    /// request queued, running or sending its body.
+    pub fn tracked_identities(&self) -> usize {
+        self.shared.per_identity.as_ref().map_or(0, |ids| ids.len())
+    }
+
+    /// A snapshot of every counter.
+    pub fn stats(&self) -> ConcurrencyStats {
+        self.shared.stats()
+    }
+}
+
+impl<S> Layer<S> for ConcurrencyLayer {
+    type Service = Concurrency<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Concurrency::from_shared(inner, Arc::clone(&self.shared))
+    }
+}
+
+impl fmt::Debug for ConcurrencyLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConcurrencyLayer")
+            .field("global", &self.shared.global.as_ref().map(|(l, _)| l))
+            .field(
+                "per_identity",
+                &self.shared.per_identity.as_ref().map(|ids| ids.limits),
+            )
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct CapConfig {
+    limit: usize,
+    queue: usize,
+    deadline: Duration,
+}
+
+/// Builder of a [`ConcurrencyLayer`]; see [`ConcurrencyLayer::builder`].
+#[derive(Debug, Clone)]
+pub struct ConcurrencyLayerBuilder {
+    global: Option<CapConfig>,
+    per_identity: Option<CapConfig>,
+    max_identities: usize,
+    retry_after: Option<Duration>,
+}
+
+impl Default for ConcurrencyLayerBuilder {
+    fn default() -> Self {
+        ConcurrencyLayerBuilder {
+            global: None,
+            per_identity: None,
+            max_identities: DEFAULT_MAX_IDENTITIES,
+            retry_after: None,
+        }
+    }
+}
+
+impl ConcurrencyLayerBuilder {
+    /// A service-wide cap of `limit` requests in flight, with at most
+    /// `queue` more waiting up to `deadline` each. Refusals are 503.
+    ///
+    /// `queue == 0` is the load-shedding form: a request that finds every
+    /// permit taken is refused at once and `deadline` is not used.
+    pub fn global(mut self, limit: usize, queue: usize, deadline: Duration) -> Self {
+        self.global = Some(CapConfig {
+            limit,
+            queue,
+            deadline,
+        });
+        self
+    }
+
+    /// A cap of `limit` requests in flight per authenticated subject, with
+    /// at most `queue` more of that subject waiting up to `deadline` each.
+    /// Refusals are 429. Requests without an
+    /// [`Identity`](crate::identity::Identity) are not subject to it.
+    pub fn per_identity(mut self, limit: usize, queue: usize, deadline: Duration) -> Self {
+        self.per_identity = Some(CapConfig {
+            limit,
+            queue,
+            deadline,
+        });
+        self
+    }
+
+    /// Most distinct identities tracked at once (default
+    /// [`DEFAULT_MAX_IDENTITIES`]). A request of a new identity that finds
+    /// the map full is refused at once with 503.
+    pub fn max_identities(mut self, max: usize) -> Self {
+        self.max_identities = max;
+        self
+    }
+
+    /// Overrides the `Retry-After` of every refusal. By default it is the
+    /// refusing cap's queue deadline (rounded up to whole seconds, at least
+    /// 1 s).
+    pub fn retry_after(mut self, wait: Duration) -> Self {
+        self.retry_after = Some(wait);
+        self
+    }
+
+    /// Checks the configuration and builds the layer.
+    pub fn build(self) -> Result<ConcurrencyLayer, ConfigError> {
+        let global = self
+            .global
+            .map(|c| limits(c, self.retry_after, ["global.limit", "global.deadline"]))
+            .transpose()?;
+        let per_identity = self
+            .per_identity
+            .map(|c| {
+                limits(
+                    c,
+                    self.retry_after,
+                    ["per_identity.limit", "per_identity.deadline"],
+                )
+            })
+            .transpose()?;
+        if global.is_none() && per_identity.is_none() {
+            return Err(ConfigError::new(
+                "global",
+                "configure a global cap, a per-identity cap, or both",
+            ));
+        }
+        if per_identity.is_some() && self.max_identities == 0 {
+            return Err(ConfigError::new("max_identities", "must be at least 1"));
+        }
+        Ok(ConcurrencyLayer {
+            shared: Shared::new(global, per_identity, self.max_identities),
+        })
+    }
+}
+
+fn limits(
+    c: CapConfig,
+    retry_after: Option<Duration>,
+    [limit_field, deadline_field]: [&'static str; 2],
+) -> Result<Limits, ConfigError> {
+    if c.limit == 0 {
+        return Err(ConfigError::new(limit_field, "must be at least 1"));
+    }
+    if c.limit > Semaphore::MAX_PERMITS {
+        return Err(ConfigError::new(
+            limit_field,
+            "is above tokio's Semaphore::MAX_PERMITS",
+        ));
+    }
+    if c.queue > 0 && c.deadline.is_zero() {
+        return Err(ConfigError::new(
+            deadline_field,
+            "must be above zero when the queue is not empty; use queue 0 to shed load",
+        ));
+    }
+    Ok(Limits {
+        limit: c.limit,
+        queue: c.queue,
+        deadline: c.deadline,
+        retry_after: retry_after
+            .unwrap_or(c.deadline)
+            .max(Duration::from_secs(1)),
+    })
+}

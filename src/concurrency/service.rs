@@ -1,0 +1,99 @@
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{Request, Response};
+use tower::Service;
+
+use super::body::PermitBody;
+use super::future::ResponseFuture;
+use super::layer::ConcurrencyLayer;
+use super::state::{Begin, ConcurrencyStats, Shared};
+use crate::identity::Identity;
+use crate::reject::{is_grpc, ResponseBody};
+
+/// Middleware that bounds requests in flight; built by
+/// [`ConcurrencyLayer`].
+///
+/// Clones share the caps (see [`ConcurrencyLayer`]).
+#[derive(Clone)]
+pub struct Concurrency<S> {
+    inner: S,
+    shared: Arc<Shared>,
+}
+
+impl<S> Concurrency<S> {
+    pub(crate) fn from_shared(inner: S, shared: Arc<Shared>) -> Self {
+        Concurrency { inner, shared }
+    }
+
+    /// Wraps `inner` with the caps of `layer` (shared with it).
+    pub fn new(inner: S, layer: &ConcurrencyLayer) -> Self {
+        Concurrency::from_shared(inner, Arc::clone(&layer.shared))
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Consumes the middleware, returning the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+
+    /// A snapshot of the shared counters.
+    pub fn stats(&self) -> ConcurrencyStats {
+        self.shared.stats()
+    }
+}
+
+impl<S: fmt::Debug> fmt::Debug for Concurrency<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Concurrency")
+            .field("inner", &self.inner)
+            .field("stats", &self.shared.stats())
+            .finish()
+    }
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Concurrency<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    ReqBody: Send + 'static,
+{
+    type Response = Response<ResponseBody<PermitBody<ResBody>>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future>;
+
+    /// Delegates to the inner service. Permits are not taken here: axum
+    /// does not drive `poll_ready` for backpressure, so admission happens in
+    /// `call`.
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        let grpc = is_grpc(req.headers());
+        let subject = req
+            .extensions()
+            .get::<Identity>()
+            .map(|id| Arc::clone(id.subject_arc()));
+        match self.shared.begin(subject.as_ref()) {
+            Begin::Ready(guard) => ResponseFuture::calling(self.inner.call(req), guard),
+            Begin::Refused(refusal) => ResponseFuture::refused(refusal, grpc),
+            Begin::Wait(acquire) => {
+                // The inner service was made ready by `poll_ready`; take that
+                // one and leave a fresh clone behind.
+                let clone = self.inner.clone();
+                let mut inner = std::mem::replace(&mut self.inner, clone);
+                ResponseFuture::waiting(acquire, Box::new(move || inner.call(req)), grpc)
+            }
+        }
+    }
+}

@@ -1,0 +1,81 @@
+use std::fmt;
+use std::str::FromStr;
+
+/// Identifier of an accepted job: 128 random bits from a cryptographically
+/// secure generator (`rand::random`, backed by the thread-local ChaCha RNG),
+/// so it cannot be guessed and is safe to put in a URL.
+///
+/// Displayed and parsed as 32 lowercase hexadecimal digits.
+///
+/// ```
+/// use tower_admission::jobs::JobId;
+/// let id = JobId::random();
+/// let text = id.to_string();
+/// assert_eq!(text.len(), 32);
+/// assert_eq!(text.parse::<JobId>(), Ok(id));
+/// assert!("not-an-id".parse::<JobId>().is_err());
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct JobId(u128);
+
+impl JobId {
+    /// A fresh random id.
+    pub fn random() -> Self {
+        JobId(rand::random::<u128>())
+    }
+
+    /// The id as a number.
+    pub fn as_u128(self) -> u128 {
+        self.0
+    }
+}
+
+impl fmt::Display for JobId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:032x}", self.0)
+    }
+}
+
+impl fmt::Debug for JobId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "JobId({self})")
+    }
+}
+
+/// The text was not 32 hexadecimal digits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ParseJobIdError;
+
+impl fmt::Display for ParseJobIdError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a job id is 32 hexadecimal digits")
+    }
+}
+
+impl std::error::Error for ParseJobIdError {}
+
+impl FromStr for JobId {
+    type Err = ParseJobIdError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.len() != 32 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(ParseJobIdError);
+        }
+        u128::from_str_radix(s, 16)
+            .map(JobId)
+            .map_err(|_| ParseJobIdError)
+    }
+}
+
+impl serde::Serialize for JobId {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for JobId {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}

@@ -1,0 +1,94 @@
+//! Asynchronous offer: answer `202 Accepted` for work over the synchronous
+//! bound, and run it in a bounded background queue.
+//!
+//! When a request asks for more work than may be done while the caller
+//! waits (a large report, a wide date range), a handler can refuse it, or
+//! accept it for later: it calls [`JobQueue::submit`] and answers `202
+//! Accepted` with a `Location` where the caller polls the job's status
+//! ([`accepted_response`]).
+//!
+//! # Bounds
+//!
+//! * **Waiting jobs**: at most [`capacity`](JobQueueBuilder::capacity). A
+//!   submit that finds the queue full is refused at once with
+//!   [`SubmitError::Full`]; answer it with [`SubmitError::into_response`], a
+//!   `503` + `Retry-After`
+//!   ([`Rejection::Overloaded`](crate::reject::Rejection::Overloaded) with
+//!   [`OverloadScope::Global`](crate::reject::OverloadScope::Global)): the
+//!   service is out of room, not the caller.
+//! * **Running jobs**: at most [`workers`](JobQueueBuilder::workers); each
+//!   worker is one Tokio task running one job at a time.
+//! * **Records**: waiting and running jobs always have a record (so at most
+//!   `capacity + workers`). Finished records are kept for at most
+//!   [`finished_ttl`](JobQueueBuilder::finished_ttl) after they finish, and at
+//!   most [`retain_finished`](JobQueueBuilder::retain_finished) of them (the
+//!   oldest finished goes first). Expired records are dropped on the next
+//!   `submit`, `status` or job completion. After that, `status` answers `None`.
+//!
+//! # Nothing accepted is lost
+//!
+//! Once `submit` returns `Ok`, the job is in the queue and a worker will run
+//! it. [`JobQueue::shutdown`] stops taking new jobs (`submit` then answers
+//! [`SubmitError::ShutDown`], also a 503) and waits until every accepted job
+//! has finished. Dropping the last clone of the queue also closes it: accepted
+//! jobs still run, but nothing waits for them. A panicking job is caught and
+//! recorded as [`JobStatus::Panicked`]; the worker goes on.
+//!
+//! The queue lives in memory. Jobs that are still queued or running when the
+//! Tokio runtime itself shuts down, or when the process exits, are lost: call
+//! `shutdown().await` during graceful shutdown, and use a durable queue when
+//! jobs must survive a crash.
+//!
+//! # Privacy
+//!
+//! Job ids ([`JobId`]) are 128 random bits and safe to put in URLs. A job's
+//! status is readable only by the owner that submitted it:
+//! [`JobQueue::status`] returns `None` for another owner exactly as for an
+//! unknown id, so the handler answers 404 and never reveals that the job
+//! exists.
+//!
+//! # Example
+//!
+//! ```
+//! use std::time::Duration;
+//! use http::StatusCode;
+//! use tower_admission::jobs::{accepted_response, JobQueue, JobStatus};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let reports = JobQueue::builder()
+//!     .capacity(100)
+//!     .workers(2)
+//!     .finished_ttl(Duration::from_secs(600))
+//!     .build(|days: u32| async move {
+//!         // ... the expensive work ...
+//!         Ok::<_, String>(format!("report over {days} days"))
+//!     })?;
+//!
+//! // In a handler, with the authenticated subject as owner:
+//! let response = match reports.submit("alice", 365) {
+//!     Ok(id) => accepted_response(id, &format!("/reports/jobs/{id}"))?,
+//!     Err(full) => full.into_response(false), // 503 + Retry-After
+//! };
+//! assert_eq!(response.status(), StatusCode::ACCEPTED);
+//! let location = response.headers()["location"].to_str()?;
+//! let id = location.rsplit('/').next().unwrap().parse()?;
+//!
+//! reports.shutdown().await; // drains: every accepted job has finished
+//! assert_eq!(
+//!     reports.status("alice", id),
+//!     Some(JobStatus::Succeeded("report over 365 days".to_owned()))
+//! );
+//! assert_eq!(reports.status("mallory", id), None); // 404, not 403
+//! # Ok(())
+//! # }
+//! ```
+
+mod id;
+mod queue;
+
+pub use id::{JobId, ParseJobIdError};
+pub use queue::{
+    accepted_response, JobQueue, JobQueueBuilder, JobStatus, SubmitError, DEFAULT_CAPACITY,
+    DEFAULT_FINISHED_TTL, DEFAULT_RETAIN_FINISHED, DEFAULT_RETRY_AFTER, DEFAULT_WORKERS,
+};

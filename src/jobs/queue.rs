@@ -1,0 +1,498 @@
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::FutureExt;
+use http::header::{HeaderValue, CONTENT_TYPE, LOCATION};
+use http::{Response, StatusCode};
+use http_body_util::Full;
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::id::JobId;
+use crate::reject::{OverloadScope, Rejection};
+use crate::ConfigError;
+
+/// Default for [`JobQueueBuilder::capacity`].
+pub const DEFAULT_CAPACITY: usize = 1_000;
+/// Default for [`JobQueueBuilder::workers`].
+pub const DEFAULT_WORKERS: usize = 4;
+/// Default for [`JobQueueBuilder::retain_finished`].
+pub const DEFAULT_RETAIN_FINISHED: usize = 10_000;
+/// Default for [`JobQueueBuilder::finished_ttl`]: one hour.
+pub const DEFAULT_FINISHED_TTL: Duration = Duration::from_secs(3600);
+/// Default for [`JobQueueBuilder::retry_after`]: one second.
+pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// Where a job is.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "status", content = "output", rename_all = "snake_case")]
+pub enum JobStatus<R, E> {
+    /// Accepted, waiting for a worker.
+    Queued,
+    /// A worker is running it.
+    Running,
+    /// It finished with this result.
+    Succeeded(R),
+    /// It finished with this error.
+    Failed(E),
+    /// The job function panicked; the worker survived.
+    Panicked,
+}
+
+impl<R, E> JobStatus<R, E> {
+    /// `queued`, `running`, `succeeded`, `failed` or `panicked`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            JobStatus::Queued => "queued",
+            JobStatus::Running => "running",
+            JobStatus::Succeeded(_) => "succeeded",
+            JobStatus::Failed(_) => "failed",
+            JobStatus::Panicked => "panicked",
+        }
+    }
+
+    /// True once the job has finished, successfully or not.
+    pub fn is_finished(&self) -> bool {
+        !matches!(self, JobStatus::Queued | JobStatus::Running)
+    }
+}
+
+/// Why [`JobQueue::submit`] did not accept a job. Both answer 503.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SubmitError {
+    /// `capacity` jobs are already waiting for a worker.
+    Full {
+        /// Suggested wait before submitting again.
+        retry_after: Duration,
+    },
+    /// The queue was shut down and takes no new jobs.
+    ShutDown {
+        /// Suggested wait (another instance may take the job).
+        retry_after: Duration,
+    },
+}
+
+impl SubmitError {
+    /// The refusal: [`Rejection::Overloaded`] with
+    /// [`OverloadScope::Global`], a 503 with `Retry-After`, since the
+    /// service, not the caller, is out of room.
+    pub fn rejection(&self) -> Rejection {
+        let (SubmitError::Full { retry_after } | SubmitError::ShutDown { retry_after }) = *self;
+        Rejection::Overloaded {
+            scope: OverloadScope::Global,
+            retry_after,
+        }
+    }
+
+    /// The 503 response (problem+json, or gRPC `UNAVAILABLE` when `grpc`).
+    pub fn into_response(self, grpc: bool) -> Response<Full<Bytes>> {
+        self.rejection().into_response(grpc)
+    }
+}
+
+impl fmt::Display for SubmitError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SubmitError::Full { .. } => f.write_str("the job queue is full"),
+            SubmitError::ShutDown { .. } => f.write_str("the job queue is shut down"),
+        }
+    }
+}
+
+impl std::error::Error for SubmitError {}
+
+#[cfg(feature = "axum")]
+impl axum::response::IntoResponse for SubmitError {
+    fn into_response(self) -> axum::response::Response {
+        SubmitError::into_response(self, false).into_response()
+    }
+}
+
+/// A `202 Accepted` response pointing at `location`, where the job's status
+/// can be read, with the body `{"id": ..., "status": "queued"}`.
+///
+/// Fails only when `location` is not a valid header value.
+pub fn accepted_response(
+    id: JobId,
+    location: &str,
+) -> Result<Response<Full<Bytes>>, http::header::InvalidHeaderValue> {
+    let location = HeaderValue::from_str(location)?;
+    let body = serde_json::json!({ "id": id, "status": "queued" }).to_string();
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = StatusCode::ACCEPTED;
+    response.headers_mut().insert(LOCATION, location);
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    Ok(response)
+}
+
+struct Record<R, E> {
+    owner: Arc<str>,
+    status: JobStatus<R, E>,
+}
+
+struct State<T, R, E> {
+    pending: VecDeque<(JobId, T)>,
+    records: HashMap<JobId, Record<R, E>>,
+    /// Finished jobs in order of completion, for retention.
+    finished: VecDeque<(JobId, Instant)>,
+    running: usize,
+    submitted: u64,
+    completed: u64,
+    closed: bool,
+}
+
+struct Shared<T, R, E> {
+    state: Mutex<State<T, R, E>>,
+    notify: Notify,
+    config: JobQueueBuilder,
+    workers: tokio::sync::Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl<T, R, E> Shared<T, R, E> {
+    fn close(&self) {
+        self.state.lock().closed = true;
+        self.notify.notify_waiters();
+    }
+
+    /// Drops finished records past the count or age bound.
+    fn prune(&self, state: &mut State<T, R, E>, now: Instant) {
+        while let Some(&(id, at)) = state.finished.front() {
+            let too_many = state.finished.len() > self.config.retain_finished;
+            let too_old = now.saturating_duration_since(at) >= self.config.finished_ttl;
+            if !(too_many || too_old) {
+                break;
+            }
+            state.finished.pop_front();
+            state.records.remove(&id);
+        }
+    }
+}
+
+/// Closes the queue when the last [`JobQueue`] handle goes.
+struct Closer<T, R, E>(Arc<Shared<T, R, E>>);
+
+impl<T, R, E> Drop for Closer<T, R, E> {
+    fn drop(&mut self) {
+        self.0.close();
+    }
+}
+
+/// A bounded queue of jobs run by a bounded set of worker tasks, for work
+/// that is too large to do within a request. See the [module docs](super).
+///
+/// Clones share the queue, the workers and the job records. When the last
+/// clone is dropped the queue closes: accepted jobs still run, then the
+/// workers exit.
+pub struct JobQueue<T, R, E> {
+    shared: Arc<Shared<T, R, E>>,
+    _closer: Arc<Closer<T, R, E>>,
+}
+
+impl<T, R, E> Clone for JobQueue<T, R, E> {
+    fn clone(&self) -> Self {
+        JobQueue {
+            shared: Arc::clone(&self.shared),
+            _closer: Arc::clone(&self._closer),
+        }
+    }
+}
+
+impl<T, R, E> fmt::Debug for JobQueue<T, R, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = self.shared.state.lock();
+        f.debug_struct("JobQueue")
+            .field("config", &self.shared.config)
+            .field("queued", &state.pending.len())
+            .field("running", &state.running)
+            .field("retained_finished", &state.finished.len())
+            .field("closed", &state.closed)
+            .finish()
+    }
+}
+
+impl JobQueue<(), (), ()> {
+    /// Starts a configuration.
+    pub fn builder() -> JobQueueBuilder {
+        JobQueueBuilder::default()
+    }
+}
+
+impl<T, R, E> JobQueue<T, R, E>
+where
+    T: Send + 'static,
+    R: Send + 'static,
+    E: Send + 'static,
+{
+    /// Accepts a job for `owner` (the authenticated subject, e.g.
+    /// [`Identity::subject`](crate::identity::Identity::subject)), or refuses
+    /// it at once.
+    ///
+    /// On `Ok` the job is in the queue and will run (see the module docs for
+    /// shutdown). `Err` when `capacity` jobs are already waiting, or after
+    /// [`shutdown`](Self::shutdown); answer with
+    /// [`SubmitError::into_response`] (503).
+    pub fn submit(&self, owner: impl Into<Arc<str>>, input: T) -> Result<JobId, SubmitError> {
+        let retry_after = self.shared.config.retry_after;
+        let mut state = self.shared.state.lock();
+        if state.closed {
+            return Err(SubmitError::ShutDown { retry_after });
+        }
+        if state.pending.len() >= self.shared.config.capacity {
+            drop(state);
+            tracing::debug!(
+                capacity = self.shared.config.capacity,
+                "job queue full, job refused"
+            );
+            return Err(SubmitError::Full { retry_after });
+        }
+        self.shared.prune(&mut state, Instant::now());
+        let mut id = JobId::random();
+        while state.records.contains_key(&id) {
+            id = JobId::random();
+        }
+        state.records.insert(
+            id,
+            Record {
+                owner: owner.into(),
+                status: JobStatus::Queued,
+            },
+        );
+        state.pending.push_back((id, input));
+        state.submitted += 1;
+        drop(state);
+        self.shared.notify.notify_one();
+        Ok(id)
+    }
+
+    /// The status of job `id`, only if `owner` submitted it.
+    ///
+    /// `None` for an unknown id, a record already dropped by retention, and
+    /// a job of another owner alike, so a handler answers 404 in every case
+    /// and never reveals that someone else's job exists.
+    pub fn status(&self, owner: &str, id: JobId) -> Option<JobStatus<R, E>>
+    where
+        R: Clone,
+        E: Clone,
+    {
+        let mut state = self.shared.state.lock();
+        self.shared.prune(&mut state, Instant::now());
+        state
+            .records
+            .get(&id)
+            .filter(|r| &*r.owner == owner)
+            .map(|r| r.status.clone())
+    }
+
+    /// Jobs accepted and waiting for a worker.
+    pub fn queued(&self) -> usize {
+        self.shared.state.lock().pending.len()
+    }
+
+    /// Jobs a worker is running now.
+    pub fn running(&self) -> usize {
+        self.shared.state.lock().running
+    }
+
+    /// Finished jobs whose records are still retained.
+    pub fn retained_finished(&self) -> usize {
+        self.shared.state.lock().finished.len()
+    }
+
+    /// Jobs accepted since the queue was built.
+    pub fn submitted_total(&self) -> u64 {
+        self.shared.state.lock().submitted
+    }
+
+    /// Jobs finished (succeeded, failed or panicked) since the queue was
+    /// built.
+    pub fn completed_total(&self) -> u64 {
+        self.shared.state.lock().completed
+    }
+
+    /// Stops taking jobs, then waits until every accepted job has finished
+    /// and the workers have exited. Records stay readable.
+    ///
+    /// Calling it again (or from a clone) waits for the same drain.
+    pub async fn shutdown(&self) {
+        self.shared.close();
+        let mut workers = self.shared.workers.lock().await;
+        for handle in workers.drain(..) {
+            // A worker never panics (job panics are caught); a JoinError
+            // here means the runtime is shutting down.
+            let _ = handle.await;
+        }
+    }
+}
+
+/// Configuration of a [`JobQueue`]; see [`JobQueue::builder`].
+#[derive(Debug, Clone)]
+pub struct JobQueueBuilder {
+    capacity: usize,
+    workers: usize,
+    retain_finished: usize,
+    finished_ttl: Duration,
+    retry_after: Duration,
+}
+
+impl Default for JobQueueBuilder {
+    fn default() -> Self {
+        JobQueueBuilder {
+            capacity: DEFAULT_CAPACITY,
+            workers: DEFAULT_WORKERS,
+            retain_finished: DEFAULT_RETAIN_FINISHED,
+            finished_ttl: DEFAULT_FINISHED_TTL,
+            retry_after: DEFAULT_RETRY_AFTER,
+        }
+    }
+}
+
+impl JobQueueBuilder {
+    /// Most jobs waiting for a worker (not counting the ones running).
+    pub fn capacity(mut self, capacity: usize) -> Self {
+        self.capacity = capacity;
+        self
+    }
+
+    /// Number of worker tasks, hence most jobs running at once.
+    pub fn workers(mut self, workers: usize) -> Self {
+        self.workers = workers;
+        self
+    }
+
+    /// Most finished job records kept; the oldest finished is dropped first.
+    pub fn retain_finished(mut self, max: usize) -> Self {
+        self.retain_finished = max;
+        self
+    }
+
+    /// How long a finished job's record is kept after it finished.
+    pub fn finished_ttl(mut self, ttl: Duration) -> Self {
+        self.finished_ttl = ttl;
+        self
+    }
+
+    /// `Retry-After` of the 503 when the queue is full.
+    pub fn retry_after(mut self, wait: Duration) -> Self {
+        self.retry_after = wait;
+        self
+    }
+
+    /// Checks the configuration, spawns the workers on the current Tokio
+    /// runtime and returns the queue. Each worker runs `job` on one input at
+    /// a time.
+    ///
+    /// Fails with field `runtime` when called outside a Tokio runtime.
+    pub fn build<T, R, E, F, Fut>(self, job: F) -> Result<JobQueue<T, R, E>, ConfigError>
+    where
+        T: Send + 'static,
+        R: Send + 'static,
+        E: Send + 'static,
+        F: Fn(T) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<R, E>> + Send + 'static,
+    {
+        let positive = [
+            ("capacity", self.capacity),
+            ("workers", self.workers),
+            ("retain_finished", self.retain_finished),
+        ];
+        for (field, value) in positive {
+            if value == 0 {
+                return Err(ConfigError::new(field, "must be at least 1"));
+            }
+        }
+        if self.finished_ttl.is_zero() {
+            return Err(ConfigError::new("finished_ttl", "must be above zero"));
+        }
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
+            ConfigError::new("runtime", "JobQueue must be built inside a Tokio runtime")
+        })?;
+        let workers = self.workers;
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                pending: VecDeque::new(),
+                records: HashMap::new(),
+                finished: VecDeque::new(),
+                running: 0,
+                submitted: 0,
+                completed: 0,
+                closed: false,
+            }),
+            notify: Notify::new(),
+            config: self,
+            workers: tokio::sync::Mutex::new(Vec::with_capacity(workers)),
+        });
+        let job = Arc::new(job);
+        let handles = (0..workers)
+            .map(|_| runtime.spawn(worker(Arc::clone(&shared), Arc::clone(&job))))
+            .collect();
+        // Nobody else can hold the lock yet.
+        if let Ok(mut slot) = shared.workers.try_lock() {
+            *slot = handles;
+        }
+        Ok(JobQueue {
+            _closer: Arc::new(Closer(Arc::clone(&shared))),
+            shared,
+        })
+    }
+}
+
+async fn worker<T, R, E, F, Fut>(shared: Arc<Shared<T, R, E>>, job: Arc<F>)
+where
+    F: Fn(T) -> Fut,
+    Fut: Future<Output = Result<R, E>>,
+{
+    loop {
+        // Register for a wake-up before looking at the queue, so a job
+        // submitted between the look and the wait is never missed.
+        let notified = shared.notify.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let next = {
+            let mut state = shared.state.lock();
+            match state.pending.pop_front() {
+                Some((id, input)) => {
+                    state.running += 1;
+                    if let Some(record) = state.records.get_mut(&id) {
+                        record.status = JobStatus::Running;
+                    }
+                    Some((id, input))
+                }
+                None if state.closed => return,
+                None => None,
+            }
+        };
+        let Some((id, input)) = next else {
+            notified.await;
+            continue;
+        };
+        let outcome = AssertUnwindSafe(async { job(input).await })
+            .catch_unwind()
+            .await;
+        let status = match outcome {
+            Ok(Ok(output)) => JobStatus::Succeeded(output),
+            Ok(Err(error)) => JobStatus::Failed(error),
+            Err(_) => {
+                tracing::warn!(job = %id, "job panicked");
+                JobStatus::Panicked
+            }
+        };
+        let now = Instant::now();
+        let mut state = shared.state.lock();
+        state.running -= 1;
+        state.completed += 1;
+        if let Some(record) = state.records.get_mut(&id) {
+            record.status = status;
+        }
+        state.finished.push_back((id, now));
+        shared.prune(&mut state, now);
+    }
+}
