@@ -1,1 +1,134 @@
-//! bounds (in progress)
+//! Bound the work one request can create: body bytes, decoded bytes, page
+//! size, time range and batch items.
+//!
+//! # Order
+//!
+//! ```text
+//! cap wire bytes -> decompress -> cap decoded bytes -> validate query -> (quotas, handler)
+//!  \________________ BodyLimitsLayer _______________/   ValidateQueryLayer
+//!                                                        Batch<T, MAX> in the handler
+//! ```
+//!
+//! * **Wire bytes first.** The wire cap bounds what the server reads from the
+//!   network before any CPU is spent on it. A body with a too large
+//!   `content-length` is refused before a byte is read; a chunked one is cut
+//!   off at the cap.
+//! * **Then decompress, streaming.** tower-http's decompression yields the
+//!   decoded stream in chunks of at most 4 KiB, never the whole body, so a
+//!   1 MiB gzip bomb that inflates to 1 GiB costs no more memory than its
+//!   decoded cap. Unknown encodings get 415.
+//! * **Then cap decoded bytes.** A small compressed body can decode to
+//!   anything; this cap is what actually bounds the parser and the handler.
+//!   It must sit *after* decompression, or it would count compressed bytes.
+//! * **Then validate** page size, range and items: these bound the work a
+//!   well-formed request asks for (a `page_size` of 100000 is a few bytes).
+//!   Query validation needs no body, so it could run first, but running it
+//!   after the byte caps keeps one refusal order for every request. The
+//!   validated page size and the batch length are what quotas charge as
+//!   cost, so validation comes before the quota layers.
+//!
+//! # Which cap answered
+//!
+//! tower-http reports an exceeded cap in two ways: an immediate 413 when
+//! `content-length` is already over it, or a body error while the handler
+//! reads. In the second case the handler (axum's `Json`, `Bytes`...)
+//! answers with a response of its own. [`BodyLimits`] therefore puts a
+//! per-request probe into the extensions; a [`LimitProbe`] under each
+//! tower-http limit records that the request got past it, and wraps the body
+//! in a [`ProbedBody`] that records which cap's
+//! [`LengthLimitError`](http_body_util::LengthLimitError) went by first.
+//! When the inner response arrives, [`BodyLimits`] replaces it with the
+//! problem+json 413 naming `wire-bytes` or `decoded-bytes`, and maps
+//! tower-http's own early 413 and 415 the same way. A handler that reads
+//! the body in a task that outlives its response is not covered.
+//!
+//! # Example
+//!
+//! ```
+//! use std::num::NonZeroU32;
+//! use std::time::Duration;
+//!
+//! use axum::routing::{get, post};
+//! use axum::Router;
+//! use tower_admission::bounds::{
+//!     Batch, BodyLimitsLayer, QueryRules, UnknownParams, ValidateQueryLayer, ValidatedQuery,
+//! };
+//!
+//! #[derive(serde::Deserialize)]
+//! struct Event {
+//!     name: String,
+//! }
+//!
+//! async fn list(q: ValidatedQuery) -> String {
+//!     format!("page of {}", q.page_size)
+//! }
+//!
+//! async fn ingest(batch: Batch<Event, 1000>) -> String {
+//!     format!("{} events", batch.len())
+//! }
+//!
+//! # fn main() -> Result<(), tower_admission::bounds::ConfigError> {
+//! let rules = QueryRules::builder()
+//!     .page_size(NonZeroU32::new(50).unwrap(), NonZeroU32::new(500).unwrap())
+//!     .max_span(Duration::from_secs(31 * 24 * 3600))
+//!     .unknown_params(UnknownParams::Reject)
+//!     .build()?;
+//!
+//! let app: Router = Router::new()
+//!     .route("/events", get(list).post(ingest))
+//!     // Applied bottom-up: the last `.layer` is the first a request meets.
+//!     .layer(ValidateQueryLayer::new(rules))
+//!     .layer(BodyLimitsLayer::new(1 << 20, 8 << 20));
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! With both layers the ordering is the one above: a request is first cut to
+//! 1 MiB on the wire and 8 MiB decoded, then its query is validated, then
+//! `Batch` counts items as it parses.
+
+use std::fmt;
+
+mod body;
+mod items;
+mod query;
+
+pub use body::{BodyLimits, BodyLimitsLayer, LimitProbe, ProbedBody};
+pub use items::{count_batch_items, parse_batch, BatchError};
+#[cfg(feature = "axum")]
+pub use items::{Batch, BatchRejection};
+#[cfg(feature = "axum")]
+pub use query::MissingValidatedQuery;
+pub use query::{
+    QueryRules, QueryRulesBuilder, UnknownParams, ValidateQuery, ValidateQueryLayer,
+    ValidatedQuery, CURSOR, FROM, PAGE_SIZE, TO,
+};
+
+/// Response futures of this module's services.
+pub mod future {
+    pub use super::body::ResponseFuture as BodyLimitsFuture;
+    pub use super::query::ResponseFuture as ValidateQueryFuture;
+}
+
+/// A configuration value that cannot work, naming the field.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The field.
+    pub field: &'static str,
+    /// Why it is refused.
+    pub reason: &'static str,
+}
+
+impl ConfigError {
+    pub(crate) fn new(field: &'static str, reason: &'static str) -> Self {
+        ConfigError { field, reason }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid `{}`: {}", self.field, self.reason)
+    }
+}
+
+impl std::error::Error for ConfigError {}

@@ -1,0 +1,592 @@
+//! Page and range validation of the query string.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::num::{NonZeroU32, NonZeroUsize};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use http::{Request, Response};
+use http_body_util::Either;
+use pin_project_lite::pin_project;
+use time::format_description::well_known::Rfc3339;
+use time::OffsetDateTime;
+use tower::{Layer, Service};
+
+use crate::reject::{is_grpc, InvalidParameter, Rejection, ResponseBody};
+
+use super::ConfigError;
+
+/// Name of the page size parameter.
+pub const PAGE_SIZE: &str = "page_size";
+/// Name of the range start parameter (inclusive), RFC 3339.
+pub const FROM: &str = "from";
+/// Name of the range end parameter (exclusive), RFC 3339.
+pub const TO: &str = "to";
+/// Name of the opaque cursor parameter.
+pub const CURSOR: &str = "cursor";
+
+/// At most this many unknown parameters are named in one rejection; the last
+/// named one says how many more there were. Keeps a query of thousands of
+/// tiny unknown names from becoming a response many times its size.
+const MAX_UNKNOWN_REPORTED: usize = 10;
+/// Parameter names are echoed back cut to this many characters.
+const MAX_ECHOED_NAME: usize = 64;
+
+/// What to do with a parameter the rules do not know.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum UnknownParams {
+    /// Refuse the request with 400, naming each unknown parameter. The default:
+    /// a misspelt `pagesize` silently falling back to the default page size
+    /// hides client bugs.
+    #[default]
+    Reject,
+    /// Ignore unknown parameters entirely, repeats included.
+    Ignore,
+}
+
+/// A query string that passed [`QueryRules::validate`]. Inserted into the
+/// request extensions by [`ValidateQuery`]; with the `axum` feature it is also
+/// an extractor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValidatedQuery {
+    /// The page size: the parameter, or the default when absent. Always in
+    /// `1..=max`.
+    pub page_size: u32,
+    /// Range start, inclusive.
+    pub from: Option<OffsetDateTime>,
+    /// Range end, exclusive. When both are set, `from < to` and the span is
+    /// at most the configured maximum.
+    pub to: Option<OffsetDateTime>,
+    /// The opaque cursor, visible ASCII, at most the configured length.
+    pub cursor: Option<String>,
+}
+
+/// Rules for the page and range parameters of a query string.
+///
+/// | parameter | rule |
+/// |---|---|
+/// | `page_size` | digits `0-9` only: no sign, no `+`, no spaces, no leading zeros (`007` is refused so that one page size has one spelling); `1..=max`; absent means the default |
+/// | `from`, `to` | RFC 3339 timestamps (`2024-05-01T00:00:00Z`; a `+` offset must be sent as `%2B`, since `+` means space in a query); `from < to`; `to - from <= max_span`; with a `max_span`, one without the other is refused |
+/// | `cursor` | 1 to `max_cursor_len` visible ASCII characters (`!` to `~`); opaque otherwise |
+/// | names added with [`allow`](QueryRulesBuilder::allow) | passed through unchecked |
+/// | anything else | refused or ignored, per [`UnknownParams`] |
+///
+/// Percent-encoding is decoded first (`application/x-www-form-urlencoded`,
+/// with the `form_urlencoded` crate). A known parameter given twice is always
+/// refused, even with equal values: which one wins is ambiguous across
+/// frameworks and caches. Every bad parameter is reported, not only the first.
+///
+/// Clones share the rules through an `Arc`.
+#[derive(Debug, Clone)]
+pub struct QueryRules {
+    inner: Arc<RulesInner>,
+}
+
+#[derive(Debug)]
+struct RulesInner {
+    default_page_size: u32,
+    max_page_size: u32,
+    max_span: Option<Duration>,
+    max_cursor_len: usize,
+    unknown: UnknownParams,
+    allowed: Vec<String>,
+}
+
+/// Builder of [`QueryRules`].
+#[derive(Debug, Clone)]
+pub struct QueryRulesBuilder {
+    default_page_size: NonZeroU32,
+    max_page_size: NonZeroU32,
+    max_span: Option<Duration>,
+    max_cursor_len: NonZeroUsize,
+    unknown: UnknownParams,
+    allowed: Vec<String>,
+}
+
+impl Default for QueryRulesBuilder {
+    fn default() -> Self {
+        QueryRulesBuilder {
+            default_page_size: NonZeroU32::new(50).unwrap_or(NonZeroU32::MIN),
+            max_page_size: NonZeroU32::new(1000).unwrap_or(NonZeroU32::MIN),
+            max_span: None,
+            max_cursor_len: NonZeroUsize::new(512).unwrap_or(NonZeroUsize::MIN),
+            unknown: UnknownParams::Reject,
+            allowed: Vec::new(),
+        }
+    }
+}
+
+impl QueryRulesBuilder {
+    /// Page size used when `page_size` is absent, and the largest accepted.
+    /// Defaults: 50 and 1000.
+    pub fn page_size(mut self, default: NonZeroU32, max: NonZeroU32) -> Self {
+        self.default_page_size = default;
+        self.max_page_size = max;
+        self
+    }
+
+    /// Largest `to - from`. Without it any ordered range is accepted and
+    /// either end may be omitted.
+    pub fn max_span(mut self, span: Duration) -> Self {
+        self.max_span = Some(span);
+        self
+    }
+
+    /// Longest accepted `cursor`, in characters. Default 512.
+    pub fn max_cursor_len(mut self, len: NonZeroUsize) -> Self {
+        self.max_cursor_len = len;
+        self
+    }
+
+    /// What to do with unknown parameters. Default [`UnknownParams::Reject`].
+    pub fn unknown_params(mut self, policy: UnknownParams) -> Self {
+        self.unknown = policy;
+        self
+    }
+
+    /// Accepts another parameter, unchecked, at most once per query.
+    pub fn allow(mut self, name: impl Into<String>) -> Self {
+        self.allowed.push(name.into());
+        self
+    }
+
+    /// The rules, or the first bad field.
+    pub fn build(self) -> Result<QueryRules, ConfigError> {
+        if self.default_page_size > self.max_page_size {
+            return Err(ConfigError::new(
+                "page_size",
+                "the default page size is larger than the maximum",
+            ));
+        }
+        if self.max_span == Some(Duration::ZERO) {
+            return Err(ConfigError::new(
+                "max_span",
+                "a zero span refuses every range",
+            ));
+        }
+        for name in &self.allowed {
+            if [PAGE_SIZE, FROM, TO, CURSOR].contains(&name.as_str()) {
+                return Err(ConfigError::new(
+                    "allow",
+                    "the name is already a validated parameter",
+                ));
+            }
+        }
+        Ok(QueryRules {
+            inner: Arc::new(RulesInner {
+                default_page_size: self.default_page_size.get(),
+                max_page_size: self.max_page_size.get(),
+                max_span: self.max_span,
+                max_cursor_len: self.max_cursor_len.get(),
+                unknown: self.unknown,
+                allowed: self.allowed,
+            }),
+        })
+    }
+}
+
+impl QueryRules {
+    /// A builder with the defaults: page size 50, max 1000, no span limit,
+    /// cursor up to 512 characters, unknown parameters refused.
+    pub fn builder() -> QueryRulesBuilder {
+        QueryRulesBuilder::default()
+    }
+
+    /// The default page size.
+    pub fn default_page_size(&self) -> u32 {
+        self.inner.default_page_size
+    }
+
+    /// The largest page size.
+    pub fn max_page_size(&self) -> u32 {
+        self.inner.max_page_size
+    }
+
+    /// Validates a raw (still percent-encoded) query string, as in
+    /// `Uri::query()`. Pure and total: never panics, whatever the input.
+    ///
+    /// On failure every bad parameter is listed once, known parameters first
+    /// in the order `page_size`, `from`, `to`, `cursor`, allowed names, then
+    /// unknown ones in the order they appear.
+    pub fn validate(
+        &self,
+        raw_query: Option<&str>,
+    ) -> Result<ValidatedQuery, Vec<InvalidParameter>> {
+        let rules = &*self.inner;
+        let known: Vec<&str> = [PAGE_SIZE, FROM, TO, CURSOR]
+            .into_iter()
+            .chain(rules.allowed.iter().map(String::as_str))
+            .collect();
+        // The values given for each known parameter, by index in `known`.
+        let mut seen: Vec<Vec<std::borrow::Cow<'_, str>>> = vec![Vec::new(); known.len()];
+        let mut unknown: Vec<String> = Vec::new();
+        let mut unknown_more = 0usize;
+        let mut index_of: HashMap<&str, usize> = HashMap::new();
+        for (i, name) in known.iter().enumerate() {
+            index_of.entry(name).or_insert(i);
+        }
+
+        let pairs = form_urlencoded::parse(raw_query.unwrap_or("").as_bytes());
+        for (name, value) in pairs {
+            match index_of.get(&*name) {
+                Some(&i) => seen[i].push(value),
+                None if rules.unknown == UnknownParams::Reject => {
+                    let echoed = echo_name(&name);
+                    if unknown.contains(&echoed) {
+                        continue;
+                    }
+                    if unknown.len() < MAX_UNKNOWN_REPORTED {
+                        unknown.push(echoed);
+                    } else {
+                        unknown_more += 1;
+                    }
+                }
+                None => {}
+            }
+        }
+
+        let mut errors = Vec::new();
+        let single = |i: usize, errors: &mut Vec<InvalidParameter>| -> Option<String> {
+            match seen[i].as_slice() {
+                [] => None,
+                [one] => Some(one.to_string()),
+                _ => {
+                    errors.push(InvalidParameter::new(
+                        known[i],
+                        "given more than once; give it at most once",
+                    ));
+                    None
+                }
+            }
+        };
+
+        let page_size = match single(0, &mut errors) {
+            None => rules.default_page_size,
+            Some(v) => match parse_page_size(&v, rules.max_page_size) {
+                Ok(n) => n,
+                Err(reason) => {
+                    errors.push(InvalidParameter::new(PAGE_SIZE, reason));
+                    rules.default_page_size
+                }
+            },
+        };
+
+        let from_raw = single(1, &mut errors);
+        let to_raw = single(2, &mut errors);
+        let from = from_raw.as_deref().and_then(|v| match parse_time(v) {
+            Ok(t) => Some(t),
+            Err(reason) => {
+                errors.push(InvalidParameter::new(FROM, reason));
+                None
+            }
+        });
+        let to = to_raw.as_deref().and_then(|v| match parse_time(v) {
+            Ok(t) => Some(t),
+            Err(reason) => {
+                errors.push(InvalidParameter::new(TO, reason));
+                None
+            }
+        });
+        match (from, to) {
+            (Some(from), Some(to)) => {
+                if from >= to {
+                    errors.push(InvalidParameter::new(TO, "must be later than from"));
+                } else if let Some(max) = rules.max_span {
+                    let span = to - from;
+                    if span > max {
+                        errors.push(InvalidParameter::new(
+                            TO,
+                            format!(
+                                "the range from..to spans {} s, more than the maximum of {} s",
+                                span.whole_seconds(),
+                                max.as_secs()
+                            ),
+                        ));
+                    }
+                }
+            }
+            _ if rules.max_span.is_some() => {
+                // With a span limit an open range is unbounded: both ends or
+                // neither.
+                if !seen[1].is_empty() && seen[2].is_empty() {
+                    errors.push(InvalidParameter::new(TO, "required when from is given"));
+                }
+                if !seen[2].is_empty() && seen[1].is_empty() {
+                    errors.push(InvalidParameter::new(FROM, "required when to is given"));
+                }
+            }
+            _ => {}
+        }
+
+        let cursor =
+            single(3, &mut errors).and_then(|v| match check_cursor(&v, rules.max_cursor_len) {
+                Ok(()) => Some(v),
+                Err(reason) => {
+                    errors.push(InvalidParameter::new(CURSOR, reason));
+                    None
+                }
+            });
+
+        for i in 4..known.len() {
+            let _ = single(i, &mut errors);
+        }
+
+        let last = unknown.len().saturating_sub(1);
+        for (i, name) in unknown.into_iter().enumerate() {
+            let reason = if i == last && unknown_more > 0 {
+                format!("unknown parameter; {unknown_more} more unknown parameters not listed")
+            } else {
+                "unknown parameter".to_owned()
+            };
+            errors.push(InvalidParameter::new(name, reason));
+        }
+
+        if errors.is_empty() {
+            Ok(ValidatedQuery {
+                page_size,
+                from,
+                to,
+                cursor,
+            })
+        } else {
+            Err(errors)
+        }
+    }
+}
+
+fn echo_name(name: &str) -> String {
+    match name.char_indices().nth(MAX_ECHOED_NAME) {
+        Some((cut, _)) => format!("{}…", &name[..cut]),
+        None => name.to_owned(),
+    }
+}
+
+fn parse_page_size(v: &str, max: u32) -> Result<u32, String> {
+    if v.is_empty() {
+        return Err("must not be empty".to_owned());
+    }
+    if !v.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!(
+            "must be a whole number from 1 to {max}, written with the digits 0-9 only"
+        ));
+    }
+    if v.len() > 1 && v.starts_with('0') {
+        return Err("must not have leading zeros".to_owned());
+    }
+    // Digits only, so the only parse failure is overflow.
+    match v.parse::<u64>() {
+        Ok(0) => Err("must be at least 1".to_owned()),
+        Ok(n) if n <= u64::from(max) => Ok(u32::try_from(n).unwrap_or(max)),
+        _ => Err(format!("must be at most {max}")),
+    }
+}
+
+fn parse_time(v: &str) -> Result<OffsetDateTime, String> {
+    if v.is_empty() {
+        return Err("must not be empty".to_owned());
+    }
+    match OffsetDateTime::parse(v, &Rfc3339) {
+        Ok(t) => Ok(t),
+        Err(_) if v.contains(' ') => Err(
+            "must be an RFC 3339 timestamp such as 2024-05-01T00:00:00Z; \
+             a '+' in the offset must be sent as %2B"
+                .to_owned(),
+        ),
+        Err(_) => Err("must be an RFC 3339 timestamp such as 2024-05-01T00:00:00Z".to_owned()),
+    }
+}
+
+fn check_cursor(v: &str, max: usize) -> Result<(), String> {
+    if v.is_empty() {
+        return Err("must not be empty".to_owned());
+    }
+    if v.len() > max {
+        return Err(format!("must be at most {max} characters"));
+    }
+    if !v.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err("must contain only visible ASCII characters".to_owned());
+    }
+    Ok(())
+}
+
+/// Validates the query string with [`QueryRules`] before the inner service
+/// runs. Builds [`ValidateQuery`].
+#[derive(Debug, Clone)]
+pub struct ValidateQueryLayer {
+    rules: QueryRules,
+}
+
+impl ValidateQueryLayer {
+    /// A layer applying `rules`.
+    pub fn new(rules: QueryRules) -> Self {
+        ValidateQueryLayer { rules }
+    }
+}
+
+impl<S> Layer<S> for ValidateQueryLayer {
+    type Service = ValidateQuery<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        ValidateQuery {
+            inner,
+            rules: self.rules.clone(),
+        }
+    }
+}
+
+/// Service built by [`ValidateQueryLayer`]: refuses a bad query with 400
+/// ([`Rejection::InvalidParameters`]) and otherwise inserts the
+/// [`ValidatedQuery`] into the request extensions.
+///
+/// Clones share the rules.
+#[derive(Debug, Clone)]
+pub struct ValidateQuery<S> {
+    inner: S,
+    rules: QueryRules,
+}
+
+impl<S> ValidateQuery<S> {
+    /// The wrapped service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The wrapped service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Consumes this service, returning the wrapped one.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, B, RB> Service<Request<B>> for ValidateQuery<S>
+where
+    S: Service<Request<B>, Response = Response<RB>>,
+{
+    type Response = Response<ResponseBody<RB>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future, RB>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request<B>) -> Self::Future {
+        match self.rules.validate(req.uri().query()) {
+            Ok(validated) => {
+                req.extensions_mut().insert(validated);
+                ResponseFuture {
+                    kind: Kind::Inner {
+                        future: self.inner.call(req),
+                    },
+                }
+            }
+            Err(errors) => ResponseFuture {
+                kind: Kind::Rejected {
+                    response: Some(
+                        Rejection::InvalidParameters(errors)
+                            .into_layer_response(is_grpc(req.headers())),
+                    ),
+                },
+            },
+        }
+    }
+}
+
+pin_project! {
+    /// Response future of [`ValidateQuery`].
+    pub struct ResponseFuture<F, RB> {
+        #[pin]
+        kind: Kind<F, RB>,
+    }
+}
+
+pin_project! {
+    #[project = KindProj]
+    enum Kind<F, RB> {
+        Inner { #[pin] future: F },
+        Rejected { response: Option<Response<ResponseBody<RB>>> },
+    }
+}
+
+impl<F, RB> fmt::Debug for ResponseFuture<F, RB> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match self.kind {
+            Kind::Inner { .. } => "inner",
+            Kind::Rejected { .. } => "rejected",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("kind", &kind)
+            .finish()
+    }
+}
+
+impl<F, RB, E> Future for ResponseFuture<F, RB>
+where
+    F: Future<Output = Result<Response<RB>, E>>,
+{
+    type Output = Result<Response<ResponseBody<RB>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().kind.project() {
+            KindProj::Inner { future } => {
+                let response = ready!(future.poll(cx))?;
+                Poll::Ready(Ok(response.map(Either::Left)))
+            }
+            KindProj::Rejected { response } => match response.take() {
+                Some(response) => Poll::Ready(Ok(response)),
+                None => panic!("ResponseFuture polled after completion"),
+            },
+        }
+    }
+}
+
+#[cfg(feature = "axum")]
+mod extract {
+    use axum::extract::FromRequestParts;
+    use axum::response::{IntoResponse, Response};
+    use http::request::Parts;
+    use http::StatusCode;
+
+    use super::ValidatedQuery;
+
+    /// Rejection of the [`ValidatedQuery`] extractor: the route has no
+    /// [`ValidateQueryLayer`](super::ValidateQueryLayer). A server bug, so 500.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct MissingValidatedQuery;
+
+    impl IntoResponse for MissingValidatedQuery {
+        fn into_response(self) -> Response {
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "ValidatedQuery extractor used on a route without ValidateQueryLayer",
+            )
+                .into_response()
+        }
+    }
+
+    impl<S: Send + Sync> FromRequestParts<S> for ValidatedQuery {
+        type Rejection = MissingValidatedQuery;
+
+        async fn from_request_parts(
+            parts: &mut Parts,
+            _state: &S,
+        ) -> Result<Self, Self::Rejection> {
+            parts
+                .extensions
+                .get::<ValidatedQuery>()
+                .cloned()
+                .ok_or(MissingValidatedQuery)
+        }
+    }
+}
+
+#[cfg(feature = "axum")]
+pub use extract::MissingValidatedQuery;
