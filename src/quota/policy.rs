@@ -167,6 +167,14 @@ impl Policy {
     pub fn failure_mode(&self) -> FailureMode {
         self.failure_mode
     }
+
+    /// This policy with its limit divided by `divisor` (at least 1).
+    pub fn share(&self, divisor: NonZeroU64) -> Policy {
+        Policy {
+            algorithm: self.algorithm.share(divisor.get()),
+            ..self.clone()
+        }
+    }
 }
 
 fn positive(field: &'static str, n: u64) -> Result<u64, ConfigError> {
@@ -268,14 +276,7 @@ impl Quota {
     pub fn share(&self, divisor: NonZeroU64) -> Quota {
         Quota {
             name: self.name.clone(),
-            policies: self
-                .policies
-                .iter()
-                .map(|p| Policy {
-                    algorithm: p.algorithm.share(divisor.get()),
-                    ..p.clone()
-                })
-                .collect(),
+            policies: self.policies.iter().map(|p| p.share(divisor)).collect(),
         }
     }
 }

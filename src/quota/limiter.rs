@@ -1,0 +1,264 @@
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::quota::{Decision, FailureMode, MemoryStore, Quota, QuotaDecision, Store, StoreError};
+use crate::reject::Rejection;
+
+/// How long a fail-closed refusal asks clients to wait.
+const UNAVAILABLE_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// A store plus the rules for when it fails: each policy's
+/// [`FailureMode`], counting, and logging.
+///
+/// Clones share the store, the local fallback limiter and the counters.
+///
+/// ```
+/// use tower_admission::quota::{Limiter, MemoryStore, Policy, Quota};
+/// use std::{sync::Arc, time::Duration};
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// let limiter = Limiter::new(MemoryStore::new());
+/// let quota = Quota::new("api", [Policy::token_bucket("burst", 1, 1, Duration::from_secs(1))?])?;
+/// let key: Arc<str> = "alice".into();
+/// assert!(limiter.check(&quota, &key, 1).await.admitted);
+/// let refused = limiter.check(&quota, &key, 1).await;
+/// assert!(!refused.admitted);
+/// assert_eq!(refused.rejection.unwrap().retry_after(), Some(Duration::from_secs(1)));
+/// # Ok::<(), tower_admission::ConfigError>(())
+/// # });
+/// ```
+#[derive(Debug, Clone)]
+pub struct Limiter<S> {
+    store: S,
+    local: MemoryStore,
+    stats: Arc<Counters>,
+}
+
+/// The outcome of [`Limiter::check`].
+#[derive(Debug, Clone)]
+pub struct Verdict {
+    /// True if the request may proceed.
+    pub admitted: bool,
+    /// Each policy's decision. Policies resolved by [`FailureMode::Open`] or
+    /// [`FailureMode::Closed`] have no decision and are absent.
+    pub decisions: Vec<(Arc<str>, Decision)>,
+    /// Why the request was refused, when it was.
+    pub rejection: Option<Rejection>,
+    /// The store error that failure modes resolved, if any.
+    pub store_error: Option<StoreError>,
+}
+
+/// Counts of what a [`Limiter`] decided. A snapshot.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LimiterStats {
+    /// Requests admitted.
+    pub admitted: u64,
+    /// Requests refused by a policy.
+    pub refused: u64,
+    /// Store failures resolved by admitting ([`FailureMode::Open`]).
+    pub failed_open: u64,
+    /// Store failures resolved by refusing ([`FailureMode::Closed`]).
+    pub failed_closed: u64,
+    /// Store failures resolved by the local share ([`FailureMode::LocalShare`]).
+    pub local_share: u64,
+    /// Store calls that timed out after sending: counted as consumed.
+    pub unknown_outcomes: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    admitted: AtomicU64,
+    refused: AtomicU64,
+    failed_open: AtomicU64,
+    failed_closed: AtomicU64,
+    local_share: AtomicU64,
+    unknown_outcomes: AtomicU64,
+}
+
+impl<S: Store> Limiter<S> {
+    /// A limiter over `store`, with a 100,000-key local fallback for
+    /// [`FailureMode::LocalShare`].
+    pub fn new(store: S) -> Self {
+        Self::with_local(store, MemoryStore::new())
+    }
+
+    /// A limiter with a given local fallback store.
+    pub fn with_local(store: S, local: MemoryStore) -> Self {
+        Limiter {
+            store,
+            local,
+            stats: Arc::default(),
+        }
+    }
+
+    /// The shared store.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> LimiterStats {
+        let c = &self.stats;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        LimiterStats {
+            admitted: get(&c.admitted),
+            refused: get(&c.refused),
+            failed_open: get(&c.failed_open),
+            failed_closed: get(&c.failed_closed),
+            local_share: get(&c.local_share),
+            unknown_outcomes: get(&c.unknown_outcomes),
+        }
+    }
+
+    /// Decides `cost` for `key` under `quota`, resolving store failures by
+    /// each policy's failure mode.
+    pub async fn check(&self, quota: &Quota, key: &Arc<str>, cost: u64) -> Verdict {
+        let verdict = match self.store.decide(quota, key, cost).await {
+            Ok(decision) => from_decision(quota, decision, cost),
+            Err(error) => self.on_failure(quota, key, cost, error),
+        };
+        let counter = if verdict.admitted {
+            &self.stats.admitted
+        } else {
+            &self.stats.refused
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        #[cfg(feature = "metrics")]
+        metrics::counter!(
+            "admission_quota_decisions_total",
+            "quota" => quota.name_arc().to_string(),
+            "result" => if verdict.admitted { "admitted" } else { "refused" }
+        )
+        .increment(1);
+        verdict
+    }
+
+    /// Settles an earlier admission; see [`Store::adjust`].
+    pub async fn adjust(
+        &self,
+        quota: &Quota,
+        key: &Arc<str>,
+        delta: i64,
+    ) -> Result<(), StoreError> {
+        self.store.adjust(quota, key, delta).await
+    }
+
+    fn on_failure(&self, quota: &Quota, key: &Arc<str>, cost: u64, error: StoreError) -> Verdict {
+        let unknown = error.outcome_unknown();
+        if unknown {
+            self.stats.unknown_outcomes.fetch_add(1, Ordering::Relaxed);
+            #[cfg(feature = "metrics")]
+            metrics::counter!("admission_unknown_outcomes_total", "quota" => quota.name_arc().to_string())
+                .increment(1);
+        }
+        tracing::warn!(quota = quota.name(), %error, unknown_outcome = unknown, "quota store failed; applying failure modes");
+        let mut closed = false;
+        let mut shared = Vec::new();
+        for policy in quota.policies() {
+            match policy.failure_mode() {
+                FailureMode::Open => {
+                    self.count(&self.stats.failed_open, quota, "open");
+                }
+                FailureMode::Closed if policy.is_shadow() => {}
+                FailureMode::Closed => {
+                    self.count(&self.stats.failed_closed, quota, "closed");
+                    closed = true;
+                }
+                FailureMode::LocalShare { divisor } => {
+                    self.count(&self.stats.local_share, quota, "local_share");
+                    shared.push(policy.share(divisor));
+                }
+            }
+        }
+        if closed {
+            return Verdict {
+                admitted: false,
+                decisions: Vec::new(),
+                rejection: Some(Rejection::LimiterUnavailable {
+                    retry_after: match error {
+                        StoreError::Full { retry_after } => {
+                            retry_after.max(UNAVAILABLE_RETRY_AFTER)
+                        }
+                        _ => UNAVAILABLE_RETRY_AFTER,
+                    },
+                }),
+                store_error: Some(error),
+            };
+        }
+        let mut verdict = match Quota::new(quota.name(), shared) {
+            // The local limiter decides the shared policies; it charges the
+            // request even when the store's outcome is unknown.
+            Ok(local_quota) => match self.local.decide_now(&local_quota, key, cost) {
+                Ok(decision) => from_decision(&local_quota, decision, cost),
+                Err(local_error) => Verdict {
+                    admitted: false,
+                    decisions: Vec::new(),
+                    rejection: Some(Rejection::LimiterUnavailable {
+                        retry_after: UNAVAILABLE_RETRY_AFTER,
+                    }),
+                    store_error: Some(local_error),
+                },
+            },
+            // No local-share policy: every enforcing policy failed open.
+            Err(_) => Verdict {
+                admitted: true,
+                decisions: Vec::new(),
+                rejection: None,
+                store_error: None,
+            },
+        };
+        verdict.store_error = Some(error);
+        verdict
+    }
+
+    fn count(&self, counter: &AtomicU64, quota: &Quota, mode: &'static str) {
+        counter.fetch_add(1, Ordering::Relaxed);
+        #[cfg(feature = "metrics")]
+        metrics::counter!("admission_failure_mode_total", "quota" => quota.name_arc().to_string(), "mode" => mode)
+            .increment(1);
+        #[cfg(not(feature = "metrics"))]
+        let _ = (quota, mode);
+    }
+}
+
+fn from_decision(quota: &Quota, decision: QuotaDecision, cost: u64) -> Verdict {
+    let rejection = (!decision.admitted).then(|| {
+        let refusing = || {
+            decision
+                .decisions
+                .iter()
+                .zip(quota.policies())
+                .filter(|((_, d), p)| !d.admitted && !p.is_shadow())
+        };
+        let never: Vec<Arc<str>> = refusing()
+            .filter(|((_, d), _)| d.cost_exceeds_limit())
+            .map(|((name, _), _)| name.clone())
+            .collect();
+        if never.is_empty() {
+            Rejection::QuotaExceeded {
+                policies: refusing().map(|((name, _), _)| name.clone()).collect(),
+                retry_after: decision.retry_after().unwrap_or(UNAVAILABLE_RETRY_AFTER),
+            }
+        } else {
+            Rejection::CostExceedsCapacity {
+                policies: never,
+                cost,
+            }
+        }
+    });
+    for ((name, d), p) in decision.decisions.iter().zip(quota.policies()) {
+        if p.is_shadow() && !d.admitted {
+            tracing::info!(
+                quota = quota.name(),
+                policy = &**name,
+                "shadow policy would refuse"
+            );
+        }
+    }
+    Verdict {
+        admitted: decision.admitted,
+        decisions: decision.decisions,
+        rejection,
+        store_error: None,
+    }
+}
