@@ -1,0 +1,605 @@
+//! Concurrency caps: exact counts under paused Tokio time.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::routing::get;
+use axum::Router;
+use bytes::Bytes;
+use http::header::RETRY_AFTER;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use tokio::time::Instant;
+use tower::{service_fn, Layer, Service, ServiceExt};
+use tower_admission::concurrency::{ConcurrencyLayer, OverloadReason};
+use tower_admission::identity::Identity;
+use tower_admission::reject::{OverloadScope, Rejection};
+
+/// Tracks how many handlers run at once and the most ever seen.
+#[derive(Clone, Default)]
+struct Gauge {
+    now: Arc<AtomicUsize>,
+    max: Arc<AtomicUsize>,
+    calls: Arc<AtomicUsize>,
+}
+
+impl Gauge {
+    async fn run(&self, work: Duration) {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.max.fetch_max(n, Ordering::SeqCst);
+        tokio::time::sleep(work).await;
+        self.now.fetch_sub(1, Ordering::SeqCst);
+    }
+    fn max(&self) -> usize {
+        self.max.load(Ordering::SeqCst)
+    }
+    fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+}
+
+/// An axum app whose one route sleeps `work` (paused time) and answers "ok".
+fn app(layer: &ConcurrencyLayer, gauge: &Gauge, work: Duration) -> Router {
+    let gauge = gauge.clone();
+    Router::new()
+        .route(
+            "/",
+            get(move || {
+                let gauge = gauge.clone();
+                async move {
+                    gauge.run(work).await;
+                    "ok"
+                }
+            }),
+        )
+        .layer(layer.clone())
+}
+
+fn request(subject: Option<&str>) -> Request<Body> {
+    let mut req = Request::get("/").body(Body::empty()).unwrap();
+    if let Some(s) = subject {
+        req.extensions_mut()
+            .insert(Identity::new(s.to_owned(), "tenant", "free"));
+    }
+    req
+}
+
+/// One finished request as seen by the client.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Outcome {
+    status: u16,
+    /// Milliseconds from sending to the response headers.
+    at_ms: u128,
+    retry_after: Option<String>,
+    reason: Option<String>,
+    scope: Option<String>,
+}
+
+async fn send(app: Router, req: Request<Body>) -> Outcome {
+    let start = Instant::now();
+    let response = app.oneshot(req).await.unwrap();
+    let at_ms = start.elapsed().as_millis();
+    let status = response.status().as_u16();
+    let retry_after = response
+        .headers()
+        .get(RETRY_AFTER)
+        .map(|v| v.to_str().unwrap().to_owned());
+    let reason = response
+        .extensions()
+        .get::<OverloadReason>()
+        .map(|r| r.as_str().to_owned());
+    let scope = response.extensions().get::<Rejection>().map(|r| match r {
+        Rejection::Overloaded {
+            scope: OverloadScope::Global,
+            ..
+        } => "global".to_owned(),
+        Rejection::Overloaded {
+            scope: OverloadScope::Identity,
+            ..
+        } => "identity".to_owned(),
+        other => format!("{other:?}"),
+    });
+    // Drain the body so the permit is released.
+    let _ = response.into_body().collect().await.unwrap();
+    Outcome {
+        status,
+        at_ms,
+        retry_after,
+        reason,
+        scope,
+    }
+}
+
+/// Sends every request at the same instant and waits for all answers.
+async fn burst(app: &Router, reqs: Vec<Request<Body>>) -> Vec<Outcome> {
+    let tasks: Vec<_> = reqs
+        .into_iter()
+        .map(|req| tokio::spawn(send(app.clone(), req)))
+        .collect();
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    out
+}
+
+/// Counts outcomes by (status, at_ms, reason).
+fn tally(outcomes: &[Outcome]) -> BTreeMap<(u16, u128, Option<String>), usize> {
+    let mut map = BTreeMap::new();
+    for o in outcomes {
+        *map.entry((o.status, o.at_ms, o.reason.clone()))
+            .or_default() += 1;
+    }
+    map
+}
+
+fn key(status: u16, at_ms: u128, reason: Option<&str>) -> (u16, u128, Option<String>) {
+    (status, at_ms, reason.map(str::to_owned))
+}
+
+#[tokio::test(start_paused = true)]
+async fn global_cap_5_queue_10_deadline_100ms_slow_handler() {
+    let layer = ConcurrencyLayer::builder()
+        .global(5, 10, Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let gauge = Gauge::default();
+    let app = app(&layer, &gauge, Duration::from_secs(1));
+
+    let outcomes = burst(&app, (0..50).map(|_| request(None)).collect()).await;
+
+    // 5 run for 1 s; 10 wait the whole 100 ms deadline; 35 find the queue
+    // full and are refused at once.
+    let expected = BTreeMap::from([
+        (key(200, 1000, None), 5),
+        (key(503, 0, Some("queue-full")), 35),
+        (key(503, 100, Some("deadline-passed")), 10),
+    ]);
+    assert_eq!(tally(&outcomes), expected);
+    assert_eq!(gauge.max(), 5);
+    assert_eq!(gauge.calls(), 5);
+    for o in outcomes.iter().filter(|o| o.status == 503) {
+        // Retry-After is the queue deadline rounded up: 1 s.
+        assert_eq!(o.retry_after.as_deref(), Some("1"));
+        assert_eq!(o.scope.as_deref(), Some("global"));
+    }
+    let stats = layer.stats();
+    assert_eq!(stats.refused_global_queue_full, 35);
+    assert_eq!(stats.refused_global_deadline, 10);
+    assert_eq!(layer.in_flight(), 0);
+    assert_eq!(layer.queued(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn global_cap_fast_handler_queue_drains_before_deadline() {
+    let layer = ConcurrencyLayer::builder()
+        .global(5, 10, Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let gauge = Gauge::default();
+    let app = app(&layer, &gauge, Duration::from_millis(10));
+
+    let outcomes = burst(&app, (0..50).map(|_| request(None)).collect()).await;
+
+    // Three waves of 5, 10 ms each: the 10 queued all get through well
+    // before the 100 ms deadline.
+    let expected = BTreeMap::from([
+        (key(200, 10, None), 5),
+        (key(200, 20, None), 5),
+        (key(200, 30, None), 5),
+        (key(503, 0, Some("queue-full")), 35),
+    ]);
+    assert_eq!(tally(&outcomes), expected);
+    assert_eq!(gauge.max(), 5);
+    assert_eq!(gauge.calls(), 15);
+    assert_eq!(layer.stats().refused_global_deadline, 0);
+    assert_eq!(layer.in_flight(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn global_cap_part_of_queue_passes_deadline() {
+    let layer = ConcurrencyLayer::builder()
+        .global(5, 10, Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let gauge = Gauge::default();
+    let app = app(&layer, &gauge, Duration::from_millis(60));
+
+    let outcomes = burst(&app, (0..50).map(|_| request(None)).collect()).await;
+
+    // Wave 1 ends at 60 ms and lets the first 5 waiters in (done at 120 ms);
+    // the other 5 waiters would get a permit at 120 ms, after their deadline.
+    let expected = BTreeMap::from([
+        (key(200, 60, None), 5),
+        (key(200, 120, None), 5),
+        (key(503, 0, Some("queue-full")), 35),
+        (key(503, 100, Some("deadline-passed")), 5),
+    ]);
+    assert_eq!(tally(&outcomes), expected);
+    assert_eq!(gauge.max(), 5);
+}
+
+#[tokio::test(start_paused = true)]
+async fn load_shedding_form_answers_at_once() {
+    let layer = ConcurrencyLayer::builder()
+        .global(3, 0, Duration::ZERO)
+        .build()
+        .unwrap();
+    let gauge = Gauge::default();
+    let app = app(&layer, &gauge, Duration::from_secs(5));
+
+    let outcomes = burst(&app, (0..10).map(|_| request(None)).collect()).await;
+
+    let expected = BTreeMap::from([
+        (key(200, 5000, None), 3),
+        (key(503, 0, Some("queue-full")), 7),
+    ]);
+    assert_eq!(tally(&outcomes), expected);
+    for o in outcomes.iter().filter(|o| o.status == 503) {
+        assert_eq!(o.retry_after.as_deref(), Some("1"));
+    }
+    assert_eq!(gauge.calls(), 3);
+    assert_eq!(gauge.max(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_is_the_deadline_rounded_up() {
+    let layer = ConcurrencyLayer::builder()
+        .global(1, 1, Duration::from_millis(2500))
+        .build()
+        .unwrap();
+    let gauge = Gauge::default();
+    let app = app(&layer, &gauge, Duration::from_secs(10));
+    let outcomes = burst(&app, (0..3).map(|_| request(None)).collect()).await;
+    let expected = BTreeMap::from([
+        (key(200, 10_000, None), 1),
+        (key(503, 0, Some("queue-full")), 1),
+        (key(503, 2500, Some("deadline-passed")), 1),
+    ]);
+    assert_eq!(tally(&outcomes), expected);
+    for o in outcomes.iter().filter(|o| o.status == 503) {
+        assert_eq!(o.retry_after.as_deref(), Some("3"));
+    }
+}
+
+/// A body of `chunks` chunks, one every 100 ms of paused time.
+fn slow_body(chunks: usize) -> Body {
+    let stream = futures_util::stream::unfold(0usize, move |i| async move {
+        if i == chunks {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        Some((Ok::<_, Infallible>(Bytes::from(format!("chunk{i}"))), i + 1))
+    });
+    Body::from_stream(stream)
+}
+
+fn streaming_app(layer: &ConcurrencyLayer) -> Router {
+    Router::new()
+        .route("/", get(|| async { slow_body(3) }))
+        .layer(layer.clone())
+}
+
+#[tokio::test(start_paused = true)]
+async fn permit_is_held_until_streaming_body_is_drained() {
+    let layer = ConcurrencyLayer::builder()
+        .global(1, 0, Duration::ZERO)
+        .build()
+        .unwrap();
+    let app = streaming_app(&layer);
+
+    let response = app.clone().oneshot(request(None)).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    // The handler has returned, but the body has not been sent.
+    assert_eq!(layer.in_flight(), 1);
+
+    // A second request meanwhile is shed: the stream still counts.
+    let second = send(app.clone(), request(None)).await;
+    assert_eq!(second.status, 503);
+
+    let mut body = response.into_body();
+    let mut chunks = Vec::new();
+    for _ in 0..3 {
+        assert_eq!(layer.in_flight(), 1);
+        let frame = body.frame().await.unwrap().unwrap();
+        chunks.push(frame.into_data().unwrap());
+    }
+    assert_eq!(chunks, ["chunk0", "chunk1", "chunk2"]);
+    // All data is out but the end of the stream has not been seen yet.
+    assert_eq!(layer.in_flight(), 1);
+    assert!(body.frame().await.is_none());
+    assert_eq!(layer.in_flight(), 0);
+    drop(body);
+    assert_eq!(layer.in_flight(), 0);
+
+    // And the cap is free again.
+    let third = send(app, request(None)).await;
+    assert_eq!(third.status, 200);
+    assert_eq!(layer.in_flight(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn permit_is_released_when_streaming_body_is_dropped() {
+    let layer = ConcurrencyLayer::builder()
+        .global(1, 0, Duration::ZERO)
+        .build()
+        .unwrap();
+    let app = streaming_app(&layer);
+
+    let response = app.clone().oneshot(request(None)).await.unwrap();
+    let mut body = response.into_body();
+    let first = body.frame().await.unwrap().unwrap();
+    assert_eq!(first.into_data().unwrap(), "chunk0");
+    assert_eq!(layer.in_flight(), 1);
+    // The client goes away mid-stream.
+    drop(body);
+    assert_eq!(layer.in_flight(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn full_body_releases_with_its_last_frame() {
+    let layer = ConcurrencyLayer::builder()
+        .global(1, 0, Duration::ZERO)
+        .build()
+        .unwrap();
+    let svc = layer.layer(service_fn(|_req: Request<Full<Bytes>>| async {
+        Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"done"))))
+    }));
+    let response = svc.oneshot(Request::new(Full::default())).await.unwrap();
+    let mut body = response.into_body();
+    assert_eq!(layer.in_flight(), 1);
+    let frame = body.frame().await.unwrap().unwrap();
+    assert_eq!(frame.into_data().unwrap(), "done");
+    // `Full` reports its end with the only frame: released without waiting
+    // for another poll.
+    assert_eq!(layer.in_flight(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn per_identity_cap_refuses_a_with_429_while_b_passes() {
+    let layer = ConcurrencyLayer::builder()
+        .global(100, 0, Duration::ZERO)
+        .per_identity(2, 0, Duration::ZERO)
+        .build()
+        .unwrap();
+    let gauge = Gauge::default();
+    let app = app(&layer, &gauge, Duration::from_secs(1));
+
+    let mut reqs: Vec<_> = (0..6).map(|_| request(Some("a"))).collect();
+    reqs.extend((0..2).map(|_| request(Some("b"))));
+    reqs.extend((0..4).map(|_| request(None)));
+    let outcomes = burst(&app, reqs).await;
+
+    let a = &outcomes[0..6];
+    let b = &outcomes[6..8];
+    let anonymous = &outcomes[8..12];
+    assert_eq!(
+        tally(a),
+        BTreeMap::from([
+            (key(200, 1000, None), 2),
+            (key(429, 0, Some("queue-full")), 4)
+        ])
+    );
+    for o in a.iter().filter(|o| o.status == 429) {
+        assert_eq!(o.scope.as_deref(), Some("identity"));
+        assert_eq!(o.retry_after.as_deref(), Some("1"));
+    }
+    assert_eq!(tally(b), BTreeMap::from([(key(200, 1000, None), 2)]));
+    // No identity: only the global cap applies.
+    assert_eq!(
+        tally(anonymous),
+        BTreeMap::from([(key(200, 1000, None), 4)])
+    );
+    assert_eq!(gauge.max(), 8);
+    assert_eq!(layer.stats().refused_identity_queue_full, 4);
+    assert_eq!(layer.tracked_identities(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn per_identity_queue_and_deadline() {
+    let layer = ConcurrencyLayer::builder()
+        .per_identity(1, 1, Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let gauge = Gauge::default();
+    let app = app(&layer, &gauge, Duration::from_secs(1));
+
+    let reqs = vec![
+        request(Some("a")),
+        request(Some("a")),
+        request(Some("a")),
+        request(Some("b")),
+    ];
+    let tasks: Vec<_> = reqs
+        .into_iter()
+        .map(|r| tokio::spawn(send(app.clone(), r)))
+        .collect();
+    // Let every request reach the layer, then look at the counters.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(layer.identity_in_flight("a"), 1);
+    assert_eq!(layer.identity_queued("a"), 1);
+    assert_eq!(layer.identity_in_flight("b"), 1);
+    assert_eq!(layer.tracked_identities(), 2);
+    let mut outcomes = Vec::new();
+    for t in tasks {
+        outcomes.push(t.await.unwrap());
+    }
+    assert_eq!(
+        tally(&outcomes[..3]),
+        BTreeMap::from([
+            (key(200, 1000, None), 1),
+            (key(429, 0, Some("queue-full")), 1),
+            (key(429, 100, Some("deadline-passed")), 1),
+        ])
+    );
+    assert_eq!(
+        tally(&outcomes[3..]),
+        BTreeMap::from([(key(200, 1000, None), 1)])
+    );
+    assert_eq!(layer.tracked_identities(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn per_identity_map_is_empty_after_10_000_identities() {
+    let layer = ConcurrencyLayer::builder()
+        .per_identity(1, 0, Duration::ZERO)
+        .max_identities(10_000)
+        .build()
+        .unwrap();
+    let peak = Arc::new(AtomicUsize::new(0));
+    let app = {
+        let probe = layer.clone();
+        let peak = Arc::clone(&peak);
+        Router::new()
+            .route(
+                "/",
+                get(move || {
+                    let probe = probe.clone();
+                    let peak = Arc::clone(&peak);
+                    async move {
+                        peak.fetch_max(probe.tracked_identities(), Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        "ok"
+                    }
+                }),
+            )
+            .layer(layer.clone())
+    };
+    let names: Vec<String> = (0..10_000).map(|i| format!("user-{i}")).collect();
+    let outcomes = burst(&app, names.iter().map(|n| request(Some(n))).collect()).await;
+    assert_eq!(outcomes.iter().filter(|o| o.status == 200).count(), 10_000);
+    // All 10,000 were in flight together, each with its own entry ...
+    assert_eq!(peak.load(Ordering::SeqCst), 10_000);
+    // ... and every entry is gone once they completed.
+    assert_eq!(layer.tracked_identities(), 0);
+    assert_eq!(layer.stats().tracked_identities, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn identity_map_full_refuses_new_subjects_with_503() {
+    let layer = ConcurrencyLayer::builder()
+        .per_identity(2, 0, Duration::ZERO)
+        .max_identities(3)
+        .build()
+        .unwrap();
+    let gauge = Gauge::default();
+    let app = app(&layer, &gauge, Duration::from_secs(1));
+
+    let reqs = vec![
+        request(Some("u1")),
+        request(Some("u2")),
+        request(Some("u3")),
+        request(Some("u4")),
+        request(Some("u5")),
+        // u1 is already tracked: still admitted up to its own cap.
+        request(Some("u1")),
+    ];
+    let outcomes = burst(&app, reqs).await;
+    let statuses: Vec<u16> = outcomes.iter().map(|o| o.status).collect();
+    assert_eq!(statuses, [200, 200, 200, 503, 503, 200]);
+    for o in &outcomes[3..5] {
+        assert_eq!(o.reason.as_deref(), Some("too-many-identities"));
+        assert_eq!(o.scope.as_deref(), Some("global"));
+        assert_eq!(o.retry_after.as_deref(), Some("1"));
+    }
+    assert_eq!(layer.stats().refused_too_many_identities, 2);
+    assert_eq!(layer.tracked_identities(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancelled_waiter_leaves_the_queue() {
+    let layer = ConcurrencyLayer::builder()
+        .global(1, 1, Duration::from_secs(10))
+        .per_identity(1, 1, Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let gauge = Gauge::default();
+    let app = app(&layer, &gauge, Duration::from_secs(5));
+
+    let holder = tokio::spawn(send(app.clone(), request(Some("a"))));
+    let waiter = tokio::spawn(send(app.clone(), request(Some("b"))));
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert_eq!(layer.in_flight(), 1);
+    assert_eq!(layer.queued(), 1);
+    assert_eq!(layer.tracked_identities(), 2);
+    waiter.abort();
+    assert!(waiter.await.unwrap_err().is_cancelled());
+    assert_eq!(layer.queued(), 0);
+    assert_eq!(layer.tracked_identities(), 1);
+    assert_eq!(holder.await.unwrap().status, 200);
+    assert_eq!(layer.in_flight(), 0);
+    assert_eq!(layer.tracked_identities(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn grpc_requests_get_grpc_statuses() {
+    let layer = ConcurrencyLayer::builder()
+        .global(1, 0, Duration::ZERO)
+        .build()
+        .unwrap();
+    let gauge = Gauge::default();
+    let app = app(&layer, &gauge, Duration::from_secs(1));
+    let grpc = || {
+        Request::get("/")
+            .header("content-type", "application/grpc")
+            .body(Body::empty())
+            .unwrap()
+    };
+    let first = tokio::spawn(app.clone().oneshot(grpc()));
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let refused = app.clone().oneshot(grpc()).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::OK);
+    assert_eq!(refused.headers()["grpc-status"], "14");
+    assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::OK);
+}
+
+#[tokio::test(start_paused = true)]
+async fn inner_error_releases_permits() {
+    let layer = ConcurrencyLayer::builder()
+        .global(1, 0, Duration::ZERO)
+        .build()
+        .unwrap();
+    let mut svc = layer.layer(service_fn(|_req: Request<Full<Bytes>>| async {
+        Err::<Response<Full<Bytes>>, _>("boom")
+    }));
+    let result = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(Request::new(Full::default()))
+        .await;
+    assert_eq!(result.unwrap_err(), "boom");
+    assert_eq!(layer.in_flight(), 0);
+}
+
+#[test]
+fn bad_configuration_names_the_field() {
+    let err = ConcurrencyLayer::builder()
+        .global(0, 0, Duration::ZERO)
+        .build()
+        .unwrap_err();
+    assert_eq!(err.field(), "global.limit");
+    let err = ConcurrencyLayer::builder()
+        .global(1, 5, Duration::ZERO)
+        .build()
+        .unwrap_err();
+    assert_eq!(err.field(), "global.deadline");
+    let err = ConcurrencyLayer::builder()
+        .per_identity(0, 0, Duration::ZERO)
+        .build()
+        .unwrap_err();
+    assert_eq!(err.field(), "per_identity.limit");
+    let err = ConcurrencyLayer::builder()
+        .per_identity(1, 0, Duration::ZERO)
+        .max_identities(0)
+        .build()
+        .unwrap_err();
+    assert_eq!(err.field(), "max_identities");
+    let err = ConcurrencyLayer::builder().build().unwrap_err();
+    assert_eq!(err.field(), "global");
+}
