@@ -2,11 +2,18 @@
 
 pub mod algorithm;
 mod decision;
+pub mod headers;
+mod layer;
 mod limiter;
 mod policy;
+mod service;
+mod settle;
 pub mod store;
 
 pub use decision::{Decision, QuotaDecision};
+pub use layer::{QuotaLayer, QuotaLayerBuilder, Scope};
 pub use limiter::{Limiter, LimiterStats, Verdict};
 pub use policy::{FailureMode, Policy, Quota};
+pub use service::{QuotaService, ResponseFuture};
+pub use settle::Settlement;
 pub use store::{MemoryConfig, MemoryStore, Store, StoreError};

@@ -1,0 +1,57 @@
+//! `RateLimit-Policy` and `RateLimit` structured fields, per the IETF httpapi
+//! ratelimit-headers draft: one list member per policy, named by the policy.
+//!
+//! ```text
+//! RateLimit-Policy: "per-minute";q=100;w=60, "burst";q=20;w=12
+//! RateLimit: "per-minute";r=0;t=57, "burst";r=3;t=10
+//! ```
+//!
+//! `q` is the quota, `w` the window in seconds (for a token bucket, the time to
+//! refill from empty), `r` the remaining quota and `t` the seconds until it is
+//! whole again, rounded up.
+
+use std::fmt::Write;
+use std::sync::Arc;
+
+use http::{HeaderMap, HeaderName, HeaderValue};
+
+use crate::quota::{Decision, Quota};
+
+/// `RateLimit-Policy`.
+pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+/// `RateLimit`.
+pub static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+
+/// Appends both fields for `decisions` made under `quota`.
+pub(crate) fn insert(headers: &mut HeaderMap, quota: &Quota, decisions: &[(Arc<str>, Decision)]) {
+    if decisions.is_empty() {
+        return;
+    }
+    let mut policy = String::new();
+    let mut state = String::new();
+    for (name, d) in decisions {
+        let window = quota
+            .policies()
+            .iter()
+            .find(|p| p.name_arc() == name)
+            .map_or(0, |p| ceil_secs(p.algorithm().window()));
+        let sep = if policy.is_empty() { "" } else { ", " };
+        // Policy names are [A-Za-z0-9._-], safe inside an sf-string.
+        let _ = write!(policy, "{sep}\"{name}\";q={};w={window}", d.limit);
+        let _ = write!(
+            state,
+            "{sep}\"{name}\";r={};t={}",
+            d.remaining,
+            ceil_secs(d.reset)
+        );
+    }
+    for (header, value) in [(&RATELIMIT_POLICY, policy), (&RATELIMIT, state)] {
+        if let Ok(value) = HeaderValue::try_from(value) {
+            headers.append(header.clone(), value);
+        }
+    }
+}
+
+fn ceil_secs(d: std::time::Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}

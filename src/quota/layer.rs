@@ -1,0 +1,254 @@
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use http::request::Parts;
+use tower::Layer;
+
+use crate::identity::Identity;
+use crate::quota::{Limiter, Quota, QuotaService, Store};
+use crate::ConfigError;
+
+/// What a quota is keyed on.
+#[derive(Clone)]
+pub enum Scope {
+    /// The authenticated subject: a per-user quota. The default.
+    Subject,
+    /// The authenticated tenant: one quota shared by a tenant's users.
+    Tenant,
+    /// One key for everyone: an aggregate quota.
+    Aggregate,
+    /// A function of the request. Return `None` to skip the quota.
+    ///
+    /// Key only on authenticated context (request extensions set by
+    /// authentication, or the trusted [`ClientIp`](crate::identity)), never on a
+    /// header the caller can invent.
+    Custom(Arc<dyn Fn(&Parts) -> Option<Arc<str>> + Send + Sync>),
+}
+
+impl fmt::Debug for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Scope::Subject => "Subject",
+            Scope::Tenant => "Tenant",
+            Scope::Aggregate => "Aggregate",
+            Scope::Custom(_) => "Custom(..)",
+        })
+    }
+}
+
+type CostFn = Arc<dyn Fn(&Parts) -> u64 + Send + Sync>;
+
+/// Applies a [`Quota`] to every request, answering 429 with an exact
+/// `Retry-After` when it refuses.
+///
+/// - **Key**: [`Scope`]: per subject (default), per tenant, aggregate, or a function.
+/// - **Limits**: one quota, or one per identity plan ([`QuotaLayerBuilder::plan`]).
+/// - **Cost**: a function of the request (default 1); handlers can settle the
+///   real cost later through [`Settlement`](crate::quota::Settlement).
+/// - **Refusal**: 429, `Retry-After` = `ceil(wait)` seconds (≥ 1),
+///   `RateLimit-Policy` and `RateLimit` headers (IETF httpapi draft), and a
+///   problem+json body naming the refusing policies.
+///
+/// Works under `axum::Router::layer` and `route_layer` and in
+/// `tower::ServiceBuilder`. Clones share the store and its state.
+///
+/// ```
+/// use axum::{routing::get, Router};
+/// use tower_admission::quota::{MemoryStore, Policy, Quota, QuotaLayer};
+/// use std::time::Duration;
+///
+/// let free = Quota::new("free", [
+///     Policy::sliding_log("per-minute", 100, Duration::from_secs(60))?,
+///     Policy::token_bucket("burst", 20, 100, Duration::from_secs(60))?,
+/// ])?;
+/// let app: Router = Router::new()
+///     .route("/v1/reports", get(|| async { "ok" }))
+///     .layer(QuotaLayer::builder(MemoryStore::new()).quota(free).build()?);
+/// # Ok::<(), tower_admission::ConfigError>(())
+/// ```
+pub struct QuotaLayer<St> {
+    pub(crate) config: Arc<Config<St>>,
+}
+
+pub(crate) struct Config<St> {
+    pub(crate) limiter: Limiter<St>,
+    pub(crate) default_quota: Option<Quota>,
+    pub(crate) plans: HashMap<Arc<str>, Quota>,
+    pub(crate) scope: Scope,
+    pub(crate) cost: Option<CostFn>,
+    pub(crate) headers_on_success: bool,
+}
+
+impl<St> Clone for QuotaLayer<St> {
+    fn clone(&self) -> Self {
+        QuotaLayer {
+            config: self.config.clone(),
+        }
+    }
+}
+
+impl<St> fmt::Debug for QuotaLayer<St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("QuotaLayer")
+            .field("default_quota", &self.config.default_quota)
+            .field("plans", &self.config.plans.keys().collect::<Vec<_>>())
+            .field("scope", &self.config.scope)
+            .field("headers_on_success", &self.config.headers_on_success)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<St: Store> QuotaLayer<St> {
+    /// Starts a layer over `store`.
+    pub fn builder(store: St) -> QuotaLayerBuilder<St> {
+        QuotaLayerBuilder::new(Limiter::new(store))
+    }
+
+    /// Starts a layer over a [`Limiter`], to share its counters or local fallback.
+    pub fn with_limiter(limiter: Limiter<St>) -> QuotaLayerBuilder<St> {
+        QuotaLayerBuilder::new(limiter)
+    }
+
+    /// The limiter: store, failure modes and counters.
+    pub fn limiter(&self) -> &Limiter<St> {
+        &self.config.limiter
+    }
+}
+
+impl<S, St> Layer<S> for QuotaLayer<St> {
+    type Service = QuotaService<S, St>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        QuotaService::new(inner, self.config.clone())
+    }
+}
+
+/// Builds a [`QuotaLayer`].
+pub struct QuotaLayerBuilder<St> {
+    config: Config<St>,
+}
+
+impl<St> fmt::Debug for QuotaLayerBuilder<St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("QuotaLayerBuilder").finish_non_exhaustive()
+    }
+}
+
+impl<St: Store> QuotaLayerBuilder<St> {
+    fn new(limiter: Limiter<St>) -> Self {
+        QuotaLayerBuilder {
+            config: Config {
+                limiter,
+                default_quota: None,
+                plans: HashMap::new(),
+                scope: Scope::Subject,
+                cost: None,
+                headers_on_success: false,
+            },
+        }
+    }
+
+    /// The quota for identities whose plan has none of its own, and for
+    /// requests without an identity under [`Scope::Aggregate`] or [`Scope::Custom`].
+    pub fn quota(mut self, quota: Quota) -> Self {
+        self.config.default_quota = Some(quota);
+        self
+    }
+
+    /// The quota for identities on `plan`.
+    pub fn plan(mut self, plan: &str, quota: Quota) -> Self {
+        self.config.plans.insert(plan.into(), quota);
+        self
+    }
+
+    /// What the quota is keyed on. Default [`Scope::Subject`].
+    pub fn scope(mut self, scope: Scope) -> Self {
+        self.config.scope = scope;
+        self
+    }
+
+    /// The cost of a request, default 1. Read validated values (such as a
+    /// page size from [`crate::bounds`]) from the request extensions.
+    pub fn cost(mut self, cost: impl Fn(&Parts) -> u64 + Send + Sync + 'static) -> Self {
+        self.config.cost = Some(Arc::new(cost));
+        self
+    }
+
+    /// Adds `RateLimit-Policy` and `RateLimit` headers to admitted responses
+    /// too, not only to refusals.
+    pub fn headers_on_success(mut self, yes: bool) -> Self {
+        self.config.headers_on_success = yes;
+        self
+    }
+
+    /// The layer. Fails when no quota at all was configured.
+    pub fn build(self) -> Result<QuotaLayer<St>, ConfigError> {
+        if self.config.default_quota.is_none() && self.config.plans.is_empty() {
+            return Err(ConfigError::new(
+                "quota",
+                "set a default quota or at least one plan",
+            ));
+        }
+        let quotas = self
+            .config
+            .default_quota
+            .iter()
+            .chain(self.config.plans.values());
+        let mut names: Vec<&str> = quotas.map(Quota::name).collect();
+        names.sort_unstable();
+        if names.windows(2).any(|w| w[0] == w[1]) {
+            return Err(ConfigError::new(
+                "quota",
+                "two different quotas share a name, so they would share keys",
+            ));
+        }
+        Ok(QuotaLayer {
+            config: Arc::new(self.config),
+        })
+    }
+}
+
+impl<St> Config<St> {
+    /// The quota and key for a request, or why there is none.
+    pub(crate) fn resolve(&self, parts: &Parts) -> Resolved<'_> {
+        let identity = parts.extensions.get::<Identity>();
+        let quota = identity
+            .and_then(|id| self.plans.get(id.plan()))
+            .or(self.default_quota.as_ref());
+        let key = match &self.scope {
+            Scope::Subject => identity.map(|id| id.subject_arc().clone()),
+            Scope::Tenant => identity.map(|id| id.tenant_arc().clone()),
+            Scope::Aggregate => Some(aggregate_key()),
+            Scope::Custom(f) => match f(parts) {
+                Some(key) => Some(key),
+                None => return Resolved::Skip,
+            },
+        };
+        match (quota, key) {
+            (_, None) => Resolved::NoIdentity,
+            (None, _) => Resolved::Skip,
+            (Some(quota), Some(key)) => {
+                let cost = self.cost.as_ref().map_or(1, |f| f(parts));
+                Resolved::Apply { quota, key, cost }
+            }
+        }
+    }
+}
+
+fn aggregate_key() -> Arc<str> {
+    static KEY: std::sync::OnceLock<Arc<str>> = std::sync::OnceLock::new();
+    KEY.get_or_init(|| "*".into()).clone()
+}
+
+pub(crate) enum Resolved<'a> {
+    Apply {
+        quota: &'a Quota,
+        key: Arc<str>,
+        cost: u64,
+    },
+    /// No quota applies (no plan quota and no default).
+    Skip,
+    /// The scope needs an identity and there is none.
+    NoIdentity,
+}
