@@ -1,0 +1,314 @@
+//! The asynchronous offer: a bounded job queue with owner-only status.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::header::{LOCATION, RETRY_AFTER};
+use http::StatusCode;
+use tokio::sync::Semaphore;
+use tower_admission::jobs::{accepted_response, JobId, JobQueue, JobStatus, SubmitError};
+use tower_admission::reject::{OverloadScope, Rejection};
+
+/// Lets every ready task run until all are idle (paused time: the clock
+/// only moves when nothing else can run).
+async fn settle() {
+    tokio::time::sleep(Duration::from_millis(1)).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn full_queue_answers_503_and_accepted_jobs_all_run() {
+    // Jobs wait for a gate, so nothing finishes until the test opens it.
+    let gate = Arc::new(Semaphore::new(0));
+    let done = Arc::new(AtomicUsize::new(0));
+    let queue = {
+        let gate = Arc::clone(&gate);
+        let done = Arc::clone(&done);
+        JobQueue::builder()
+            .capacity(3)
+            .workers(1)
+            .retry_after(Duration::from_secs(30))
+            .build(move |n: u32| {
+                let gate = Arc::clone(&gate);
+                let done = Arc::clone(&done);
+                async move {
+                    gate.acquire().await.unwrap().forget();
+                    done.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, String>(n * 2)
+                }
+            })
+            .unwrap()
+    };
+
+    let first = queue.submit("alice", 0).unwrap();
+    settle().await;
+    assert_eq!(queue.running(), 1);
+    assert_eq!(queue.queued(), 0);
+    assert_eq!(queue.status("alice", first), Some(JobStatus::Running));
+
+    let mut accepted = vec![first];
+    let mut refused = Vec::new();
+    for n in 1..=10 {
+        match queue.submit("alice", n) {
+            Ok(id) => accepted.push(id),
+            Err(e) => refused.push(e),
+        }
+    }
+    assert_eq!(accepted.len(), 4);
+    assert_eq!(refused.len(), 7);
+    assert_eq!(queue.queued(), 3);
+    assert_eq!(
+        refused[0],
+        SubmitError::Full {
+            retry_after: Duration::from_secs(30)
+        }
+    );
+    assert_eq!(queue.status("alice", accepted[3]), Some(JobStatus::Queued));
+
+    let response = refused[0].into_response(false);
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(response.headers()[RETRY_AFTER], "30");
+    assert_eq!(
+        response.extensions().get::<Rejection>(),
+        Some(&Rejection::Overloaded {
+            scope: OverloadScope::Global,
+            retry_after: Duration::from_secs(30),
+        })
+    );
+
+    gate.add_permits(100);
+    queue.shutdown().await;
+    assert_eq!(done.load(Ordering::SeqCst), 4);
+    assert_eq!(queue.completed_total(), 4);
+    assert_eq!(queue.submitted_total(), 4);
+    for (n, id) in accepted.iter().enumerate() {
+        assert_eq!(
+            queue.status("alice", *id),
+            Some(JobStatus::Succeeded(n as u32 * 2))
+        );
+    }
+    // Closed: a new job is refused, also with 503.
+    let err = queue.submit("alice", 99).unwrap_err();
+    assert_eq!(
+        err,
+        SubmitError::ShutDown {
+            retry_after: Duration::from_secs(30)
+        }
+    );
+    assert_eq!(err.into_response(false).status(), 503);
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_accepted_job_completes_with_two_workers() {
+    let running = Arc::new(AtomicUsize::new(0));
+    let max_running = Arc::new(AtomicUsize::new(0));
+    let done = Arc::new(AtomicUsize::new(0));
+    let queue = {
+        let (running, max_running, done) = (
+            Arc::clone(&running),
+            Arc::clone(&max_running),
+            Arc::clone(&done),
+        );
+        JobQueue::builder()
+            .capacity(100)
+            .workers(2)
+            .build(move |n: usize| {
+                let (running, max_running, done) = (
+                    Arc::clone(&running),
+                    Arc::clone(&max_running),
+                    Arc::clone(&done),
+                );
+                async move {
+                    let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                    max_running.fetch_max(now, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    running.fetch_sub(1, Ordering::SeqCst);
+                    done.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, ()>(n)
+                }
+            })
+            .unwrap()
+    };
+
+    let start = tokio::time::Instant::now();
+    let mut accepted = Vec::new();
+    let mut refused = 0;
+    // Round 1: the workers have not run yet, so exactly `capacity` fit.
+    for n in 0..300 {
+        match queue.submit(format!("owner-{}", n % 7), n) {
+            Ok(id) => accepted.push((n, id)),
+            Err(_) => refused += 1,
+        }
+    }
+    assert_eq!(accepted.len(), 100);
+    assert_eq!(refused, 200);
+    // The two workers each took one job (they take 10 ms): two places free.
+    settle().await;
+    assert_eq!(queue.running(), 2);
+    assert_eq!(queue.queued(), 98);
+    for n in 300..600 {
+        match queue.submit(format!("owner-{}", n % 7), n) {
+            Ok(id) => accepted.push((n, id)),
+            Err(_) => refused += 1,
+        }
+    }
+    assert_eq!(accepted.len(), 102);
+    assert_eq!(refused, 498);
+
+    queue.shutdown().await;
+    assert_eq!(done.load(Ordering::SeqCst), accepted.len());
+    assert_eq!(queue.completed_total(), 102);
+    assert_eq!(max_running.load(Ordering::SeqCst), 2);
+    for (n, id) in &accepted {
+        let owner = format!("owner-{}", n % 7);
+        assert_eq!(queue.status(&owner, *id), Some(JobStatus::Succeeded(*n)));
+    }
+    // 102 jobs, 2 at a time, 10 ms each: 51 rounds.
+    assert_eq!(start.elapsed(), Duration::from_millis(510));
+    assert_eq!(queue.running(), 0);
+    assert_eq!(queue.queued(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn status_is_visible_only_to_the_owner() {
+    let queue = JobQueue::builder()
+        .build(|s: &'static str| async move { Ok::<_, String>(s.len()) })
+        .unwrap();
+    let id = queue.submit("alice", "hello").unwrap();
+    assert_eq!(queue.status("alice", id), Some(JobStatus::Queued));
+    assert_eq!(queue.status("bob", id), None);
+    queue.shutdown().await;
+    assert_eq!(queue.status("alice", id), Some(JobStatus::Succeeded(5)));
+    // Another owner cannot tell the job from one that never existed.
+    assert_eq!(queue.status("bob", id), None);
+    assert_eq!(queue.status("alice", JobId::random()), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn job_ids_are_distinct_and_round_trip() {
+    let queue = JobQueue::builder()
+        .capacity(10_000)
+        .build(|()| async { Ok::<_, ()>(()) })
+        .unwrap();
+    let mut ids = HashSet::new();
+    for i in 0..10_000 {
+        let id = queue.submit(format!("u{}", i % 10), ()).unwrap();
+        let text = id.to_string();
+        assert_eq!(text.len(), 32);
+        assert_eq!(text.parse::<JobId>().unwrap(), id);
+        ids.insert(id);
+    }
+    assert_eq!(ids.len(), 10_000);
+    queue.shutdown().await;
+    assert_eq!(queue.completed_total(), 10_000);
+}
+
+#[tokio::test(start_paused = true)]
+async fn failures_and_panics_are_recorded_and_workers_survive() {
+    let queue = JobQueue::builder()
+        .workers(1)
+        .build(|n: i32| async move {
+            if n == 0 {
+                panic!("job panicked on purpose");
+            }
+            if n < 0 {
+                return Err(format!("negative: {n}"));
+            }
+            Ok(n)
+        })
+        .unwrap();
+    let panics = queue.submit("o", 0).unwrap();
+    let fails = queue.submit("o", -1).unwrap();
+    let works = queue.submit("o", 7).unwrap();
+    queue.shutdown().await;
+    assert_eq!(queue.status("o", panics), Some(JobStatus::Panicked));
+    assert_eq!(
+        queue.status("o", fails),
+        Some(JobStatus::Failed("negative: -1".to_owned()))
+    );
+    assert_eq!(queue.status("o", works), Some(JobStatus::Succeeded(7)));
+    assert_eq!(queue.completed_total(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn finished_records_are_bounded_by_count_and_ttl() {
+    let queue = JobQueue::builder()
+        .workers(1)
+        .retain_finished(5)
+        .finished_ttl(Duration::from_secs(60))
+        .build(|n: u32| async move { Ok::<_, ()>(n) })
+        .unwrap();
+    let ids: Vec<JobId> = (0..10).map(|n| queue.submit("o", n).unwrap()).collect();
+    settle().await;
+    assert_eq!(queue.completed_total(), 10);
+    assert_eq!(queue.retained_finished(), 5);
+    for (n, id) in ids.iter().enumerate() {
+        let expected = (n >= 5).then_some(JobStatus::Succeeded(n as u32));
+        assert_eq!(queue.status("o", *id), expected);
+    }
+    // Past the TTL every finished record is gone.
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(queue.status("o", ids[9]), None);
+    assert_eq!(queue.retained_finished(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_the_last_handle_still_runs_accepted_jobs() {
+    let done = Arc::new(AtomicUsize::new(0));
+    let queue = {
+        let done = Arc::clone(&done);
+        JobQueue::builder()
+            .workers(2)
+            .build(move |()| {
+                let done = Arc::clone(&done);
+                async move {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    done.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, ()>(())
+                }
+            })
+            .unwrap()
+    };
+    for _ in 0..20 {
+        queue.submit("o", ()).unwrap();
+    }
+    drop(queue);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(done.load(Ordering::SeqCst), 20);
+}
+
+#[tokio::test(start_paused = true)]
+async fn accepted_response_is_202_with_location() {
+    let id = JobId::random();
+    let location = format!("/reports/jobs/{id}");
+    let response = accepted_response(id, &location).unwrap();
+    assert_eq!(response.status(), StatusCode::ACCEPTED);
+    assert_eq!(response.headers()[LOCATION], location.as_str());
+    let body = http_body_util::BodyExt::collect(response.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    let doc: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(doc["id"], id.to_string());
+    assert_eq!(doc["status"], "queued");
+}
+
+#[test]
+fn bad_configuration_names_the_field() {
+    let build = |b: tower_admission::jobs::JobQueueBuilder| {
+        b.build(|()| async { Ok::<_, ()>(()) }).unwrap_err().field()
+    };
+    assert_eq!(build(JobQueue::builder().capacity(0)), "capacity");
+    assert_eq!(build(JobQueue::builder().workers(0)), "workers");
+    assert_eq!(
+        build(JobQueue::builder().retain_finished(0)),
+        "retain_finished"
+    );
+    assert_eq!(
+        build(JobQueue::builder().finished_ttl(Duration::ZERO)),
+        "finished_ttl"
+    );
+    // Outside a Tokio runtime.
+    assert_eq!(build(JobQueue::builder()), "runtime");
+}
