@@ -1,0 +1,690 @@
+//! Body caps, query validation and batch item caps through an axum `Router`.
+
+use std::io::Write;
+use std::num::{NonZeroU32, NonZeroUsize};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{header, Request, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use futures_util::stream;
+use http_body_util::BodyExt;
+use proptest::prelude::*;
+use serde_json::{json, Value};
+use tower::ServiceExt;
+use tower_admission::bounds::{
+    count_batch_items, parse_batch, Batch, BatchError, BodyLimitsLayer, QueryRules, UnknownParams,
+    ValidateQueryLayer, ValidatedQuery,
+};
+use tower_admission::reject::{InvalidParameter, Rejection, SizeCap};
+
+const KIB: usize = 1024;
+const MIB: usize = 1024 * KIB;
+
+// ---------------------------------------------------------------- helpers
+
+/// Counts every body byte the handler is given.
+async fn count_body(State(seen): State<Arc<AtomicU64>>, body: Body) -> Response {
+    let mut body = body;
+    while let Some(frame) = body.frame().await {
+        match frame {
+            Ok(frame) => {
+                if let Some(data) = frame.data_ref() {
+                    seen.fetch_add(data.len() as u64, Ordering::SeqCst);
+                }
+            }
+            // What a careless handler would answer: not 413, not ours.
+            Err(_) => return (StatusCode::BAD_REQUEST, "body read failed").into_response(),
+        }
+    }
+    (StatusCode::OK, seen.load(Ordering::SeqCst).to_string()).into_response()
+}
+
+/// axum's own `Bytes` extractor, which answers 413 text/plain on a length error.
+async fn bytes_handler(State(seen): State<Arc<AtomicU64>>, body: Bytes) -> String {
+    seen.fetch_add(body.len() as u64, Ordering::SeqCst);
+    body.len().to_string()
+}
+
+fn body_app(wire: usize, decoded: usize, seen: Arc<AtomicU64>) -> Router {
+    Router::new()
+        .route("/stream", post(count_body))
+        .route("/bytes", post(bytes_handler))
+        .with_state(seen)
+        .layer(BodyLimitsLayer::new(wire, decoded))
+}
+
+async fn send(app: &Router, req: Request<Body>) -> (StatusCode, Response<Body>) {
+    let response = app.clone().oneshot(req).await.unwrap();
+    (response.status(), response)
+}
+
+async fn problem(response: Response<Body>) -> Value {
+    assert_eq!(
+        response.headers()[header::CONTENT_TYPE],
+        "application/problem+json"
+    );
+    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    serde_json::from_slice(&bytes).unwrap()
+}
+
+async fn text(response: Response<Body>) -> String {
+    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    String::from_utf8(bytes.to_vec()).unwrap()
+}
+
+/// `len` bytes as a chunked stream of 64 KiB frames, no content-length.
+fn chunked(len: usize, byte: u8) -> Body {
+    let chunks = (0..len.div_ceil(64 * KIB)).map(move |i| {
+        let n = (len - i * 64 * KIB).min(64 * KIB);
+        Ok::<_, std::io::Error>(Bytes::from(vec![byte; n]))
+    });
+    Body::from_stream(stream::iter(chunks))
+}
+
+fn gzip(data: &[u8]) -> Vec<u8> {
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    enc.write_all(data).unwrap();
+    enc.finish().unwrap()
+}
+
+/// A gzip stream of `decoded` zero bytes, compressed in 1 MiB steps so that
+/// the decoded data is never held in memory.
+fn gzip_zeros(decoded: usize) -> Vec<u8> {
+    let zeros = vec![0u8; MIB];
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    let mut left = decoded;
+    while left > 0 {
+        let n = left.min(MIB);
+        enc.write_all(&zeros[..n]).unwrap();
+        left -= n;
+    }
+    enc.finish().unwrap()
+}
+
+// ---------------------------------------------------------------- wire and decoded bytes
+
+#[tokio::test]
+async fn wire_cap_with_content_length_is_413_wire_bytes_before_the_handler() {
+    let seen = Arc::new(AtomicU64::new(0));
+    let app = body_app(MIB, 8 * MIB, seen.clone());
+    let req = Request::post("/stream")
+        .header(header::CONTENT_LENGTH, 2 * MIB)
+        .body(Body::from(vec![b'a'; 2 * MIB]))
+        .unwrap();
+    let (status, response) = send(&app, req).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(
+        response.extensions().get::<Rejection>(),
+        Some(&Rejection::PayloadTooLarge {
+            cap: SizeCap::WireBytes,
+            limit: MIB as u64
+        })
+    );
+    let doc = problem(response).await;
+    assert_eq!(doc["status"], 413);
+    assert_eq!(doc["cap"], "wire-bytes");
+    assert_eq!(doc["limit"], MIB);
+    assert_eq!(seen.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn wire_cap_on_a_chunked_body_is_413_wire_bytes_whatever_the_handler_answers() {
+    let seen = Arc::new(AtomicU64::new(0));
+    let app = body_app(MIB, 8 * MIB, seen.clone());
+    let req = Request::post("/stream")
+        .body(chunked(2 * MIB, b'a'))
+        .unwrap();
+    let (status, response) = send(&app, req).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    let doc = problem(response).await;
+    assert_eq!(doc["cap"], "wire-bytes");
+    assert_eq!(doc["limit"], MIB);
+    // 16 frames of 64 KiB fit exactly; the 17th is refused.
+    assert_eq!(seen.load(Ordering::SeqCst), MIB as u64);
+}
+
+#[tokio::test]
+async fn wire_cap_replaces_axum_bytes_extractor_response() {
+    let seen = Arc::new(AtomicU64::new(0));
+    let app = body_app(MIB, 8 * MIB, seen.clone());
+    let req = Request::post("/bytes")
+        .body(chunked(2 * MIB, b'a'))
+        .unwrap();
+    let (status, response) = send(&app, req).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(problem(response).await["cap"], "wire-bytes");
+    assert_eq!(seen.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn bodies_under_both_caps_pass_and_axum_default_limit_is_lifted() {
+    let seen = Arc::new(AtomicU64::new(0));
+    // 3 MiB is over axum's 2 MB default; the decoded cap replaces it.
+    let app = body_app(4 * MIB, 4 * MIB, seen.clone());
+    let req = Request::post("/bytes")
+        .header(header::CONTENT_LENGTH, 3 * MIB)
+        .body(Body::from(vec![b'a'; 3 * MIB]))
+        .unwrap();
+    let (status, response) = send(&app, req).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(text(response).await, (3 * MIB).to_string());
+
+    let seen = Arc::new(AtomicU64::new(0));
+    let app = body_app(MIB, 8 * MIB, seen.clone());
+    let req = Request::post("/stream")
+        .header(header::CONTENT_ENCODING, "gzip")
+        .body(Body::from(gzip(&vec![b'z'; 5 * MIB])))
+        .unwrap();
+    let (status, response) = send(&app, req).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(text(response).await, (5 * MIB).to_string());
+    assert_eq!(seen.load(Ordering::SeqCst), 5 * MIB as u64);
+}
+
+#[tokio::test]
+async fn gzip_bomb_is_413_decoded_bytes_and_the_handler_sees_at_most_the_cap() {
+    let bomb = gzip_zeros(1024 * MIB);
+    // About 1 MiB on the wire for 1 GiB decoded.
+    assert!(bomb.len() < 2 * MIB, "bomb is {} bytes", bomb.len());
+    let wire_len = bomb.len();
+
+    for path in ["/stream", "/bytes"] {
+        let seen = Arc::new(AtomicU64::new(0));
+        let app = body_app(2 * MIB, 8 * MIB, seen.clone());
+        let bomb = Bytes::from(bomb.clone());
+        let chunks = (0..wire_len.div_ceil(16 * KIB)).map(move |i| {
+            Ok::<_, std::io::Error>(bomb.slice(i * 16 * KIB..((i + 1) * 16 * KIB).min(wire_len)))
+        });
+        let req = Request::post(path)
+            .header(header::CONTENT_ENCODING, "gzip")
+            .body(Body::from_stream(stream::iter(chunks)))
+            .unwrap();
+        let (status, response) = send(&app, req).await;
+        assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{path}");
+        let doc = problem(response).await;
+        assert_eq!(doc["cap"], "decoded-bytes", "{path}");
+        assert_eq!(doc["limit"], 8 * MIB, "{path}");
+        let seen = seen.load(Ordering::SeqCst);
+        assert!(seen <= 8 * MIB as u64, "{path}: handler saw {seen} bytes");
+    }
+}
+
+#[tokio::test]
+async fn identity_body_over_the_decoded_cap_with_content_length_is_413_decoded_bytes() {
+    let seen = Arc::new(AtomicU64::new(0));
+    let app = body_app(8 * MIB, MIB, seen.clone());
+    let req = Request::post("/stream")
+        .header(header::CONTENT_LENGTH, 2 * MIB)
+        .body(Body::from(vec![b'a'; 2 * MIB]))
+        .unwrap();
+    let (status, response) = send(&app, req).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(problem(response).await["cap"], "decoded-bytes");
+    assert_eq!(seen.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn unsupported_content_encoding_is_415_problem_json() {
+    for encoding in ["compress", "x-unknown"] {
+        let seen = Arc::new(AtomicU64::new(0));
+        let app = body_app(MIB, 8 * MIB, seen.clone());
+        let req = Request::post("/stream")
+            .header(header::CONTENT_ENCODING, encoding)
+            .body(Body::from("hello"))
+            .unwrap();
+        let (status, response) = send(&app, req).await;
+        assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE, "{encoding}");
+        assert_eq!(
+            response.extensions().get::<Rejection>(),
+            Some(&Rejection::UnsupportedEncoding {
+                encoding: encoding.to_owned()
+            })
+        );
+        assert_eq!(
+            response.headers()[header::ACCEPT_ENCODING],
+            "zstd,gzip,deflate,br"
+        );
+        let doc = problem(response).await;
+        assert_eq!(doc["status"], 415);
+        assert_eq!(
+            doc["type"],
+            "https://docs.rs/tower-admission/latest/tower_admission/reject/#unsupported-encoding"
+        );
+        assert_eq!(seen.load(Ordering::SeqCst), 0);
+    }
+}
+
+// ---------------------------------------------------------------- query validation
+
+fn rules() -> QueryRules {
+    QueryRules::builder()
+        .page_size(NonZeroU32::new(50).unwrap(), NonZeroU32::new(1000).unwrap())
+        .max_span(Duration::from_secs(31 * 24 * 3600))
+        .max_cursor_len(NonZeroUsize::new(64).unwrap())
+        .unknown_params(UnknownParams::Reject)
+        .build()
+        .unwrap()
+}
+
+async fn show_query(q: ValidatedQuery) -> axum::Json<Value> {
+    axum::Json(json!({
+        "page_size": q.page_size,
+        "from": q.from.map(|t| t.unix_timestamp()),
+        "to": q.to.map(|t| t.unix_timestamp()),
+        "cursor": q.cursor,
+    }))
+}
+
+fn query_app(rules: QueryRules) -> Router {
+    Router::new()
+        .route("/reports", get(show_query))
+        .layer(ValidateQueryLayer::new(rules))
+        .layer(BodyLimitsLayer::new(MIB, 8 * MIB))
+}
+
+async fn get_query(app: &Router, query: &str) -> (StatusCode, Value) {
+    let req = Request::get(format!("/reports?{query}"))
+        .body(Body::empty())
+        .unwrap();
+    let (status, response) = send(app, req).await;
+    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    (status, serde_json::from_slice(&bytes).unwrap())
+}
+
+fn names(doc: &Value) -> Vec<String> {
+    doc["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn each_bad_parameter_is_400_naming_it() {
+    let app = query_app(rules());
+    let cases: &[(&str, &str)] = &[
+        ("page_size=0", "page_size"),
+        ("page_size=100000", "page_size"),
+        ("page_size=-1", "page_size"),
+        ("page_size=99999999999999999999", "page_size"),
+        ("page_size=abc", "page_size"),
+        ("page_size=", "page_size"),
+        ("page_size", "page_size"),
+        ("page_size=%2B5", "page_size"),
+        ("page_size=+5", "page_size"),
+        ("page_size=007", "page_size"),
+        ("page_size=1e3", "page_size"),
+        ("page_size=10&page_size=10", "page_size"),
+        ("from=2024-05-10T00:00:00Z&to=2024-05-01T00:00:00Z", "to"),
+        ("from=2024-05-01T00:00:00Z&to=2024-05-01T00:00:00Z", "to"),
+        ("from=2024-01-01T00:00:00Z&to=2024-03-01T00:00:00Z", "to"),
+        ("from=2024-13-01T00:00:00Z&to=2024-05-01T00:00:00Z", "from"),
+        ("from=yesterday&to=2024-05-01T00:00:00Z", "from"),
+        ("from=2024-05-01&to=2024-05-02T00:00:00Z", "from"),
+        (
+            "from=2024-05-01T00:00:00Z&to=2024-05-02T00:00:00+02:00",
+            "to",
+        ),
+        ("from=2024-05-01T00:00:00Z", "to"),
+        ("to=2024-05-01T00:00:00Z", "from"),
+        ("cursor=", "cursor"),
+        (
+            &"cursor=xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx",
+            "cursor",
+        ),
+        ("cursor=a%20b", "cursor"),
+        ("cursor=%FF%FE", "cursor"),
+        ("cursor=a&cursor=b", "cursor"),
+        ("pagesize=10", "pagesize"),
+    ];
+    for (query, bad) in cases {
+        let (status, doc) = get_query(&app, query).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{query}");
+        assert_eq!(names(&doc), vec![bad.to_string()], "{query}: {doc}");
+        assert_eq!(doc["status"], 400);
+    }
+}
+
+#[tokio::test]
+async fn every_bad_parameter_is_listed_with_its_reason() {
+    let app = query_app(rules());
+    let (status, doc) = get_query(
+        &app,
+        "page_size=abc&from=nope&to=2024-05-01T00:00:00Z&cursor=&x=1&y=2&x=3",
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(names(&doc), vec!["page_size", "from", "cursor", "x", "y"]);
+    assert_eq!(
+        doc["errors"][0]["reason"],
+        "must be a whole number from 1 to 1000, written with the digits 0-9 only"
+    );
+    assert_eq!(
+        doc["detail"],
+        "invalid parameters: page_size, from, cursor, x, y"
+    );
+
+    let rules = rules();
+    let err = rules
+        .validate(Some(
+            "page_size=0&page_size=5&to=2024-05-01T00:00:00Z&from=2024-06-01T00:00:00Z",
+        ))
+        .unwrap_err();
+    assert_eq!(
+        err,
+        vec![
+            InvalidParameter::new("page_size", "given more than once; give it at most once"),
+            InvalidParameter::new("to", "must be later than from"),
+        ]
+    );
+    assert_eq!(
+        rules
+            .validate(Some("page_size=99999999999999999999"))
+            .unwrap_err(),
+        vec![InvalidParameter::new("page_size", "must be at most 1000")]
+    );
+    assert_eq!(
+        rules.validate(Some("page_size=0")).unwrap_err(),
+        vec![InvalidParameter::new("page_size", "must be at least 1")]
+    );
+    assert_eq!(
+        rules
+            .validate(Some("from=2024-01-01T00:00:00Z&to=2024-03-01T00:00:00Z"))
+            .unwrap_err(),
+        vec![InvalidParameter::new(
+            "to",
+            "the range from..to spans 5184000 s, more than the maximum of 2678400 s"
+        )]
+    );
+}
+
+#[tokio::test]
+async fn unknown_parameters_listed_are_capped() {
+    let rules = rules();
+    let query: String = (0..100).map(|i| format!("u{i}=1&")).collect();
+    let err = rules.validate(Some(&query)).unwrap_err();
+    assert_eq!(err.len(), 10);
+    assert_eq!(err[0], InvalidParameter::new("u0", "unknown parameter"));
+    assert_eq!(
+        err[9],
+        InvalidParameter::new(
+            "u9",
+            "unknown parameter; 90 more unknown parameters not listed"
+        )
+    );
+}
+
+#[tokio::test]
+async fn valid_queries_reach_the_handler_decoded() {
+    let app = query_app(rules());
+    let (status, doc) = get_query(&app, "").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        doc,
+        json!({"page_size": 50, "from": null, "to": null, "cursor": null})
+    );
+
+    // 02:00+02:00 is 00:00Z: an empty range, refused.
+    let (status, doc) = get_query(
+        &app,
+        "from=2024-05-01T00%3A00%3A00Z&to=2024-05-01T02:00:00%2B02:00",
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(names(&doc), vec!["to"]);
+}
+
+#[tokio::test]
+async fn valid_query_values() {
+    let app = query_app(rules());
+    let (status, doc) = get_query(
+        &app,
+        "page_size=1000&from=2024-05-01T00%3A00%3A00Z&to=2024-05-31T02:00:00%2B02:00&cursor=abc%2Fdef%3D%3D",
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{doc}");
+    assert_eq!(
+        doc,
+        json!({
+            "page_size": 1000,
+            "from": 1_714_521_600,
+            "to": 1_714_521_600 + 30 * 86_400,
+            "cursor": "abc/def==",
+        })
+    );
+    // Exactly the maximum span is allowed.
+    let (status, _) = get_query(&app, "from=2024-05-01T00:00:00Z&to=2024-06-01T00:00:00Z").await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn ignore_policy_drops_unknown_parameters_but_not_known_repeats() {
+    let rules = QueryRules::builder()
+        .unknown_params(UnknownParams::Ignore)
+        .allow("sort")
+        .build()
+        .unwrap();
+    let ok = rules
+        .validate(Some("x=1&x=2&sort=name&page_size=7"))
+        .unwrap();
+    assert_eq!(ok.page_size, 7);
+    assert_eq!(
+        rules.validate(Some("sort=a&sort=b")).unwrap_err(),
+        vec![InvalidParameter::new(
+            "sort",
+            "given more than once; give it at most once"
+        )]
+    );
+    // Without a span limit an open range is fine.
+    let open = rules.validate(Some("from=2024-05-01T00:00:00Z")).unwrap();
+    assert_eq!(open.to, None);
+}
+
+#[test]
+fn bad_rules_name_the_field() {
+    let err = QueryRules::builder()
+        .page_size(NonZeroU32::new(100).unwrap(), NonZeroU32::new(10).unwrap())
+        .build()
+        .unwrap_err();
+    assert_eq!(err.field, "page_size");
+    let err = QueryRules::builder()
+        .max_span(Duration::ZERO)
+        .build()
+        .unwrap_err();
+    assert_eq!(err.field, "max_span");
+    let err = QueryRules::builder().allow("cursor").build().unwrap_err();
+    assert_eq!(err.field, "allow");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    #[test]
+    fn arbitrary_query_strings_never_panic(query in ".{0,200}") {
+        let rules = rules();
+        check_invariants(&rules, &query);
+    }
+
+    #[test]
+    fn query_shaped_strings_never_panic(
+        parts in proptest::collection::vec(
+            (
+                prop_oneof![
+                    Just("page_size".to_owned()), Just("from".to_owned()), Just("to".to_owned()),
+                    Just("cursor".to_owned()), Just("%70age_size".to_owned()), "[a-z%+=&]{0,6}",
+                ],
+                prop_oneof![
+                    "[0-9]{0,25}", "-?[0-9+]{1,5}", "[ -~]{0,80}",
+                    Just("2024-05-01T00:00:00Z".to_owned()),
+                    Just("2024-05-01T00:00:00%2B02:00".to_owned()),
+                    "%[0-9A-Fa-f]{2}%[0-9A-Fa-f]{2}",
+                ],
+            ),
+            0..8,
+        )
+    ) {
+        let query: String = parts
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join("&");
+        check_invariants(&rules(), &query);
+    }
+}
+
+fn check_invariants(rules: &QueryRules, query: &str) {
+    match rules.validate(Some(query)) {
+        Ok(q) => {
+            assert!((1..=rules.max_page_size()).contains(&q.page_size));
+            if let (Some(from), Some(to)) = (q.from, q.to) {
+                assert!(from < to);
+                assert!(to - from <= time::Duration::days(31));
+            }
+            if let Some(cursor) = &q.cursor {
+                assert!(!cursor.is_empty() && cursor.len() <= 64);
+            }
+        }
+        Err(errors) => assert!(!errors.is_empty()),
+    }
+}
+
+// ---------------------------------------------------------------- batch items
+
+#[derive(Debug, serde::Deserialize)]
+struct Item {
+    n: u64,
+}
+
+async fn ingest_1000(State(ran): State<Arc<AtomicU64>>, batch: Batch<Item, 1000>) -> String {
+    for item in batch.iter() {
+        ran.fetch_add(item.n, Ordering::SeqCst);
+    }
+    batch.len().to_string()
+}
+
+async fn ingest_100k(State(ran): State<Arc<AtomicU64>>, batch: Batch<Item, 100_000>) -> String {
+    for item in batch.iter() {
+        ran.fetch_add(item.n, Ordering::SeqCst);
+    }
+    batch.len().to_string()
+}
+
+fn batch_app(ran: Arc<AtomicU64>) -> Router {
+    Router::new()
+        .route("/small", post(ingest_1000))
+        .route("/large", post(ingest_100k))
+        .with_state(ran)
+        .layer(BodyLimitsLayer::new(8 * MIB, 8 * MIB))
+}
+
+fn items_json(count: usize) -> String {
+    let mut s = String::with_capacity(count * 8 + 16);
+    s.push_str(r#"{"items":["#);
+    for i in 0..count {
+        if i > 0 {
+            s.push(',');
+        }
+        s.push_str(r#"{"n":1}"#);
+    }
+    s.push_str("]}");
+    s
+}
+
+async fn post_json(app: &Router, path: &str, body: String) -> (StatusCode, Response<Body>) {
+    let req = Request::post(path)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body))
+        .unwrap();
+    send(app, req).await
+}
+
+#[tokio::test]
+async fn batch_over_the_cap_is_413_before_any_item_runs() {
+    let ran = Arc::new(AtomicU64::new(0));
+    let app = batch_app(ran.clone());
+
+    let (status, response) = post_json(&app, "/large", items_json(100_001)).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    let doc = problem(response).await;
+    assert_eq!(doc["cap"], "items");
+    assert_eq!(doc["limit"], 100_000);
+    assert_eq!(ran.load(Ordering::SeqCst), 0);
+
+    let (status, response) = post_json(&app, "/small", items_json(1001)).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    let doc = problem(response).await;
+    assert_eq!(doc["cap"], "items");
+    assert_eq!(doc["limit"], 1000);
+    assert_eq!(ran.load(Ordering::SeqCst), 0);
+
+    let (status, response) = post_json(&app, "/small", items_json(100)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(text(response).await, "100");
+    assert_eq!(ran.load(Ordering::SeqCst), 100);
+
+    let (status, response) = post_json(&app, "/small", items_json(1000)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(text(response).await, "1000");
+    assert_eq!(ran.load(Ordering::SeqCst), 1100);
+}
+
+#[tokio::test]
+async fn malformed_batches_are_400_naming_the_problem() {
+    let ran = Arc::new(AtomicU64::new(0));
+    let app = batch_app(ran.clone());
+    let cases: &[(&str, &str)] = &[
+        (r#"{"items":[{"n":1},{"n":"x"}]}"#, "items[1]"),
+        (r#"{"items":[{"n":1} {"n":2}]}"#, "items[1]"),
+        (r#"{"items":[{"n":1}"#, "items[1]"),
+        (r#"{"things":[]}"#, "body"),
+        (r#"{"items":[],"items":[]}"#, "body"),
+        (r#"[1,2,3]"#, "body"),
+        (r#"{"items":{}}"#, "body"),
+        ("", "body"),
+        (r#"{"items":[]} trailing"#, "body"),
+    ];
+    for (body, name) in cases {
+        let (status, response) = post_json(&app, "/small", body.to_string()).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+        let doc = problem(response).await;
+        assert_eq!(names(&doc), vec![name.to_string()], "{body}: {doc}");
+    }
+    assert_eq!(ran.load(Ordering::SeqCst), 0);
+
+    let err = parse_batch::<Item>(br#"{"items":[{"n":"x"}]}"#, 10).unwrap_err();
+    assert_eq!(
+        err,
+        BatchError::Malformed(InvalidParameter::new(
+            "items[0]",
+            "invalid type: string \"x\", expected u64 at line 1 column 18"
+        ))
+    );
+}
+
+#[test]
+fn counting_does_not_build_items() {
+    let json = items_json(100_001);
+    assert_eq!(count_batch_items(json.as_bytes(), 100_001), Ok(100_001));
+    assert_eq!(
+        count_batch_items(json.as_bytes(), 100_000),
+        Err(BatchError::TooManyItems { limit: 100_000 })
+    );
+    // Extra members are ignored; an empty batch is fine.
+    assert_eq!(
+        count_batch_items(br#"{"meta":{"a":[1]},"items":[]}"#, 5),
+        Ok(0)
+    );
+}
