@@ -9,7 +9,8 @@ use http::HeaderMap;
 use sha2::{Digest as _, Sha256};
 use subtle::ConstantTimeEq;
 
-use super::{AuthError, Authenticator, ConfigError, Identity};
+use super::{AuthError, Authenticator, Identity};
+use crate::ConfigError;
 
 /// Longest `Authorization` header value that is parsed, in bytes. Longer
 /// values are refused as malformed before any hashing.

@@ -11,7 +11,7 @@ use http::{Extensions, HeaderMap, HeaderName, Request};
 use ipnet::{IpNet, Ipv4Net};
 use tower::{Layer, Service};
 
-use super::ConfigError;
+use crate::ConfigError;
 
 /// Most forwarding hops read from the right of the chain. Hops further left
 /// are ignored, so a long or hostile header costs bounded work and memory.
@@ -387,9 +387,11 @@ fn is_obfuscated_token(s: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
 }
 
-/// RFC 7239 node-port: 1 to 5 digits, or an obfuscated port.
+/// RFC 7239 node-port: 1 to 5 digits up to 65535, or an obfuscated port.
 fn is_port(port: &str) -> bool {
-    ((1..=5).contains(&port.len()) && port.bytes().all(|b| b.is_ascii_digit()))
+    ((1..=5).contains(&port.len())
+        && port.bytes().all(|b| b.is_ascii_digit())
+        && port.parse::<u16>().is_ok())
         || is_obfuscated_token(port)
 }
 

@@ -37,38 +37,3 @@ impl fmt::Display for AuthError {
 }
 
 impl std::error::Error for AuthError {}
-
-/// An invalid identity configuration; names the field that is wrong.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError {
-    field: &'static str,
-    reason: String,
-}
-
-impl ConfigError {
-    pub(crate) fn new(field: &'static str, reason: impl Into<String>) -> Self {
-        ConfigError {
-            field,
-            reason: reason.into(),
-        }
-    }
-
-    /// The configuration field that is invalid, e.g. `"hashed_key"` or
-    /// `"trusted_proxies"`.
-    pub fn field(&self) -> &'static str {
-        self.field
-    }
-
-    /// Why it is invalid. Never contains a key or key hash.
-    pub fn reason(&self) -> &str {
-        &self.reason
-    }
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "invalid `{}`: {}", self.field, self.reason)
-    }
-}
-
-impl std::error::Error for ConfigError {}
