@@ -221,7 +221,14 @@ impl<S: Store> Limiter<S> {
     }
 }
 
-fn from_decision(quota: &Quota, decision: QuotaDecision, cost: u64) -> Verdict {
+fn from_decision(quota: &Quota, mut decision: QuotaDecision, cost: u64) -> Verdict {
+    if !decision.admitted {
+        // Nothing was recorded: policies that would have admitted still hold
+        // the cost they reported as taken.
+        for (_, d) in decision.decisions.iter_mut().filter(|(_, d)| d.admitted) {
+            d.remaining = d.remaining.saturating_add(cost).min(d.limit);
+        }
+    }
     let rejection = (!decision.admitted).then(|| {
         let refusing = || {
             decision
