@@ -1,0 +1,146 @@
+//! Memory store: exactness under concurrency and bounded memory under
+//! hostile key cardinality.
+
+use std::num::NonZeroUsize;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tower_admission::clock::{ManualClock, Timestamp};
+use tower_admission::quota::{MemoryConfig, MemoryStore, Policy, Quota, Store, StoreError};
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+fn quotas(limit: u64) -> Vec<Quota> {
+    [
+        Policy::fixed_window("fixed", limit, MINUTE),
+        Policy::sliding_log("log", limit, MINUTE),
+        Policy::token_bucket("bucket", limit, 1, MINUTE),
+        Policy::sliding_window("weighted", limit, MINUTE),
+    ]
+    .into_iter()
+    .map(|p| {
+        let p = p.unwrap();
+        Quota::new(&p.name().to_owned(), [p]).unwrap()
+    })
+    .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn thousand_concurrent_tasks_admit_exactly_the_limit() {
+    // The clock stands still so no refill or window change can add capacity.
+    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_030));
+    let store = MemoryStore::with_config(MemoryConfig::default(), clock);
+    for quota in quotas(100) {
+        let admitted = Arc::new(AtomicU64::new(0));
+        let key: Arc<str> = "shared".into();
+        let tasks: Vec<_> = (0..1000)
+            .map(|_| {
+                let (store, quota, key, admitted) =
+                    (store.clone(), quota.clone(), key.clone(), admitted.clone());
+                tokio::spawn(async move {
+                    if store.decide(&quota, &key, 1).await.unwrap().admitted {
+                        admitted.fetch_add(1, Ordering::SeqCst);
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.unwrap();
+        }
+        assert_eq!(admitted.load(Ordering::SeqCst), 100, "{}", quota.name());
+    }
+}
+
+#[test]
+fn a_million_identities_stay_within_max_keys() {
+    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let config = MemoryConfig::new(NonZeroUsize::new(100_000).unwrap());
+    let store = MemoryStore::with_config(config, clock.clone());
+    let quota = Quota::new(
+        "free",
+        [Policy::sliding_log("per-minute", 100, MINUTE).unwrap()],
+    )
+    .unwrap();
+    let alice: Arc<str> = "alice".into();
+    assert!(store.decide_now(&quota, &alice, 1).unwrap().admitted);
+
+    let (mut admitted, mut full) = (0usize, 0usize);
+    for i in 0..1_000_000u32 {
+        let key: Arc<str> = format!("attacker-{i}").into();
+        match store.decide_now(&quota, &key, 1) {
+            Ok(d) => {
+                assert!(d.admitted);
+                admitted += 1;
+            }
+            Err(StoreError::Full { retry_after }) => {
+                // The earliest live key frees when its minute is over.
+                assert_eq!(retry_after, MINUTE);
+                full += 1;
+            }
+            Err(other) => panic!("unexpected {other}"),
+        }
+        if i % 50_000 == 0 {
+            assert!(store.len() <= store.capacity());
+        }
+    }
+    assert_eq!(store.capacity(), 100_000);
+    // Every admitted key holds a slot; every other new key was refused as full.
+    assert_eq!(store.len(), admitted + 1);
+    assert_eq!(admitted + full, 1_000_000);
+    assert!(admitted >= 99_000, "shards fill evenly: {admitted}");
+
+    // Known keys are unaffected by the flood: alice still has 99 left.
+    let d = store.decide_now(&quota, &alice, 1).unwrap();
+    assert_eq!(d.decisions[0].1.remaining, 98);
+
+    // Once the window passes, every slot is equivalent to fresh and is reclaimed.
+    clock.advance(MINUTE);
+    assert_eq!(store.sweep(), admitted + 1);
+    assert!(store.is_empty());
+    let key: Arc<str> = "newcomer".into();
+    assert!(store.decide_now(&quota, &key, 1).unwrap().admitted);
+}
+
+#[test]
+fn refused_and_zero_cost_requests_create_no_state() {
+    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let store = MemoryStore::with_config(MemoryConfig::default(), clock);
+    for quota in quotas(10) {
+        for i in 0..100 {
+            let key: Arc<str> = format!("k{i}").into();
+            assert!(!store.decide_now(&quota, &key, 11).unwrap().admitted);
+            assert!(store.decide_now(&quota, &key, 0).unwrap().admitted);
+        }
+    }
+    assert_eq!(store.len(), 0);
+}
+
+#[test]
+fn full_store_lazily_reclaims_expired_keys() {
+    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let config = MemoryConfig::new(NonZeroUsize::new(8).unwrap())
+        .shards(NonZeroUsize::new(1).unwrap())
+        .unwrap();
+    let store = MemoryStore::with_config(config, clock.clone());
+    let quota = Quota::new(
+        "q",
+        [Policy::token_bucket("b", 5, 5, Duration::from_secs(5)).unwrap()],
+    )
+    .unwrap();
+    for i in 0..8 {
+        let key: Arc<str> = format!("k{i}").into();
+        assert!(store.decide_now(&quota, &key, 1).unwrap().admitted);
+    }
+    let late: Arc<str> = "late".into();
+    assert_eq!(
+        store.decide_now(&quota, &late, 1),
+        Err(StoreError::Full {
+            retry_after: Duration::from_secs(1)
+        })
+    );
+    // One second later every bucket is full again: equivalent to fresh.
+    clock.advance(Duration::from_secs(1));
+    assert!(store.decide_now(&quota, &late, 1).unwrap().admitted);
+    assert_eq!(store.len(), 1);
+}
