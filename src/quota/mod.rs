@@ -17,3 +17,5 @@ pub use policy::{FailureMode, Policy, Quota};
 pub use service::{QuotaService, ResponseFuture};
 pub use settle::Settlement;
 pub use store::{MemoryConfig, MemoryStore, Store, StoreError};
+#[cfg(feature = "redis")]
+pub use store::{RedisStore, RedisStoreBuilder};

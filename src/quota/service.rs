@@ -98,9 +98,12 @@ where
         Box::pin(async move {
             let verdict = config.limiter.check(&quota, &key, cost).await;
             let Some(rejection) = verdict.rejection else {
-                let mut settlement = parts.extensions.remove::<Settlement>().unwrap_or_default();
-                settlement.push(config.limiter.clone(), quota.clone(), key, cost);
-                parts.extensions.insert(settlement);
+                if config.cost.is_some() {
+                    let mut settlement =
+                        parts.extensions.remove::<Settlement>().unwrap_or_default();
+                    settlement.push(config.limiter.clone(), quota.clone(), key, cost);
+                    parts.extensions.insert(settlement);
+                }
                 let mut response = inner.call(Request::from_parts(parts, body)).await?;
                 if config.headers_on_success {
                     headers::insert(response.headers_mut(), &quota, &verdict.decisions);

@@ -9,9 +9,11 @@ use crate::quota::{Limiter, Quota, Store, StoreError};
 /// A handle, in the request extensions, to settle the real cost of a request
 /// after the work is done.
 ///
-/// Each [`QuotaLayer`](crate::quota::QuotaLayer) that admitted the request
-/// adds the charge it made. [`settle`](Self::settle) moves every one of them
-/// to the actual cost:
+/// Each [`QuotaLayer`](crate::quota::QuotaLayer) with a
+/// [`cost`](crate::quota::QuotaLayerBuilder::cost) function that admitted the
+/// request adds the charge it made; layers that count requests (no cost
+/// function) never take part. [`settle`](Self::settle) moves every charge to
+/// the actual cost:
 ///
 /// - `actual > charged` charges the difference, capped at what the policy has
 ///   left: a settle never drives a policy below empty or locks a key out.

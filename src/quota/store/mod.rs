@@ -5,11 +5,15 @@
 //! trusted source ([`MemoryStore`]: its [`Clock`](crate::clock::Clock)).
 
 mod memory;
+#[cfg(feature = "redis")]
+mod redis;
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+#[cfg(feature = "redis")]
+pub use self::redis::{RedisStore, RedisStoreBuilder};
 pub use memory::{MemoryConfig, MemoryStore};
 
 use crate::quota::{Quota, QuotaDecision};

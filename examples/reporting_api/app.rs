@@ -1,0 +1,237 @@
+//! The router: every layer, in the order a request meets them.
+//!
+//! ```text
+//! authenticate -> cap wire bytes -> decompress -> cap decoded bytes -> validate query
+//!   -> per-user request quota -> aggregate quota -> concurrency caps -> handler
+//! ```
+//!
+//! `GET /v1/reports` also charges the per-user work quota its page size and
+//! settles it to the rows actually returned. `POST /v1/reports/batch` charges
+//! the work quota one unit per item before any item runs.
+
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use time::OffsetDateTime;
+use tower::ServiceBuilder;
+use tower_admission::bounds::{
+    Batch, BodyLimitsLayer, QueryRules, UnknownParams, ValidateQueryLayer, ValidatedQuery,
+};
+use tower_admission::concurrency::ConcurrencyLayer;
+use tower_admission::identity::{AuthenticateLayer, Identity};
+use tower_admission::jobs::{accepted_response, JobId, JobQueue, JobStatus};
+use tower_admission::quota::{Limiter, Quota, QuotaLayer, Scope, Settlement, Store};
+use tower_admission::ConfigError;
+
+use crate::config;
+use crate::data;
+
+/// One item of a batch request.
+#[derive(Debug, Clone, Deserialize)]
+pub(crate) struct BatchItem {
+    pub(crate) metric: String,
+    pub(crate) from: String,
+    pub(crate) to: String,
+}
+
+/// One item's answer.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub(crate) struct ItemResult {
+    pub(crate) metric: String,
+    pub(crate) rows: usize,
+}
+
+type Jobs = JobQueue<Vec<BatchItem>, Vec<ItemResult>, String>;
+
+#[derive(Clone)]
+struct AppState<St> {
+    work: Limiter<St>,
+    work_free: Quota,
+    work_pro: Quota,
+    jobs: Jobs,
+}
+
+/// Builds the API over `store`, which holds every quota.
+pub(crate) fn app<St: Store>(store: St) -> Result<Router, ConfigError> {
+    let (requests_free, requests_pro) = config::request_quotas()?;
+    let (work_free, work_pro) = config::work_quotas()?;
+
+    let per_user = QuotaLayer::builder(store.clone())
+        .quota(requests_free)
+        .plan("pro", requests_pro)
+        .headers_on_success(true)
+        .build()?;
+    let aggregate = QuotaLayer::builder(store.clone())
+        .quota(config::aggregate_quota()?)
+        .scope(Scope::Aggregate)
+        .build()?;
+    let rows = QuotaLayer::builder(store.clone())
+        .quota(work_free.clone())
+        .plan("pro", work_pro.clone())
+        .cost(|parts| {
+            parts
+                .extensions
+                .get::<ValidatedQuery>()
+                .map_or(1, |q| u64::from(q.page_size))
+        })
+        .build()?;
+    let concurrency = ConcurrencyLayer::builder()
+        .global(64, 128, Duration::from_millis(500))
+        .per_identity(4, 4, Duration::from_millis(250))
+        .build()?;
+    let rules = QueryRules::builder()
+        .page_size(
+            nonzero(config::DEFAULT_PAGE_SIZE),
+            nonzero(config::MAX_PAGE_SIZE),
+        )
+        .max_span(config::MAX_SPAN)
+        .unknown_params(UnknownParams::Reject)
+        .allow("metric")
+        .build()
+        .map_err(|e| ConfigError::new("query_rules", e.to_string()))?;
+
+    let jobs = JobQueue::builder()
+        .capacity(100)
+        .workers(2)
+        .finished_ttl(Duration::from_secs(600))
+        .build(|items: Vec<BatchItem>| async move { run_batch(&items) })?;
+    let state = AppState {
+        work: Limiter::new(store),
+        work_free,
+        work_pro,
+        jobs,
+    };
+
+    let protected = Router::new()
+        .route("/v1/reports", get(list_reports).route_layer(rows))
+        .route("/v1/reports/batch", post(batch::<St>))
+        .route("/v1/jobs/{id}", get(job_status::<St>))
+        .with_state(state)
+        .route_layer(
+            ServiceBuilder::new()
+                .layer(AuthenticateLayer::new(config::api_keys()))
+                .layer(BodyLimitsLayer::new(
+                    config::MAX_WIRE_BYTES,
+                    config::MAX_DECODED_BYTES,
+                ))
+                .layer(ValidateQueryLayer::new(rules))
+                .layer(per_user)
+                .layer(aggregate)
+                .layer(concurrency),
+        );
+    Ok(Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .merge(protected))
+}
+
+fn nonzero(n: u32) -> std::num::NonZeroU32 {
+    std::num::NonZeroU32::new(n).unwrap_or(std::num::NonZeroU32::MIN)
+}
+
+async fn list_reports(
+    who: Identity,
+    query: ValidatedQuery,
+    Extension(settlement): Extension<Settlement>,
+) -> Response {
+    let now = OffsetDateTime::now_utc();
+    let to = query.to.unwrap_or(now);
+    let from = query.from.unwrap_or(to - time::Duration::days(1));
+    let cursor = query
+        .cursor
+        .as_deref()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let (rows, next) = data::page("requests", from, to, query.page_size, cursor);
+    // Charged the page size up front; settle to the rows actually read.
+    if let Err(e) = settlement.settle(rows.len() as u64).await {
+        tracing::warn!(%e, "could not settle work quota");
+    }
+    Json(json!({
+        "subject": who.subject(),
+        "page_size": query.page_size,
+        "rows": rows,
+        "next_cursor": next.map(|n| n.to_string()),
+    }))
+    .into_response()
+}
+
+async fn batch<St: Store>(
+    who: Identity,
+    State(state): State<AppState<St>>,
+    Batch(items): Batch<BatchItem, { config::MAX_BATCH_ITEMS }>,
+) -> Response {
+    let quota = if who.plan() == "pro" {
+        &state.work_pro
+    } else {
+        &state.work_free
+    };
+    // Every item is work: charge them all before any runs.
+    let verdict = state
+        .work
+        .check(quota, who.subject_arc(), items.len() as u64)
+        .await;
+    if let Some(rejection) = verdict.rejection {
+        return rejection.into_response(false).into_response();
+    }
+    if items.len() <= config::SYNC_BATCH_ITEMS {
+        return match run_batch(&items) {
+            Ok(results) => Json(json!({ "items": results })).into_response(),
+            Err(e) => (StatusCode::BAD_REQUEST, e).into_response(),
+        };
+    }
+    match state.jobs.submit(who.subject_arc().clone(), items) {
+        Ok(id) => match accepted_response(id, &format!("/v1/jobs/{id}")) {
+            Ok(response) => response.into_response(),
+            Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+        },
+        Err(full) => full.into_response(false).into_response(),
+    }
+}
+
+async fn job_status<St: Store>(
+    who: Identity,
+    State(state): State<AppState<St>>,
+    Path(id): Path<String>,
+) -> Response {
+    let status = id
+        .parse::<JobId>()
+        .ok()
+        .and_then(|id| state.jobs.status(who.subject(), id));
+    let Some(status) = status else {
+        return (StatusCode::NOT_FOUND, Json(json!({"title": "no such job"}))).into_response();
+    };
+    let body = match status {
+        JobStatus::Succeeded(items) => json!({"status": "succeeded", "items": items}),
+        JobStatus::Failed(error) => json!({"status": "failed", "error": error}),
+        other => json!({"status": other.as_str()}),
+    };
+    Json(body).into_response()
+}
+
+fn run_batch(items: &[BatchItem]) -> Result<Vec<ItemResult>, String> {
+    use time::format_description::well_known::Rfc3339;
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| {
+            let from = OffsetDateTime::parse(&item.from, &Rfc3339)
+                .map_err(|e| format!("items[{i}].from: {e}"))?;
+            let to = OffsetDateTime::parse(&item.to, &Rfc3339)
+                .map_err(|e| format!("items[{i}].to: {e}"))?;
+            if to <= from || (to - from) > config::MAX_SPAN {
+                return Err(format!("items[{i}]: need from < to within 31 days"));
+            }
+            let (rows, _) = data::page(&item.metric, from, to, config::MAX_PAGE_SIZE, 0);
+            Ok(ItemResult {
+                metric: item.metric.clone(),
+                rows: rows.len(),
+            })
+        })
+        .collect()
+}

@@ -1,0 +1,676 @@
+//! The Redis and Redis Cluster store (feature `redis`).
+//!
+//! A fleet shares one authoritative state: every instance's [`RedisStore`]
+//! decides in the same Redis, so ten instances enforce one limit, not ten.
+//!
+//! # How a decision runs
+//!
+//! **One script, one round trip, atomic.** Each algorithm is one Lua file
+//! (`scripts/fixed_window.lua`, `sliding_log.lua`, `token_bucket.lua`,
+//! `sliding_window.lua`), loaded with `include_str!`. Each defines the same
+//! steps as its Rust reference in [`algorithm`](crate::quota::algorithm):
+//! load, check (cleanup + decide), record, adjust, save. `driver.lua` runs
+//! them for every policy of the quota: it checks all policies, records in
+//! the ones that admitted only if no enforcing policy refused, and writes
+//! back. The store sends the concatenation of these files by `EVALSHA`
+//! (loading it on `NOSCRIPT`), so one decision is one round trip and Redis
+//! runs it atomically: no other command sees a half-made decision. A refusal
+//! consumes nothing. The scripts are compared decision for decision with the
+//! Rust state machines by the differential tests.
+//!
+//! **Keys.** Policy `p` (algorithm `a`) of quota `q` for key `k` lives in
+//! `prefix:{q:k}:p:a`. Every key of one decision shares the hash tag
+//! `{q:k}`, so Redis Cluster puts them on one slot and never answers
+//! `CROSSSLOT`; a single-policy quota touches exactly one key. The algorithm
+//! code in the name keeps a changed algorithm from reading the old one's
+//! state. Every write sets the key's expiry (`PEXPIRE`, rounded up to the
+//! millisecond) to the moment its state becomes equivalent to fresh, and a
+//! state that is already fresh is deleted: no key lives forever.
+//!
+//! | algorithm | key holds |
+//! |---|---|
+//! | fixed window | hash `{k, c}`: window index, count |
+//! | sliding log | sorted set of `"<t>:<i>:<cost>"` scored by `t` (µs), `i` numbering identical times; member `total` |
+//! | token bucket | string: GCRA theoretical arrival time in µs |
+//! | weighted window | **one** hash `{k, c, p}`: window index, current and previous counts |
+//!
+//! **Time** is the Redis server's `TIME`, read inside the script, in
+//! microseconds: one clock for the whole fleet. State never moves
+//! backwards (`max(state, now)`), so a server clock stepped back inflates
+//! nothing. All arithmetic is on integers below 2^53, exact in Lua's
+//! doubles; the weighted window's products are computed exactly in limbs.
+//! Because of that bound the store refuses (with
+//! [`StoreError::Unavailable`]) a policy whose limit or capacity exceeds
+//! 2^45, or a token bucket whose `capacity × interval` exceeds 2^52 µs.
+//!
+//! # Deadline and errors
+//!
+//! Every call has a deadline ([`RedisStoreBuilder::deadline`], 50 ms by
+//! default), enforced by the store with a tokio timer around the whole call.
+//! The redis crate's own response timeout is off on single-server
+//! connections; on a cluster it is only a backstop far above the deadline.
+//! The store keeps its own connection slot (see below) so it knows whether a
+//! failed call had been sent:
+//!
+//! | what happened | error | consumed? |
+//! |---|---|---|
+//! | no connection, connection refused, still connecting at the deadline, reconnect backoff | [`StoreError::Unavailable`] | no, nothing was sent |
+//! | Redis answered with an error (script error, `BUSY`, `OOM`, `LOADING`, ...) | [`StoreError::Unavailable`] | no, the script writes only after all checks |
+//! | deadline passed after the command was handed to a live connection | [`StoreError::Timeout`] | **unknown** |
+//! | the connection dropped after the command was handed to it | [`StoreError::Timeout`] | **unknown** (the bytes may have arrived) |
+//!
+//! An unknown outcome must be counted as consumed, never as free; the
+//! [`Limiter`](crate::quota::Limiter) does so and resolves every error by
+//! each policy's [`FailureMode`](crate::quota::FailureMode). On a cluster the
+//! client hides its own routing and reconnects, so a deadline there is always
+//! reported as [`StoreError::Timeout`], the conservative answer.
+//!
+//! **Reconnection is automatic.** A dropped connection is replaced on the
+//! next decision, with exponential backoff between failed attempts
+//! ([`RedisStoreBuilder::reconnect_backoff`]); decisions during a backoff fail
+//! at once with `Unavailable`. A connection on which calls keep timing out
+//! for [`RedisStoreBuilder::reconnect_after_stall`] is replaced too. The
+//! application never rebuilds the store.
+//!
+//! # State loss
+//!
+//! Script atomicity does not survive the loss of the data. A Redis restarted
+//! without persistence, or a failover to a replica that had not received the
+//! latest writes, **forgets recent admissions: the affected quotas reset**
+//! and clients get up to a full extra limit. Persistence (AOF with `fsync`)
+//! and `WAIT`-based replication narrow the window; nothing here closes it.
+//! The fault tests show the reset.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use tower_admission::quota::{Limiter, Policy, Quota, RedisStore};
+//! use std::{sync::Arc, time::Duration};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = RedisStore::builder("redis://127.0.0.1:6379/")
+//!     .prefix("myapp")
+//!     .deadline(Duration::from_millis(30))
+//!     .build()?;
+//! let quota = Quota::new("api", [
+//!     Policy::sliding_log("per-minute", 100, Duration::from_secs(60))?,
+//!     Policy::token_bucket("burst", 20, 100, Duration::from_secs(60))?,
+//! ])?;
+//! let limiter = Limiter::new(store);
+//! let alice: Arc<str> = "alice".into();
+//! let verdict = limiter.check(&quota, &alice, 1).await;
+//! println!("admitted: {}", verdict.admitted);
+//! # Ok(())
+//! # }
+//! ```
+
+mod connection;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::{ErrorKind, RedisError, Script};
+use tokio::time::Instant;
+
+use self::connection::{Conn, Connector, Lease, Target, Timing};
+use crate::clock::{Clock, ManualClock};
+use crate::quota::algorithm::Algorithm;
+use crate::quota::{Decision, Quota, QuotaDecision, Store, StoreError};
+use crate::ConfigError;
+
+const COMMON: &str = include_str!("scripts/common.lua");
+const CLOCK_REDIS: &str = include_str!("scripts/clock_redis.lua");
+const CLOCK_INJECTED: &str = include_str!("scripts/clock_injected.lua");
+const FIXED_WINDOW: &str = include_str!("scripts/fixed_window.lua");
+const SLIDING_LOG: &str = include_str!("scripts/sliding_log.lua");
+const TOKEN_BUCKET: &str = include_str!("scripts/token_bucket.lua");
+const SLIDING_WINDOW: &str = include_str!("scripts/sliding_window.lua");
+const DRIVER: &str = include_str!("scripts/driver.lua");
+
+/// Largest limit or capacity the scripts handle exactly.
+const MAX_LIMIT: u64 = 1 << 45;
+/// Largest token bucket `capacity * interval` in µs the scripts handle exactly.
+const MAX_BUCKET_SPAN: u64 = 1 << 52;
+
+/// The full decision script: a clock, helpers, the four algorithms, the driver.
+///
+/// `injected_clock` selects the test-only clock that reads the time from
+/// `ARGV[3]`; production scripts read Redis `TIME` and ignore `ARGV[3]`.
+fn script_source(injected_clock: bool) -> String {
+    let clock = if injected_clock {
+        CLOCK_INJECTED
+    } else {
+        CLOCK_REDIS
+    };
+    [
+        clock,
+        COMMON,
+        FIXED_WINDOW,
+        SLIDING_LOG,
+        TOKEN_BUCKET,
+        SLIDING_WINDOW,
+        DRIVER,
+    ]
+    .join("\n")
+}
+
+/// A [`Store`] in Redis or Redis Cluster: one atomic Lua decision per call,
+/// in Redis time, with a deadline. See the [module docs](self).
+///
+/// Clones share the connection and settings.
+#[derive(Debug, Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    prefix: Box<str>,
+    deadline: Duration,
+    script: Script,
+    clock: Option<ManualClock>,
+    cluster: bool,
+    connector: Connector,
+}
+
+/// Settings for a [`RedisStore`]; [`build`](Self::build) checks them.
+#[derive(Debug, Clone)]
+pub struct RedisStoreBuilder {
+    nodes: Vec<String>,
+    cluster: bool,
+    prefix: String,
+    deadline: Duration,
+    connect_timeout: Duration,
+    backoff: (Duration, Duration),
+    stall_reset: Duration,
+    clock: Option<ManualClock>,
+}
+
+impl RedisStore {
+    /// Settings for a store on one Redis server, e.g. `redis://127.0.0.1:6379/`.
+    pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
+        RedisStoreBuilder::new(vec![url.into()], false)
+    }
+
+    /// Settings for a store on a Redis Cluster, from one or more of its nodes.
+    pub fn cluster_builder<I, S>(nodes: I) -> RedisStoreBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        RedisStoreBuilder::new(nodes.into_iter().map(Into::into).collect(), true)
+    }
+
+    /// The per-decision deadline.
+    pub fn deadline(&self) -> Duration {
+        self.inner.deadline
+    }
+
+    /// The key prefix.
+    pub fn prefix(&self) -> &str {
+        &self.inner.prefix
+    }
+
+    /// True when built for a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        self.inner.cluster
+    }
+
+    /// The SHA-1 of the decision script, as sent with `EVALSHA`.
+    pub fn script_sha(&self) -> &str {
+        self.inner.script.get_hash()
+    }
+
+    /// The production decision script (reading Redis `TIME`), for loading
+    /// it by hand or benchmarking it with `redis-benchmark`. Its arguments
+    /// are documented in `scripts/driver.lua`.
+    pub fn script_source() -> String {
+        script_source(false)
+    }
+
+    /// The Redis keys holding `quota`'s state for `key`, in policy order.
+    /// They share one hash tag, so they live on one cluster slot.
+    pub fn keys(&self, quota: &Quota, key: &str) -> Vec<String> {
+        quota
+            .policies()
+            .iter()
+            .map(|p| {
+                format!(
+                    "{}:{{{}:{}}}:{}:{}",
+                    self.inner.prefix,
+                    quota.name(),
+                    key,
+                    p.name(),
+                    code(p.algorithm())
+                )
+            })
+            .collect()
+    }
+
+    /// Runs one script call under the deadline; see the module docs for how
+    /// errors are classified.
+    async fn call(
+        &self,
+        quota: &Quota,
+        key: &str,
+        op: &str,
+        amount: String,
+    ) -> Result<Vec<i64>, StoreError> {
+        let deadline = Instant::now() + self.inner.deadline;
+        if let Err(message) = representable(quota) {
+            tracing::warn!(quota = quota.name(), %message, "quota cannot be decided in redis");
+            return Err(StoreError::Unavailable { message });
+        }
+        let now = match &self.inner.clock {
+            Some(clock) => clock.now().as_micros().to_string(),
+            None => "-".to_owned(),
+        };
+        let mut invocation = self.inner.script.prepare_invoke();
+        for k in self.keys(quota, key) {
+            invocation.key(k);
+        }
+        invocation.arg(op).arg(amount).arg(now);
+        for policy in quota.policies() {
+            let (a, b) = numbers(policy.algorithm());
+            invocation
+                .arg(code(policy.algorithm()))
+                .arg(if policy.is_shadow() { "1" } else { "0" })
+                .arg(a)
+                .arg(b);
+        }
+        let lease = match self.inner.connector.acquire(deadline).await {
+            Ok(lease) => lease,
+            Err(error) => {
+                tracing::warn!(quota = quota.name(), %error, "redis store unavailable");
+                return Err(error);
+            }
+        };
+        let mut conn: Conn = lease.conn.clone();
+        let result = tokio::time::timeout_at(deadline, conn.invoke(&invocation)).await;
+        match result {
+            Ok(Ok(reply)) => {
+                self.inner.connector.answered(&lease);
+                Ok(reply)
+            }
+            Ok(Err(error)) => {
+                let error = self.classify(&error, &lease);
+                tracing::warn!(quota = quota.name(), %error, unknown_outcome = error.outcome_unknown(), "redis store call failed");
+                Err(error)
+            }
+            Err(_) => {
+                self.inner.connector.timed_out(&lease);
+                tracing::warn!(
+                    quota = quota.name(),
+                    deadline = ?self.inner.deadline,
+                    unknown_outcome = true,
+                    "redis store deadline passed after sending"
+                );
+                Err(StoreError::Timeout)
+            }
+        }
+    }
+
+    /// Maps an error from a call that was handed to a live connection.
+    fn classify(&self, error: &RedisError, lease: &Lease) -> StoreError {
+        let unavailable = || StoreError::Unavailable {
+            message: error.to_string(),
+        };
+        if error.is_connection_refusal() {
+            // Nothing was sent (a cluster node refusing a new connection).
+            return unavailable();
+        }
+        if error.code().is_some() {
+            // Redis answered with an error: the script did not run or stopped
+            // before writing.
+            return unavailable();
+        }
+        if error.is_io_error() || error.is_connection_dropped() || error.is_unrecoverable_error() {
+            // The connection died with the command on it: it may have run.
+            self.inner
+                .connector
+                .broken(lease, "connection dropped during a call");
+            return StoreError::Timeout;
+        }
+        match error.kind() {
+            ErrorKind::Client
+            | ErrorKind::InvalidClientConfig
+            | ErrorKind::ClusterConnectionNotFound => unavailable(),
+            // An answer that could not be read, or a crate timeout: the
+            // script may have recorded the admission.
+            _ => StoreError::Timeout,
+        }
+    }
+}
+
+impl RedisStoreBuilder {
+    fn new(nodes: Vec<String>, cluster: bool) -> Self {
+        RedisStoreBuilder {
+            nodes,
+            cluster,
+            prefix: "admission".to_owned(),
+            deadline: Duration::from_millis(50),
+            connect_timeout: Duration::from_secs(1),
+            backoff: (Duration::from_millis(10), Duration::from_secs(1)),
+            stall_reset: Duration::from_secs(1),
+            clock: None,
+        }
+    }
+
+    /// The key prefix, default `admission`: 1 to 64 characters of
+    /// `[A-Za-z0-9._:-]` (no braces, which would change the hash tag).
+    pub fn prefix(mut self, prefix: &str) -> Self {
+        prefix.clone_into(&mut self.prefix);
+        self
+    }
+
+    /// The deadline of each decision, default 50 ms. A call still unanswered
+    /// at the deadline fails with [`StoreError::Timeout`] (or
+    /// [`StoreError::Unavailable`] if it was never sent).
+    pub fn deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = deadline;
+        self
+    }
+
+    /// How long one connection attempt may take, default 1 s. Attempts run in
+    /// the background; a decision waits for one only until its deadline.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// The wait between failed connection attempts: `min`, doubling up to
+    /// `max`. Default 10 ms to 1 s. Zero retries on every decision.
+    pub fn reconnect_backoff(mut self, min: Duration, max: Duration) -> Self {
+        self.backoff = (min, max);
+        self
+    }
+
+    /// Replace a connection on which calls have kept timing out for this
+    /// long, default 1 s.
+    pub fn reconnect_after_stall(mut self, after: Duration) -> Self {
+        self.stall_reset = after;
+        self
+    }
+
+    /// **Test only.** Reads the time from `clock` and injects it into a
+    /// separate test script instead of using Redis `TIME`, so tests can set
+    /// the time exactly. Never use it in production: every instance would
+    /// trust its own clock.
+    #[doc(hidden)]
+    pub fn test_clock(mut self, clock: ManualClock) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// Checks the settings and creates the store. No connection is made
+    /// here: the first decision connects, and a Redis that is down at start
+    /// gives [`StoreError::Unavailable`] until it is up.
+    pub fn build(self) -> Result<RedisStore, ConfigError> {
+        let prefix_ok = !self.prefix.is_empty()
+            && self.prefix.len() <= 64
+            && self
+                .prefix
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'));
+        if !prefix_ok {
+            return Err(ConfigError::new(
+                "prefix",
+                format!(
+                    "{:?} must be 1 to 64 characters of [A-Za-z0-9._:-]",
+                    self.prefix
+                ),
+            ));
+        }
+        if self.deadline.is_zero() {
+            return Err(ConfigError::new("deadline", "must be more than zero"));
+        }
+        if self.connect_timeout.is_zero() {
+            return Err(ConfigError::new(
+                "connect_timeout",
+                "must be more than zero",
+            ));
+        }
+        if self.backoff.0 > self.backoff.1 {
+            return Err(ConfigError::new(
+                "reconnect_backoff",
+                "min must not be more than max",
+            ));
+        }
+        if self.nodes.is_empty() {
+            return Err(ConfigError::new(
+                "nodes",
+                "a cluster needs at least one node",
+            ));
+        }
+        let bad_url = |e: RedisError| ConfigError::new("url", e.to_string());
+        let target = if self.cluster {
+            // The cluster client's response timeout is only a backstop that
+            // frees requests stuck on a dead node; the deadline bounds us.
+            let backstop = (self.deadline * 20).max(Duration::from_secs(1));
+            let client =
+                redis::cluster::ClusterClientBuilder::new(self.nodes.iter().map(String::as_str))
+                    .connection_timeout(self.connect_timeout)
+                    .response_timeout(backstop)
+                    .retries(3)
+                    .build()
+                    .map_err(bad_url)?;
+            Target::Cluster(client)
+        } else {
+            Target::Single(redis::Client::open(self.nodes[0].as_str()).map_err(bad_url)?)
+        };
+        let timing = Timing {
+            connect_timeout: self.connect_timeout,
+            backoff_min: self.backoff.0,
+            backoff_max: self.backoff.1,
+            stall_reset: self.stall_reset,
+        };
+        Ok(RedisStore {
+            inner: Arc::new(Inner {
+                prefix: self.prefix.into(),
+                deadline: self.deadline,
+                script: Script::new(&script_source(self.clock.is_some())),
+                clock: self.clock,
+                cluster: self.cluster,
+                connector: Connector::new(target, timing),
+            }),
+        })
+    }
+}
+
+/// The algorithm's code in scripts and key names.
+fn code(algorithm: &Algorithm) -> &'static str {
+    match algorithm {
+        Algorithm::FixedWindow(_) => "fw",
+        Algorithm::SlidingLog(_) => "sl",
+        Algorithm::TokenBucket(_) => "tb",
+        Algorithm::SlidingWindow(_) => "sw",
+    }
+}
+
+/// The two numbers a script needs: limit (or capacity) and window (or
+/// refill interval), in µs.
+fn numbers(algorithm: &Algorithm) -> (u64, u64) {
+    match algorithm {
+        Algorithm::FixedWindow(a) => (a.limit, a.window),
+        Algorithm::SlidingLog(a) => (a.limit, a.window),
+        Algorithm::TokenBucket(a) => (a.capacity, a.interval),
+        Algorithm::SlidingWindow(a) => (a.limit, a.window),
+    }
+}
+
+/// Checks that every number of `quota` stays exact in Lua's doubles.
+fn representable(quota: &Quota) -> Result<(), String> {
+    for policy in quota.policies() {
+        let (limit, b) = numbers(policy.algorithm());
+        if limit > MAX_LIMIT || b > MAX_LIMIT {
+            return Err(format!(
+                "policy {:?}: limit and window must be at most 2^45 for the redis store",
+                policy.name()
+            ));
+        }
+        if matches!(policy.algorithm(), Algorithm::TokenBucket(_))
+            && limit.saturating_mul(b) > MAX_BUCKET_SPAN
+        {
+            return Err(format!(
+                "policy {:?}: capacity × refill interval must be at most 2^52 µs for the redis store",
+                policy.name()
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn micros(v: i64) -> Duration {
+    Duration::from_micros(u64::try_from(v).unwrap_or(0))
+}
+
+/// Turns the script's reply into a decision per policy.
+fn decode(quota: &Quota, reply: &[i64]) -> Result<QuotaDecision, StoreError> {
+    let policies = quota.policies();
+    if reply.len() != 1 + 4 * policies.len() {
+        // The script ran (it answered) but the answer is unreadable: the
+        // outcome is unknown, so it is counted as consumed.
+        tracing::warn!(
+            quota = quota.name(),
+            len = reply.len(),
+            "unexpected redis script reply"
+        );
+        return Err(StoreError::Timeout);
+    }
+    let decisions = policies
+        .iter()
+        .zip(reply[1..].chunks_exact(4))
+        .map(|(policy, r)| {
+            (
+                policy.name_arc().clone(),
+                Decision {
+                    admitted: r[0] == 1,
+                    limit: policy.algorithm().limit(),
+                    remaining: u64::try_from(r[1]).unwrap_or(0),
+                    retry_after: (r[2] >= 0).then(|| micros(r[2])),
+                    reset: micros(r[3]),
+                },
+            )
+        })
+        .collect();
+    Ok(QuotaDecision {
+        admitted: reply[0] == 1,
+        decisions,
+    })
+}
+
+impl Store for RedisStore {
+    fn decide(
+        &self,
+        quota: &Quota,
+        key: &Arc<str>,
+        cost: u64,
+    ) -> impl Future<Output = Result<QuotaDecision, StoreError>> + Send {
+        let store = self.clone();
+        let quota = quota.clone();
+        let key = key.clone();
+        async move {
+            let reply = store.call(&quota, &key, "d", cost.to_string()).await?;
+            decode(&quota, &reply)
+        }
+    }
+
+    fn adjust(
+        &self,
+        quota: &Quota,
+        key: &Arc<str>,
+        delta: i64,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let store = self.clone();
+        let quota = quota.clone();
+        let key = key.clone();
+        async move {
+            store.call(&quota, &key, "a", delta.to_string()).await?;
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quota::Policy;
+
+    #[test]
+    fn builder_names_the_bad_field() {
+        let err = RedisStore::builder("redis://127.0.0.1:1/")
+            .prefix("a{b}")
+            .build()
+            .unwrap_err();
+        assert_eq!(err.field(), "prefix");
+        let err = RedisStore::builder("redis://127.0.0.1:1/")
+            .deadline(Duration::ZERO)
+            .build()
+            .unwrap_err();
+        assert_eq!(err.field(), "deadline");
+        let err = RedisStore::builder("not a url").build().unwrap_err();
+        assert_eq!(err.field(), "url");
+        let err = RedisStore::builder("redis://127.0.0.1:1/")
+            .reconnect_backoff(Duration::from_secs(2), Duration::from_secs(1))
+            .build()
+            .unwrap_err();
+        assert_eq!(err.field(), "reconnect_backoff");
+        let err = RedisStore::cluster_builder(Vec::<String>::new())
+            .build()
+            .unwrap_err();
+        assert_eq!(err.field(), "nodes");
+    }
+
+    #[test]
+    fn keys_share_one_hash_tag() {
+        let store = RedisStore::builder("redis://127.0.0.1:1/")
+            .prefix("app")
+            .build()
+            .unwrap();
+        let quota = Quota::new(
+            "free",
+            [
+                Policy::sliding_log("per-minute", 100, Duration::from_secs(60)).unwrap(),
+                Policy::token_bucket("burst", 20, 100, Duration::from_secs(60)).unwrap(),
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            store.keys(&quota, "alice"),
+            [
+                "app:{free:alice}:per-minute:sl",
+                "app:{free:alice}:burst:tb"
+            ]
+        );
+    }
+
+    #[test]
+    fn production_and_test_scripts_differ_only_by_clock() {
+        let production = script_source(false);
+        let test = script_source(true);
+        assert!(production.contains("redis.call('TIME')"));
+        assert!(!production.contains("ARGV[3])"));
+        assert!(test.contains("tonumber(ARGV[3])"));
+        assert_eq!(
+            production.replace(CLOCK_REDIS, ""),
+            test.replace(CLOCK_INJECTED, "")
+        );
+    }
+
+    #[test]
+    fn numbers_beyond_double_precision_are_refused() {
+        let big = Quota::new(
+            "q",
+            [Policy::fixed_window("p", (1 << 45) + 1, Duration::from_secs(1)).unwrap()],
+        )
+        .unwrap();
+        assert!(representable(&big).is_err());
+        let fine = Quota::new(
+            "q",
+            [Policy::fixed_window("p", 1 << 45, Duration::from_secs(1)).unwrap()],
+        )
+        .unwrap();
+        assert_eq!(representable(&fine), Ok(()));
+    }
+}

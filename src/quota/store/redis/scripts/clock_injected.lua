@@ -1,0 +1,14 @@
+-- tower-admission: TEST-ONLY clock. The time is ARGV[3], injected by a store
+-- built with a test clock. A production store never loads this file: it runs
+-- a different script (a different SHA) built with clock_redis.lua.
+--
+-- An injected clock stands still while Redis's expiry clock runs, so a key
+-- due to expire 1 ms after the injected time would vanish during the test.
+-- Test keys therefore live one hour longer than their state matters.
+-- Expiry never changes a decision (each algorithm cleans up by itself); the
+-- production expiry is checked against TIME by the TTL test.
+local EXPIRY_PAD_MS = 3600000
+
+local function clock_now()
+  return tonumber(ARGV[3])
+end
