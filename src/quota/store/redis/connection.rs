@@ -35,7 +35,7 @@ use crate::quota::StoreError;
 /// Where to connect.
 pub(super) enum Target {
     Single(redis::Client),
-    Cluster(redis::cluster::ClusterClient),
+    Cluster(Box<redis::cluster::ClusterClient>),
 }
 
 /// A live connection: cheap to clone, clones share the socket(s).

@@ -455,7 +455,7 @@ impl RedisStoreBuilder {
                     .retries(3)
                     .build()
                     .map_err(bad_url)?;
-            Target::Cluster(client)
+            Target::Cluster(Box::new(client))
         } else {
             Target::Single(redis::Client::open(self.nodes[0].as_str()).map_err(bad_url)?)
         };

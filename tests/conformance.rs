@@ -1,0 +1,396 @@
+//! The store conformance suite: every case is written once, generic over
+//! [`Store`], and run against
+//!
+//! - `MemoryStore` on a `ManualClock`,
+//! - `RedisStore` on one `redis-server` started by the test,
+//! - `RedisStore` on a 3-master Redis Cluster started by the test
+//!   (`redis-cli --cluster create`), all cases in one test so the cluster is
+//!   created once.
+//!
+//! Time is a `ManualClock`; Redis stores get it through the test-only injected
+//! clock, so every number below is exact. Requires `redis-server` and
+//! `redis-cli` (the tests fail, never skip, without them).
+#![cfg(feature = "redis")]
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tower_admission::clock::{ManualClock, Timestamp};
+use tower_admission::quota::{MemoryConfig, MemoryStore, Policy, Quota, Store};
+
+/// 2024-01-01T12:00:00Z, the start of a minute.
+const NOON: u64 = 1_704_110_400_000;
+const MIN: Duration = Duration::from_secs(60);
+
+/// A store, its clock, and a tag that keeps each case's keys apart.
+struct Ctx<'a, S> {
+    store: &'a S,
+    clock: &'a ManualClock,
+    tag: &'static str,
+}
+
+impl<S: Store> Ctx<'_, S> {
+    fn key(&self, name: &str) -> Arc<str> {
+        format!("{}-{name}", self.tag).into()
+    }
+
+    fn at_ms(&self, ms: u64) {
+        self.clock.set(Timestamp::from_millis(ms));
+    }
+
+    async fn admitted(&self, quota: &Quota, key: &Arc<str>, cost: u64, n: u64) -> u64 {
+        let mut admitted = 0;
+        for _ in 0..n {
+            if self.decide(quota, key, cost).await.admitted {
+                admitted += 1;
+            }
+        }
+        admitted
+    }
+
+    async fn decide(
+        &self,
+        quota: &Quota,
+        key: &Arc<str>,
+        cost: u64,
+    ) -> tower_admission::quota::QuotaDecision {
+        self.store
+            .decide(quota, key, cost)
+            .await
+            .expect("store decision")
+    }
+}
+
+fn quota(policy: Policy) -> Quota {
+    Quota::new("q", [policy]).unwrap()
+}
+
+/// The four algorithms, each at `limit` per minute (the bucket refills one
+/// token per hour, so it barely refills during a case).
+fn all_algorithms(limit: u64) -> Vec<Quota> {
+    vec![
+        quota(Policy::fixed_window("fw", limit, MIN).unwrap()),
+        quota(Policy::sliding_log("sl", limit, MIN).unwrap()),
+        quota(Policy::token_bucket("tb", limit, 1, Duration::from_secs(3600)).unwrap()),
+        quota(Policy::sliding_window("sw", limit, MIN).unwrap()),
+    ]
+}
+
+async fn fixed_window_boundary_admits_200<S: Store>(c: Ctx<'_, S>) {
+    let q = quota(Policy::fixed_window("per-minute", 100, MIN).unwrap());
+    let k = c.key("fw");
+    c.at_ms(NOON + 59_999);
+    assert_eq!(c.admitted(&q, &k, 1, 100).await, 100);
+    c.at_ms(NOON + 60_000);
+    assert_eq!(c.admitted(&q, &k, 1, 100).await, 100);
+    // 200 in 1 ms: the documented weakness. The next one is refused.
+    assert_eq!(c.admitted(&q, &k, 1, 1).await, 0);
+}
+
+async fn sliding_log_boundary_admits_100<S: Store>(c: Ctx<'_, S>) {
+    let q = quota(Policy::sliding_log("per-minute", 100, MIN).unwrap());
+    let k = c.key("sl");
+    c.at_ms(NOON + 59_999);
+    assert_eq!(c.admitted(&q, &k, 1, 100).await, 100);
+    c.at_ms(NOON + 60_000);
+    assert_eq!(c.admitted(&q, &k, 1, 100).await, 0);
+    let refused = c.decide(&q, &k, 1).await;
+    assert_eq!(refused.retry_after(), Some(Duration::from_millis(59_999)));
+    // When the first 100 leave the window, exactly 100 more fit.
+    c.at_ms(NOON + 59_999 + 60_000);
+    assert_eq!(c.admitted(&q, &k, 1, 150).await, 100);
+}
+
+async fn sliding_log_identical_timestamps_are_distinct<S: Store>(c: Ctx<'_, S>) {
+    let q = quota(Policy::sliding_log("per-minute", 5, MIN).unwrap());
+    let k = c.key("same-time");
+    c.at_ms(NOON);
+    for left in (0..5).rev() {
+        let d = c.decide(&q, &k, 1).await;
+        assert!(d.admitted);
+        assert_eq!(d.decisions[0].1.remaining, left);
+    }
+    let refused = c.decide(&q, &k, 1).await;
+    assert!(!refused.admitted);
+    assert_eq!(refused.retry_after(), Some(MIN));
+    // All five entries share one timestamp and leave together.
+    c.at_ms(NOON + 59_999);
+    assert_eq!(c.admitted(&q, &k, 1, 1).await, 0);
+    c.at_ms(NOON + 60_000);
+    assert_eq!(c.admitted(&q, &k, 1, 10).await, 5);
+}
+
+async fn token_bucket_admits_23_in_2s_and_120_in_60s<S: Store>(c: Ctx<'_, S>) {
+    let q = quota(Policy::token_bucket("burst", 20, 100, MIN).unwrap());
+    for (span_ms, expected) in [(2_000, 23), (60_000, 120)] {
+        let k = c.key(&format!("tb-{span_ms}"));
+        let mut admitted = 0;
+        for ms in 0..=span_ms {
+            c.at_ms(NOON + ms);
+            if c.decide(&q, &k, 1).await.admitted {
+                admitted += 1;
+            }
+        }
+        assert_eq!(admitted, expected, "one request per ms over {span_ms} ms");
+    }
+}
+
+async fn weighted_window_exact_numbers<S: Store>(c: Ctx<'_, S>) {
+    let q = quota(Policy::sliding_window("per-minute", 100, MIN).unwrap());
+    let k = c.key("sw");
+    c.at_ms(NOON + 10_000);
+    assert_eq!(c.admitted(&q, &k, 1, 80).await, 80);
+    // 15 s into the next window the previous 80 weigh 80 * 45/60 = 60.
+    c.at_ms(NOON + 75_000);
+    let first = c.decide(&q, &k, 1).await;
+    assert!(first.admitted);
+    assert_eq!(first.decisions[0].1.remaining, 39);
+    assert_eq!(first.decisions[0].1.reset, Duration::from_secs(105));
+    assert_eq!(c.admitted(&q, &k, 1, 49).await, 39);
+    let refused = c.decide(&q, &k, 1).await;
+    assert!(!refused.admitted);
+    assert_eq!(refused.decisions[0].1.remaining, 0);
+    // 80 * (1 - 15.75/60) = 59, and 59 + 40 + 1 = 100.
+    assert_eq!(refused.retry_after(), Some(Duration::from_millis(750)));
+    c.at_ms(NOON + 75_750);
+    assert_eq!(c.admitted(&q, &k, 1, 5).await, 1);
+    // A full current window waits for the next one: 100 at 10 s, then
+    // 50 s to the boundary plus 0.6 s until 100 * (1 - e/60) <= 99.
+    let k = c.key("sw-full");
+    c.at_ms(NOON + 10_000);
+    assert_eq!(c.admitted(&q, &k, 1, 100).await, 100);
+    let refused = c.decide(&q, &k, 1).await;
+    assert_eq!(refused.retry_after(), Some(Duration::from_millis(50_600)));
+    c.at_ms(NOON + 60_599);
+    assert_eq!(c.admitted(&q, &k, 1, 1).await, 0);
+    c.at_ms(NOON + 60_600);
+    assert_eq!(c.admitted(&q, &k, 1, 5).await, 1);
+}
+
+async fn multi_policy_refusal_consumes_nothing<S: Store>(c: Ctx<'_, S>) {
+    // Bucket refuses, log would admit: the log keeps nothing of the refusals.
+    let q = Quota::new(
+        "plan",
+        [
+            Policy::sliding_log("per-minute", 100, MIN).unwrap(),
+            Policy::token_bucket("burst", 20, 100, MIN).unwrap(),
+        ],
+    )
+    .unwrap();
+    let k = c.key("bucket-refuses");
+    c.at_ms(NOON);
+    assert_eq!(c.admitted(&q, &k, 1, 25).await, 20);
+    let refused = c.decide(&q, &k, 1).await;
+    assert!(!refused.admitted);
+    assert!(refused.decisions[0].1.admitted);
+    assert!(!refused.decisions[1].1.admitted);
+    assert_eq!(refused.retry_after(), Some(Duration::from_millis(600)));
+    c.at_ms(NOON + 600);
+    let next = c.decide(&q, &k, 1).await;
+    assert!(next.admitted);
+    // 21 admitted in the log: the 6 refusals took nothing from it.
+    assert_eq!(next.decisions[0].1.remaining, 79);
+    assert_eq!(next.decisions[1].1.remaining, 0);
+
+    // Log refuses, bucket would admit: the bucket keeps nothing.
+    let q = Quota::new(
+        "plan2",
+        [
+            Policy::sliding_log("per-minute", 3, MIN).unwrap(),
+            Policy::token_bucket("burst", 20, 1, Duration::from_secs(3600)).unwrap(),
+        ],
+    )
+    .unwrap();
+    let k = c.key("log-refuses");
+    c.at_ms(NOON);
+    assert_eq!(c.admitted(&q, &k, 1, 13).await, 3);
+    c.at_ms(NOON + 60_000);
+    let next = c.decide(&q, &k, 1).await;
+    assert!(next.admitted);
+    assert_eq!(next.decisions[1].1.remaining, 16);
+}
+
+async fn cost_over_capacity_is_never_admitted<S: Store>(c: Ctx<'_, S>) {
+    for q in all_algorithms(10) {
+        let k = c.key(q.policies()[0].name());
+        c.at_ms(NOON);
+        let d = c.decide(&q, &k, 11).await;
+        assert!(!d.admitted);
+        assert!(
+            d.decisions[0].1.cost_exceeds_limit(),
+            "{}",
+            q.policies()[0].name()
+        );
+        assert_eq!(d.decisions[0].1.retry_after, None);
+        assert_eq!(d.decisions[0].1.remaining, 10);
+        c.at_ms(NOON + 86_400_000);
+        assert_eq!(c.admitted(&q, &k, 11, 3).await, 0);
+        // Nothing was consumed: the full capacity is still there.
+        assert_eq!(c.admitted(&q, &k, 10, 1).await, 1);
+    }
+}
+
+async fn clock_set_backwards_inflates_nothing<S: Store>(c: Ctx<'_, S>) {
+    for q in all_algorithms(10) {
+        let name = q.policies()[0].name();
+        let k = c.key(name);
+        c.at_ms(NOON + 30_000);
+        assert_eq!(c.admitted(&q, &k, 1, 10).await, 10, "{name}");
+        for back in [NOON + 29_000, NOON - 3_600_000, NOON - 86_400_000] {
+            c.at_ms(back);
+            assert_eq!(c.admitted(&q, &k, 1, 5).await, 0, "{name} at {back}");
+        }
+        c.at_ms(NOON + 30_000);
+        assert_eq!(
+            c.admitted(&q, &k, 1, 5).await,
+            0,
+            "{name} back at the start"
+        );
+    }
+}
+
+async fn retry_after_is_exact<S: Store>(c: Ctx<'_, S>) {
+    let fw = quota(Policy::fixed_window("fw", 100, MIN).unwrap());
+    let k = c.key("fw");
+    c.at_ms(NOON + 59_999);
+    assert_eq!(c.admitted(&fw, &k, 1, 100).await, 100);
+    let d = c.decide(&fw, &k, 1).await;
+    assert_eq!(d.retry_after(), Some(Duration::from_millis(1)));
+    assert_eq!(d.decisions[0].1.reset, Duration::from_millis(1));
+
+    let sl = quota(Policy::sliding_log("sl", 100, MIN).unwrap());
+    let k = c.key("sl");
+    c.at_ms(NOON);
+    assert_eq!(c.admitted(&sl, &k, 1, 50).await, 50);
+    c.at_ms(NOON + 10_000);
+    assert_eq!(c.admitted(&sl, &k, 1, 50).await, 50);
+    c.at_ms(NOON + 20_000);
+    let d = c.decide(&sl, &k, 1).await;
+    assert_eq!(d.retry_after(), Some(Duration::from_secs(40)));
+    assert_eq!(d.decisions[0].1.reset, Duration::from_secs(50));
+    let d = c.decide(&sl, &k, 60).await;
+    assert_eq!(d.retry_after(), Some(Duration::from_secs(50)));
+
+    let tb = quota(Policy::token_bucket("tb", 20, 100, MIN).unwrap());
+    let k = c.key("tb");
+    c.at_ms(NOON);
+    assert_eq!(c.admitted(&tb, &k, 1, 20).await, 20);
+    let d = c.decide(&tb, &k, 1).await;
+    assert_eq!(d.retry_after(), Some(Duration::from_millis(600)));
+    assert_eq!(d.decisions[0].1.reset, Duration::from_secs(12));
+    c.at_ms(NOON + 100);
+    let d = c.decide(&tb, &k, 1).await;
+    assert_eq!(d.retry_after(), Some(Duration::from_millis(500)));
+    let d = c.decide(&tb, &k, 5).await;
+    assert_eq!(d.retry_after(), Some(Duration::from_millis(2_900)));
+}
+
+async fn settle_refunds_and_charges<S: Store>(c: Ctx<'_, S>) {
+    for q in all_algorithms(10) {
+        let name = q.policies()[0].name();
+        let k = c.key(name);
+        c.at_ms(NOON + 1_000);
+        assert_eq!(c.admitted(&q, &k, 6, 1).await, 1, "{name}");
+        c.store.adjust(&q, &k, -4).await.unwrap();
+        // 2 held, 8 left.
+        assert_eq!(c.admitted(&q, &k, 9, 1).await, 0, "{name}");
+        assert_eq!(c.admitted(&q, &k, 8, 1).await, 1, "{name}");
+        c.store.adjust(&q, &k, -3).await.unwrap();
+        c.store.adjust(&q, &k, 1_000).await.unwrap();
+        // A charge never drives a policy past empty, and it is empty now.
+        assert_eq!(c.admitted(&q, &k, 1, 1).await, 0, "{name}");
+    }
+}
+
+async fn exactly_limit_of_1000_concurrent<S: Store>(c: Ctx<'_, S>) {
+    c.at_ms(NOON + 5_000);
+    for q in all_algorithms(100) {
+        let k = c.key(q.policies()[0].name());
+        let tasks: Vec<_> = (0..1000)
+            .map(|_| {
+                let store = c.store.clone();
+                let (q, k) = (q.clone(), k.clone());
+                tokio::spawn(async move { store.decide(&q, &k, 1).await.unwrap().admitted })
+            })
+            .collect();
+        let mut admitted = 0;
+        for task in tasks {
+            if task.await.unwrap() {
+                admitted += 1;
+            }
+        }
+        assert_eq!(admitted, 100, "{}", q.policies()[0].name());
+    }
+}
+
+fn memory_store(clock: &ManualClock) -> MemoryStore<ManualClock> {
+    MemoryStore::with_config(MemoryConfig::default(), clock.clone())
+}
+
+fn redis_store(url: String, clock: &ManualClock) -> tower_admission::quota::RedisStore {
+    // A long deadline: these cases test semantics, not latency, on a busy CI box.
+    tower_admission::quota::RedisStore::builder(url)
+        .test_clock(clock.clone())
+        .deadline(Duration::from_secs(10))
+        .build()
+        .unwrap()
+}
+
+macro_rules! suite {
+    ($($case:ident),* $(,)?) => {
+        mod memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let clock = tower_admission::clock::ManualClock::default();
+                    let store = super::memory_store(&clock);
+                    super::$case(super::Ctx { store: &store, clock: &clock, tag: stringify!($case) }).await;
+                }
+            )*
+        }
+
+        mod redis_single {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let server = crate::support::RedisServer::start();
+                    let clock = tower_admission::clock::ManualClock::default();
+                    let store = super::redis_store(server.url(), &clock);
+                    super::$case(super::Ctx { store: &store, clock: &clock, tag: stringify!($case) }).await;
+                }
+            )*
+        }
+
+        /// Every case on one 3-master cluster, created once.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn redis_cluster_every_case() {
+            let cluster = support::RedisCluster::start();
+            let clock = ManualClock::default();
+            let store = tower_admission::quota::RedisStore::cluster_builder(cluster.urls())
+                .test_clock(clock.clone())
+                .deadline(Duration::from_secs(10))
+                .build()
+                .unwrap();
+            $(
+                eprintln!("cluster case {}", stringify!($case));
+                $case(Ctx { store: &store, clock: &clock, tag: stringify!($case) }).await;
+            )*
+        }
+    };
+}
+
+suite!(
+    fixed_window_boundary_admits_200,
+    sliding_log_boundary_admits_100,
+    sliding_log_identical_timestamps_are_distinct,
+    token_bucket_admits_23_in_2s_and_120_in_60s,
+    weighted_window_exact_numbers,
+    multi_policy_refusal_consumes_nothing,
+    cost_over_capacity_is_never_admitted,
+    clock_set_backwards_inflates_nothing,
+    retry_after_is_exact,
+    settle_refunds_and_charges,
+    exactly_limit_of_1000_concurrent,
+);
