@@ -1,0 +1,432 @@
+//! The quota layer through axum: keys, cost, settlement, headers and
+//! Retry-After, on a manual clock.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use axum::routing::get;
+use axum::{Extension, Router};
+use http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use tower::ServiceExt;
+use tower_admission::bounds::{QueryRules, ValidateQueryLayer, ValidatedQuery};
+use tower_admission::clock::{ManualClock, Timestamp};
+use tower_admission::identity::{ClientIp, ClientIpLayer, Identity, TrustedProxies};
+use tower_admission::quota::{
+    MemoryConfig, MemoryStore, Policy, Quota, QuotaLayer, Scope, Settlement,
+};
+use tower_admission::reject::{retry_after_secs, Rejection};
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+fn store(clock: &ManualClock) -> MemoryStore<ManualClock> {
+    MemoryStore::with_config(MemoryConfig::default(), clock.clone())
+}
+
+fn request(identity: Option<Identity>, uri: &str) -> Request<Body> {
+    let mut req = Request::builder().uri(uri).body(Body::empty()).unwrap();
+    if let Some(id) = identity {
+        req.extensions_mut().insert(id);
+    }
+    req
+}
+
+#[tokio::test]
+async fn retry_after_on_every_refusal_is_the_exact_wait_rounded_up() {
+    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let quota = Quota::new(
+        "free",
+        [
+            Policy::sliding_log("per-minute", 100, MINUTE).unwrap(),
+            Policy::token_bucket("burst", 20, 100, MINUTE).unwrap(),
+        ],
+    )
+    .unwrap();
+    let layer = QuotaLayer::builder(store(&clock))
+        .quota(quota.clone())
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    let alice = Identity::new("alice", "acme", "free");
+    // The oracle: the pure state machines, replayed beside the layer.
+    let mut model: Vec<_> = quota
+        .policies()
+        .iter()
+        .map(|p| p.algorithm().fresh_state())
+        .collect();
+    let (mut admitted, mut refused) = (0, 0);
+    // One request every 70 ms for 61 s: a mix of bucket and log refusals.
+    for _ in 0..(61_000 / 70) {
+        let now = tower_admission::clock::Clock::now(&clock);
+        let decisions: Vec<_> = quota
+            .policies()
+            .iter()
+            .zip(model.iter_mut())
+            .map(|(p, state)| p.algorithm().check(state, now, 1))
+            .collect();
+        let expected_wait = decisions.iter().filter_map(|d| d.retry_after).max();
+        if expected_wait.is_none() {
+            for (p, state) in quota.policies().iter().zip(model.iter_mut()) {
+                p.algorithm().record(state, now, 1);
+            }
+        }
+        let response = app
+            .clone()
+            .oneshot(request(Some(alice.clone()), "/"))
+            .await
+            .unwrap();
+        match (response.status(), expected_wait) {
+            (StatusCode::OK, None) => admitted += 1,
+            (StatusCode::TOO_MANY_REQUESTS, Some(wait)) => {
+                refused += 1;
+                let header: u64 = response.headers()["retry-after"]
+                    .to_str()
+                    .unwrap()
+                    .parse()
+                    .unwrap();
+                assert_eq!(header, retry_after_secs(wait));
+                assert!(header >= 1);
+                let rejection = response.extensions().get::<Rejection>().unwrap();
+                assert_eq!(rejection.retry_after(), Some(wait));
+            }
+            (status, wait) => panic!("layer said {status}, oracle wait {wait:?}"),
+        }
+        clock.advance(Duration::from_millis(70));
+    }
+    // Every decision matched the oracle above; these are its totals. The log
+    // stops the first minute at 100, then its oldest entries expire from 60 s.
+    assert_eq!(admitted, 113);
+    assert_eq!(refused, 61_000 / 70 - 113);
+}
+
+#[tokio::test]
+async fn refusal_is_429_with_headers_and_problem_json() {
+    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let quota = Quota::new(
+        "q",
+        [Policy::fixed_window("per-minute", 2, MINUTE).unwrap()],
+    )
+    .unwrap();
+    let layer = QuotaLayer::builder(store(&clock))
+        .quota(quota)
+        .headers_on_success(true)
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    let alice = Identity::new("alice", "acme", "free");
+    for remaining in [1, 0] {
+        let ok = app
+            .clone()
+            .oneshot(request(Some(alice.clone()), "/"))
+            .await
+            .unwrap();
+        assert_eq!(ok.status(), StatusCode::OK);
+        assert_eq!(ok.headers()["ratelimit-policy"], "\"per-minute\";q=2;w=60");
+        assert_eq!(
+            ok.headers()["ratelimit"],
+            format!("\"per-minute\";r={remaining};t=60").as_str()
+        );
+    }
+    clock.advance(Duration::from_millis(20_500));
+    let refused = app
+        .clone()
+        .oneshot(request(Some(alice), "/"))
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.headers()["retry-after"], "40");
+    assert_eq!(refused.headers()["ratelimit"], "\"per-minute\";r=0;t=40");
+    assert_eq!(
+        refused.headers()["content-type"],
+        "application/problem+json"
+    );
+    let body = refused.into_body().collect().await.unwrap().to_bytes();
+    let doc: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(doc["status"], 429);
+    assert_eq!(doc["policies"], serde_json::json!(["per-minute"]));
+    assert_eq!(doc["retry_after"], 40);
+    assert!(doc["type"].as_str().unwrap().ends_with("#quota-exceeded"));
+}
+
+#[tokio::test]
+async fn per_identity_quota_without_identity_is_401() {
+    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let quota = Quota::new("q", [Policy::fixed_window("m", 2, MINUTE).unwrap()]).unwrap();
+    let app = Router::new().route("/", get(|| async { "ok" })).layer(
+        QuotaLayer::builder(store(&clock))
+            .quota(quota)
+            .build()
+            .unwrap(),
+    );
+    let response = app.oneshot(request(None, "/")).await.unwrap();
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test]
+async fn spoofed_identity_headers_do_not_change_the_key() {
+    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let quota = Quota::new("q", [Policy::fixed_window("m", 3, MINUTE).unwrap()]).unwrap();
+    let app = Router::new().route("/", get(|| async { "ok" })).layer(
+        QuotaLayer::builder(store(&clock))
+            .quota(quota)
+            .build()
+            .unwrap(),
+    );
+    let alice = Identity::new("alice", "acme", "free");
+    let mut statuses = Vec::new();
+    for i in 0..6 {
+        let mut req = request(Some(alice.clone()), "/");
+        req.headers_mut()
+            .insert("x-user-id", format!("someone-{i}").parse().unwrap());
+        req.headers_mut()
+            .insert("x-forwarded-for", format!("203.0.113.{i}").parse().unwrap());
+        statuses.push(app.clone().oneshot(req).await.unwrap().status().as_u16());
+    }
+    assert_eq!(statuses, [200, 200, 200, 429, 429, 429]);
+}
+
+#[tokio::test]
+async fn ip_quota_ignores_forwarded_for_from_untrusted_peers() {
+    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let quota = Quota::new("per-ip", [Policy::fixed_window("m", 3, MINUTE).unwrap()]).unwrap();
+    let by_ip = Scope::Custom(Arc::new(|parts: &http::request::Parts| {
+        parts
+            .extensions
+            .get::<ClientIp>()
+            .map(|ip| Arc::from(ip.to_string()))
+    }));
+    let layer = QuotaLayer::builder(store(&clock))
+        .quota(quota)
+        .scope(by_ip)
+        .build()
+        .unwrap();
+    let proxies = TrustedProxies::new(["10.0.0.0/8"]).unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer)
+        .layer(ClientIpLayer::new(proxies));
+    let send = |peer: &str, xff: String| {
+        let mut req = request(None, "/");
+        req.extensions_mut()
+            .insert(ConnectInfo(peer.parse::<SocketAddr>().unwrap()));
+        req.headers_mut()
+            .insert("x-forwarded-for", xff.parse().unwrap());
+        app.clone().oneshot(req)
+    };
+    // An untrusted peer inventing a new address each time is still one key.
+    let mut statuses = Vec::new();
+    for i in 0..5 {
+        statuses.push(
+            send("198.51.100.7:5000", format!("192.0.2.{i}"))
+                .await
+                .unwrap()
+                .status()
+                .as_u16(),
+        );
+    }
+    assert_eq!(statuses, [200, 200, 200, 429, 429]);
+    // Through the trusted proxy each real client has its own key; the spoofed
+    // leftmost hop is ignored.
+    let mut statuses = Vec::new();
+    for i in 0..4 {
+        statuses.push(
+            send("10.0.0.1:443", format!("6.6.6.{i}, 192.0.2.50"))
+                .await
+                .unwrap()
+                .status()
+                .as_u16(),
+        );
+    }
+    assert_eq!(statuses, [200, 200, 200, 429]);
+}
+
+#[tokio::test]
+async fn page_size_is_the_cost_and_settle_refunds_exactly() {
+    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let store = store(&clock);
+    let quota = Quota::new(
+        "rows",
+        [Policy::fixed_window("rows-per-minute", 200, MINUTE).unwrap()],
+    )
+    .unwrap();
+    let layer = QuotaLayer::builder(store.clone())
+        .quota(quota.clone())
+        .cost(|parts| {
+            parts
+                .extensions
+                .get::<ValidatedQuery>()
+                .map_or(1, |q| u64::from(q.page_size))
+        })
+        .build()
+        .unwrap();
+    let rules = QueryRules::builder().build().unwrap();
+    let app = Router::new()
+        .route(
+            "/",
+            get(
+                |q: ValidatedQuery, Extension(settlement): Extension<Settlement>| async move {
+                    assert_eq!(settlement.charged(), vec![u64::from(q.page_size)]);
+                    // Only 12 rows existed.
+                    settlement.settle(12).await.unwrap();
+                    "ok"
+                },
+            ),
+        )
+        .layer(layer)
+        .layer(ValidateQueryLayer::new(rules));
+    let alice = Identity::new("alice", "acme", "free");
+    let key: Arc<str> = "alice".into();
+    let remaining = || {
+        store.decide_now(&quota, &key, 0).unwrap().decisions[0]
+            .1
+            .remaining
+    };
+
+    let response = app
+        .clone()
+        .oneshot(request(Some(alice.clone()), "/?page_size=50"))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(remaining(), 200 - 12, "charged 50, settled to 12");
+
+    // Without settling, page_size=50 consumes exactly 50.
+    let plain = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(
+            QuotaLayer::builder(store.clone())
+                .quota(quota.clone())
+                .cost(|parts| {
+                    parts
+                        .extensions
+                        .get::<ValidatedQuery>()
+                        .map_or(1, |q| u64::from(q.page_size))
+                })
+                .build()
+                .unwrap(),
+        )
+        .layer(ValidateQueryLayer::new(
+            QueryRules::builder().build().unwrap(),
+        ));
+    plain
+        .clone()
+        .oneshot(request(Some(alice.clone()), "/?page_size=50"))
+        .await
+        .unwrap();
+    assert_eq!(remaining(), 200 - 12 - 50);
+
+    let response = plain
+        .clone()
+        .oneshot(request(Some(alice.clone()), "/?page_size=100"))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(remaining(), 38);
+
+    // A refused request over what is left consumes nothing and locks nobody out.
+    let response = plain
+        .clone()
+        .oneshot(request(Some(alice.clone()), "/?page_size=100"))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(remaining(), 38);
+    let response = plain
+        .oneshot(request(Some(alice), "/?page_size=38"))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(remaining(), 0);
+}
+
+#[tokio::test]
+async fn cost_over_capacity_is_413_without_retry_after() {
+    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let quota = Quota::new(
+        "q",
+        [Policy::token_bucket("burst", 20, 100, MINUTE).unwrap()],
+    )
+    .unwrap();
+    let app = Router::new().route("/", get(|| async { "ok" })).layer(
+        QuotaLayer::builder(store(&clock))
+            .quota(quota)
+            .cost(|parts| parts.uri.query().map_or(1, |q| q.len() as u64))
+            .build()
+            .unwrap(),
+    );
+    let alice = Identity::new("alice", "acme", "free");
+    let response = app
+        .oneshot(request(Some(alice), "/?xxxxxxxxxxxxxxxxxxxxx"))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(response.headers().get("retry-after").is_none());
+    assert!(matches!(
+        response.extensions().get::<Rejection>(),
+        Some(Rejection::CostExceedsCapacity { cost: 21, .. })
+    ));
+}
+
+#[tokio::test]
+async fn aggregate_scope_shares_one_key_and_plans_pick_limits() {
+    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let free = Quota::new("free", [Policy::fixed_window("m", 2, MINUTE).unwrap()]).unwrap();
+    let pro = Quota::new("pro", [Policy::fixed_window("m", 5, MINUTE).unwrap()]).unwrap();
+    let per_plan = Router::new().route("/", get(|| async { "ok" })).layer(
+        QuotaLayer::builder(store(&clock))
+            .quota(free.clone())
+            .plan("pro", pro)
+            .build()
+            .unwrap(),
+    );
+    let count_ok = |app: Router, id: Identity, n: usize| async move {
+        let mut ok = 0;
+        for _ in 0..n {
+            ok += usize::from(
+                app.clone()
+                    .oneshot(request(Some(id.clone()), "/"))
+                    .await
+                    .unwrap()
+                    .status()
+                    == StatusCode::OK,
+            );
+        }
+        ok
+    };
+    assert_eq!(
+        count_ok(per_plan.clone(), Identity::new("alice", "acme", "free"), 10).await,
+        2
+    );
+    assert_eq!(
+        count_ok(per_plan.clone(), Identity::new("bob", "acme", "pro"), 10).await,
+        5
+    );
+
+    let aggregate = Router::new().route("/", get(|| async { "ok" })).layer(
+        QuotaLayer::builder(store(&clock))
+            .quota(free)
+            .scope(Scope::Aggregate)
+            .build()
+            .unwrap(),
+    );
+    assert_eq!(
+        count_ok(
+            aggregate.clone(),
+            Identity::new("alice", "acme", "free"),
+            10
+        )
+        .await,
+        2
+    );
+    assert_eq!(
+        count_ok(aggregate, Identity::new("bob", "acme", "pro"), 10).await,
+        0
+    );
+}
