@@ -18,8 +18,8 @@ use proptest::prelude::*;
 use serde_json::{json, Value};
 use tower::ServiceExt;
 use tower_admission::bounds::{
-    count_batch_items, parse_batch, Batch, BatchError, BodyLimitsLayer, QueryRules, UnknownParams,
-    ValidateQueryLayer, ValidatedQuery,
+    count_batch_items, parse_batch, Batch, BatchError, BatchItemsLayer, BodyLimitsLayer, ItemCount,
+    QueryRules, UnknownParams, ValidateQueryLayer, ValidatedQuery,
 };
 use tower_admission::reject::{InvalidParameter, Rejection, SizeCap};
 
@@ -347,7 +347,7 @@ async fn each_bad_parameter_is_400_naming_it() {
         ("to=2024-05-01T00:00:00Z", "from"),
         ("cursor=", "cursor"),
         (
-            &"cursor=xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx",
+            "cursor=xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx",
             "cursor",
         ),
         ("cursor=a%20b", "cursor"),
@@ -692,4 +692,89 @@ fn counting_does_not_build_items() {
         count_batch_items(br#"{"meta":{"a":[1]},"items":[]}"#, 5),
         Ok(0)
     );
+}
+
+// ---------------------------------------------------------------- item count before the handler
+
+#[derive(Clone, Default)]
+struct Counters {
+    charged: Arc<AtomicU64>,
+    ran: Arc<AtomicU64>,
+}
+
+/// Stands in for a quota layer whose cost function reads `ItemCount`.
+async fn charge_items(
+    State(c): State<Counters>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let cost = req.extensions().get::<ItemCount>().map_or(0, |n| n.0);
+    c.charged.fetch_add(cost as u64, Ordering::SeqCst);
+    next.run(req).await
+}
+
+async fn ingest_counted(
+    State(c): State<Counters>,
+    axum::Extension(count): axum::Extension<ItemCount>,
+    batch: Batch<Item, 1000>,
+) -> String {
+    assert_eq!(count.0, batch.len());
+    for item in batch.iter() {
+        c.ran.fetch_add(item.n, Ordering::SeqCst);
+    }
+    batch.len().to_string()
+}
+
+fn counted_app(c: Counters, wire: usize, decoded: usize) -> Router {
+    Router::new()
+        .route("/batch", post(ingest_counted))
+        .layer(axum::middleware::from_fn_with_state(
+            c.clone(),
+            charge_items,
+        ))
+        .layer(BatchItemsLayer::new(NonZeroUsize::new(1000).unwrap()))
+        .layer(BodyLimitsLayer::new(wire, decoded))
+        .with_state(c)
+}
+
+#[tokio::test]
+async fn batch_items_layer_counts_before_quota_and_handler() {
+    let c = Counters::default();
+    let app = counted_app(c.clone(), MIB, MIB);
+
+    let (status, response) = post_json(&app, "/batch", items_json(1001)).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    let doc = problem(response).await;
+    assert_eq!(doc["cap"], "items");
+    assert_eq!(doc["limit"], 1000);
+    assert_eq!(c.charged.load(Ordering::SeqCst), 0);
+    assert_eq!(c.ran.load(Ordering::SeqCst), 0);
+
+    let (status, response) = post_json(&app, "/batch", "{\"items\":[1,".to_owned()).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(names(&problem(response).await), vec!["items[1]"]);
+    assert_eq!(c.charged.load(Ordering::SeqCst), 0);
+
+    let (status, response) = post_json(&app, "/batch", items_json(100)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(text(response).await, "100");
+    assert_eq!(c.charged.load(Ordering::SeqCst), 100);
+    assert_eq!(c.ran.load(Ordering::SeqCst), 100);
+}
+
+#[tokio::test]
+async fn batch_items_layer_read_error_becomes_the_byte_cap_413() {
+    let c = Counters::default();
+    let app = counted_app(c.clone(), 2 * MIB, 64 * KIB);
+    let req = Request::post("/batch")
+        .header(header::CONTENT_ENCODING, "gzip")
+        .body(Body::from(gzip(items_json(50_000).as_bytes())))
+        .unwrap();
+    let (status, response) = send(&app, req).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    let doc = problem(response).await;
+    assert_eq!(doc["cap"], "decoded-bytes");
+    assert_eq!(doc["limit"], 64 * KIB);
+    assert_eq!(c.charged.load(Ordering::SeqCst), 0);
+    assert_eq!(c.ran.load(Ordering::SeqCst), 0);
 }

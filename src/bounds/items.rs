@@ -1,13 +1,25 @@
 //! Item-count bound of a JSON batch `{"items": [...]}`.
 
 use std::cell::Cell;
+use std::error::Error as StdError;
 use std::fmt;
+use std::future::Future;
 use std::marker::PhantomData;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
 
+use bytes::Bytes;
+use http::request::Parts;
+use http::{Request, Response};
+use http_body::Body;
+use http_body_util::combinators::Collect;
+use http_body_util::{BodyExt, Either, Full};
+use pin_project_lite::pin_project;
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
+use tower::{Layer, Service};
 
-use crate::reject::{InvalidParameter, Rejection, SizeCap};
+use crate::reject::{is_grpc, InvalidParameter, Rejection, ResponseBody, SizeCap};
 
 /// Why a batch was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -213,6 +225,215 @@ impl<'de, T: Deserialize<'de>> Visitor<'de> for ItemsSeed<'_, T> {
         }
         self.at.set(At::Outside);
         Ok(out)
+    }
+}
+
+/// The item count of a batch request, inserted into the request extensions
+/// by [`BatchItems`] so that later layers (a quota's cost function) and the
+/// handler can read it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ItemCount(pub usize);
+
+/// Counts the items of a JSON batch `{"items": [...]}` before the inner
+/// service runs, refusing more than `max` with 413 (cap `items`) and bad
+/// JSON with 400. Builds [`BatchItems`].
+///
+/// Use it where the count must be known *before* the handler, for example
+/// to charge it as quota cost: place it inside [`BodyLimitsLayer`](super::BodyLimitsLayer)
+/// (which bounds the bytes it buffers) and outside the quota layers. It
+/// reads the whole (capped) body, counts items without building them
+/// ([`count_batch_items`]), inserts [`ItemCount`] and hands the same bytes
+/// on as a `Full<Bytes>` body; the handler then parses them again, for
+/// example with the `Batch` extractor. Apply it only to batch routes (axum's
+/// `route_layer` or a method router's `layer`): a request without a JSON
+/// object body is refused.
+///
+/// A body read error is answered with 400 naming `body`; when that error is
+/// a byte cap of [`BodyLimits`](super::BodyLimits), that layer replaces the
+/// answer with its 413.
+#[derive(Debug, Clone, Copy)]
+pub struct BatchItemsLayer {
+    max: usize,
+}
+
+impl BatchItemsLayer {
+    /// Refuses batches of more than `max` items.
+    pub fn new(max: std::num::NonZeroUsize) -> Self {
+        BatchItemsLayer { max: max.get() }
+    }
+}
+
+impl<S> Layer<S> for BatchItemsLayer {
+    type Service = BatchItems<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        BatchItems {
+            inner,
+            max: self.max,
+        }
+    }
+}
+
+/// Service built by [`BatchItemsLayer`]. Clones share nothing but the cap.
+#[derive(Debug, Clone)]
+pub struct BatchItems<S> {
+    inner: S,
+    max: usize,
+}
+
+impl<S> BatchItems<S> {
+    /// The wrapped service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The wrapped service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Consumes this service, returning the wrapped one.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, B, RB> Service<Request<B>> for BatchItems<S>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<RB>> + Clone,
+    B: Body,
+    B::Error: Into<Box<dyn StdError + Send + Sync>>,
+{
+    type Response = Response<ResponseBody<RB>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, B>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        // The body is read before the inner service is called: take the
+        // service that was polled ready, leave a clone.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let (parts, body) = req.into_parts();
+        ResponseFuture {
+            state: State::Reading {
+                collect: body.collect(),
+                parts: Some(parts),
+                inner: Some(inner),
+                max: self.max,
+            },
+        }
+    }
+}
+
+pin_project! {
+    /// Response future of [`BatchItems`].
+    pub struct ResponseFuture<S, B>
+    where
+        S: Service<Request<Full<Bytes>>>,
+        B: Body,
+    {
+        #[pin]
+        state: State<S, B>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<S, B>
+    where
+        S: Service<Request<Full<Bytes>>>,
+        B: Body,
+    {
+        Reading {
+            #[pin]
+            collect: Collect<B>,
+            parts: Option<Parts>,
+            inner: Option<S>,
+            max: usize,
+        },
+        Inner {
+            #[pin]
+            future: S::Future,
+        },
+        Done,
+    }
+}
+
+impl<S, B> fmt::Debug for ResponseFuture<S, B>
+where
+    S: Service<Request<Full<Bytes>>>,
+    B: Body,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match self.state {
+            State::Reading { .. } => "reading",
+            State::Inner { .. } => "inner",
+            State::Done => "done",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("state", &state)
+            .finish()
+    }
+}
+
+impl<S, B, RB> Future for ResponseFuture<S, B>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<RB>>,
+    B: Body,
+    B::Error: Into<Box<dyn StdError + Send + Sync>>,
+{
+    type Output = Result<Response<ResponseBody<RB>>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Reading {
+                    collect,
+                    parts,
+                    inner,
+                    max,
+                } => {
+                    let read = ready!(collect.poll(cx));
+                    let max = *max;
+                    let (Some(mut parts), Some(mut inner)) = (parts.take(), inner.take()) else {
+                        panic!("ResponseFuture polled after completion");
+                    };
+                    let grpc = is_grpc(&parts.headers);
+                    let counted = match read {
+                        Err(err) => Err(BatchError::Malformed(InvalidParameter::new(
+                            "body",
+                            format!("could not be read: {}", err.into()),
+                        ))),
+                        Ok(collected) => {
+                            let bytes = collected.to_bytes();
+                            count_batch_items(&bytes, max).map(|n| (n, bytes))
+                        }
+                    };
+                    match counted {
+                        Ok((n, bytes)) => {
+                            parts.extensions.insert(ItemCount(n));
+                            let future = inner.call(Request::from_parts(parts, Full::new(bytes)));
+                            this.state.set(State::Inner { future });
+                        }
+                        Err(err) => {
+                            this.state.set(State::Done);
+                            return Poll::Ready(Ok(err.into_rejection().into_layer_response(grpc)));
+                        }
+                    }
+                }
+                StateProj::Inner { future } => {
+                    let response = ready!(future.poll(cx))?;
+                    this.state.set(State::Done);
+                    return Poll::Ready(Ok(response.map(Either::Left)));
+                }
+                StateProj::Done => panic!("ResponseFuture polled after completion"),
+            }
+        }
     }
 }
 

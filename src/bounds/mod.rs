@@ -4,10 +4,14 @@
 //! # Order
 //!
 //! ```text
-//! cap wire bytes -> decompress -> cap decoded bytes -> validate query -> (quotas, handler)
-//!  \________________ BodyLimitsLayer _______________/   ValidateQueryLayer
-//!                                                        Batch<T, MAX> in the handler
+//! cap wire bytes -> decompress -> cap decoded bytes -> validate query -> count items -> quotas -> handler
+//!  \________________ BodyLimitsLayer _______________/  ValidateQueryLayer  BatchItemsLayer        Batch<T, MAX>
 //! ```
+//!
+//! [`ValidateQueryLayer`] puts a [`ValidatedQuery`] (with the page size) and
+//! [`BatchItemsLayer`] an [`ItemCount`] into the request extensions, so a
+//! quota layer after them can charge them as cost. When only the handler
+//! needs the count, the `Batch` extractor (feature `axum`) alone is enough.
 //!
 //! * **Wire bytes first.** The wire cap bounds what the server reads from the
 //!   network before any CPU is spent on it. A body with a too large
@@ -94,7 +98,9 @@ mod items;
 mod query;
 
 pub use body::{BodyLimits, BodyLimitsLayer, LimitProbe, ProbedBody};
-pub use items::{count_batch_items, parse_batch, BatchError};
+pub use items::{
+    count_batch_items, parse_batch, BatchError, BatchItems, BatchItemsLayer, ItemCount,
+};
 #[cfg(feature = "axum")]
 pub use items::{Batch, BatchRejection};
 #[cfg(feature = "axum")]
@@ -107,6 +113,7 @@ pub use query::{
 /// Response futures of this module's services.
 pub mod future {
     pub use super::body::ResponseFuture as BodyLimitsFuture;
+    pub use super::items::ResponseFuture as BatchItemsFuture;
     pub use super::query::ResponseFuture as ValidateQueryFuture;
 }
 
