@@ -154,6 +154,26 @@ async fn wire_cap_on_a_chunked_body_is_413_wire_bytes_whatever_the_handler_answe
 }
 
 #[tokio::test]
+async fn grpc_requests_get_a_grpc_status_instead_of_problem_json() {
+    let seen = Arc::new(AtomicU64::new(0));
+    let app = body_app(MIB, 8 * MIB, seen.clone());
+    let req = Request::post("/stream")
+        .header(header::CONTENT_TYPE, "application/grpc")
+        .body(chunked(2 * MIB, b'a'))
+        .unwrap();
+    let (status, response) = send(&app, req).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(response.headers()["grpc-status"], "8");
+    assert_eq!(
+        response.extensions().get::<Rejection>(),
+        Some(&Rejection::PayloadTooLarge {
+            cap: SizeCap::WireBytes,
+            limit: MIB as u64
+        })
+    );
+}
+
+#[tokio::test]
 async fn wire_cap_replaces_axum_bytes_extractor_response() {
     let seen = Arc::new(AtomicU64::new(0));
     let app = body_app(MIB, 8 * MIB, seen.clone());
