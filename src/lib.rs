@@ -1,4 +1,66 @@
-//! tower-admission
+//! Composable Tower layers for admission control.
+//!
+//! A request meets the layers in this order; each refuses with a response
+//! built in [`reject`], never an error, so stacks keep axum's `Infallible`
+//! bound:
+//!
+//! ```text
+//! authenticate -> cap wire bytes -> decompress -> cap decoded bytes -> validate page/range/items
+//!    -> per-user quotas -> aggregate quotas -> bound concurrency (queue with deadline) -> handler
+//! ```
+//!
+//! | module | layer | refuses with |
+//! |---|---|---|
+//! | [`identity`] | [`AuthenticateLayer`](identity::AuthenticateLayer), [`ClientIpLayer`](identity::ClientIpLayer) | 401 |
+//! | [`bounds`] | [`BodyLimitsLayer`](bounds::BodyLimitsLayer), [`ValidateQueryLayer`](bounds::ValidateQueryLayer) | 413, 415, 400 |
+//! | [`quota`] | [`QuotaLayer`](quota::QuotaLayer) over a [`Store`](quota::Store) | 429 + `Retry-After`, 413, 503 |
+//! | [`concurrency`] | [`ConcurrencyLayer`](concurrency::ConcurrencyLayer) | 503 / 429 + `Retry-After` |
+//! | [`jobs`] | [`JobQueue`](jobs::JobQueue) for `202 Accepted` | 503 |
+//!
+//! # Quick start
+//!
+//! ```
+//! use std::time::Duration;
+//! use axum::{routing::get, Router};
+//! use tower::ServiceBuilder;
+//! use tower_admission::identity::{ApiKeys, AuthenticateLayer, Identity};
+//! use tower_admission::quota::{MemoryStore, Policy, Quota, QuotaLayer};
+//!
+//! let free = Quota::new("free", [
+//!     Policy::sliding_log("per-minute", 100, Duration::from_secs(60))?,
+//!     Policy::token_bucket("burst", 20, 100, Duration::from_secs(60))?,
+//! ])?;
+//! let keys = ApiKeys::new().with_key("demo-free", Identity::new("alice", "acme", "free"));
+//! let app: Router = Router::new()
+//!     .route("/v1/reports", get(|| async { "ok" }))
+//!     .layer(
+//!         ServiceBuilder::new()
+//!             .layer(AuthenticateLayer::new(keys))
+//!             .layer(QuotaLayer::builder(MemoryStore::new()).quota(free).build()?),
+//!     );
+//! # Ok::<(), tower_admission::ConfigError>(())
+//! ```
+//!
+//! # Guarantees
+//!
+//! | algorithm | guarantee |
+//! |---|---|
+//! | [`Policy::fixed_window`](quota::Policy::fixed_window) | ≤ L per clock-aligned window; 2L can pass across a boundary |
+//! | [`Policy::sliding_log`](quota::Policy::sliding_log) | ≤ L in every interval `(t − W, t]` (exact) |
+//! | [`Policy::token_bucket`](quota::Policy::token_bucket) | ≤ `floor(B + r·T)` in any interval T (GCRA, equal to governor) |
+//! | [`Policy::sliding_window`](quota::Policy::sliding_window) | approximation: `prev·(1 − elapsed/W) + current ≤ L` |
+//!
+//! Every decision is one atomic step per key; a refusal consumes nothing;
+//! `Retry-After` is the exact wait rounded up, never 0.
+//!
+//! # Features
+//!
+//! | feature | default | adds |
+//! |---|---|---|
+//! | `axum` | yes | extractors for `Identity`, `ClientIp`, `ValidatedQuery`, `Batch` |
+//! | `redis` | no | the Redis and Redis Cluster store |
+//! | `tonic` | no | gRPC rejections with `google.rpc.RetryInfo` |
+//! | `metrics` | no | counters through the `metrics` facade |
 #![cfg_attr(docsrs, feature(doc_auto_cfg))]
 
 pub mod bounds;
@@ -7,7 +69,6 @@ pub mod concurrency;
 mod error;
 pub mod identity;
 pub mod jobs;
-pub mod outbound;
 pub mod quota;
 pub mod reject;
 

@@ -1,1 +1,0 @@
-//! outbound (in progress)
