@@ -35,7 +35,7 @@ impl Timestamp {
     }
 
     /// This time moved forward by `d` (saturating).
-    pub fn add(self, d: Duration) -> Self {
+    pub fn plus(self, d: Duration) -> Self {
         Timestamp(self.0.saturating_add(duration_to_micros(d)))
     }
 

@@ -21,7 +21,8 @@ fn quotas(limit: u64) -> Vec<Quota> {
     .into_iter()
     .map(|p| {
         let p = p.unwrap();
-        Quota::new(&p.name().to_owned(), [p]).unwrap()
+        let name = p.name().to_owned();
+        Quota::new(&name, [p]).unwrap()
     })
     .collect()
 }

@@ -23,7 +23,7 @@ pub enum Scope {
     /// Key only on authenticated context (request extensions set by
     /// authentication, or the trusted [`ClientIp`](crate::identity)), never on a
     /// header the caller can invent.
-    Custom(Arc<dyn Fn(&Parts) -> Option<Arc<str>> + Send + Sync>),
+    Custom(KeyFn),
 }
 
 impl fmt::Debug for Scope {
@@ -38,6 +38,9 @@ impl fmt::Debug for Scope {
 }
 
 type CostFn = Arc<dyn Fn(&Parts) -> u64 + Send + Sync>;
+
+/// A key function for [`Scope::Custom`].
+pub type KeyFn = Arc<dyn Fn(&Parts) -> Option<Arc<str>> + Send + Sync>;
 
 /// Applies a [`Quota`] to every request, answering 429 with an exact
 /// `Retry-After` when it refuses.

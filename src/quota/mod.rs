@@ -11,7 +11,7 @@ mod settle;
 pub mod store;
 
 pub use decision::{Decision, QuotaDecision};
-pub use layer::{QuotaLayer, QuotaLayerBuilder, Scope};
+pub use layer::{KeyFn, QuotaLayer, QuotaLayerBuilder, Scope};
 pub use limiter::{Limiter, LimiterStats, Verdict};
 pub use policy::{FailureMode, Policy, Quota};
 pub use service::{QuotaService, ResponseFuture};

@@ -41,7 +41,9 @@
 //! doubles; the weighted window's products are computed exactly in limbs.
 //! Because of that bound the store refuses (with
 //! [`StoreError::Unavailable`]) a policy whose limit or capacity exceeds
-//! 2^45, or a token bucket whose `capacity × interval` exceeds 2^52 µs.
+//! 2^45, or a token bucket whose `capacity × interval` exceeds 2^51 µs (71 years):
+//! a refused request computes `tat + cost × interval`, up to `now + 2 ×
+//! capacity × interval`.
 //!
 //! # Deadline and errors
 //!
@@ -131,7 +133,7 @@ const DRIVER: &str = include_str!("scripts/driver.lua");
 /// Largest limit or capacity the scripts handle exactly.
 const MAX_LIMIT: u64 = 1 << 45;
 /// Largest token bucket `capacity * interval` in µs the scripts handle exactly.
-const MAX_BUCKET_SPAN: u64 = 1 << 52;
+const MAX_BUCKET_SPAN: u64 = 1 << 51;
 
 /// The full decision script: a clock, helpers, the four algorithms, the driver.
 ///
@@ -513,7 +515,7 @@ fn representable(quota: &Quota) -> Result<(), String> {
             && limit.saturating_mul(b) > MAX_BUCKET_SPAN
         {
             return Err(format!(
-                "policy {:?}: capacity × refill interval must be at most 2^52 µs for the redis store",
+                "policy {:?}: capacity × refill interval must be at most 2^51 µs for the redis store",
                 policy.name()
             ));
         }

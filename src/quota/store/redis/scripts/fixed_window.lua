@@ -10,7 +10,8 @@ function fixed_window.load(key, limit, window)
   local v = redis.call('HMGET', key, 'k', 'c')
   return {
     key = key, limit = limit, window = window,
-    k = tonumber(v[1]) or 0, c = tonumber(v[2]) or 0, dirty = false,
+    k = tonumber(v[1]) or 0, c = tonumber(v[2]) or 0,
+    exists = v[1] ~= false, dirty = false,
   }
 end
 
@@ -52,12 +53,12 @@ function fixed_window.fresh_at(s)
 end
 
 function fixed_window.save(s, now)
-  if not s.dirty then return end
   local ttl = ttl_ms(fixed_window.fresh_at(s), now)
   if ttl == nil then
-    redis.call('DEL', s.key)
+    if s.exists then redis.call('DEL', s.key) end
     return
   end
+  if not s.dirty then return end
   redis.call('HSET', s.key, 'k', s.k, 'c', s.c)
   redis.call('PEXPIRE', s.key, ttl)
 end

@@ -34,6 +34,7 @@ function sliding_log.load(key, limit, window)
   s.last = last
   local total = redis.call('ZSCORE', key, SL_TOTAL)
   if total then s.total = -tonumber(total) - 1 end
+  s.exists = last ~= nil or total ~= false
   return s
 end
 
@@ -128,12 +129,13 @@ function sliding_log.fresh_at(s)
 end
 
 function sliding_log.save(s, now)
-  if not s.dirty then return end
   local ttl = ttl_ms(sliding_log.fresh_at(s), now)
   if ttl == nil or s.total <= 0 then
-    redis.call('DEL', s.key)
+    -- record and trim write at once, so a dirty state may exist too.
+    if s.exists or s.dirty then redis.call('DEL', s.key) end
     return
   end
+  if not s.dirty then return end
   redis.call('ZADD', s.key, -1 - s.total, SL_TOTAL)
   redis.call('PEXPIRE', s.key, ttl)
 end

@@ -14,7 +14,7 @@ function sliding_window.load(key, limit, window)
   return {
     key = key, limit = limit, window = window,
     k = tonumber(v[1]) or 0, c = tonumber(v[2]) or 0, p = tonumber(v[3]) or 0,
-    dirty = false,
+    exists = v[1] ~= false, dirty = false,
   }
 end
 
@@ -86,12 +86,12 @@ function sliding_window.adjust(s, now, delta)
 end
 
 function sliding_window.save(s, now)
-  if not s.dirty then return end
   local ttl = ttl_ms(sliding_window.fresh_at(s), now)
   if ttl == nil then
-    redis.call('DEL', s.key)
+    if s.exists then redis.call('DEL', s.key) end
     return
   end
+  if not s.dirty then return end
   redis.call('HSET', s.key, 'k', s.k, 'c', s.c, 'p', s.p)
   redis.call('PEXPIRE', s.key, ttl)
 end

@@ -8,9 +8,10 @@
 local token_bucket = {}
 
 function token_bucket.load(key, capacity, interval)
+  local tat = redis.call('GET', key)
   return {
     key = key, capacity = capacity, interval = interval,
-    tat = tonumber(redis.call('GET', key)) or 0, dirty = false,
+    tat = tonumber(tat) or 0, exists = tat ~= false, dirty = false,
   }
 end
 
@@ -51,11 +52,11 @@ function token_bucket.fresh_at(s)
 end
 
 function token_bucket.save(s, now)
-  if not s.dirty then return end
   local ttl = ttl_ms(s.tat, now)
   if ttl == nil then
-    redis.call('DEL', s.key)
+    if s.exists then redis.call('DEL', s.key) end
     return
   end
+  if not s.dirty then return end
   redis.call('SET', s.key, s.tat, 'PX', ttl)
 end
