@@ -1,0 +1,212 @@
+//! The sample reporting API, end to end through its router.
+
+#[path = "../examples/reporting_api/app.rs"]
+mod app;
+#[path = "../examples/reporting_api/config.rs"]
+mod config;
+#[path = "../examples/reporting_api/data.rs"]
+mod data;
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::Router;
+use http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+use tower::ServiceExt;
+use tower_admission::clock::{ManualClock, Timestamp};
+use tower_admission::quota::{MemoryConfig, MemoryStore};
+
+fn api() -> (Router, ManualClock) {
+    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let store = MemoryStore::with_config(MemoryConfig::default(), clock.clone());
+    (app::app(store).unwrap(), clock)
+}
+
+fn get(uri: &str, key: Option<&str>) -> Request<Body> {
+    let mut builder = Request::builder().uri(uri);
+    if let Some(key) = key {
+        builder = builder.header("authorization", format!("Bearer {key}"));
+    }
+    builder.body(Body::empty()).unwrap()
+}
+
+fn post_batch(key: &str, items: usize) -> Request<Body> {
+    let item =
+        json!({"metric": "latency", "from": "2026-01-01T00:00:00Z", "to": "2026-01-02T00:00:00Z"});
+    let body = json!({ "items": vec![item; items] });
+    Request::post("/v1/reports/batch")
+        .header("authorization", format!("Bearer {key}"))
+        .header("content-type", "application/json")
+        .body(Body::from(serde_json::to_vec(&body).unwrap()))
+        .unwrap()
+}
+
+async fn send(app: &Router, req: Request<Body>) -> (StatusCode, http::HeaderMap, Value) {
+    let response = app.clone().oneshot(req).await.unwrap();
+    let status = response.status();
+    let headers = response.headers().clone();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    (
+        status,
+        headers,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
+#[tokio::test]
+async fn health_needs_no_key_and_reports_need_one() {
+    let (app, _) = api();
+    assert_eq!(send(&app, get("/healthz", None)).await.0, StatusCode::OK);
+    let (status, headers, body) = send(&app, get("/v1/reports", None)).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(headers["content-type"], "application/problem+json");
+    assert_eq!(body["status"], 401);
+    assert_eq!(
+        send(&app, get("/v1/reports", Some("demo-nobody"))).await.0,
+        StatusCode::UNAUTHORIZED
+    );
+}
+
+#[tokio::test]
+async fn free_plan_bursts_20_then_429_with_retry_after() {
+    let (app, clock) = api();
+    let mut statuses = Vec::new();
+    for _ in 0..25 {
+        let (status, headers, body) =
+            send(&app, get("/v1/reports?page_size=1", Some("demo-free"))).await;
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            // One token every 600 ms: the exact wait rounds up to 1 s.
+            assert_eq!(headers["retry-after"], "1");
+            assert_eq!(body["policies"], json!(["burst"]));
+        }
+        statuses.push(status.as_u16());
+    }
+    assert_eq!(statuses.iter().filter(|s| **s == 200).count(), 20);
+    assert_eq!(statuses.iter().filter(|s| **s == 429).count(), 5);
+    // Another user, another quota; a spoofed header changes nothing.
+    let mut req = get("/v1/reports?page_size=1", Some("demo-globex"));
+    req.headers_mut()
+        .insert("x-user-id", "alice".parse().unwrap());
+    assert_eq!(send(&app, req).await.0, StatusCode::OK);
+    let mut req = get("/v1/reports?page_size=1", Some("demo-free"));
+    req.headers_mut()
+        .insert("x-user-id", "carol".parse().unwrap());
+    assert_eq!(send(&app, req).await.0, StatusCode::TOO_MANY_REQUESTS);
+    // 600 ms later one more token has arrived.
+    clock.advance(Duration::from_millis(600));
+    assert_eq!(
+        send(&app, get("/v1/reports?page_size=1", Some("demo-free")))
+            .await
+            .0,
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn reports_page_is_validated() {
+    let (app, _) = api();
+    let (status, _, body) = send(&app, get("/v1/reports", Some("demo-pro"))).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["page_size"], 20);
+    assert_eq!(body["rows"].as_array().unwrap().len(), 20);
+    for (query, param) in [
+        ("page_size=0", "page_size"),
+        ("page_size=101", "page_size"),
+        ("page_size=-1", "page_size"),
+        ("page_size=99999999999999999999", "page_size"),
+        ("page_size=abc", "page_size"),
+        ("page_size=5&page_size=6", "page_size"),
+        ("from=2026-02-01T00:00:00Z&to=2026-01-01T00:00:00Z", "to"),
+        ("from=2026-01-01T00:00:00Z&to=2026-03-01T00:00:00Z", "to"),
+        ("from=yesterday&to=2026-01-01T00:00:00Z", "from"),
+    ] {
+        let (status, _, body) =
+            send(&app, get(&format!("/v1/reports?{query}"), Some("demo-pro"))).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{query}");
+        let names: Vec<&str> = body["errors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["name"].as_str().unwrap())
+            .collect();
+        assert!(names.contains(&param), "{query}: {names:?}");
+    }
+}
+
+#[tokio::test]
+async fn batches_answer_200_202_or_413_by_size() {
+    let (app, _) = api();
+    let (status, _, body) = send(&app, post_batch("demo-pro", 100)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["items"].as_array().unwrap().len(), 100);
+
+    let (status, headers, _) = send(&app, post_batch("demo-pro", 101)).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    let location = headers["location"].to_str().unwrap().to_owned();
+    assert!(location.starts_with("/v1/jobs/"));
+
+    let (status, _, body) = send(&app, post_batch("demo-pro", 1001)).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(body["cap"], "items");
+    assert_eq!(body["limit"], 1000);
+
+    // The job is visible to its owner only.
+    let mut status = json!(null);
+    for _ in 0..100 {
+        let (code, _, body) = send(&app, get(&location, Some("demo-pro"))).await;
+        assert_eq!(code, StatusCode::OK);
+        status = body;
+        if status["status"] == "succeeded" {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(status["status"], "succeeded");
+    assert_eq!(status["items"].as_array().unwrap().len(), 101);
+    assert_eq!(
+        send(&app, get(&location, Some("demo-free"))).await.0,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        send(&app, get("/v1/jobs/not-a-job", Some("demo-pro")))
+            .await
+            .0,
+        StatusCode::NOT_FOUND
+    );
+}
+
+#[tokio::test]
+async fn batch_items_are_charged_to_the_work_quota() {
+    let (app, _) = api();
+    // The free work quota is 2,000 units per minute, one per item: 13 batches
+    // of 150 use 1,950, and the 14th (2,100) is refused by that policy alone.
+    for _ in 0..13 {
+        assert_eq!(
+            send(&app, post_batch("demo-free", 150)).await.0,
+            StatusCode::ACCEPTED
+        );
+    }
+    let (status, _, body) = send(&app, post_batch("demo-free", 150)).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(body["policies"], json!(["units-per-minute"]));
+    // 50 units are left: a batch of 50 still fits.
+    assert_eq!(
+        send(&app, post_batch("demo-free", 50)).await.0,
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn wire_cap_is_one_mib() {
+    let (app, _) = api();
+    let req = Request::post("/v1/reports/batch")
+        .header("authorization", "Bearer demo-pro")
+        .header("content-type", "application/json")
+        .body(Body::from(vec![b' '; 2 << 20]))
+        .unwrap();
+    let (status, _, body) = send(&app, req).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(body["cap"], "wire-bytes");
+}
