@@ -17,7 +17,9 @@
 -- Decide returns { admitted, then per policy: admitted, remaining,
 -- retry_after (µs, -1 for none), reset (µs) }. Adjust returns { 1 }.
 -- Nothing is written before every argument has been read, so a refusal
--- consumes nothing and an error leaves the state as it was.
+-- consumes nothing and an error leaves the state as it was. A state that is
+-- equivalent to fresh (fresh_at <= now) is deleted by every call that finds
+-- it, exactly as its expiry would delete it in Redis time.
 
 local algorithms = {
   fw = fixed_window, sl = sliding_log, tb = token_bucket, sw = sliding_window,
