@@ -13,8 +13,9 @@
 //!    on, a deadline or a dropped connection is `Timeout`: the bytes may have
 //!    reached Redis.
 //!
-//! A dropped connection returns the slot to idle, and the next decision starts
-//! a new attempt, with exponential backoff between failed attempts (decisions
+//! A dropped connection (seen by a failed call, or reported at once by the
+//! RESP3 connection's disconnect event) returns the slot to idle, and the
+//! next decision starts a new attempt, with exponential backoff between failed attempts (decisions
 //! during a backoff fail at once with `Unavailable`). A connection on which
 //! decisions keep timing out for `stall_reset` is dropped and replaced, so a
 //! stalled socket does not hold the store forever. Reconnection needs no
@@ -208,7 +209,11 @@ impl Connector {
                     return Err(Arc::from("store dropped"));
                 };
                 // Holds the slot alive at most `connect_timeout` after the store drops.
-                connect(&me.target, me.timing).await
+                let (conn, pushes) = connect(&me.target, me.timing).await?;
+                if let Some(pushes) = pushes {
+                    tokio::spawn(watch_disconnect(pushes, inner, gen));
+                }
+                Ok(conn)
             }
             .boxed()
             .shared()
@@ -252,8 +257,32 @@ impl Connector {
 
     /// The connection of `lease` is dead: drop it so the next call reconnects.
     pub(super) fn broken(&self, lease: &Lease, reason: &str) {
-        let mut slot = self.inner.slot.lock();
-        if matches!(&*slot, Slot::Connected { gen, .. } if *gen == lease.gen) {
+        self.inner.broken(lease.gen, reason);
+    }
+}
+
+/// Marks connection `gen` broken as soon as the driver reports that the
+/// server closed it, so a decision after an idle drop is not sent into a
+/// dead socket (and reported as an unknown outcome) but reconnects.
+async fn watch_disconnect(
+    mut pushes: tokio::sync::mpsc::UnboundedReceiver<redis::PushInfo>,
+    inner: Weak<ConnectorInner>,
+    gen: u64,
+) {
+    while let Some(push) = pushes.recv().await {
+        if push.kind == redis::PushKind::Disconnection {
+            if let Some(me) = inner.upgrade() {
+                me.broken(gen, "redis closed the connection");
+            }
+            return;
+        }
+    }
+}
+
+impl ConnectorInner {
+    fn broken(&self, gen: u64, reason: &str) {
+        let mut slot = self.slot.lock();
+        if matches!(&*slot, Slot::Connected { gen: current, .. } if *current == gen) {
             tracing::warn!(
                 reason,
                 "dropping redis connection; the next decision reconnects"
@@ -261,9 +290,7 @@ impl Connector {
             *slot = Slot::Idle { failures: 0 };
         }
     }
-}
 
-impl ConnectorInner {
     /// Records the end of attempt `gen`, if it is still the current one.
     fn finish(&self, gen: u64, result: Result<Conn, Arc<str>>) {
         let mut slot = self.slot.lock();
@@ -307,21 +334,29 @@ fn backoff(timing: Timing, failures: u32) -> Duration {
         .min(timing.backoff_max)
 }
 
-async fn connect(target: &Target, timing: Timing) -> Result<Conn, Arc<str>> {
+type Pushes = Option<tokio::sync::mpsc::UnboundedReceiver<redis::PushInfo>>;
+
+async fn connect(target: &Target, timing: Timing) -> Result<(Conn, Pushes), Arc<str>> {
     let attempt = async {
         match target {
             Target::Single(client) => {
                 // No response timeout in the crate: the store's deadline bounds
                 // every call, and the crate's timeout would blur the phases.
+                // The push channel (RESP3) reports a closed connection.
+                let (pushes_tx, pushes) = tokio::sync::mpsc::unbounded_channel();
                 let config = redis::AsyncConnectionConfig::new()
                     .set_connection_timeout(Some(timing.connect_timeout))
-                    .set_response_timeout(None);
+                    .set_response_timeout(None)
+                    .set_push_sender(pushes_tx);
                 client
                     .get_multiplexed_async_connection_with_config(&config)
                     .await
-                    .map(Conn::Single)
+                    .map(|c| (Conn::Single(c), Some(pushes)))
             }
-            Target::Cluster(client) => client.get_async_connection().await.map(Conn::Cluster),
+            Target::Cluster(client) => client
+                .get_async_connection()
+                .await
+                .map(|c| (Conn::Cluster(c), None)),
         }
     };
     match tokio::time::timeout(timing.connect_timeout, attempt).await {

@@ -67,6 +67,10 @@
 //! client hides its own routing and reconnects, so a deadline there is always
 //! reported as [`StoreError::Timeout`], the conservative answer.
 //!
+//! The single-server connection speaks RESP3 (Redis 6 or later) so that the
+//! client reports a closed connection at once: a decision after an idle
+//! drop reconnects instead of being sent into a dead socket.
+//!
 //! **Reconnection is automatic.** A dropped connection is replaced on the
 //! next decision, with exponential backoff between failed attempts
 //! ([`RedisStoreBuilder::reconnect_backoff`]); decisions during a backoff fail
@@ -459,7 +463,14 @@ impl RedisStoreBuilder {
                     .map_err(bad_url)?;
             Target::Cluster(Box::new(client))
         } else {
-            Target::Single(redis::Client::open(self.nodes[0].as_str()).map_err(bad_url)?)
+            // RESP3 (Redis 6+), so the connection reports its own closing.
+            let info = redis::IntoConnectionInfo::into_connection_info(self.nodes[0].as_str())
+                .map_err(bad_url)?;
+            let settings = info
+                .redis_settings()
+                .clone()
+                .set_protocol(redis::ProtocolVersion::RESP3);
+            Target::Single(redis::Client::open(info.set_redis_settings(settings)).map_err(bad_url)?)
         };
         let timing = Timing {
             connect_timeout: self.connect_timeout,
