@@ -62,8 +62,8 @@ pub enum StoreError {
         /// What failed.
         message: String,
     },
-    /// The deadline passed after the request was sent: the outcome is
-    /// **unknown**, and callers count it as consumed.
+    /// The deadline passed (or the connection dropped) after the request
+    /// was sent: the outcome is **unknown**, and callers count it as consumed.
     Timeout,
 }
 

@@ -1,114 +1,4 @@
-//! The Redis and Redis Cluster store (feature `redis`).
-//!
-//! A fleet shares one authoritative state: every instance's [`RedisStore`]
-//! decides in the same Redis, so ten instances enforce one limit, not ten.
-//!
-//! # How a decision runs
-//!
-//! **One script, one round trip, atomic.** Each algorithm is one Lua file
-//! (`scripts/fixed_window.lua`, `sliding_log.lua`, `token_bucket.lua`,
-//! `sliding_window.lua`), loaded with `include_str!`. Each defines the same
-//! steps as its Rust reference in [`algorithm`](crate::quota::algorithm):
-//! load, check (cleanup + decide), record, adjust, save. `driver.lua` runs
-//! them for every policy of the quota: it checks all policies, records in
-//! the ones that admitted only if no enforcing policy refused, and writes
-//! back. The store sends the concatenation of these files by `EVALSHA`
-//! (loading it on `NOSCRIPT`), so one decision is one round trip and Redis
-//! runs it atomically: no other command sees a half-made decision. A refusal
-//! consumes nothing. The scripts are compared decision for decision with the
-//! Rust state machines by the differential tests.
-//!
-//! **Keys.** Policy `p` (algorithm `a`) of quota `q` for key `k` lives in
-//! `prefix:{q:k}:p:a`. Every key of one decision shares the hash tag
-//! `{q:k}`, so Redis Cluster puts them on one slot and never answers
-//! `CROSSSLOT`; a single-policy quota touches exactly one key. The algorithm
-//! code in the name keeps a changed algorithm from reading the old one's
-//! state. Every write sets the key's expiry (`PEXPIRE`, rounded up to the
-//! millisecond) to the moment its state becomes equivalent to fresh, and a
-//! state that is already fresh is deleted: no key lives forever.
-//!
-//! | algorithm | key holds |
-//! |---|---|
-//! | fixed window | hash `{k, c}`: window index, count |
-//! | sliding log | sorted set of `"<t>:<i>:<cost>"` scored by `t` (µs), `i` numbering identical times; member `total` |
-//! | token bucket | string: GCRA theoretical arrival time in µs |
-//! | weighted window | **one** hash `{k, c, p}`: window index, current and previous counts |
-//!
-//! **Time** is the Redis server's `TIME`, read inside the script, in
-//! microseconds: one clock for the whole fleet. State never moves
-//! backwards (`max(state, now)`), so a server clock stepped back inflates
-//! nothing. All arithmetic is on integers below 2^53, exact in Lua's
-//! doubles; the weighted window's products are computed exactly in limbs.
-//! Because of that bound the store refuses (with
-//! [`StoreError::Unavailable`]) a policy whose limit or capacity exceeds
-//! 2^45, or a token bucket whose `capacity × interval` exceeds 2^51 µs (71 years):
-//! a refused request computes `tat + cost × interval`, up to `now + 2 ×
-//! capacity × interval`.
-//!
-//! # Deadline and errors
-//!
-//! Every call has a deadline ([`RedisStoreBuilder::deadline`], 50 ms by
-//! default), enforced by the store with a tokio timer around the whole call.
-//! The redis crate's own response timeout is off on single-server
-//! connections; on a cluster it is only a backstop far above the deadline.
-//! The store keeps its own connection slot (see below) so it knows whether a
-//! failed call had been sent:
-//!
-//! | what happened | error | consumed? |
-//! |---|---|---|
-//! | no connection, connection refused, still connecting at the deadline, reconnect backoff | [`StoreError::Unavailable`] | no, nothing was sent |
-//! | Redis answered with an error (script error, `BUSY`, `OOM`, `LOADING`, ...) | [`StoreError::Unavailable`] | no, the script writes only after all checks |
-//! | deadline passed after the command was handed to a live connection | [`StoreError::Timeout`] | **unknown** |
-//! | the connection dropped after the command was handed to it | [`StoreError::Timeout`] | **unknown** (the bytes may have arrived) |
-//!
-//! An unknown outcome must be counted as consumed, never as free; the
-//! [`Limiter`](crate::quota::Limiter) does so and resolves every error by
-//! each policy's [`FailureMode`](crate::quota::FailureMode). On a cluster the
-//! client hides its own routing and reconnects, so a deadline there is always
-//! reported as [`StoreError::Timeout`], the conservative answer.
-//!
-//! The single-server connection speaks RESP3 (Redis 6 or later) so that the
-//! client reports a closed connection at once: a decision after an idle
-//! drop reconnects instead of being sent into a dead socket.
-//!
-//! **Reconnection is automatic.** A dropped connection is replaced on the
-//! next decision, with exponential backoff between failed attempts
-//! ([`RedisStoreBuilder::reconnect_backoff`]); decisions during a backoff fail
-//! at once with `Unavailable`. A connection on which calls keep timing out
-//! for [`RedisStoreBuilder::reconnect_after_stall`] is replaced too. The
-//! application never rebuilds the store.
-//!
-//! # State loss
-//!
-//! Script atomicity does not survive the loss of the data. A Redis restarted
-//! without persistence, or a failover to a replica that had not received the
-//! latest writes, **forgets recent admissions: the affected quotas reset**
-//! and clients get up to a full extra limit. Persistence (AOF with `fsync`)
-//! and `WAIT`-based replication narrow the window; nothing here closes it.
-//! The fault tests show the reset.
-//!
-//! # Example
-//!
-//! ```no_run
-//! use tower_admission::quota::{Limiter, Policy, Quota, RedisStore};
-//! use std::{sync::Arc, time::Duration};
-//!
-//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-//! let store = RedisStore::builder("redis://127.0.0.1:6379/")
-//!     .prefix("myapp")
-//!     .deadline(Duration::from_millis(30))
-//!     .build()?;
-//! let quota = Quota::new("api", [
-//!     Policy::sliding_log("per-minute", 100, Duration::from_secs(60))?,
-//!     Policy::token_bucket("burst", 20, 100, Duration::from_secs(60))?,
-//! ])?;
-//! let limiter = Limiter::new(store);
-//! let alice: Arc<str> = "alice".into();
-//! let verdict = limiter.check(&quota, &alice, 1).await;
-//! println!("admitted: {}", verdict.admitted);
-//! # Ok(())
-//! # }
-//! ```
+//! The Redis and Redis Cluster store (feature `redis`); see [`RedisStore`].
 
 mod connection;
 
@@ -161,10 +51,120 @@ fn script_source(injected_clock: bool) -> String {
     .join("\n")
 }
 
-/// A [`Store`] in Redis or Redis Cluster: one atomic Lua decision per call,
-/// in Redis time, with a deadline. See the [module docs](self).
+/// A [`Store`] in Redis or Redis Cluster (feature `redis`): one atomic Lua
+/// decision per call, in Redis time, with a deadline.
+///
+/// A fleet shares one authoritative state: every instance's [`RedisStore`]
+/// decides in the same Redis, so ten instances enforce one limit, not ten.
 ///
 /// Clones share the connection and settings.
+///
+/// # How a decision runs
+///
+/// **One script, one round trip, atomic.** Each algorithm is one Lua file
+/// (`scripts/fixed_window.lua`, `sliding_log.lua`, `token_bucket.lua`,
+/// `sliding_window.lua`), loaded with `include_str!`. Each defines the same
+/// steps as its Rust reference in [`algorithm`](crate::quota::algorithm):
+/// load, check (cleanup + decide), record, adjust, save. `driver.lua` runs
+/// them for every policy of the quota: it checks all policies, records in
+/// the ones that admitted only if no enforcing policy refused, and writes
+/// back. The store sends the concatenation of these files by `EVALSHA`
+/// (loading it on `NOSCRIPT`), so one decision is one round trip and Redis
+/// runs it atomically: no other command sees a half-made decision. A refusal
+/// consumes nothing. The scripts are compared decision for decision with the
+/// Rust state machines by the differential tests.
+///
+/// **Keys.** Policy `p` (algorithm `a`) of quota `q` for key `k` lives in
+/// `prefix:{q:k}:p:a`. Every key of one decision shares the hash tag
+/// `{q:k}`, so Redis Cluster puts them on one slot and never answers
+/// `CROSSSLOT`; a single-policy quota touches exactly one key. The algorithm
+/// code in the name keeps a changed algorithm from reading the old one's
+/// state. Every write sets the key's expiry (`PEXPIRE`, rounded up to the
+/// millisecond) to the moment its state becomes equivalent to fresh, and a
+/// state that is already fresh is deleted: no key lives forever.
+///
+/// | algorithm | key holds |
+/// |---|---|
+/// | fixed window | hash `{k, c}`: window index, count |
+/// | sliding log | sorted set of `"<t>:<i>:<cost>"` scored by `t` (µs), `i` numbering identical times; member `total` |
+/// | token bucket | string: GCRA theoretical arrival time in µs |
+/// | weighted window | **one** hash `{k, c, p}`: window index, current and previous counts |
+///
+/// **Time** is the Redis server's `TIME`, read inside the script, in
+/// microseconds: one clock for the whole fleet. State never moves
+/// backwards (`max(state, now)`), so a server clock stepped back inflates
+/// nothing. All arithmetic is on integers below 2^53, exact in Lua's
+/// doubles; the weighted window's products are computed exactly in limbs.
+/// Because of that bound the store refuses (with
+/// [`StoreError::Unavailable`]) a policy whose limit or capacity exceeds
+/// 2^45, or a token bucket whose `capacity × interval` exceeds 2^51 µs (71 years):
+/// a refused request computes `tat + cost × interval`, up to `now + 2 ×
+/// capacity × interval`.
+///
+/// # Deadline and errors
+///
+/// Every call has a deadline ([`RedisStoreBuilder::deadline`], 50 ms by
+/// default), enforced by the store with a tokio timer around the whole call.
+/// The redis crate's own response timeout is off on single-server
+/// connections; on a cluster it is only a backstop far above the deadline.
+/// The store keeps its own connection slot (see below) so it knows whether a
+/// failed call had been sent:
+///
+/// | what happened | error | consumed? |
+/// |---|---|---|
+/// | no connection, connection refused, still connecting at the deadline, reconnect backoff | [`StoreError::Unavailable`] | no, nothing was sent |
+/// | Redis answered with an error (script error, `BUSY`, `OOM`, `LOADING`, ...) | [`StoreError::Unavailable`] | no, the script writes only after all checks |
+/// | deadline passed after the command was handed to a live connection | [`StoreError::Timeout`] | **unknown** |
+/// | the connection dropped after the command was handed to it | [`StoreError::Timeout`] | **unknown** (the bytes may have arrived) |
+///
+/// An unknown outcome must be counted as consumed, never as free; the
+/// [`Limiter`](crate::quota::Limiter) does so and resolves every error by
+/// each policy's [`FailureMode`](crate::quota::FailureMode). On a cluster the
+/// client hides its own routing and reconnects, so a deadline there is always
+/// reported as [`StoreError::Timeout`], the conservative answer.
+///
+/// The single-server connection speaks RESP3 (Redis 6 or later) so that the
+/// client reports a closed connection at once: a decision after an idle
+/// drop reconnects instead of being sent into a dead socket.
+///
+/// **Reconnection is automatic.** A dropped connection is replaced on the
+/// next decision, with exponential backoff between failed attempts
+/// ([`RedisStoreBuilder::reconnect_backoff`]); decisions during a backoff fail
+/// at once with `Unavailable`. A connection on which calls keep timing out
+/// for [`RedisStoreBuilder::reconnect_after_stall`] is replaced too. The
+/// application never rebuilds the store.
+///
+/// # State loss
+///
+/// Script atomicity does not survive the loss of the data. A Redis restarted
+/// without persistence, or a failover to a replica that had not received the
+/// latest writes, **forgets recent admissions: the affected quotas reset**
+/// and clients get up to a full extra limit. Persistence (AOF with `fsync`)
+/// and `WAIT`-based replication narrow the window; nothing here closes it.
+/// The fault tests show the reset.
+///
+/// # Example
+///
+/// ```no_run
+/// use tower_admission::quota::{Limiter, Policy, Quota, RedisStore};
+/// use std::{sync::Arc, time::Duration};
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = RedisStore::builder("redis://127.0.0.1:6379/")
+///     .prefix("myapp")
+///     .deadline(Duration::from_millis(30))
+///     .build()?;
+/// let quota = Quota::new("api", [
+///     Policy::sliding_log("per-minute", 100, Duration::from_secs(60))?,
+///     Policy::token_bucket("burst", 20, 100, Duration::from_secs(60))?,
+/// ])?;
+/// let limiter = Limiter::new(store);
+/// let alice: Arc<str> = "alice".into();
+/// let verdict = limiter.check(&quota, &alice, 1).await;
+/// println!("admitted: {}", verdict.admitted);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone)]
 pub struct RedisStore {
     inner: Arc<Inner>,
