@@ -110,7 +110,7 @@ async fn sliding_log_identical_timestamps_are_distinct<S: Store>(c: Ctx<'_, S>) 
     for left in (0..5).rev() {
         let d = c.decide(&q, &k, 1).await;
         assert!(d.admitted);
-        assert_eq!(d.decisions[0].1.remaining, left);
+        assert_eq!(d.decisions[0].remaining, left);
     }
     let refused = c.decide(&q, &k, 1).await;
     assert!(!refused.admitted);
@@ -146,12 +146,12 @@ async fn weighted_window_exact_numbers<S: Store>(c: Ctx<'_, S>) {
     c.at_ms(NOON + 75_000);
     let first = c.decide(&q, &k, 1).await;
     assert!(first.admitted);
-    assert_eq!(first.decisions[0].1.remaining, 39);
-    assert_eq!(first.decisions[0].1.reset, Duration::from_secs(105));
+    assert_eq!(first.decisions[0].remaining, 39);
+    assert_eq!(first.decisions[0].reset, Duration::from_secs(105));
     assert_eq!(c.admitted(&q, &k, 1, 49).await, 39);
     let refused = c.decide(&q, &k, 1).await;
     assert!(!refused.admitted);
-    assert_eq!(refused.decisions[0].1.remaining, 0);
+    assert_eq!(refused.decisions[0].remaining, 0);
     // 80 * (1 - 15.75/60) = 59, and 59 + 40 + 1 = 100.
     assert_eq!(refused.retry_after(), Some(Duration::from_millis(750)));
     c.at_ms(NOON + 75_750);
@@ -184,15 +184,15 @@ async fn multi_policy_refusal_consumes_nothing<S: Store>(c: Ctx<'_, S>) {
     assert_eq!(c.admitted(&q, &k, 1, 25).await, 20);
     let refused = c.decide(&q, &k, 1).await;
     assert!(!refused.admitted);
-    assert!(refused.decisions[0].1.admitted);
-    assert!(!refused.decisions[1].1.admitted);
+    assert!(refused.decisions[0].admitted);
+    assert!(!refused.decisions[1].admitted);
     assert_eq!(refused.retry_after(), Some(Duration::from_millis(600)));
     c.at_ms(NOON + 600);
     let next = c.decide(&q, &k, 1).await;
     assert!(next.admitted);
     // 21 admitted in the log: the 6 refusals took nothing from it.
-    assert_eq!(next.decisions[0].1.remaining, 79);
-    assert_eq!(next.decisions[1].1.remaining, 0);
+    assert_eq!(next.decisions[0].remaining, 79);
+    assert_eq!(next.decisions[1].remaining, 0);
 
     // Log refuses, bucket would admit: the bucket keeps nothing.
     let q = Quota::new(
@@ -209,7 +209,7 @@ async fn multi_policy_refusal_consumes_nothing<S: Store>(c: Ctx<'_, S>) {
     c.at_ms(NOON + 60_000);
     let next = c.decide(&q, &k, 1).await;
     assert!(next.admitted);
-    assert_eq!(next.decisions[1].1.remaining, 16);
+    assert_eq!(next.decisions[1].remaining, 16);
 }
 
 async fn cost_over_capacity_is_never_admitted<S: Store>(c: Ctx<'_, S>) {
@@ -219,12 +219,12 @@ async fn cost_over_capacity_is_never_admitted<S: Store>(c: Ctx<'_, S>) {
         let d = c.decide(&q, &k, 11).await;
         assert!(!d.admitted);
         assert!(
-            d.decisions[0].1.cost_exceeds_limit(),
+            d.decisions[0].cost_exceeds_limit(),
             "{}",
             q.policies()[0].name()
         );
-        assert_eq!(d.decisions[0].1.retry_after, None);
-        assert_eq!(d.decisions[0].1.remaining, 10);
+        assert_eq!(d.decisions[0].retry_after, None);
+        assert_eq!(d.decisions[0].remaining, 10);
         c.at_ms(NOON + 86_400_000);
         assert_eq!(c.admitted(&q, &k, 11, 3).await, 0);
         // Nothing was consumed: the full capacity is still there.
@@ -258,7 +258,7 @@ async fn retry_after_is_exact<S: Store>(c: Ctx<'_, S>) {
     assert_eq!(c.admitted(&fw, &k, 1, 100).await, 100);
     let d = c.decide(&fw, &k, 1).await;
     assert_eq!(d.retry_after(), Some(Duration::from_millis(1)));
-    assert_eq!(d.decisions[0].1.reset, Duration::from_millis(1));
+    assert_eq!(d.decisions[0].reset, Duration::from_millis(1));
 
     let sl = quota(Policy::sliding_log("sl", 100, MIN).unwrap());
     let k = c.key("sl");
@@ -269,7 +269,7 @@ async fn retry_after_is_exact<S: Store>(c: Ctx<'_, S>) {
     c.at_ms(NOON + 20_000);
     let d = c.decide(&sl, &k, 1).await;
     assert_eq!(d.retry_after(), Some(Duration::from_secs(40)));
-    assert_eq!(d.decisions[0].1.reset, Duration::from_secs(50));
+    assert_eq!(d.decisions[0].reset, Duration::from_secs(50));
     let d = c.decide(&sl, &k, 60).await;
     assert_eq!(d.retry_after(), Some(Duration::from_secs(50)));
 
@@ -279,7 +279,7 @@ async fn retry_after_is_exact<S: Store>(c: Ctx<'_, S>) {
     assert_eq!(c.admitted(&tb, &k, 1, 20).await, 20);
     let d = c.decide(&tb, &k, 1).await;
     assert_eq!(d.retry_after(), Some(Duration::from_millis(600)));
-    assert_eq!(d.decisions[0].1.reset, Duration::from_secs(12));
+    assert_eq!(d.decisions[0].reset, Duration::from_secs(12));
     c.at_ms(NOON + 100);
     let d = c.decide(&tb, &k, 1).await;
     assert_eq!(d.retry_after(), Some(Duration::from_millis(500)));

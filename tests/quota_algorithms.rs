@@ -269,7 +269,7 @@ fn shadow_policy_never_refuses_but_reports() {
     assert_eq!(
         decisions
             .iter()
-            .filter(|d| !d.decisions[1].1.admitted)
+            .filter(|d| !d.decisions[1].admitted)
             .count(),
         9
     );

@@ -283,11 +283,7 @@ async fn page_size_is_the_cost_and_settle_refunds_exactly() {
         .layer(ValidateQueryLayer::new(rules));
     let alice = Identity::new("alice", "acme", "free");
     let key: Arc<str> = "alice".into();
-    let remaining = || {
-        store.decide_now(&quota, &key, 0).unwrap().decisions[0]
-            .1
-            .remaining
-    };
+    let remaining = || store.decide_now(&quota, &key, 0).unwrap().decisions[0].remaining;
 
     let response = app
         .clone()

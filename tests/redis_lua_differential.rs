@@ -35,7 +35,7 @@ use tower_admission::clock::{ManualClock, Timestamp};
 use tower_admission::quota::algorithm::{
     Algorithm, FixedWindow, SlidingLog, SlidingWindow, State, TokenBucket,
 };
-use tower_admission::quota::{Decision, Policy, Quota, QuotaDecision, RedisStore, Store};
+use tower_admission::quota::{Decisions, Policy, Quota, QuotaDecision, RedisStore, Store};
 
 use support::RedisServer;
 
@@ -213,7 +213,7 @@ fn drop_if_fresh(algorithm: &Algorithm, state: &mut State, now: u64) {
 fn reference_decide(quota: &Quota, states: &mut [State], now: u64, cost: u64) -> QuotaDecision {
     let now = Timestamp(now);
     let mut admitted = true;
-    let decisions: Vec<(Arc<str>, Decision)> = quota
+    let decisions: Decisions = quota
         .policies()
         .iter()
         .zip(states.iter_mut())
@@ -222,10 +222,10 @@ fn reference_decide(quota: &Quota, states: &mut [State], now: u64, cost: u64) ->
             if !d.admitted && !policy.is_shadow() {
                 admitted = false;
             }
-            (policy.name_arc().clone(), d)
+            d
         })
         .collect();
-    for ((policy, state), (_, d)) in quota
+    for ((policy, state), d) in quota
         .policies()
         .iter()
         .zip(states.iter_mut())
@@ -281,7 +281,7 @@ async fn one_algorithm(
                 drop_if_fresh(&algorithm, &mut states[k], now);
                 let got = rig.store.decide(&quota, &keys[k], cost).await.unwrap();
                 prop_assert_eq!(
-                    &got.decisions[0].1,
+                    &got.decisions[0],
                     &expected,
                     "op {} decide cost {} at {} on key {}",
                     i,
@@ -549,7 +549,7 @@ fn sliding_window_products_beyond_2_53_are_exact() {
             state = next;
             drop_if_fresh(&algorithm, &mut state, now);
             let got = rig.store.decide(&quota, &key, cost).await.unwrap();
-            assert_eq!(got.decisions[0].1, expected, "cost {cost} at {now}");
+            assert_eq!(got.decisions[0], expected, "cost {cost} at {now}");
         }
     });
 }

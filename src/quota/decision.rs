@@ -1,5 +1,8 @@
-use std::sync::Arc;
 use std::time::Duration;
+
+use smallvec::SmallVec;
+
+use crate::quota::Quota;
 
 /// One policy's answer to one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,13 +27,16 @@ impl Decision {
     }
 }
 
+/// Decisions of a quota's policies, in policy order. Inline up to two.
+pub type Decisions = SmallVec<[Decision; 2]>;
+
 /// The answer of every policy of a quota to one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QuotaDecision {
     /// True if the request is admitted: no enforcing (non-shadow) policy refused.
     pub admitted: bool,
-    /// Each policy's decision, in the quota's policy order.
-    pub decisions: Vec<(Arc<str>, Decision)>,
+    /// Each policy's decision, in the order of [`Quota::policies`].
+    pub decisions: Decisions,
 }
 
 impl QuotaDecision {
@@ -40,9 +46,15 @@ impl QuotaDecision {
         if self.admitted {
             return None;
         }
-        self.decisions
+        self.decisions.iter().filter_map(|d| d.retry_after).max()
+    }
+
+    /// Each decision with the name of its policy.
+    pub fn named<'a>(&'a self, quota: &'a Quota) -> impl Iterator<Item = (&'a str, &'a Decision)> {
+        quota
+            .policies()
             .iter()
-            .filter_map(|(_, d)| d.retry_after)
-            .max()
+            .map(|p| p.name())
+            .zip(&self.decisions)
     }
 }

@@ -225,7 +225,7 @@ fn from_decision(quota: &Quota, mut decision: QuotaDecision, cost: u64) -> Verdi
     if !decision.admitted {
         // Nothing was recorded: policies that would have admitted still hold
         // the cost they reported as taken.
-        for (_, d) in decision.decisions.iter_mut().filter(|(_, d)| d.admitted) {
+        for d in decision.decisions.iter_mut().filter(|d| d.admitted) {
             d.remaining = d.remaining.saturating_add(cost).min(d.limit);
         }
     }
@@ -235,15 +235,15 @@ fn from_decision(quota: &Quota, mut decision: QuotaDecision, cost: u64) -> Verdi
                 .decisions
                 .iter()
                 .zip(quota.policies())
-                .filter(|((_, d), p)| !d.admitted && !p.is_shadow())
+                .filter(|(d, p)| !d.admitted && !p.is_shadow())
         };
         let never: Vec<Arc<str>> = refusing()
-            .filter(|((_, d), _)| d.cost_exceeds_limit())
-            .map(|((name, _), _)| name.clone())
+            .filter(|(d, _)| d.cost_exceeds_limit())
+            .map(|(_, p)| p.name_arc().clone())
             .collect();
         if never.is_empty() {
             Rejection::QuotaExceeded {
-                policies: refusing().map(|((name, _), _)| name.clone()).collect(),
+                policies: refusing().map(|(_, p)| p.name_arc().clone()).collect(),
                 retry_after: decision.retry_after().unwrap_or(UNAVAILABLE_RETRY_AFTER),
             }
         } else {
@@ -253,18 +253,24 @@ fn from_decision(quota: &Quota, mut decision: QuotaDecision, cost: u64) -> Verdi
             }
         }
     });
-    for ((name, d), p) in decision.decisions.iter().zip(quota.policies()) {
-        if p.is_shadow() && !d.admitted {
-            tracing::info!(
-                quota = quota.name(),
-                policy = &**name,
-                "shadow policy would refuse"
-            );
-        }
-    }
+    let decisions = quota
+        .policies()
+        .iter()
+        .zip(decision.decisions)
+        .map(|(p, d)| {
+            if p.is_shadow() && !d.admitted {
+                tracing::info!(
+                    quota = quota.name(),
+                    policy = p.name(),
+                    "shadow policy would refuse"
+                );
+            }
+            (p.name_arc().clone(), d)
+        })
+        .collect();
     Verdict {
         admitted: decision.admitted,
-        decisions: decision.decisions,
+        decisions,
         rejection,
         store_error: None,
     }

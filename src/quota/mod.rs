@@ -10,7 +10,7 @@ mod service;
 mod settle;
 pub mod store;
 
-pub use decision::{Decision, QuotaDecision};
+pub use decision::{Decision, Decisions, QuotaDecision};
 pub use layer::{KeyFn, QuotaLayer, QuotaLayerBuilder, Scope};
 pub use limiter::{Limiter, LimiterStats, Verdict};
 pub use policy::{FailureMode, Policy, Quota};

@@ -23,12 +23,15 @@ pub struct SlidingLogState {
     pub entries: VecDeque<(u64, u64)>,
     /// Sum of the costs in `entries`.
     pub total: u64,
+    /// Time of the newest entry, kept beside the log so a refusal reads only
+    /// its oldest entry.
+    pub newest: u64,
 }
 
 impl SlidingLog {
     /// Drops entries at or before `now - W`; returns the time the log acts at.
     fn trim(&self, state: &mut SlidingLogState, now: u64) -> u64 {
-        let now = state.entries.back().map_or(now, |&(t, _)| now.max(t));
+        let now = now.max(state.newest);
         while let Some(&(t, cost)) = state.entries.front() {
             if t.saturating_add(self.window) > now {
                 break;
@@ -40,10 +43,11 @@ impl SlidingLog {
     }
 
     fn reset(&self, state: &SlidingLogState, now: u64) -> u64 {
-        state
-            .entries
-            .back()
-            .map_or(0, |&(t, _)| (t + self.window).saturating_sub(now))
+        if state.entries.is_empty() {
+            0
+        } else {
+            (state.newest + self.window).saturating_sub(now)
+        }
     }
 
     pub(crate) fn check(&self, state: &mut SlidingLogState, now: u64, cost: u64) -> Decision {
@@ -88,6 +92,7 @@ impl SlidingLog {
         if cost > 0 {
             state.entries.push_back((now, cost));
             state.total += cost;
+            state.newest = now;
         }
     }
 
@@ -109,14 +114,16 @@ impl SlidingLog {
             refund -= take;
             if last.1 == 0 {
                 state.entries.pop_back();
+                state.newest = state.entries.back().map_or(0, |&(t, _)| t);
             }
         }
     }
 
     pub(crate) fn fresh_at(&self, state: &SlidingLogState) -> u64 {
-        state
-            .entries
-            .back()
-            .map_or(0, |&(t, _)| t.saturating_add(self.window))
+        if state.entries.is_empty() {
+            0
+        } else {
+            state.newest.saturating_add(self.window)
+        }
     }
 }

@@ -32,9 +32,10 @@ impl TokenBucket {
     pub(crate) fn check(&self, state: &mut TokenBucketState, now: u64, cost: u64) -> Decision {
         let start = state.tat.max(now);
         let horizon = self.horizon(now);
-        let remaining = horizon.saturating_sub(start) / self.interval;
+        // One division per decision: `remaining` is computed in each branch.
+        let remaining = || horizon.saturating_sub(start) / self.interval;
         if cost > self.capacity {
-            return never(self.capacity, remaining, start - now);
+            return never(self.capacity, remaining(), start - now);
         }
         let next = start.saturating_add(cost.saturating_mul(self.interval));
         if next <= horizon {
@@ -49,7 +50,7 @@ impl TokenBucket {
             Decision {
                 admitted: false,
                 limit: self.capacity,
-                remaining,
+                remaining: remaining(),
                 retry_after: Some(micros(next - horizon)),
                 reset: micros(start - now),
             }

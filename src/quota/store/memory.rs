@@ -9,7 +9,7 @@ use parking_lot::Mutex;
 use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::quota::algorithm::State;
 use crate::quota::store::{Store, StoreError};
-use crate::quota::{Quota, QuotaDecision};
+use crate::quota::{Decisions, Quota, QuotaDecision};
 use crate::ConfigError;
 
 /// Sizing of a [`MemoryStore`].
@@ -23,9 +23,10 @@ impl MemoryConfig {
     /// At most `max_keys` keys, in a number of shards chosen from the CPU count.
     pub fn new(max_keys: NonZeroUsize) -> Self {
         let cpus = std::thread::available_parallelism().map_or(4, NonZeroUsize::get);
-        let shards = (cpus * 8)
-            .next_power_of_two()
-            .min(max_keys.get().next_power_of_two());
+        // Enough shards that threads rarely meet, each holding at least 64 keys.
+        let most = (max_keys.get() / 64).max(1);
+        let most = 1 << most.ilog2();
+        let shards = (cpus * 32).next_power_of_two().min(most);
         MemoryConfig {
             max_keys,
             shards: NonZeroUsize::new(shards).unwrap_or(NonZeroUsize::MIN),
@@ -56,8 +57,9 @@ impl Default for MemoryConfig {
 ///
 /// - **Atomic.** A key's policies live in one slot of one shard; cleanup,
 ///   check and record happen under that shard's lock.
-/// - **Bounded.** Each of the `S` shards holds at most `max_keys / S` keys, so
-///   [`len`](Self::len) never exceeds `max_keys`.
+/// - **Bounded.** Each shard holds a fixed share of `max_keys` (the shares
+///   add up to `max_keys`), so [`len`](Self::len) never exceeds it. A new key
+///   can meet a full shard while others still have room.
 /// - **Lossless eviction.** Only state equivalent to fresh (an expired window,
 ///   a full bucket) is ever dropped, so dropping inflates no quota. Refusals
 ///   create no state at all.
@@ -98,23 +100,35 @@ pub struct MemoryStore<C = SystemClock> {
 struct Inner<C> {
     clock: C,
     hasher: RandomState,
-    shard_cap: usize,
-    shards: Box<[Mutex<Shard>]>,
+    max_keys: usize,
+    shards: Box<[Padded<Mutex<Shard>>]>,
 }
+
+/// Keeps each shard on its own cache lines, so threads working on
+/// different shards do not contend.
+#[derive(Debug)]
+#[repr(align(128))]
+struct Padded<T>(T);
 
 #[derive(Debug, Default)]
 struct Shard {
+    /// Most keys this shard holds.
+    cap: usize,
     table: HashTable<Slot>,
     /// No slot can be dropped before this time.
     next_expiry: u64,
 }
+
+/// A key's states, one per policy, inline for up to two policies so a
+/// decision touches no memory beyond its slot.
+type States = smallvec::SmallVec<[State; 2]>;
 
 #[derive(Debug)]
 struct Slot {
     hash: u64,
     quota: Arc<str>,
     key: Arc<str>,
-    states: Box<[State]>,
+    states: States,
     /// From this time every state is equivalent to fresh.
     fresh_at: u64,
 }
@@ -140,8 +154,18 @@ impl<C: Clock> MemoryStore<C> {
             inner: Arc::new(Inner {
                 clock,
                 hasher: RandomState::new(),
-                shard_cap: (config.max_keys.get() / shards).max(1),
-                shards: (0..shards).map(|_| Mutex::new(Shard::default())).collect(),
+                max_keys: config.max_keys.get(),
+                shards: (0..shards)
+                    .map(|i| {
+                        // Spread the remainder so the caps add up to max_keys exactly.
+                        let max_keys = config.max_keys.get();
+                        let cap = max_keys / shards + usize::from(i < max_keys % shards);
+                        Padded(Mutex::new(Shard {
+                            cap,
+                            ..Shard::default()
+                        }))
+                    })
+                    .collect(),
             }),
         }
     }
@@ -153,7 +177,11 @@ impl<C: Clock> MemoryStore<C> {
 
     /// Number of keys held.
     pub fn len(&self) -> usize {
-        self.inner.shards.iter().map(|s| s.lock().table.len()).sum()
+        self.inner
+            .shards
+            .iter()
+            .map(|s| s.0.lock().table.len())
+            .sum()
     }
 
     /// True when no key is held.
@@ -163,13 +191,17 @@ impl<C: Clock> MemoryStore<C> {
 
     /// The most keys this store will ever hold.
     pub fn capacity(&self) -> usize {
-        self.inner.shard_cap * self.inner.shards.len()
+        self.inner.max_keys
     }
 
     /// Drops every key whose state is equivalent to fresh; returns how many.
     pub fn sweep(&self) -> usize {
         let now = self.inner.clock.now().as_micros();
-        self.inner.shards.iter().map(|s| s.lock().sweep(now)).sum()
+        self.inner
+            .shards
+            .iter()
+            .map(|s| s.0.lock().sweep(now))
+            .sum()
     }
 
     /// Runs [`sweep`](Self::sweep) every `period` on the current tokio runtime
@@ -250,7 +282,7 @@ impl<C: Clock> MemoryStore<C> {
         hash: u64,
         quota: &Quota,
         key: &Arc<str>,
-        states: Box<[State]>,
+        states: States,
         now: Timestamp,
     ) -> Result<(), StoreError> {
         let now = now.as_micros();
@@ -258,11 +290,11 @@ impl<C: Clock> MemoryStore<C> {
         if fresh_at <= now {
             return Ok(());
         }
-        if shard.table.len() >= self.inner.shard_cap {
+        if shard.table.len() >= shard.cap {
             if now >= shard.next_expiry {
                 shard.sweep(now);
             }
-            if shard.table.len() >= self.inner.shard_cap {
+            if shard.table.len() >= shard.cap {
                 let retry_after = Duration::from_micros(shard.next_expiry.saturating_sub(now));
                 return Err(StoreError::Full { retry_after });
             }
@@ -288,7 +320,7 @@ impl<C: Clock> MemoryStore<C> {
     fn shard(&self, hash: u64) -> &Mutex<Shard> {
         // High bits pick the shard; the table uses the low bits.
         let index = (hash >> 48) as usize & (self.inner.shards.len() - 1);
-        &self.inner.shards[index]
+        &self.inner.shards[index].0
     }
 }
 
@@ -308,7 +340,7 @@ impl Shard {
     }
 }
 
-fn fresh_states(quota: &Quota) -> Box<[State]> {
+fn fresh_states(quota: &Quota) -> States {
     quota
         .policies()
         .iter()
@@ -342,20 +374,14 @@ pub(crate) fn decide(
     cost: u64,
 ) -> QuotaDecision {
     let mut admitted = true;
-    let decisions: Vec<_> = quota
-        .policies()
-        .iter()
-        .zip(states.iter_mut())
-        .map(|(policy, state)| {
-            let d = policy.algorithm().check(state, now, cost);
-            if !d.admitted && !policy.is_shadow() {
-                admitted = false;
-            }
-            (policy.name_arc().clone(), d)
-        })
-        .collect();
+    let mut decisions = Decisions::new();
+    for (policy, state) in quota.policies().iter().zip(states.iter_mut()) {
+        let d = policy.algorithm().check(state, now, cost);
+        admitted &= d.admitted || policy.is_shadow();
+        decisions.push(d);
+    }
     if admitted {
-        for ((policy, state), (_, d)) in quota
+        for ((policy, state), d) in quota
             .policies()
             .iter()
             .zip(states.iter_mut())

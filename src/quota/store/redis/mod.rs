@@ -554,17 +554,12 @@ fn decode(quota: &Quota, reply: &[i64]) -> Result<QuotaDecision, StoreError> {
     let decisions = policies
         .iter()
         .zip(reply[1..].chunks_exact(4))
-        .map(|(policy, r)| {
-            (
-                policy.name_arc().clone(),
-                Decision {
-                    admitted: r[0] == 1,
-                    limit: policy.algorithm().limit(),
-                    remaining: u64::try_from(r[1]).unwrap_or(0),
-                    retry_after: (r[2] >= 0).then(|| micros(r[2])),
-                    reset: micros(r[3]),
-                },
-            )
+        .map(|(policy, r)| Decision {
+            admitted: r[0] == 1,
+            limit: policy.algorithm().limit(),
+            remaining: u64::try_from(r[1]).unwrap_or(0),
+            retry_after: (r[2] >= 0).then(|| micros(r[2])),
+            reset: micros(r[3]),
         })
         .collect();
     Ok(QuotaDecision {
