@@ -249,10 +249,10 @@ async fn multiple_policies_refusal_consumes_nothing() {
     assert_eq!(last.decisions[1].1.remaining, 10);
 }
 
-#[test]
-fn shadow_policy_never_refuses_but_reports() {
+#[tokio::test]
+async fn shadow_policy_never_refuses_but_reports() {
     let clock = ManualClock::new(Timestamp::from_secs(NOON));
-    let store = MemoryStore::with_config(MemoryConfig::default(), clock);
+    let limiter = Limiter::new(MemoryStore::with_config(MemoryConfig::default(), clock));
     let quota = Quota::new(
         "q",
         [
@@ -262,16 +262,28 @@ fn shadow_policy_never_refuses_but_reports() {
     )
     .unwrap();
     let key: Arc<str> = "k".into();
-    let decisions: Vec<_> = (0..12)
-        .map(|_| store.decide_now(&quota, &key, 1).unwrap())
-        .collect();
-    assert_eq!(decisions.iter().filter(|d| d.admitted).count(), 10);
+    let mut verdicts = Vec::new();
+    for _ in 0..12 {
+        verdicts.push(limiter.check(&quota, &key, 1).await);
+    }
+    assert_eq!(verdicts.iter().filter(|v| v.admitted).count(), 10);
+    // The trial policy would have refused from the 4th request on.
     assert_eq!(
-        decisions
+        verdicts
             .iter()
-            .filter(|d| !d.decisions[1].admitted)
+            .filter(|v| !v.decisions[1].1.admitted)
             .count(),
         9
+    );
+    let stats = limiter.stats();
+    assert_eq!(
+        (stats.admitted, stats.refused, stats.shadow_refusals),
+        (10, 2, 9)
+    );
+    // Refusals name only the enforcing policy.
+    let refusal = verdicts[11].rejection.as_ref().unwrap();
+    assert!(
+        matches!(refusal, tower_admission::reject::Rejection::QuotaExceeded { policies, .. } if policies.len() == 1 && &*policies[0] == "enforced")
     );
 }
 

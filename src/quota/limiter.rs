@@ -63,6 +63,8 @@ pub struct LimiterStats {
     pub local_share: u64,
     /// Store calls that timed out after sending: counted as consumed.
     pub unknown_outcomes: u64,
+    /// Refusals by shadow policies, which never refuse a request.
+    pub shadow_refusals: u64,
 }
 
 #[derive(Debug, Default)]
@@ -73,6 +75,7 @@ struct Counters {
     failed_closed: AtomicU64,
     local_share: AtomicU64,
     unknown_outcomes: AtomicU64,
+    shadow_refusals: AtomicU64,
 }
 
 impl<S: Store> Limiter<S> {
@@ -107,6 +110,7 @@ impl<S: Store> Limiter<S> {
             failed_closed: get(&c.failed_closed),
             local_share: get(&c.local_share),
             unknown_outcomes: get(&c.unknown_outcomes),
+            shadow_refusals: get(&c.shadow_refusals),
         }
     }
 
@@ -114,7 +118,7 @@ impl<S: Store> Limiter<S> {
     /// each policy's failure mode.
     pub async fn check(&self, quota: &Quota, key: &Arc<str>, cost: u64) -> Verdict {
         let verdict = match self.store.decide(quota, key, cost).await {
-            Ok(decision) => from_decision(quota, decision, cost),
+            Ok(decision) => self.from_decision(quota, decision, cost),
             Err(error) => self.on_failure(quota, key, cost, error),
         };
         let counter = if verdict.admitted {
@@ -189,7 +193,7 @@ impl<S: Store> Limiter<S> {
             // The local limiter decides the shared policies; it charges the
             // request even when the store's outcome is unknown.
             Ok(local_quota) => match self.local.decide_now(&local_quota, key, cost) {
-                Ok(decision) => from_decision(&local_quota, decision, cost),
+                Ok(decision) => self.from_decision(&local_quota, decision, cost),
                 Err(local_error) => Verdict {
                     admitted: false,
                     decisions: Vec::new(),
@@ -221,57 +225,61 @@ impl<S: Store> Limiter<S> {
     }
 }
 
-fn from_decision(quota: &Quota, mut decision: QuotaDecision, cost: u64) -> Verdict {
-    if !decision.admitted {
-        // Nothing was recorded: policies that would have admitted still hold
-        // the cost they reported as taken.
-        for d in decision.decisions.iter_mut().filter(|d| d.admitted) {
-            d.remaining = d.remaining.saturating_add(cost).min(d.limit);
+impl<S: Store> Limiter<S> {
+    /// Turns a store decision into a verdict: the rejection, shadow counts and logs.
+    fn from_decision(&self, quota: &Quota, mut decision: QuotaDecision, cost: u64) -> Verdict {
+        if !decision.admitted {
+            // Nothing was recorded: policies that would have admitted still hold
+            // the cost they reported as taken.
+            for d in decision.decisions.iter_mut().filter(|d| d.admitted) {
+                d.remaining = d.remaining.saturating_add(cost).min(d.limit);
+            }
         }
-    }
-    let rejection = (!decision.admitted).then(|| {
-        let refusing = || {
-            decision
-                .decisions
-                .iter()
-                .zip(quota.policies())
-                .filter(|(d, p)| !d.admitted && !p.is_shadow())
-        };
-        let never: Vec<Arc<str>> = refusing()
-            .filter(|(d, _)| d.cost_exceeds_limit())
-            .map(|(_, p)| p.name_arc().clone())
+        let rejection = (!decision.admitted).then(|| {
+            let refusing = || {
+                decision
+                    .decisions
+                    .iter()
+                    .zip(quota.policies())
+                    .filter(|(d, p)| !d.admitted && !p.is_shadow())
+            };
+            let never: Vec<Arc<str>> = refusing()
+                .filter(|(d, _)| d.cost_exceeds_limit())
+                .map(|(_, p)| p.name_arc().clone())
+                .collect();
+            if never.is_empty() {
+                Rejection::QuotaExceeded {
+                    policies: refusing().map(|(_, p)| p.name_arc().clone()).collect(),
+                    retry_after: decision.retry_after().unwrap_or(UNAVAILABLE_RETRY_AFTER),
+                }
+            } else {
+                Rejection::CostExceedsCapacity {
+                    policies: never,
+                    cost,
+                }
+            }
+        });
+        let decisions = quota
+            .policies()
+            .iter()
+            .zip(decision.decisions)
+            .map(|(p, d)| {
+                if p.is_shadow() && !d.admitted {
+                    self.stats.shadow_refusals.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(
+                        quota = quota.name(),
+                        policy = p.name(),
+                        "shadow policy would refuse"
+                    );
+                }
+                (p.name_arc().clone(), d)
+            })
             .collect();
-        if never.is_empty() {
-            Rejection::QuotaExceeded {
-                policies: refusing().map(|(_, p)| p.name_arc().clone()).collect(),
-                retry_after: decision.retry_after().unwrap_or(UNAVAILABLE_RETRY_AFTER),
-            }
-        } else {
-            Rejection::CostExceedsCapacity {
-                policies: never,
-                cost,
-            }
+        Verdict {
+            admitted: decision.admitted,
+            decisions,
+            rejection,
+            store_error: None,
         }
-    });
-    let decisions = quota
-        .policies()
-        .iter()
-        .zip(decision.decisions)
-        .map(|(p, d)| {
-            if p.is_shadow() && !d.admitted {
-                tracing::info!(
-                    quota = quota.name(),
-                    policy = p.name(),
-                    "shadow policy would refuse"
-                );
-            }
-            (p.name_arc().clone(), d)
-        })
-        .collect();
-    Verdict {
-        admitted: decision.admitted,
-        decisions,
-        rejection,
-        store_error: None,
     }
 }
