@@ -118,7 +118,7 @@ impl<S: Store> Limiter<S> {
     /// each policy's failure mode.
     pub async fn check(&self, quota: &Quota, key: &Arc<str>, cost: u64) -> Verdict {
         let verdict = match self.store.decide(quota, key, cost).await {
-            Ok(decision) => self.from_decision(quota, decision, cost),
+            Ok(decision) => self.verdict(quota, decision, cost),
             Err(error) => self.on_failure(quota, key, cost, error),
         };
         let counter = if verdict.admitted {
@@ -193,7 +193,7 @@ impl<S: Store> Limiter<S> {
             // The local limiter decides the shared policies; it charges the
             // request even when the store's outcome is unknown.
             Ok(local_quota) => match self.local.decide_now(&local_quota, key, cost) {
-                Ok(decision) => self.from_decision(&local_quota, decision, cost),
+                Ok(decision) => self.verdict(&local_quota, decision, cost),
                 Err(local_error) => Verdict {
                     admitted: false,
                     decisions: Vec::new(),
@@ -227,7 +227,7 @@ impl<S: Store> Limiter<S> {
 
 impl<S: Store> Limiter<S> {
     /// Turns a store decision into a verdict: the rejection, shadow counts and logs.
-    fn from_decision(&self, quota: &Quota, mut decision: QuotaDecision, cost: u64) -> Verdict {
+    fn verdict(&self, quota: &Quota, mut decision: QuotaDecision, cost: u64) -> Verdict {
         if !decision.admitted {
             // Nothing was recorded: policies that would have admitted still hold
             // the cost they reported as taken.
