@@ -14,10 +14,12 @@ const UNAVAILABLE_RETRY_AFTER: Duration = Duration::from_secs(1);
 /// Clones share the store, the local fallback limiter and the counters.
 ///
 /// ```
-/// use tower_admission::quota::{Limiter, MemoryStore, Policy, Quota};
+/// use tower_admission::clock::{ManualClock, Timestamp};
+/// use tower_admission::quota::{Limiter, MemoryConfig, MemoryStore, Policy, Quota};
 /// use std::{sync::Arc, time::Duration};
 /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
-/// let limiter = Limiter::new(MemoryStore::new());
+/// let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+/// let limiter = Limiter::new(MemoryStore::with_config(MemoryConfig::default(), clock));
 /// let quota = Quota::new("api", [Policy::token_bucket("burst", 1, 1, Duration::from_secs(1))?])?;
 /// let key: Arc<str> = "alice".into();
 /// assert!(limiter.check(&quota, &key, 1).await.admitted);

@@ -75,11 +75,14 @@ impl Default for MemoryConfig {
 /// Clones share state.
 ///
 /// ```
-/// use tower_admission::quota::{MemoryStore, Policy, Quota, Store};
-/// use std::{sync::Arc, time::Duration};
+/// use tower_admission::clock::{ManualClock, Timestamp};
+/// use tower_admission::quota::{MemoryConfig, MemoryStore, Policy, Quota, Store};
+/// use std::{num::NonZeroUsize, sync::Arc, time::Duration};
 ///
 /// # tokio_test_block_on(async {
-/// let store = MemoryStore::new();
+/// // At most 10,000 keys; a manual clock so the example never crosses a minute.
+/// let config = MemoryConfig::new(NonZeroUsize::new(10_000).unwrap());
+/// let store = MemoryStore::with_config(config, ManualClock::new(Timestamp::from_secs(1_800_000_000)));
 /// let quota = Quota::new("api", [Policy::fixed_window("per-minute", 2, Duration::from_secs(60))?])?;
 /// let alice: Arc<str> = "alice".into();
 /// assert!(store.decide(&quota, &alice, 1).await.unwrap().admitted);
