@@ -2,6 +2,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use smallvec::SmallVec;
+
 use crate::quota::{Decision, FailureMode, MemoryStore, Quota, QuotaDecision, Store, StoreError};
 use crate::reject::Rejection;
 
@@ -41,9 +43,10 @@ pub struct Limiter<S> {
 pub struct Verdict {
     /// True if the request may proceed.
     pub admitted: bool,
-    /// Each policy's decision. Policies resolved by [`FailureMode::Open`] or
-    /// [`FailureMode::Closed`] have no decision and are absent.
-    pub decisions: Vec<(Arc<str>, Decision)>,
+    /// Each policy's decision, with its name. Policies resolved by
+    /// [`FailureMode::Open`] or [`FailureMode::Closed`] have no decision and
+    /// are absent.
+    pub decisions: SmallVec<[(Arc<str>, Decision); 2]>,
     /// Why the request was refused, when it was.
     pub rejection: Option<Rejection>,
     /// The store error that failure modes resolved, if any.
@@ -119,7 +122,25 @@ impl<S: Store> Limiter<S> {
     /// Decides `cost` for `key` under `quota`, resolving store failures by
     /// each policy's failure mode.
     pub async fn check(&self, quota: &Quota, key: &Arc<str>, cost: u64) -> Verdict {
-        let verdict = match self.store.decide(quota, key, cost).await {
+        let result = self.store.decide(quota, key, cost).await;
+        self.resolve(quota, key, cost, result)
+    }
+
+    /// [`check`](Self::check) without awaiting, for stores that decide
+    /// synchronously ([`Store::decide_sync`]); `None` for the others.
+    pub fn check_sync(&self, quota: &Quota, key: &Arc<str>, cost: u64) -> Option<Verdict> {
+        let result = self.store.decide_sync(quota, key, cost)?;
+        Some(self.resolve(quota, key, cost, result))
+    }
+
+    fn resolve(
+        &self,
+        quota: &Quota,
+        key: &Arc<str>,
+        cost: u64,
+        result: Result<QuotaDecision, StoreError>,
+    ) -> Verdict {
+        let verdict = match result {
             Ok(decision) => self.verdict(quota, decision, cost),
             Err(error) => self.on_failure(quota, key, cost, error),
         };
@@ -179,7 +200,7 @@ impl<S: Store> Limiter<S> {
         if closed {
             return Verdict {
                 admitted: false,
-                decisions: Vec::new(),
+                decisions: SmallVec::new(),
                 rejection: Some(Rejection::LimiterUnavailable {
                     retry_after: match error {
                         StoreError::Full { retry_after } => {
@@ -198,7 +219,7 @@ impl<S: Store> Limiter<S> {
                 Ok(decision) => self.verdict(&local_quota, decision, cost),
                 Err(local_error) => Verdict {
                     admitted: false,
-                    decisions: Vec::new(),
+                    decisions: SmallVec::new(),
                     rejection: Some(Rejection::LimiterUnavailable {
                         retry_after: UNAVAILABLE_RETRY_AFTER,
                     }),
@@ -208,7 +229,7 @@ impl<S: Store> Limiter<S> {
             // No local-share policy: every enforcing policy failed open.
             Err(_) => Verdict {
                 admitted: true,
-                decisions: Vec::new(),
+                decisions: SmallVec::new(),
                 rejection: None,
                 store_error: None,
             },

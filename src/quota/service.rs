@@ -1,14 +1,15 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 
-use http::{Request, Response};
+use http::{HeaderMap, Request, Response};
 use http_body_util::Either;
+use pin_project_lite::pin_project;
 use tower::Service;
 
 use crate::quota::layer::{Config, Resolved};
-use crate::quota::{headers, Settlement, Store};
+use crate::quota::{headers, Quota, Settlement, Store, Verdict};
 use crate::reject::{is_grpc, Rejection, ResponseBody};
 
 /// The service built by [`QuotaLayer`](crate::quota::QuotaLayer).
@@ -55,9 +56,66 @@ impl<S: std::fmt::Debug, St> std::fmt::Debug for QuotaService<S, St> {
     }
 }
 
-/// Response future of [`QuotaService`].
-pub type ResponseFuture<B, E> =
-    Pin<Box<dyn Future<Output = Result<Response<ResponseBody<B>>, E>> + Send>>;
+type Boxed<B, E> = Pin<Box<dyn Future<Output = Result<Response<ResponseBody<B>>, E>> + Send>>;
+
+pin_project! {
+    /// Response future of [`QuotaService`].
+    ///
+    /// A store that decides synchronously (the memory store) costs no
+    /// allocation: the inner future is polled in place. A store that awaits
+    /// (Redis) runs in one boxed future.
+    pub struct ResponseFuture<F, B, E> {
+        #[pin]
+        state: State<F, B, E>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<F, B, E> {
+        Inner {
+            #[pin]
+            future: F,
+            // RateLimit headers to add to the response, when configured.
+            headers: Option<HeaderMap>,
+        },
+        Refused {
+            response: Option<Response<ResponseBody<B>>>,
+        },
+        Waiting {
+            future: Boxed<B, E>,
+        },
+    }
+}
+
+impl<F, B, E> Future for ResponseFuture<F, B, E>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+{
+    type Output = Result<Response<ResponseBody<B>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().state.project() {
+            StateProj::Inner { future, headers } => {
+                let mut response = ready!(future.poll(cx))?;
+                if let Some(extra) = headers.take() {
+                    response.headers_mut().extend(extra);
+                }
+                Poll::Ready(Ok(response.map(Either::Left)))
+            }
+            StateProj::Refused { response } => Poll::Ready(Ok(response
+                .take()
+                .expect("ResponseFuture polled after completion"))),
+            StateProj::Waiting { future } => future.as_mut().poll(cx),
+        }
+    }
+}
+
+impl<F, B, E> std::fmt::Debug for ResponseFuture<F, B, E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}
 
 impl<S, St, ReqBody, ResBody> Service<Request<ReqBody>> for QuotaService<S, St>
 where
@@ -70,7 +128,7 @@ where
 {
     type Response = Response<ResponseBody<ResBody>>;
     type Error = S::Error;
-    type Future = ResponseFuture<ResBody, S::Error>;
+    type Future = ResponseFuture<S::Future, ResBody, S::Error>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -78,42 +136,87 @@ where
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let (mut parts, body) = req.into_parts();
-        let grpc = is_grpc(&parts.headers);
         let (quota, key, cost) = match self.config.resolve(&parts) {
-            Resolved::Apply { quota, key, cost } => (quota.clone(), key, cost),
+            Resolved::Apply { quota, key, cost } => (quota, key, cost),
             Resolved::Skip => {
                 let future = self.inner.call(Request::from_parts(parts, body));
-                return Box::pin(async move { Ok(future.await?.map(Either::Left)) });
+                return inner(future, None);
             }
             Resolved::NoIdentity => {
                 let rejection = Rejection::Unauthenticated {
                     reason: "no authenticated identity",
                 };
-                return Box::pin(std::future::ready(Ok(rejection.into_layer_response(grpc))));
+                return refused(rejection.into_layer_response(is_grpc(&parts.headers)));
             }
         };
-        let ready = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, ready);
-        let config = self.config.clone();
-        Box::pin(async move {
-            let verdict = config.limiter.check(&quota, &key, cost).await;
-            let Some(rejection) = verdict.rejection else {
-                if config.cost.is_some() {
-                    let mut settlement =
-                        parts.extensions.remove::<Settlement>().unwrap_or_default();
-                    settlement.push(config.limiter.clone(), quota.clone(), key, cost);
-                    parts.extensions.insert(settlement);
-                }
-                let mut response = inner.call(Request::from_parts(parts, body)).await?;
-                if config.headers_on_success {
-                    headers::insert(response.headers_mut(), &quota, &verdict.decisions);
-                }
-                return Ok(response.map(Either::Left));
+        // Stores that decide without waiting are handled here, in place.
+        if let Some(verdict) = self.config.limiter.check_sync(quota, &key, cost) {
+            return match admit(&self.config, quota, key, cost, verdict, &mut parts) {
+                Ok(headers) => inner(self.inner.call(Request::from_parts(parts, body)), headers),
+                Err(response) => refused(response),
             };
-            tracing::debug!(quota = quota.name(), key = &*key, cost, %rejection, "quota refused");
-            let mut response = rejection.into_layer_response(grpc);
-            headers::insert(response.headers_mut(), &quota, &verdict.decisions);
-            Ok(response)
-        })
+        }
+        let quota = quota.clone();
+        let ready = self.inner.clone();
+        let mut service = std::mem::replace(&mut self.inner, ready);
+        let config = self.config.clone();
+        ResponseFuture {
+            state: State::Waiting {
+                future: Box::pin(async move {
+                    let verdict = config.limiter.check(&quota, &key, cost).await;
+                    match admit(&config, &quota, key, cost, verdict, &mut parts) {
+                        Ok(headers) => {
+                            let mut response =
+                                service.call(Request::from_parts(parts, body)).await?;
+                            response.headers_mut().extend(headers.unwrap_or_default());
+                            Ok(response.map(Either::Left))
+                        }
+                        Err(response) => Ok(response),
+                    }
+                }),
+            },
+        }
     }
+}
+
+fn inner<F, B, E>(future: F, headers: Option<HeaderMap>) -> ResponseFuture<F, B, E> {
+    ResponseFuture {
+        state: State::Inner { future, headers },
+    }
+}
+
+fn refused<F, B, E>(response: Response<ResponseBody<B>>) -> ResponseFuture<F, B, E> {
+    ResponseFuture {
+        state: State::Refused {
+            response: Some(response),
+        },
+    }
+}
+
+/// Applies a verdict: on admission records the settlement and returns the
+/// headers for the response (if configured); on refusal, the response.
+fn admit<St: Store, B>(
+    config: &Config<St>,
+    quota: &Quota,
+    key: Arc<str>,
+    cost: u64,
+    verdict: Verdict,
+    parts: &mut http::request::Parts,
+) -> Result<Option<HeaderMap>, Response<ResponseBody<B>>> {
+    let Some(rejection) = verdict.rejection else {
+        if config.cost.is_some() {
+            let mut settlement = parts.extensions.remove::<Settlement>().unwrap_or_default();
+            settlement.push(config.limiter.clone(), quota.clone(), key, cost);
+            parts.extensions.insert(settlement);
+        }
+        return Ok(config.headers_on_success.then(|| {
+            let mut extra = HeaderMap::new();
+            headers::insert(&mut extra, quota, &verdict.decisions);
+            extra
+        }));
+    };
+    tracing::debug!(quota = quota.name(), key = &*key, cost, %rejection, "quota refused");
+    let mut response = rejection.into_layer_response(is_grpc(&parts.headers));
+    headers::insert(response.headers_mut(), quota, &verdict.decisions);
+    Err(response)
 }

@@ -402,6 +402,15 @@ pub(crate) fn decide(
 }
 
 impl<C: Clock> Store for MemoryStore<C> {
+    fn decide_sync(
+        &self,
+        quota: &Quota,
+        key: &Arc<str>,
+        cost: u64,
+    ) -> Option<Result<QuotaDecision, StoreError>> {
+        Some(self.decide_now(quota, key, cost))
+    }
+
     fn decide(
         &self,
         quota: &Quota,

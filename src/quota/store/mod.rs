@@ -35,6 +35,20 @@ pub trait Store: Clone + Send + Sync + 'static {
         cost: u64,
     ) -> impl Future<Output = Result<QuotaDecision, StoreError>> + Send;
 
+    /// The same decision made without awaiting, for stores that never wait
+    /// (the memory store). `None`, the default, means "use
+    /// [`decide`](Self::decide)". Layers use it to skip a boxed future per
+    /// request.
+    fn decide_sync(
+        &self,
+        quota: &Quota,
+        key: &Arc<str>,
+        cost: u64,
+    ) -> Option<Result<QuotaDecision, StoreError>> {
+        let _ = (quota, key, cost);
+        None
+    }
+
     /// Settles an earlier admission: `delta > 0` charges more, `delta < 0`
     /// refunds. A charge never drives a policy past empty and a refund never
     /// past full.
