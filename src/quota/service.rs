@@ -152,8 +152,10 @@ where
         // Stores that decide without waiting are handled here, in place.
         if let Some(verdict) = self.config.limiter.check_sync(quota, &key, cost) {
             return match admit(&self.config, quota, key, cost, verdict, &mut parts) {
-                Ok(headers) => inner(self.inner.call(Request::from_parts(parts, body)), headers),
-                Err(response) => refused(response),
+                Admission::Admitted(headers) => {
+                    inner(self.inner.call(Request::from_parts(parts, body)), headers)
+                }
+                Admission::Refused(response) => refused(response),
             };
         }
         let quota = quota.clone();
@@ -165,13 +167,13 @@ where
                 future: Box::pin(async move {
                     let verdict = config.limiter.check(&quota, &key, cost).await;
                     match admit(&config, &quota, key, cost, verdict, &mut parts) {
-                        Ok(headers) => {
+                        Admission::Admitted(headers) => {
                             let mut response =
                                 service.call(Request::from_parts(parts, body)).await?;
                             response.headers_mut().extend(headers.unwrap_or_default());
                             Ok(response.map(Either::Left))
                         }
-                        Err(response) => Ok(response),
+                        Admission::Refused(response) => Ok(response),
                     }
                 }),
             },
@@ -202,14 +204,14 @@ fn admit<St: Store, B>(
     cost: u64,
     verdict: Verdict,
     parts: &mut http::request::Parts,
-) -> Result<Option<HeaderMap>, Response<ResponseBody<B>>> {
+) -> Admission<B> {
     let Some(rejection) = verdict.rejection else {
         if config.cost.is_some() {
             let mut settlement = parts.extensions.remove::<Settlement>().unwrap_or_default();
             settlement.push(config.limiter.clone(), quota.clone(), key, cost);
             parts.extensions.insert(settlement);
         }
-        return Ok(config.headers_on_success.then(|| {
+        return Admission::Admitted(config.headers_on_success.then(|| {
             let mut extra = HeaderMap::new();
             headers::insert(&mut extra, quota, &verdict.decisions);
             extra
@@ -218,5 +220,13 @@ fn admit<St: Store, B>(
     tracing::debug!(quota = quota.name(), key = &*key, cost, %rejection, "quota refused");
     let mut response = rejection.into_layer_response(is_grpc(&parts.headers));
     headers::insert(response.headers_mut(), quota, &verdict.decisions);
-    Err(response)
+    Admission::Refused(response)
+}
+
+/// What [`admit`] decided.
+enum Admission<B> {
+    /// Go on, adding these headers to the response.
+    Admitted(Option<HeaderMap>),
+    /// Answer with this refusal.
+    Refused(Response<ResponseBody<B>>),
 }
