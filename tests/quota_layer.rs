@@ -426,3 +426,68 @@ async fn aggregate_scope_shares_one_key_and_plans_pick_limits() {
         0
     );
 }
+
+/// A store that always awaits before deciding, like a networked one.
+#[derive(Clone)]
+struct AwaitingStore(MemoryStore<ManualClock>);
+
+impl tower_admission::quota::Store for AwaitingStore {
+    async fn decide(
+        &self,
+        quota: &Quota,
+        key: &Arc<str>,
+        cost: u64,
+    ) -> Result<tower_admission::quota::QuotaDecision, tower_admission::quota::StoreError> {
+        tokio::task::yield_now().await;
+        self.0.decide_now(quota, key, cost)
+    }
+
+    async fn adjust(
+        &self,
+        quota: &Quota,
+        key: &Arc<str>,
+        delta: i64,
+    ) -> Result<(), tower_admission::quota::StoreError> {
+        tokio::task::yield_now().await;
+        self.0.adjust_now(quota, key, delta)
+    }
+}
+
+#[tokio::test]
+async fn awaiting_store_gives_the_same_answers() {
+    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let quota = Quota::new(
+        "q",
+        [Policy::fixed_window("per-minute", 2, MINUTE).unwrap()],
+    )
+    .unwrap();
+    let layer = QuotaLayer::builder(AwaitingStore(store(&clock)))
+        .quota(quota)
+        .headers_on_success(true)
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    let alice = Identity::new("alice", "acme", "free");
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let response = app
+            .clone()
+            .oneshot(request(Some(alice.clone()), "/"))
+            .await
+            .unwrap();
+        seen.push((
+            response.status().as_u16(),
+            response.headers()["ratelimit"].to_str().unwrap().to_owned(),
+        ));
+    }
+    assert_eq!(
+        seen,
+        [
+            (200, "\"per-minute\";r=1;t=60".to_owned()),
+            (200, "\"per-minute\";r=0;t=60".to_owned()),
+            (429, "\"per-minute\";r=0;t=60".to_owned()),
+        ]
+    );
+}
