@@ -524,14 +524,14 @@ fn bad_rules_name_the_field() {
         .page_size(NonZeroU32::new(100).unwrap(), NonZeroU32::new(10).unwrap())
         .build()
         .unwrap_err();
-    assert_eq!(err.field, "page_size");
+    assert_eq!(err.field(), "page_size");
     let err = QueryRules::builder()
         .max_span(Duration::ZERO)
         .build()
         .unwrap_err();
-    assert_eq!(err.field, "max_span");
+    assert_eq!(err.field(), "max_span");
     let err = QueryRules::builder().allow("cursor").build().unwrap_err();
-    assert_eq!(err.field, "allow");
+    assert_eq!(err.field(), "allow");
 }
 
 proptest! {

@@ -93,8 +93,7 @@ pub(crate) fn app<St: Store>(store: St) -> Result<Router, ConfigError> {
         .max_span(config::MAX_SPAN)
         .unknown_params(UnknownParams::Reject)
         .allow("metric")
-        .build()
-        .map_err(|e| ConfigError::new("query_rules", e.to_string()))?;
+        .build()?;
 
     let jobs = JobQueue::builder()
         .capacity(100)

@@ -71,7 +71,7 @@
 //!     format!("{} events", batch.len())
 //! }
 //!
-//! # fn main() -> Result<(), tower_admission::bounds::ConfigError> {
+//! # fn main() -> Result<(), tower_admission::ConfigError> {
 //! let rules = QueryRules::builder()
 //!     .page_size(NonZeroU32::new(50).unwrap(), NonZeroU32::new(500).unwrap())
 //!     .max_span(Duration::from_secs(31 * 24 * 3600))
@@ -90,8 +90,6 @@
 //! With both layers the ordering is the one above: a request is first cut to
 //! 1 MiB on the wire and 8 MiB decoded, then its query is validated, then
 //! `Batch` counts items as it parses.
-
-use std::fmt;
 
 mod body;
 mod items;
@@ -116,26 +114,3 @@ pub mod future {
     pub use super::items::ResponseFuture as BatchItemsFuture;
     pub use super::query::ResponseFuture as ValidateQueryFuture;
 }
-
-/// A configuration value that cannot work, naming the field.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError {
-    /// The field.
-    pub field: &'static str,
-    /// Why it is refused.
-    pub reason: &'static str,
-}
-
-impl ConfigError {
-    pub(crate) fn new(field: &'static str, reason: &'static str) -> Self {
-        ConfigError { field, reason }
-    }
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "invalid `{}`: {}", self.field, self.reason)
-    }
-}
-
-impl std::error::Error for ConfigError {}

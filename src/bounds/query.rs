@@ -18,7 +18,7 @@ use tower::{Layer, Service};
 
 use crate::reject::{is_grpc, InvalidParameter, Rejection, ResponseBody};
 
-use super::ConfigError;
+use crate::ConfigError;
 
 /// Name of the page size parameter.
 pub const PAGE_SIZE: &str = "page_size";

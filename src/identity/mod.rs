@@ -48,7 +48,6 @@ mod error;
 mod extract;
 mod types;
 
-pub use crate::ConfigError;
 pub use api_keys::{ApiKeys, MAX_AUTHORIZATION_LEN};
 pub use authenticate::{AuthenticateLayer, AuthenticateService, Authenticator, ResponseFuture};
 pub use client_ip::{
