@@ -230,36 +230,31 @@ impl<C: Clock> MemoryStore<C> {
         key: &Arc<str>,
         cost: u64,
     ) -> Result<QuotaDecision, StoreError> {
-        let now = self.inner.clock.now();
-        let hash = self.hash(quota, key);
-        let mut shard = self.shard(hash).lock();
-        let found = shard
-            .table
-            .find_mut(hash, |s| s.quota == *quota.name_arc() && s.key == *key);
-        if let Some(slot) = found {
-            if !states_match(quota, &slot.states) {
-                slot.states = fresh_states(quota);
-            }
-            let decision = decide(quota, &mut slot.states, now, cost);
-            slot.fresh_at = fresh_at(quota, &slot.states);
-            return Ok(decision);
-        }
-        let mut states = fresh_states(quota);
-        let decision = decide(quota, &mut states, now, cost);
-        self.insert(&mut shard, hash, quota, key, states, now)?;
-        Ok(decision)
+        self.update(quota, key, |states, now| decide(quota, states, now, cost))
     }
 
-    /// The synchronous settlement behind [`Store::adjust`].
+    /// The synchronous settlement behind [`Store::adjust`]. Settling a key
+    /// with no live state starts from fresh: a refund then changes nothing.
     pub fn adjust_now(&self, quota: &Quota, key: &Arc<str>, delta: i64) -> Result<(), StoreError> {
-        let now = self.inner.clock.now();
-        let hash = self.hash(quota, key);
-        let mut shard = self.shard(hash).lock();
-        let adjust = |states: &mut [State]| {
+        self.update(quota, key, |states, now| {
             for (policy, state) in quota.policies().iter().zip(states.iter_mut()) {
                 policy.algorithm().adjust(state, now, delta);
             }
-        };
+        })
+    }
+
+    /// Runs `change` on the key's states under its shard lock: the one
+    /// critical section of every decision. A new key's states are stored only
+    /// if `change` left them different from fresh.
+    fn update<R>(
+        &self,
+        quota: &Quota,
+        key: &Arc<str>,
+        change: impl FnOnce(&mut [State], Timestamp) -> R,
+    ) -> Result<R, StoreError> {
+        let now = self.inner.clock.now();
+        let hash = self.hash(quota, key);
+        let mut shard = self.shard(hash).lock();
         let found = shard
             .table
             .find_mut(hash, |s| s.quota == *quota.name_arc() && s.key == *key);
@@ -267,14 +262,14 @@ impl<C: Clock> MemoryStore<C> {
             if !states_match(quota, &slot.states) {
                 slot.states = fresh_states(quota);
             }
-            adjust(&mut slot.states);
+            let result = change(&mut slot.states, now);
             slot.fresh_at = fresh_at(quota, &slot.states);
-            return Ok(());
+            return Ok(result);
         }
-        // No live state: a refund changes nothing; a charge starts from fresh.
         let mut states = fresh_states(quota);
-        adjust(&mut states);
-        self.insert(&mut shard, hash, quota, key, states, now)
+        let result = change(&mut states, now);
+        self.insert(&mut shard, hash, quota, key, states, now)?;
+        Ok(result)
     }
 
     /// Inserts a new slot unless it would hold nothing, sweeping a full shard
