@@ -151,9 +151,7 @@ fn app(mode: Mode) -> Result<Router, ConfigError> {
                 .global(1024, 1024, Duration::from_secs(1))
                 .per_identity(1024, 0, Duration::from_secs(1))
                 .build()?;
-            let rules = QueryRules::builder()
-                .build()
-                .map_err(|e| ConfigError::new("query_rules", e.to_string()))?;
+            let rules = QueryRules::builder().build()?;
             base().layer(
                 ServiceBuilder::new()
                     .layer(AuthenticateLayer::new(keys))
