@@ -13,7 +13,9 @@
 # About 100 s once the example is built.
 #
 # Environment: DURATION (default 10s), CONNECTIONS (default 50),
-# ROUNDS (default 2).
+# ROUNDS (default 2), PIN (default 1: the server runs on CPU 0 and wrk on
+# CPU 1, through taskset, which keeps the two from migrating onto one core;
+# PIN=0 lets the scheduler place both).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -22,6 +24,17 @@ duration="${DURATION:-10s}"
 connections="${CONNECTIONS:-50}"
 rounds="${ROUNDS:-2}"
 modes=(bare governor quota stack)
+pin_server=()
+pin_wrk=()
+pin="${PIN:-1}"
+if [ "$pin" = 1 ] && { ! command -v taskset >/dev/null 2>&1 || [ "$(nproc)" -lt 2 ]; }; then
+    echo "PIN=1 needs taskset and 2 CPUs; running unpinned" >&2
+    pin=0
+fi
+if [ "$pin" = 1 ]; then
+    pin_server=(taskset -c 0)
+    pin_wrk=(taskset -c 1)
+fi
 
 if ! command -v wrk >/dev/null 2>&1; then
     echo "wrk not found; installing it with apt-get" >&2
@@ -72,15 +85,15 @@ declare -A results
 run_mode() {
     local mode="$1" port script out line
     port="$(free_port)"
-    "$server" --mode "$mode" --listen "127.0.0.1:$port" 2>/dev/null &
+    "${pin_server[@]}" "$server" --mode "$mode" --listen "127.0.0.1:$port" 2>/dev/null &
     server_pid=$!
     wait_for_port "$port"
     script="$here/report.lua"
     if [ "$mode" = stack ]; then
         script="$here/auth.lua"
     fi
-    wrk -t1 -c"$connections" -d1s -s "$script" "http://127.0.0.1:$port/" >/dev/null
-    out="$(wrk -t1 -c"$connections" -d"$duration" -s "$script" "http://127.0.0.1:$port/")"
+    "${pin_wrk[@]}" wrk -t1 -c"$connections" -d1s -s "$script" "http://127.0.0.1:$port/" >/dev/null
+    out="$("${pin_wrk[@]}" wrk -t1 -c"$connections" -d"$duration" -s "$script" "http://127.0.0.1:$port/")"
     stop_server
     line="$(grep '^WRK_RESULT' <<<"$out")"
     local rps p50 p99 non2xx socket
@@ -132,7 +145,7 @@ for mode in "${modes[@]}"; do
 done
 
 echo
-echo "wrk -t1 -c$connections -d$duration, $rounds rounds (order alternated), median per mode; server: 1 tokio worker; source: $commit"
+echo "wrk -t1 -c$connections -d$duration, $rounds rounds (order alternated), median per mode; server: 1 tokio worker; source: $commit; pinned: $pin"
 echo
 echo "| mode | req/s (median) | req/s per run | p50 latency (median) | p99 latency (median) | req/s vs bare |"
 echo "|---|---:|---|---:|---:|---:|"
