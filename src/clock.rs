@@ -67,7 +67,7 @@ pub trait Clock: Clone + Send + Sync + 'static {
 #[derive(Debug, Clone)]
 pub struct SystemClock {
     anchor_wall: u64,
-    anchor: quanta::Instant,
+    anchor: u64,
     clock: quanta::Clock,
 }
 
@@ -81,7 +81,7 @@ impl SystemClock {
         let clock = quanta::Clock::new();
         SystemClock {
             anchor_wall,
-            anchor: clock.now(),
+            anchor: clock.raw(),
             clock,
         }
     }
@@ -95,9 +95,8 @@ impl Default for SystemClock {
 
 impl Clock for SystemClock {
     fn now(&self) -> Timestamp {
-        Timestamp(self.anchor_wall.saturating_add(duration_to_micros(
-            self.clock.now().saturating_duration_since(self.anchor),
-        )))
+        let nanos = self.clock.delta_as_nanos(self.anchor, self.clock.raw());
+        Timestamp(self.anchor_wall.saturating_add(nanos / 1_000))
     }
 }
 

@@ -128,7 +128,6 @@ type States = smallvec::SmallVec<[State; 2]>;
 
 #[derive(Debug)]
 struct Slot {
-    hash: u64,
     quota: Arc<str>,
     key: Arc<str>,
     states: States,
@@ -297,16 +296,16 @@ impl<C: Clock> MemoryStore<C> {
                 return Err(StoreError::Full { retry_after });
             }
         }
+        let hasher = &self.inner.hasher;
         shard.table.insert_unique(
             hash,
             Slot {
-                hash,
                 quota: quota.name_arc().clone(),
                 key: key.clone(),
                 states,
                 fresh_at,
             },
-            |s| s.hash,
+            |s| hasher.hash_one((&*s.quota, &*s.key)),
         );
         Ok(())
     }
