@@ -215,7 +215,18 @@ fn window_micros(window: Duration) -> Result<u64, ConfigError> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Quota {
     name: Arc<str>,
+    /// `name_hash(&name)`, computed once: stores mix it into key hashes.
+    name_hash: u64,
     policies: Arc<[Policy]>,
+}
+
+/// A fixed hash of a quota name. Stores combine it with their own keyed hash
+/// of the key, so the name is not hashed again on every decision.
+pub(crate) fn name_hash(name: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::hash::DefaultHasher::new();
+    name.hash(&mut hasher);
+    hasher.finish()
 }
 
 impl Quota {
@@ -254,7 +265,11 @@ impl Quota {
                 ));
             }
         }
-        Ok(Quota { name, policies })
+        Ok(Quota {
+            name_hash: name_hash(&name),
+            name,
+            policies,
+        })
     }
 
     /// The quota's name.
@@ -267,6 +282,11 @@ impl Quota {
         &self.name
     }
 
+    /// The name's hash, for stores.
+    pub(crate) fn name_hash(&self) -> u64 {
+        self.name_hash
+    }
+
     /// The policies, in order.
     pub fn policies(&self) -> &[Policy] {
         &self.policies
@@ -276,6 +296,7 @@ impl Quota {
     pub fn share(&self, divisor: NonZeroU64) -> Quota {
         Quota {
             name: self.name.clone(),
+            name_hash: self.name_hash,
             policies: self.policies.iter().map(|p| p.share(divisor)).collect(),
         }
     }

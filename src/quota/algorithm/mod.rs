@@ -74,6 +74,17 @@ impl Algorithm {
         }
     }
 
+    /// True when `state` is a state of this algorithm.
+    pub fn owns(&self, state: &State) -> bool {
+        matches!(
+            (self, state),
+            (Algorithm::FixedWindow(_), State::FixedWindow(_))
+                | (Algorithm::SlidingLog(_), State::SlidingLog(_))
+                | (Algorithm::TokenBucket(_), State::TokenBucket(_))
+                | (Algorithm::SlidingWindow(_), State::SlidingWindow(_))
+        )
+    }
+
     /// The most cost that can ever be admitted at once.
     pub fn limit(&self) -> u64 {
         match self {

@@ -8,6 +8,7 @@ use parking_lot::Mutex;
 
 use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::quota::algorithm::State;
+use crate::quota::policy::name_hash;
 use crate::quota::store::{Store, StoreError};
 use crate::quota::{Decisions, Quota, QuotaDecision};
 use crate::ConfigError;
@@ -105,6 +106,21 @@ struct Inner<C> {
     hasher: RandomState,
     max_keys: usize,
     shards: Box<[Padded<Mutex<Shard>>]>,
+}
+
+/// Equal strings, comparing pointers first: callers usually pass the very
+/// `Arc` the slot holds.
+fn same(a: &Arc<str>, b: &Arc<str>) -> bool {
+    Arc::ptr_eq(a, b) || a == b
+}
+
+/// A key hashed as its bytes in one write.
+struct KeyBytes<'a>(&'a str);
+
+impl std::hash::Hash for KeyBytes<'_> {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write(self.0.as_bytes());
+    }
 }
 
 /// Keeps each shard on its own cache lines, so threads working on
@@ -254,9 +270,9 @@ impl<C: Clock> MemoryStore<C> {
         let now = self.inner.clock.now();
         let hash = self.hash(quota, key);
         let mut shard = self.shard(hash).lock();
-        let found = shard
-            .table
-            .find_mut(hash, |s| s.quota == *quota.name_arc() && s.key == *key);
+        let found = shard.table.find_mut(hash, |s| {
+            same(&s.key, key) && same(&s.quota, quota.name_arc())
+        });
         if let Some(slot) = found {
             if !states_match(quota, &slot.states) {
                 slot.states = fresh_states(quota);
@@ -305,13 +321,15 @@ impl<C: Clock> MemoryStore<C> {
                 states,
                 fresh_at,
             },
-            |s| hasher.hash_one((&*s.quota, &*s.key)),
+            |s| hasher.hash_one(KeyBytes(&s.key)) ^ name_hash(&s.quota),
         );
         Ok(())
     }
 
+    /// The store's keyed (SipHash) hash of the key, mixed with the quota
+    /// name's fixed hash: one hasher pass per decision.
     fn hash(&self, quota: &Quota, key: &Arc<str>) -> u64 {
-        self.inner.hasher.hash_one((quota.name(), &**key))
+        self.inner.hasher.hash_one(KeyBytes(key)) ^ quota.name_hash()
     }
 
     fn shard(&self, hash: u64) -> &Mutex<Shard> {
@@ -347,9 +365,11 @@ fn fresh_states(quota: &Quota) -> States {
 
 fn states_match(quota: &Quota, states: &[State]) -> bool {
     states.len() == quota.policies().len()
-        && quota.policies().iter().zip(states).all(|(p, s)| {
-            std::mem::discriminant(&p.algorithm().fresh_state()) == std::mem::discriminant(s)
-        })
+        && quota
+            .policies()
+            .iter()
+            .zip(states)
+            .all(|(p, s)| p.algorithm().owns(s))
 }
 
 fn fresh_at(quota: &Quota, states: &[State]) -> u64 {
