@@ -247,13 +247,6 @@ impl<S: Store> Limiter<S> {
 
     fn count(&self, counter: &AtomicU64, quota: &Quota, mode: &'static str) {
         counter.fetch_add(1, Ordering::Relaxed);
-        tracing::trace!(
-            quota = quota.name(),
-            key = &**key,
-            cost,
-            admitted = verdict.admitted,
-            "quota decision"
-        );
         #[cfg(feature = "metrics")]
         metrics::counter!("admission_failure_mode_total", "quota" => quota.name_arc().to_string(), "mode" => mode)
             .increment(1);
