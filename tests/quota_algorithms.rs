@@ -246,7 +246,7 @@ async fn multiple_policies_refusal_consumes_nothing() {
     assert_eq!(verdicts.iter().filter(|v| v.admitted).count(), 10);
     // The refused request reports the bucket as it is: 10 left, not 9.
     let last = verdicts.last().unwrap();
-    assert_eq!(last.decisions[1].1.remaining, 10);
+    assert_eq!(last.decisions[1].remaining, 10);
 }
 
 #[tokio::test]
@@ -269,10 +269,7 @@ async fn shadow_policy_never_refuses_but_reports() {
     assert_eq!(verdicts.iter().filter(|v| v.admitted).count(), 10);
     // The trial policy would have refused from the 4th request on.
     assert_eq!(
-        verdicts
-            .iter()
-            .filter(|v| !v.decisions[1].1.admitted)
-            .count(),
+        verdicts.iter().filter(|v| !v.decisions[1].admitted).count(),
         9
     );
     let stats = limiter.stats();

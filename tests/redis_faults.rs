@@ -350,7 +350,7 @@ async fn stalled_traffic_times_out_with_unknown_outcomes_that_were_consumed() {
     // The five held decisions ran when the bytes moved: 3 + 5 + this one.
     let verdict = limiter.check(&quota, &key, 1).await;
     assert!(verdict.admitted);
-    assert_eq!(verdict.decisions[0].1.remaining, 1);
+    assert_eq!(verdict.decisions[0].remaining, 1);
 }
 
 /// A stall that lasts: after `reconnect_after_stall` of timeouts the store

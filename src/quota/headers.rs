@@ -10,31 +10,27 @@
 //! refill from empty), `r` the remaining quota and `t` the seconds until it is
 //! whole again, rounded up.
 
-use std::fmt::Write;
-use std::sync::Arc;
-
 use http::{HeaderMap, HeaderName, HeaderValue};
+use std::fmt::Write;
 
-use crate::quota::{Decision, Quota};
+use crate::quota::{Quota, Verdict};
 
 /// `RateLimit-Policy`.
 pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 /// `RateLimit`.
 pub static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
-/// Appends both fields for `decisions` made under `quota`.
-pub(crate) fn insert(headers: &mut HeaderMap, quota: &Quota, decisions: &[(Arc<str>, Decision)]) {
-    if decisions.is_empty() {
+/// Appends both fields for a verdict on `quota`.
+pub(crate) fn insert(headers: &mut HeaderMap, quota: &Quota, verdict: &Verdict) {
+    if verdict.decisions.is_empty() {
         return;
     }
+    let policies = verdict.local_quota.as_ref().unwrap_or(quota).policies();
     let mut policy = String::new();
     let mut state = String::new();
-    for (name, d) in decisions {
-        let window = quota
-            .policies()
-            .iter()
-            .find(|p| p.name_arc() == name)
-            .map_or(0, |p| ceil_secs(p.algorithm().window()));
+    for (p, d) in policies.iter().zip(&verdict.decisions) {
+        let name = p.name();
+        let window = ceil_secs(p.algorithm().window());
         let sep = if policy.is_empty() { "" } else { ", " };
         // Policy names are [A-Za-z0-9._-], safe inside an sf-string.
         let _ = write!(policy, "{sep}\"{name}\";q={};w={window}", d.limit);

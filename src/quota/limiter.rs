@@ -2,9 +2,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use smallvec::SmallVec;
-
-use crate::quota::{Decision, FailureMode, MemoryStore, Quota, QuotaDecision, Store, StoreError};
+use crate::quota::{
+    Decision, Decisions, FailureMode, MemoryStore, Policy, Quota, QuotaDecision, Store, StoreError,
+};
 use crate::reject::Rejection;
 
 /// How long a fail-closed refusal asks clients to wait.
@@ -43,14 +43,39 @@ pub struct Limiter<S> {
 pub struct Verdict {
     /// True if the request may proceed.
     pub admitted: bool,
-    /// Each policy's decision, with its name. Policies resolved by
-    /// [`FailureMode::Open`] or [`FailureMode::Closed`] have no decision and
-    /// are absent.
-    pub decisions: SmallVec<[(Arc<str>, Decision); 2]>,
+    /// Each policy's decision, in the order of the checked quota's policies,
+    /// or of [`local_quota`](Self::local_quota) when that is set. Policies
+    /// resolved by [`FailureMode::Open`] or [`FailureMode::Closed`] have no
+    /// decision. [`named`](Self::named) pairs them with their names.
+    pub decisions: Decisions,
+    /// The local share of the quota that decided, when the store failed and
+    /// [`FailureMode::LocalShare`] policies were decided in memory.
+    pub local_quota: Option<Quota>,
     /// Why the request was refused, when it was.
     pub rejection: Option<Rejection>,
     /// The store error that failure modes resolved, if any.
     pub store_error: Option<StoreError>,
+}
+
+impl Verdict {
+    /// Each decision with its policy's name; `quota` is the quota that was checked.
+    pub fn named<'a>(
+        &'a self,
+        quota: &'a Quota,
+    ) -> impl Iterator<Item = (&'a Arc<str>, &'a Decision)> {
+        let policies = self.local_quota.as_ref().unwrap_or(quota).policies();
+        policies.iter().map(Policy::name_arc).zip(&self.decisions)
+    }
+
+    fn failed(admitted: bool, rejection: Option<Rejection>, error: StoreError) -> Self {
+        Verdict {
+            admitted,
+            decisions: Decisions::new(),
+            local_quota: None,
+            rejection,
+            store_error: Some(error),
+        }
+    }
 }
 
 /// Counts of what a [`Limiter`] decided. A snapshot.
@@ -205,44 +230,33 @@ impl<S: Store> Limiter<S> {
             }
         }
         if closed {
-            return Verdict {
-                admitted: false,
-                decisions: SmallVec::new(),
-                rejection: Some(Rejection::LimiterUnavailable {
-                    retry_after: match error {
-                        StoreError::Full { retry_after } => {
-                            retry_after.max(UNAVAILABLE_RETRY_AFTER)
-                        }
-                        _ => UNAVAILABLE_RETRY_AFTER,
-                    },
-                }),
-                store_error: Some(error),
+            let retry_after = match error {
+                StoreError::Full { retry_after } => retry_after.max(UNAVAILABLE_RETRY_AFTER),
+                _ => UNAVAILABLE_RETRY_AFTER,
             };
+            let rejection = Rejection::LimiterUnavailable { retry_after };
+            return Verdict::failed(false, Some(rejection), error);
         }
-        let mut verdict = match Quota::new(quota.name(), shared) {
-            // The local limiter decides the shared policies; it charges the
-            // request even when the store's outcome is unknown.
-            Ok(local_quota) => match self.local.decide_now(&local_quota, key, cost) {
-                Ok(decision) => self.verdict(&local_quota, decision, cost),
-                Err(local_error) => Verdict {
-                    admitted: false,
-                    decisions: SmallVec::new(),
-                    rejection: Some(Rejection::LimiterUnavailable {
-                        retry_after: UNAVAILABLE_RETRY_AFTER,
-                    }),
-                    store_error: Some(local_error),
-                },
-            },
-            // No local-share policy: every enforcing policy failed open.
-            Err(_) => Verdict {
-                admitted: true,
-                decisions: SmallVec::new(),
-                rejection: None,
-                store_error: None,
-            },
+        // No local-share policy: every enforcing policy failed open.
+        let Ok(local_quota) = Quota::new(quota.name(), shared) else {
+            return Verdict::failed(true, None, error);
         };
-        verdict.store_error = Some(error);
-        verdict
+        // The local limiter decides the shared policies; it charges the
+        // request even when the store's outcome is unknown.
+        match self.local.decide_now(&local_quota, key, cost) {
+            Ok(decision) => Verdict {
+                local_quota: Some(local_quota.clone()),
+                store_error: Some(error),
+                ..self.verdict(&local_quota, decision, cost)
+            },
+            Err(local_error) => {
+                tracing::warn!(quota = quota.name(), %local_error, "local share limiter is full");
+                let rejection = Rejection::LimiterUnavailable {
+                    retry_after: UNAVAILABLE_RETRY_AFTER,
+                };
+                Verdict::failed(false, Some(rejection), error)
+            }
+        }
     }
 
     fn count(&self, counter: &AtomicU64, quota: &Quota, mode: &'static str) {
@@ -289,25 +303,20 @@ impl<S: Store> Limiter<S> {
                 }
             }
         });
-        let decisions = quota
-            .policies()
-            .iter()
-            .zip(decision.decisions)
-            .map(|(p, d)| {
-                if p.is_shadow() && !d.admitted {
-                    self.stats.shadow_refusals.fetch_add(1, Ordering::Relaxed);
-                    tracing::info!(
-                        quota = quota.name(),
-                        policy = p.name(),
-                        "shadow policy would refuse"
-                    );
-                }
-                (p.name_arc().clone(), d)
-            })
-            .collect();
+        for (p, d) in quota.policies().iter().zip(&decision.decisions) {
+            if p.is_shadow() && !d.admitted {
+                self.stats.shadow_refusals.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(
+                    quota = quota.name(),
+                    policy = p.name(),
+                    "shadow policy would refuse"
+                );
+            }
+        }
         Verdict {
             admitted: decision.admitted,
-            decisions,
+            decisions: decision.decisions,
+            local_quota: None,
             rejection,
             store_error: None,
         }

@@ -202,10 +202,10 @@ fn admit<St: Store, B>(
     quota: &Quota,
     key: Arc<str>,
     cost: u64,
-    verdict: Verdict,
+    mut verdict: Verdict,
     parts: &mut http::request::Parts,
 ) -> Admission<B> {
-    let Some(rejection) = verdict.rejection else {
+    let Some(rejection) = verdict.rejection.take() else {
         if config.cost.is_some() {
             let mut settlement = parts.extensions.remove::<Settlement>().unwrap_or_default();
             settlement.push(config.limiter.clone(), quota.clone(), key, cost);
@@ -213,13 +213,13 @@ fn admit<St: Store, B>(
         }
         return Admission::Admitted(config.headers_on_success.then(|| {
             let mut extra = HeaderMap::new();
-            headers::insert(&mut extra, quota, &verdict.decisions);
+            headers::insert(&mut extra, quota, &verdict);
             extra
         }));
     };
     tracing::debug!(quota = quota.name(), key = &*key, cost, %rejection, "quota refused");
     let mut response = rejection.into_layer_response(is_grpc(&parts.headers));
-    headers::insert(response.headers_mut(), quota, &verdict.decisions);
+    headers::insert(response.headers_mut(), quota, &verdict);
     Admission::Refused(response)
 }
 
