@@ -390,6 +390,20 @@ pub(crate) fn decide(
     now: Timestamp,
     cost: u64,
 ) -> QuotaDecision {
+    if let ([policy], [state]) = (quota.policies(), &mut *states) {
+        // One policy: nothing to keep atomic across policies.
+        let d = policy.algorithm().check(state, now, cost);
+        if d.admitted {
+            policy.algorithm().record(state, now, cost);
+        }
+        let admitted = d.admitted || policy.is_shadow();
+        let mut decisions = Decisions::new();
+        decisions.push(d);
+        return QuotaDecision {
+            admitted,
+            decisions,
+        };
+    }
     let mut admitted = true;
     let mut decisions = Decisions::new();
     for (policy, state) in quota.policies().iter().zip(states.iter_mut()) {
