@@ -210,3 +210,55 @@ async fn wire_cap_is_one_mib() {
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
     assert_eq!(body["cap"], "wire-bytes");
 }
+
+#[cfg(feature = "redis")]
+mod support;
+
+/// The example on Redis (`--redis URL`): two instances share one quota.
+#[cfg(feature = "redis")]
+mod on_redis {
+    use super::*;
+    use tower_admission::quota::RedisStore;
+
+    use crate::support;
+
+    #[tokio::test]
+    async fn two_instances_share_the_free_burst_of_20() {
+        let server = support::RedisServer::start();
+        let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+        let instance = || {
+            let store = RedisStore::builder(server.url())
+                .prefix("reporting-api")
+                .test_clock(clock.clone())
+                .build()
+                .unwrap();
+            app::app(store).unwrap()
+        };
+        let (a, b) = (instance(), instance());
+        let mut admitted = 0;
+        for i in 0..30 {
+            let app = if i % 2 == 0 { &a } else { &b };
+            let (status, _, _) = send(app, get("/v1/reports?page_size=1", Some("demo-free"))).await;
+            admitted += usize::from(status == StatusCode::OK);
+        }
+        assert_eq!(admitted, 20);
+        // Every quota of the request lives in Redis, under one hash tag per
+        // quota and key, and every key expires.
+        let keys = server.cli(&["--scan", "--pattern", "reporting-api:*"]);
+        let mut keys: Vec<&str> = keys.lines().collect();
+        keys.sort_unstable();
+        assert_eq!(
+            keys,
+            [
+                "reporting-api:{all-callers:*}:per-second:tb",
+                "reporting-api:{requests-free:alice}:burst:tb",
+                "reporting-api:{requests-free:alice}:per-minute:sl",
+                "reporting-api:{work-free:alice}:units-per-minute:sw",
+            ]
+        );
+        for key in keys {
+            let ttl: i64 = server.cli(&["pttl", key]).trim().parse().unwrap();
+            assert!(ttl > 0, "{key} has no expiry");
+        }
+    }
+}
