@@ -258,12 +258,7 @@ async fn page_size_is_the_cost_and_settle_refunds_exactly() {
     .unwrap();
     let layer = QuotaLayer::builder(store.clone())
         .quota(quota.clone())
-        .cost(|parts| {
-            parts
-                .extensions
-                .get::<ValidatedQuery>()
-                .map_or(1, |q| u64::from(q.page_size))
-        })
+        .cost(ValidatedQuery::page_cost)
         .build()
         .unwrap();
     let rules = QueryRules::builder().build().unwrap();
@@ -299,12 +294,7 @@ async fn page_size_is_the_cost_and_settle_refunds_exactly() {
         .layer(
             QuotaLayer::builder(store.clone())
                 .quota(quota.clone())
-                .cost(|parts| {
-                    parts
-                        .extensions
-                        .get::<ValidatedQuery>()
-                        .map_or(1, |q| u64::from(q.page_size))
-                })
+                .cost(ValidatedQuery::page_cost)
                 .build()
                 .unwrap(),
         )

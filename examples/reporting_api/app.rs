@@ -74,12 +74,7 @@ pub(crate) fn app<St: Store>(store: St) -> Result<Router, ConfigError> {
     let rows = QuotaLayer::builder(store.clone())
         .quota(work_free.clone())
         .plan("pro", work_pro.clone())
-        .cost(|parts| {
-            parts
-                .extensions
-                .get::<ValidatedQuery>()
-                .map_or(1, |q| u64::from(q.page_size))
-        })
+        .cost(ValidatedQuery::page_cost)
         .build()?;
     let concurrency = ConcurrencyLayer::builder()
         .global(64, 128, Duration::from_millis(500))

@@ -65,6 +65,30 @@ pub struct ValidatedQuery {
     pub cursor: Option<String>,
 }
 
+impl ValidatedQuery {
+    /// The cost of a request for a [`QuotaLayer`](crate::quota::QuotaLayer):
+    /// its validated page size, or 1 when the query was not validated.
+    ///
+    /// ```
+    /// use tower_admission::bounds::ValidatedQuery;
+    /// use tower_admission::quota::{MemoryStore, Policy, Quota, QuotaLayer};
+    /// use std::time::Duration;
+    ///
+    /// let rows = Quota::new("rows", [Policy::sliding_window("per-minute", 2_000, Duration::from_secs(60))?])?;
+    /// let layer = QuotaLayer::builder(MemoryStore::new())
+    ///     .quota(rows)
+    ///     .cost(ValidatedQuery::page_cost)
+    ///     .build()?;
+    /// # Ok::<(), tower_admission::ConfigError>(())
+    /// ```
+    pub fn page_cost(parts: &http::request::Parts) -> u64 {
+        parts
+            .extensions
+            .get::<ValidatedQuery>()
+            .map_or(1, |q| u64::from(q.page_size))
+    }
+}
+
 /// Rules for the page and range parameters of a query string.
 ///
 /// | parameter | rule |
