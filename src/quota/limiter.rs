@@ -185,7 +185,7 @@ impl<S: Store> Limiter<S> {
         #[cfg(feature = "metrics")]
         metrics::counter!(
             "admission_quota_decisions_total",
-            "quota" => quota.name_arc().to_string(),
+            "quota" => quota.name_arc().clone(),
             "result" => if verdict.admitted { "admitted" } else { "refused" }
         )
         .increment(1);
@@ -207,7 +207,7 @@ impl<S: Store> Limiter<S> {
         if unknown {
             self.stats.unknown_outcomes.fetch_add(1, Ordering::Relaxed);
             #[cfg(feature = "metrics")]
-            metrics::counter!("admission_unknown_outcomes_total", "quota" => quota.name_arc().to_string())
+            metrics::counter!("admission_unknown_outcomes_total", "quota" => quota.name_arc().clone())
                 .increment(1);
         }
         tracing::warn!(quota = quota.name(), %error, unknown_outcome = unknown, "quota store failed; applying failure modes");
@@ -262,7 +262,7 @@ impl<S: Store> Limiter<S> {
     fn count(&self, counter: &AtomicU64, quota: &Quota, mode: &'static str) {
         counter.fetch_add(1, Ordering::Relaxed);
         #[cfg(feature = "metrics")]
-        metrics::counter!("admission_failure_mode_total", "quota" => quota.name_arc().to_string(), "mode" => mode)
+        metrics::counter!("admission_failure_mode_total", "quota" => quota.name_arc().clone(), "mode" => mode)
             .increment(1);
         #[cfg(not(feature = "metrics"))]
         let _ = (quota, mode);
