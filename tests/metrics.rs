@@ -91,7 +91,7 @@ fn decisions_failure_modes_and_unknown_outcomes_are_counted() {
     assert_eq!(
         counter(
             &snapshot,
-            "admission_quota_decisions_total",
+            "tower_admission_quota_decisions_total",
             ("result", "refused")
         ),
         3
@@ -99,7 +99,7 @@ fn decisions_failure_modes_and_unknown_outcomes_are_counted() {
     assert_eq!(
         counter(
             &snapshot,
-            "admission_quota_decisions_total",
+            "tower_admission_quota_decisions_total",
             ("result", "admitted")
         ),
         2
@@ -107,19 +107,19 @@ fn decisions_failure_modes_and_unknown_outcomes_are_counted() {
     assert_eq!(
         counter(
             &snapshot,
-            "admission_failure_mode_total",
+            "tower_admission_failure_mode_total",
             ("mode", "closed")
         ),
         3
     );
     assert_eq!(
-        counter(&snapshot, "admission_failure_mode_total", ("mode", "open")),
+        counter(&snapshot, "tower_admission_failure_mode_total", ("mode", "open")),
         2
     );
     assert_eq!(
         counter(
             &snapshot,
-            "admission_unknown_outcomes_total",
+            "tower_admission_unknown_outcomes_total",
             ("quota", "closed")
         ),
         3
@@ -127,7 +127,7 @@ fn decisions_failure_modes_and_unknown_outcomes_are_counted() {
     assert_eq!(
         counter(
             &snapshot,
-            "admission_unknown_outcomes_total",
+            "tower_admission_unknown_outcomes_total",
             ("quota", "open")
         ),
         2

@@ -184,7 +184,7 @@ impl<S: Store> Limiter<S> {
         );
         #[cfg(feature = "metrics")]
         metrics::counter!(
-            "admission_quota_decisions_total",
+            "tower_admission_quota_decisions_total",
             "quota" => quota.name_arc().clone(),
             "result" => if verdict.admitted { "admitted" } else { "refused" }
         )
@@ -207,7 +207,7 @@ impl<S: Store> Limiter<S> {
         if unknown {
             self.stats.unknown_outcomes.fetch_add(1, Ordering::Relaxed);
             #[cfg(feature = "metrics")]
-            metrics::counter!("admission_unknown_outcomes_total", "quota" => quota.name_arc().clone())
+            metrics::counter!("tower_admission_unknown_outcomes_total", "quota" => quota.name_arc().clone())
                 .increment(1);
         }
         tracing::warn!(quota = quota.name(), %error, unknown_outcome = unknown, "quota store failed; applying failure modes");
@@ -262,7 +262,7 @@ impl<S: Store> Limiter<S> {
     fn count(&self, counter: &AtomicU64, quota: &Quota, mode: &'static str) {
         counter.fetch_add(1, Ordering::Relaxed);
         #[cfg(feature = "metrics")]
-        metrics::counter!("admission_failure_mode_total", "quota" => quota.name_arc().clone(), "mode" => mode)
+        metrics::counter!("tower_admission_failure_mode_total", "quota" => quota.name_arc().clone(), "mode" => mode)
             .increment(1);
         #[cfg(not(feature = "metrics"))]
         let _ = (quota, mode);
