@@ -113,7 +113,11 @@ fn decisions_failure_modes_and_unknown_outcomes_are_counted() {
         3
     );
     assert_eq!(
-        counter(&snapshot, "tower_admission_failure_mode_total", ("mode", "open")),
+        counter(
+            &snapshot,
+            "tower_admission_failure_mode_total",
+            ("mode", "open")
+        ),
         2
     );
     assert_eq!(
