@@ -408,3 +408,67 @@ async fn long_stall_replaces_the_connection_and_recovers() {
     }
     assert!(recovered, "the store did not recover after the stall ended");
 }
+
+/// One master of a 3-master cluster is SIGKILLed. Decisions for keys it owned
+/// fail closed (503) within the deadline; decisions for keys on the other
+/// masters keep being admitted. The check runs well inside the cluster's node
+/// timeout (2 s), before the survivors declare the cluster down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_master_killed_fails_only_its_keys_within_the_deadline() {
+    let mut cluster = support::RedisCluster::start();
+    let store = RedisStore::cluster_builder(cluster.urls())
+        .deadline(DEADLINE)
+        .build()
+        .unwrap();
+    let limiter = Limiter::new(store.clone());
+    let quota = per_minute(1_000, FailureMode::Closed);
+    let keys: Vec<Arc<str>> = (0..30).map(|i| Arc::from(format!("user-{i}"))).collect();
+    for key in &keys {
+        assert!(limiter.check(&quota, key, 1).await.admitted);
+    }
+    // Which keys live on node 0: it answers EXISTS for its own keys only.
+    let on_dead: Vec<bool> = keys
+        .iter()
+        .map(|key| {
+            let redis_key = &store.keys(&quota, key)[0];
+            cluster.nodes()[0].cli(&["exists", redis_key]).trim() == "1"
+        })
+        .collect();
+    let dead_count = on_dead.iter().filter(|d| **d).count();
+    assert!(
+        dead_count > 0 && dead_count < keys.len(),
+        "30 keys spread over 3 masters"
+    );
+
+    cluster.kill_node(0);
+    let killed_at = Instant::now();
+    let (mut refused_dead, mut admitted_alive) = (0, 0);
+    for (key, dead) in keys.iter().zip(&on_dead) {
+        let started = Instant::now();
+        let verdict = limiter.check(&quota, key, 1).await;
+        assert!(
+            started.elapsed() <= DEADLINE + MARGIN,
+            "{:?}",
+            started.elapsed()
+        );
+        if *dead {
+            let rejection = verdict.rejection.expect("dead master: refused");
+            assert_eq!(rejection.status(), http::StatusCode::SERVICE_UNAVAILABLE);
+            refused_dead += 1;
+        } else {
+            assert!(
+                verdict.admitted,
+                "live master refused {key}: {:?}",
+                verdict.store_error
+            );
+            admitted_alive += 1;
+        }
+    }
+    assert!(
+        killed_at.elapsed() < Duration::from_secs(2),
+        "ran past the node timeout"
+    );
+    assert_eq!(refused_dead, dead_count);
+    assert_eq!(admitted_alive, keys.len() - dead_count);
+    assert_eq!(limiter.stats().failed_closed, dead_count as u64);
+}

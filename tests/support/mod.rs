@@ -283,6 +283,11 @@ impl RedisCluster {
     pub fn nodes(&self) -> &[RedisServer] {
         &self.nodes
     }
+
+    /// SIGKILLs node `i`.
+    pub fn kill_node(&mut self, i: usize) {
+        self.nodes[i].kill();
+    }
 }
 
 /// A TCP proxy in front of a Redis that can hold all traffic (a stall):
