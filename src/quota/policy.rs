@@ -215,17 +215,22 @@ fn window_micros(window: Duration) -> Result<u64, ConfigError> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Quota {
     name: Arc<str>,
-    /// `name_hash(&name)`, computed once: stores mix it into key hashes.
-    name_hash: u64,
+    /// A fixed hash of the name and the policies' algorithm kinds, computed
+    /// once: it identifies the quota's state layout in stores.
+    layout: u64,
     policies: Arc<[Policy]>,
 }
 
-/// A fixed hash of a quota name. Stores combine it with their own keyed hash
-/// of the key, so the name is not hashed again on every decision.
-pub(crate) fn name_hash(name: &str) -> u64 {
+/// A fixed hash of a quota's name and its policies' algorithm kinds. Two
+/// quotas with the same name and kinds share state in a store (their numbers
+/// may differ); any other change starts from fresh state.
+pub(crate) fn layout_hash(name: &str, policies: &[Policy]) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut hasher = std::hash::DefaultHasher::new();
     name.hash(&mut hasher);
+    for p in policies {
+        std::mem::discriminant(p.algorithm()).hash(&mut hasher);
+    }
     hasher.finish()
 }
 
@@ -266,7 +271,7 @@ impl Quota {
             }
         }
         Ok(Quota {
-            name_hash: name_hash(&name),
+            layout: layout_hash(&name, &policies),
             name,
             policies,
         })
@@ -282,9 +287,9 @@ impl Quota {
         &self.name
     }
 
-    /// The name's hash, for stores.
-    pub(crate) fn name_hash(&self) -> u64 {
-        self.name_hash
+    /// The layout hash, for stores: see [`layout_hash`].
+    pub(crate) fn layout(&self) -> u64 {
+        self.layout
     }
 
     /// The policies, in order.
@@ -296,7 +301,7 @@ impl Quota {
     pub fn share(&self, divisor: NonZeroU64) -> Quota {
         Quota {
             name: self.name.clone(),
-            name_hash: self.name_hash,
+            layout: self.layout,
             policies: self.policies.iter().map(|p| p.share(divisor)).collect(),
         }
     }

@@ -8,7 +8,6 @@ use parking_lot::Mutex;
 
 use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::quota::algorithm::State;
-use crate::quota::policy::name_hash;
 use crate::quota::store::{Store, StoreError};
 use crate::quota::{Decisions, Quota, QuotaDecision};
 use crate::ConfigError;
@@ -144,7 +143,8 @@ type States = smallvec::SmallVec<[State; 2]>;
 
 #[derive(Debug)]
 struct Slot {
-    quota: Arc<str>,
+    /// The quota's [`layout`](Quota::layout): same name, same algorithm kinds.
+    layout: u64,
     key: Arc<str>,
     states: States,
     /// From this time every state is equivalent to fresh.
@@ -270,13 +270,12 @@ impl<C: Clock> MemoryStore<C> {
         let now = self.inner.clock.now();
         let hash = self.hash(quota, key);
         let mut shard = self.shard(hash).lock();
-        let found = shard.table.find_mut(hash, |s| {
-            same(&s.key, key) && same(&s.quota, quota.name_arc())
-        });
+        let found = shard
+            .table
+            .find_mut(hash, |s| s.layout == quota.layout() && same(&s.key, key));
         if let Some(slot) = found {
-            if !states_match(quota, &slot.states) {
-                slot.states = fresh_states(quota);
-            }
+            // Same layout: the states are the quota's policies' kinds, in order.
+            debug_assert!(states_match(quota, &slot.states));
             let result = change(&mut slot.states, now);
             slot.fresh_at = fresh_at(quota, &slot.states);
             return Ok(result);
@@ -316,20 +315,20 @@ impl<C: Clock> MemoryStore<C> {
         shard.table.insert_unique(
             hash,
             Slot {
-                quota: quota.name_arc().clone(),
+                layout: quota.layout(),
                 key: key.clone(),
                 states,
                 fresh_at,
             },
-            |s| hasher.hash_one(KeyBytes(&s.key)) ^ name_hash(&s.quota),
+            |s| hasher.hash_one(KeyBytes(&s.key)) ^ s.layout,
         );
         Ok(())
     }
 
     /// The store's keyed (SipHash) hash of the key, mixed with the quota
-    /// name's fixed hash: one hasher pass per decision.
+    /// [layout](Quota::layout) hash: one hasher pass per decision.
     fn hash(&self, quota: &Quota, key: &Arc<str>) -> u64 {
-        self.inner.hasher.hash_one(KeyBytes(key)) ^ quota.name_hash()
+        self.inner.hasher.hash_one(KeyBytes(key)) ^ quota.layout()
     }
 
     fn shard(&self, hash: u64) -> &Mutex<Shard> {
