@@ -301,34 +301,23 @@ async fn page_size_is_the_cost_and_settle_refunds_exactly() {
         .layer(ValidateQueryLayer::new(
             QueryRules::builder().build().unwrap(),
         ));
-    plain
-        .clone()
-        .oneshot(request(Some(alice.clone()), "/?page_size=50"))
-        .await
-        .unwrap();
+    let page = |size: u32| {
+        plain
+            .clone()
+            .oneshot(request(Some(alice.clone()), &format!("/?page_size={size}")))
+    };
+    assert_eq!(page(50).await.unwrap().status(), StatusCode::OK);
     assert_eq!(remaining(), 200 - 12 - 50);
-
-    let response = plain
-        .clone()
-        .oneshot(request(Some(alice.clone()), "/?page_size=100"))
-        .await
-        .unwrap();
-    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(page(100).await.unwrap().status(), StatusCode::OK);
     assert_eq!(remaining(), 38);
 
     // A refused request over what is left consumes nothing and locks nobody out.
-    let response = plain
-        .clone()
-        .oneshot(request(Some(alice.clone()), "/?page_size=100"))
-        .await
-        .unwrap();
-    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        page(100).await.unwrap().status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
     assert_eq!(remaining(), 38);
-    let response = plain
-        .oneshot(request(Some(alice), "/?page_size=38"))
-        .await
-        .unwrap();
-    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(page(38).await.unwrap().status(), StatusCode::OK);
     assert_eq!(remaining(), 0);
 }
 
