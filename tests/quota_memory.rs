@@ -145,3 +145,72 @@ fn full_store_lazily_reclaims_expired_keys() {
     assert!(store.decide_now(&quota, &late, 1).unwrap().admitted);
     assert_eq!(store.len(), 1);
 }
+
+#[test]
+fn buckets_and_other_quotas_share_one_cap() {
+    // Quotas of one token bucket live in their own compact table; the cap,
+    // `len`, `sweep` and the full outcome count both tables together.
+    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let config = MemoryConfig::new(NonZeroUsize::new(8).unwrap())
+        .shards(NonZeroUsize::new(1).unwrap())
+        .unwrap();
+    let store = MemoryStore::with_config(config, clock.clone());
+    let bucket = Quota::new(
+        "bucket",
+        [Policy::token_bucket("b", 5, 5, Duration::from_secs(5)).unwrap()],
+    )
+    .unwrap();
+    let log = Quota::new("log", [Policy::sliding_log("l", 5, MINUTE).unwrap()]).unwrap();
+    for i in 0..4 {
+        let key: Arc<str> = format!("k{i}").into();
+        // The same key under both quotas: two independent states.
+        for _ in 0..5 {
+            assert!(store.decide_now(&bucket, &key, 1).unwrap().admitted);
+            assert!(store.decide_now(&log, &key, 1).unwrap().admitted);
+        }
+        assert!(!store.decide_now(&bucket, &key, 1).unwrap().admitted);
+        assert!(!store.decide_now(&log, &key, 1).unwrap().admitted);
+    }
+    assert_eq!(store.len(), 8);
+    let late: Arc<str> = "late".into();
+    // The buckets refill first (5 s), so that is the earliest a key frees.
+    for quota in [&bucket, &log] {
+        assert_eq!(
+            store.decide_now(quota, &late, 1),
+            Err(StoreError::Full {
+                retry_after: Duration::from_secs(5)
+            })
+        );
+    }
+    clock.advance(Duration::from_secs(5));
+    assert_eq!(store.sweep(), 4);
+    assert_eq!(store.len(), 4);
+    assert!(store.decide_now(&bucket, &late, 1).unwrap().admitted);
+    clock.advance(MINUTE);
+    assert_eq!(store.sweep(), 5);
+    assert!(store.is_empty());
+}
+
+#[test]
+fn a_shadow_bucket_counts_but_never_refuses() {
+    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let store = MemoryStore::with_config(MemoryConfig::default(), clock);
+    let quota = Quota::new(
+        "watch",
+        [Policy::token_bucket("b", 2, 1, MINUTE).unwrap().shadow()],
+    )
+    .unwrap();
+    let key: Arc<str> = "alice".into();
+    let decisions: Vec<_> = (0..3)
+        .map(|_| store.decide_now(&quota, &key, 1).unwrap())
+        .collect();
+    assert!(decisions.iter().all(|d| d.admitted));
+    assert_eq!(
+        decisions
+            .iter()
+            .map(|d| d.decisions[0].admitted)
+            .collect::<Vec<_>>(),
+        [true, true, false]
+    );
+    assert_eq!(decisions[2].decisions[0].retry_after, Some(MINUTE));
+}

@@ -40,6 +40,17 @@ pub struct QuotaDecision {
 }
 
 impl QuotaDecision {
+    /// The answer of a quota of one policy: admitted if the policy admits,
+    /// or if it only watches (shadow).
+    pub(crate) fn single(decision: Decision, shadow: bool) -> Self {
+        let mut decisions = Decisions::new();
+        decisions.push(decision);
+        QuotaDecision {
+            admitted: decisions[0].admitted || shadow,
+            decisions,
+        }
+    }
+
     /// The longest wait among the refusing policies: the exact wait until all
     /// of them could admit the request. `None` if admitted.
     pub fn retry_after(&self) -> Option<Duration> {

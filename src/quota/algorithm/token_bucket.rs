@@ -30,15 +30,37 @@ impl TokenBucket {
     }
 
     pub(crate) fn check(&self, state: &mut TokenBucketState, now: u64, cost: u64) -> Decision {
-        let start = state.tat.max(now);
+        self.decide(state.tat, now, cost).0
+    }
+
+    /// Check and, if admitted, record, in one pass: the memory store's path
+    /// for a quota of one bucket. Same result as `check` then `record`.
+    pub(crate) fn step_in_place(
+        &self,
+        state: &mut TokenBucketState,
+        now: u64,
+        cost: u64,
+    ) -> Decision {
+        let (decision, next) = self.decide(state.tat, now, cost);
+        if decision.admitted {
+            // Admitted means `next <= horizon`, so `record` would clamp nothing.
+            state.tat = next;
+        }
+        decision
+    }
+
+    /// The decision at `tat`, and the TAT after it if admitted.
+    #[inline]
+    fn decide(&self, tat: u64, now: u64, cost: u64) -> (Decision, u64) {
+        let start = tat.max(now);
         let horizon = self.horizon(now);
         // One division per decision: `remaining` is computed in each branch.
         let remaining = || horizon.saturating_sub(start) / self.interval;
         if cost > self.capacity {
-            return never(self.capacity, remaining(), start - now);
+            return (never(self.capacity, remaining(), start - now), start);
         }
         let next = start.saturating_add(cost.saturating_mul(self.interval));
-        if next <= horizon {
+        let decision = if next <= horizon {
             Decision {
                 admitted: true,
                 limit: self.capacity,
@@ -54,7 +76,8 @@ impl TokenBucket {
                 retry_after: Some(micros(next - horizon)),
                 reset: micros(start - now),
             }
-        }
+        };
+        (decision, next)
     }
 
     pub(crate) fn record(&self, state: &mut TokenBucketState, now: u64, cost: u64) {

@@ -7,7 +7,7 @@ use hashbrown::HashTable;
 use parking_lot::Mutex;
 
 use crate::clock::{Clock, SystemClock, Timestamp};
-use crate::quota::algorithm::State;
+use crate::quota::algorithm::{Algorithm, State, TokenBucket, TokenBucketState};
 use crate::quota::store::{Store, StoreError};
 use crate::quota::{Decisions, Quota, QuotaDecision};
 use crate::ConfigError;
@@ -130,10 +130,15 @@ struct Padded<T>(T);
 
 #[derive(Debug, Default)]
 struct Shard {
-    /// Most keys this shard holds.
+    /// Most keys this shard holds, in both tables.
     cap: usize,
-    table: HashTable<Slot>,
-    /// No slot can be dropped before this time.
+    /// Keys of quotas that are one token bucket: 32 bytes each, as small as
+    /// governor's entries, since this is the most common quota.
+    buckets: HashTable<BucketSlot>,
+    /// Keys of every other quota.
+    slots: HashTable<Slot>,
+    /// No key can be dropped before this time: a lower bound of every
+    /// key's `fresh_at`.
     next_expiry: u64,
 }
 
@@ -149,6 +154,127 @@ struct Slot {
     states: States,
     /// From this time every state is equivalent to fresh.
     fresh_at: u64,
+}
+
+/// The slot of a quota of one token bucket: its TAT is also the time from
+/// which it is equivalent to fresh (a full bucket).
+#[derive(Debug)]
+struct BucketSlot {
+    layout: u64,
+    key: Arc<str>,
+    state: TokenBucketState,
+}
+
+/// One key of one quota in one of a shard's tables.
+trait Entry: Sized {
+    /// What a decision changes.
+    type State;
+    fn table(shard: &mut Shard) -> &mut HashTable<Self>;
+    fn new(quota: &Quota, key: &Arc<str>, state: Self::State) -> Self;
+    fn fresh_state(quota: &Quota) -> Self::State;
+    fn layout(&self) -> u64;
+    fn key(&self) -> &Arc<str>;
+    fn state_mut(&mut self) -> &mut Self::State;
+    /// Keeps [`fresh_at`](Entry::fresh_at) up to date after a change.
+    fn refresh(&mut self, quota: &Quota);
+    fn fresh_at(&self) -> u64;
+}
+
+impl Entry for Slot {
+    type State = States;
+
+    fn table(shard: &mut Shard) -> &mut HashTable<Self> {
+        &mut shard.slots
+    }
+
+    fn new(quota: &Quota, key: &Arc<str>, states: States) -> Self {
+        Slot {
+            layout: quota.layout(),
+            key: key.clone(),
+            fresh_at: fresh_at(quota, &states),
+            states,
+        }
+    }
+
+    fn fresh_state(quota: &Quota) -> States {
+        quota
+            .policies()
+            .iter()
+            .map(|p| p.algorithm().fresh_state())
+            .collect()
+    }
+
+    fn layout(&self) -> u64 {
+        self.layout
+    }
+
+    fn key(&self) -> &Arc<str> {
+        &self.key
+    }
+
+    fn state_mut(&mut self) -> &mut States {
+        // Same layout: the states are the quota's policies' kinds, in order.
+        &mut self.states
+    }
+
+    fn refresh(&mut self, quota: &Quota) {
+        debug_assert!(states_match(quota, &self.states));
+        self.fresh_at = fresh_at(quota, &self.states);
+    }
+
+    fn fresh_at(&self) -> u64 {
+        self.fresh_at
+    }
+}
+
+impl Entry for BucketSlot {
+    type State = TokenBucketState;
+
+    fn table(shard: &mut Shard) -> &mut HashTable<Self> {
+        &mut shard.buckets
+    }
+
+    fn new(quota: &Quota, key: &Arc<str>, state: TokenBucketState) -> Self {
+        BucketSlot {
+            layout: quota.layout(),
+            key: key.clone(),
+            state,
+        }
+    }
+
+    fn fresh_state(_: &Quota) -> TokenBucketState {
+        TokenBucketState::default()
+    }
+
+    fn layout(&self) -> u64 {
+        self.layout
+    }
+
+    fn key(&self) -> &Arc<str> {
+        &self.key
+    }
+
+    fn state_mut(&mut self) -> &mut TokenBucketState {
+        &mut self.state
+    }
+
+    fn refresh(&mut self, _: &Quota) {}
+
+    fn fresh_at(&self) -> u64 {
+        self.state.tat
+    }
+}
+
+/// The quota's token bucket and whether it only watches, when the quota is
+/// exactly one token bucket.
+fn lone_bucket(quota: &Quota) -> Option<(&TokenBucket, bool)> {
+    match quota.policies() {
+        [policy] => match policy.algorithm() {
+            Algorithm::TokenBucket(bucket) => Some((bucket, policy.is_shadow())),
+            _ => None,
+        },
+        _ => None,
+    }
 }
 
 impl MemoryStore<SystemClock> {
@@ -195,11 +321,7 @@ impl<C: Clock> MemoryStore<C> {
 
     /// Number of keys held.
     pub fn len(&self) -> usize {
-        self.inner
-            .shards
-            .iter()
-            .map(|s| s.0.lock().table.len())
-            .sum()
+        self.inner.shards.iter().map(|s| s.0.lock().len()).sum()
     }
 
     /// True when no key is held.
@@ -245,90 +367,66 @@ impl<C: Clock> MemoryStore<C> {
         key: &Arc<str>,
         cost: u64,
     ) -> Result<QuotaDecision, StoreError> {
-        self.update(quota, key, |states, now| decide(quota, states, now, cost))
+        if let Some((bucket, shadow)) = lone_bucket(quota) {
+            return self.update::<BucketSlot, _>(quota, key, |state, now| {
+                let decision = bucket.step_in_place(state, now.as_micros(), cost);
+                QuotaDecision::single(decision, shadow)
+            });
+        }
+        self.update::<Slot, _>(quota, key, |states, now| decide(quota, states, now, cost))
     }
 
     /// The synchronous settlement behind [`Store::adjust`]. Settling a key
     /// with no live state starts from fresh: a refund then changes nothing.
     pub fn adjust_now(&self, quota: &Quota, key: &Arc<str>, delta: i64) -> Result<(), StoreError> {
-        self.update(quota, key, |states, now| {
+        if let Some((bucket, _)) = lone_bucket(quota) {
+            return self.update::<BucketSlot, _>(quota, key, |state, now| {
+                bucket.adjust(state, now.as_micros(), delta);
+            });
+        }
+        self.update::<Slot, _>(quota, key, |states, now| {
             for (policy, state) in quota.policies().iter().zip(states.iter_mut()) {
                 policy.algorithm().adjust(state, now, delta);
             }
         })
     }
 
-    /// Runs `change` on the key's states under its shard lock: the one
-    /// critical section of every decision. A new key's states are stored only
-    /// if `change` left them different from fresh.
-    fn update<R>(
+    /// Runs `change` on the key's state under its shard lock: the one
+    /// critical section of every decision. A new key's state is stored only
+    /// if `change` left it different from fresh.
+    fn update<E: Entry, R>(
         &self,
         quota: &Quota,
         key: &Arc<str>,
-        change: impl FnOnce(&mut [State], Timestamp) -> R,
+        change: impl FnOnce(&mut E::State, Timestamp) -> R,
     ) -> Result<R, StoreError> {
         let now = self.inner.clock.now();
-        let hash = self.hash(quota, key);
+        let hash = self.hash(quota.layout(), key);
         let mut shard = self.shard(hash).lock();
-        let found = shard
-            .table
-            .find_mut(hash, |s| s.layout == quota.layout() && same(&s.key, key));
-        if let Some(slot) = found {
-            // Same layout: the states are the quota's policies' kinds, in order.
-            debug_assert!(states_match(quota, &slot.states));
-            let result = change(&mut slot.states, now);
-            slot.fresh_at = fresh_at(quota, &slot.states);
+        let found = E::table(&mut shard)
+            .find_mut(hash, |e| e.layout() == quota.layout() && same(e.key(), key));
+        if let Some(entry) = found {
+            let result = change(entry.state_mut(), now);
+            entry.refresh(quota);
             return Ok(result);
         }
-        let mut states = fresh_states(quota);
-        let result = change(&mut states, now);
-        self.insert(&mut shard, hash, quota, key, states, now)?;
-        Ok(result)
-    }
-
-    /// Inserts a new slot unless it would hold nothing, sweeping a full shard
-    /// first; [`StoreError::Full`] when the shard is full of live keys.
-    fn insert(
-        &self,
-        shard: &mut Shard,
-        hash: u64,
-        quota: &Quota,
-        key: &Arc<str>,
-        states: States,
-        now: Timestamp,
-    ) -> Result<(), StoreError> {
+        let mut state = E::fresh_state(quota);
+        let result = change(&mut state, now);
+        let entry = E::new(quota, key, state);
         let now = now.as_micros();
-        let fresh_at = fresh_at(quota, &states);
-        if fresh_at <= now {
-            return Ok(());
+        if entry.fresh_at() > now {
+            shard.make_room(now)?;
+            shard.next_expiry = shard.next_expiry.min(entry.fresh_at());
+            let hasher = |e: &E| self.hash(e.layout(), e.key());
+            E::table(&mut shard).insert_unique(hash, entry, hasher);
         }
-        if shard.table.len() >= shard.cap {
-            if now >= shard.next_expiry {
-                shard.sweep(now);
-            }
-            if shard.table.len() >= shard.cap {
-                let retry_after = Duration::from_micros(shard.next_expiry.saturating_sub(now));
-                return Err(StoreError::Full { retry_after });
-            }
-        }
-        let hasher = &self.inner.hasher;
-        shard.table.insert_unique(
-            hash,
-            Slot {
-                layout: quota.layout(),
-                key: key.clone(),
-                states,
-                fresh_at,
-            },
-            |s| hasher.hash_one(KeyBytes(&s.key)) ^ s.layout,
-        );
-        Ok(())
+        Ok(result)
     }
 
     /// The store's keyed (SipHash) hash of the key, mixed with the quota
     /// [layout](Quota::layout) hash: one hasher pass per decision.
-    fn hash(&self, quota: &Quota, key: &Arc<str>) -> u64 {
-        self.inner.hasher.hash_one(KeyBytes(key)) ^ quota.layout()
+    fn hash(&self, layout: u64, key: &Arc<str>) -> u64 {
+        self.inner.hasher.hash_one(KeyBytes(key)) ^ layout
     }
 
     fn shard(&self, hash: u64) -> &Mutex<Shard> {
@@ -339,27 +437,40 @@ impl<C: Clock> MemoryStore<C> {
 }
 
 impl Shard {
-    fn sweep(&mut self, now: u64) -> usize {
-        let before = self.table.len();
-        let mut next = u64::MAX;
-        self.table.retain(|s| {
-            let live = s.fresh_at > now;
-            if live {
-                next = next.min(s.fresh_at);
-            }
-            live
-        });
-        self.next_expiry = next;
-        before - self.table.len()
+    fn len(&self) -> usize {
+        self.buckets.len() + self.slots.len()
     }
-}
 
-fn fresh_states(quota: &Quota) -> States {
-    quota
-        .policies()
-        .iter()
-        .map(|p| p.algorithm().fresh_state())
-        .collect()
+    /// Room for one more key, sweeping first if the shard is full;
+    /// [`StoreError::Full`] when every key is live.
+    fn make_room(&mut self, now: u64) -> Result<(), StoreError> {
+        if self.len() >= self.cap && now >= self.next_expiry {
+            self.sweep(now);
+        }
+        if self.len() >= self.cap {
+            let retry_after = Duration::from_micros(self.next_expiry.saturating_sub(now));
+            return Err(StoreError::Full { retry_after });
+        }
+        Ok(())
+    }
+
+    fn sweep(&mut self, now: u64) -> usize {
+        fn retain_live<E: Entry>(table: &mut HashTable<E>, now: u64, next: &mut u64) {
+            table.retain(|e| {
+                let live = e.fresh_at() > now;
+                if live {
+                    *next = (*next).min(e.fresh_at());
+                }
+                live
+            });
+        }
+        let before = self.len();
+        let mut next = u64::MAX;
+        retain_live(&mut self.buckets, now, &mut next);
+        retain_live(&mut self.slots, now, &mut next);
+        self.next_expiry = next;
+        before - self.len()
+    }
 }
 
 fn states_match(quota: &Quota, states: &[State]) -> bool {
@@ -395,13 +506,7 @@ pub(crate) fn decide(
         if d.admitted {
             policy.algorithm().record(state, now, cost);
         }
-        let admitted = d.admitted || policy.is_shadow();
-        let mut decisions = Decisions::new();
-        decisions.push(d);
-        return QuotaDecision {
-            admitted,
-            decisions,
-        };
+        return QuotaDecision::single(d, policy.is_shadow());
     }
     let mut admitted = true;
     let mut decisions = Decisions::new();
