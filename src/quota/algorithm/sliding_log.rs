@@ -23,15 +23,20 @@ pub struct SlidingLogState {
     pub entries: VecDeque<(u64, u64)>,
     /// Sum of the costs in `entries`.
     pub total: u64,
-    /// Time of the newest entry, kept beside the log so a refusal reads only
-    /// its oldest entry.
+    /// Time of the newest entry (0 when empty).
     pub newest: u64,
+    /// Time of the oldest entry (0 when empty). With `total` and `newest`
+    /// beside the log, a refusal of cost 1 reads no entry at all.
+    pub oldest: u64,
 }
 
 impl SlidingLog {
     /// Drops entries at or before `now - W`; returns the time the log acts at.
     fn trim(&self, state: &mut SlidingLogState, now: u64) -> u64 {
         let now = now.max(state.newest);
+        if state.total == 0 || state.oldest.saturating_add(self.window) > now {
+            return now;
+        }
         while let Some(&(t, cost)) = state.entries.front() {
             if t.saturating_add(self.window) > now {
                 break;
@@ -39,6 +44,7 @@ impl SlidingLog {
             state.entries.pop_front();
             state.total -= cost;
         }
+        state.oldest = state.entries.front().map_or(0, |&(t, _)| t);
         now
     }
 
@@ -69,13 +75,16 @@ impl SlidingLog {
         }
         // Wait until enough of the oldest entries have left the window.
         let mut to_free = cost - remaining;
-        let mut wait = 0;
-        for &(t, c) in &state.entries {
-            wait = (t + self.window).saturating_sub(now);
-            if c >= to_free {
-                break;
+        // Every entry costs at least 1, so the oldest alone frees one.
+        let mut wait = (state.oldest + self.window).saturating_sub(now);
+        if to_free > 1 {
+            for &(t, c) in &state.entries {
+                wait = (t + self.window).saturating_sub(now);
+                if c >= to_free {
+                    break;
+                }
+                to_free -= c;
             }
-            to_free -= c;
         }
         Decision {
             admitted: false,
@@ -90,6 +99,9 @@ impl SlidingLog {
         let now = self.trim(state, now);
         let cost = cost.min(self.limit - state.total);
         if cost > 0 {
+            if state.entries.is_empty() {
+                state.oldest = now;
+            }
             state.entries.push_back((now, cost));
             state.total += cost;
             state.newest = now;
@@ -115,6 +127,7 @@ impl SlidingLog {
             if last.1 == 0 {
                 state.entries.pop_back();
                 state.newest = state.entries.back().map_or(0, |&(t, _)| t);
+                state.oldest = state.entries.front().map_or(0, |&(t, _)| t);
             }
         }
     }
