@@ -94,6 +94,7 @@ impl Default for SystemClock {
 }
 
 impl Clock for SystemClock {
+    #[inline]
     fn now(&self) -> Timestamp {
         let nanos = self.clock.delta_as_nanos(self.anchor, self.clock.raw());
         Timestamp(self.anchor_wall.saturating_add(nanos / 1_000))

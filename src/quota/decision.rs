@@ -42,6 +42,7 @@ pub struct QuotaDecision {
 impl QuotaDecision {
     /// The answer of a quota of one policy: admitted if the policy admits,
     /// or if it only watches (shadow).
+    #[inline]
     pub(crate) fn single(decision: Decision, shadow: bool) -> Self {
         let mut decisions = Decisions::new();
         decisions.push(decision);

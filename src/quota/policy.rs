@@ -154,11 +154,13 @@ impl Policy {
     }
 
     /// The algorithm and its numbers.
+    #[inline]
     pub fn algorithm(&self) -> &Algorithm {
         &self.algorithm
     }
 
     /// True in shadow mode.
+    #[inline]
     pub fn is_shadow(&self) -> bool {
         self.shadow
     }
@@ -288,11 +290,13 @@ impl Quota {
     }
 
     /// The layout hash, for stores: see [`layout_hash`].
+    #[inline]
     pub(crate) fn layout(&self) -> u64 {
         self.layout
     }
 
     /// The policies, in order.
+    #[inline]
     pub fn policies(&self) -> &[Policy] {
         &self.policies
     }

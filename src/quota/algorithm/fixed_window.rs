@@ -34,6 +34,7 @@ impl FixedWindow {
         (k + 1).saturating_mul(self.window).saturating_sub(now)
     }
 
+    #[inline]
     pub(crate) fn check(&self, state: &mut FixedWindowState, now: u64, cost: u64) -> Decision {
         let reset = self.roll(state, now);
         let remaining = self.limit.saturating_sub(state.count);
@@ -54,6 +55,7 @@ impl FixedWindow {
         }
     }
 
+    #[inline]
     pub(crate) fn record(&self, state: &mut FixedWindowState, now: u64, cost: u64) {
         self.roll(state, now);
         state.count = state.count.saturating_add(cost).min(self.limit);

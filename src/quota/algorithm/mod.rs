@@ -110,6 +110,7 @@ impl Algorithm {
     ///
     /// # Panics
     /// If `state` belongs to another algorithm. Stores never mix them.
+    #[inline]
     pub fn check(&self, state: &mut State, now: Timestamp, cost: u64) -> Decision {
         let now = now.as_micros();
         match (self, state) {
@@ -125,6 +126,7 @@ impl Algorithm {
     ///
     /// # Panics
     /// If `state` belongs to another algorithm.
+    #[inline]
     pub fn record(&self, state: &mut State, now: Timestamp, cost: u64) {
         let now = now.as_micros();
         match (self, state) {
@@ -162,6 +164,7 @@ impl Algorithm {
 
     /// The time from which `state` is equivalent to a fresh state, so that
     /// dropping it admits nothing extra.
+    #[inline]
     pub fn fresh_at(&self, state: &State) -> Timestamp {
         Timestamp(match (self, state) {
             (Algorithm::FixedWindow(a), State::FixedWindow(s)) => a.fresh_at(s),

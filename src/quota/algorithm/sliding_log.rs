@@ -32,6 +32,7 @@ pub struct SlidingLogState {
 
 impl SlidingLog {
     /// Drops entries at or before `now - W`; returns the time the log acts at.
+    #[inline]
     fn trim(&self, state: &mut SlidingLogState, now: u64) -> u64 {
         let now = now.max(state.newest);
         if state.total == 0 || state.oldest.saturating_add(self.window) > now {
@@ -56,6 +57,7 @@ impl SlidingLog {
         }
     }
 
+    #[inline]
     pub(crate) fn check(&self, state: &mut SlidingLogState, now: u64, cost: u64) -> Decision {
         self.trim(state, now);
         let remaining = self.limit.saturating_sub(state.total);
@@ -95,6 +97,7 @@ impl SlidingLog {
         }
     }
 
+    #[inline]
     pub(crate) fn record(&self, state: &mut SlidingLogState, now: u64, cost: u64) {
         let now = self.trim(state, now);
         let cost = cost.min(self.limit - state.total);
@@ -132,6 +135,7 @@ impl SlidingLog {
         }
     }
 
+    #[inline]
     pub(crate) fn fresh_at(&self, state: &SlidingLogState) -> u64 {
         if state.entries.is_empty() {
             0

@@ -55,6 +55,7 @@ impl SlidingWindow {
             + u128::from(state.current) * u128::from(self.window)
     }
 
+    #[inline]
     pub(crate) fn check(&self, state: &mut SlidingWindowState, now: u64, cost: u64) -> Decision {
         let elapsed = self.roll(state, now);
         let w = u128::from(self.window);
@@ -100,6 +101,7 @@ impl SlidingWindow {
         }
     }
 
+    #[inline]
     pub(crate) fn record(&self, state: &mut SlidingWindowState, now: u64, cost: u64) {
         self.roll(state, now);
         state.current = state.current.saturating_add(cost).min(self.limit);

@@ -35,6 +35,7 @@ impl TokenBucket {
 
     /// Check and, if admitted, record, in one pass: the memory store's path
     /// for a quota of one bucket. Same result as `check` then `record`.
+    #[inline]
     pub(crate) fn step_in_place(
         &self,
         state: &mut TokenBucketState,

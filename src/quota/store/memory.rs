@@ -109,6 +109,7 @@ struct Inner<C> {
 
 /// Equal strings, comparing pointers first: callers usually pass the very
 /// `Arc` the slot holds.
+#[inline]
 fn same(a: &Arc<str>, b: &Arc<str>) -> bool {
     Arc::ptr_eq(a, b) || a == b
 }
@@ -117,6 +118,7 @@ fn same(a: &Arc<str>, b: &Arc<str>) -> bool {
 struct KeyBytes<'a>(&'a str);
 
 impl std::hash::Hash for KeyBytes<'_> {
+    #[inline]
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
         state.write(self.0.as_bytes());
     }
@@ -267,6 +269,7 @@ impl Entry for BucketSlot {
 
 /// The quota's token bucket and whether it only watches, when the quota is
 /// exactly one token bucket.
+#[inline]
 fn lone_bucket(quota: &Quota) -> Option<(&TokenBucket, bool)> {
     match quota.policies() {
         [policy] => match policy.algorithm() {
@@ -425,6 +428,7 @@ impl<C: Clock> MemoryStore<C> {
 
     /// The store's keyed (SipHash) hash of the key, mixed with the quota
     /// [layout](Quota::layout) hash: one hasher pass per decision.
+    #[inline]
     fn hash(&self, layout: u64, key: &Arc<str>) -> u64 {
         self.inner.hasher.hash_one(KeyBytes(key)) ^ layout
     }
@@ -482,6 +486,7 @@ fn states_match(quota: &Quota, states: &[State]) -> bool {
             .all(|(p, s)| p.algorithm().owns(s))
 }
 
+#[inline]
 fn fresh_at(quota: &Quota, states: &[State]) -> u64 {
     quota
         .policies()
@@ -494,6 +499,7 @@ fn fresh_at(quota: &Quota, states: &[State]) -> u64 {
 
 /// Checks every policy, then records in all that admitted if no enforcing
 /// policy refused. One critical section: the caller holds the shard lock.
+#[inline]
 pub(crate) fn decide(
     quota: &Quota,
     states: &mut [State],
