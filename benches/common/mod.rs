@@ -42,7 +42,8 @@ pub(crate) fn quotas() -> Vec<Quota> {
     .into_iter()
     .map(|policy| {
         let policy = policy.unwrap();
-        Quota::new(&policy.name().to_owned(), [policy]).unwrap()
+        let name = policy.name().to_owned();
+        Quota::new(&name, [policy]).unwrap()
     })
     .collect()
 }
