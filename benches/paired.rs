@@ -1,20 +1,27 @@
-//! Ratios to governor measured in alternating batches, so that the drift of
-//! a shared, noisy machine falls on both sides of every ratio alike.
+//! Ratios measured in alternating batches, so that the drift of a shared,
+//! noisy machine falls on both sides of every ratio alike.
 //!
 //! ```text
 //! cargo bench --bench paired
 //! ```
 //!
-//! For each algorithm and thread count: 2 warm-up rounds, then `ROUNDS`
-//! rounds, each timing `BATCH` governor decisions and `BATCH` memory-store
-//! decisions back to back (the order alternating between rounds). It prints
-//! the median of the per-round ratios (ours / governor) and their quartiles.
-//! Same quota, keys and threads as `benches/decisions.rs`.
+//! - **Decisions**: for each algorithm and thread count, 2 warm-up rounds,
+//!   then `ROUNDS` rounds, each timing `BATCH` governor decisions and `BATCH`
+//!   memory-store decisions back to back (the order alternating between
+//!   rounds). Same quota, keys and threads as `benches/decisions.rs`.
+//! - **HTTP in process**: the four stacks of `benches/http.rs`, each round
+//!   timing `HTTP_BATCH` requests to each stack, the order rotating between
+//!   rounds.
+//!
+//! Each table gives the median of the per-round ratios and their quartiles.
 
 mod common;
 
 use std::hint::black_box;
 
+use std::time::{Duration, Instant};
+
+use tower::ServiceExt;
 use tower_admission::quota::MemoryStore;
 
 use common::on_threads;
@@ -22,12 +29,26 @@ use common::on_threads;
 const ROUNDS: usize = 41;
 const WARMUP_ROUNDS: usize = 2;
 const BATCH: u64 = 200_000;
+const HTTP_BATCH: usize = 20_000;
 
 fn main() {
     if std::env::args().any(|a| a == "--list") {
         // `cargo test --benches` asks for a list of tests: there are none.
         return;
     }
+    decisions();
+    println!();
+    http();
+}
+
+/// Median and quartiles of `ratios`, as table cells.
+fn summary(mut ratios: Vec<f64>) -> String {
+    ratios.sort_by(f64::total_cmp);
+    let at = |q: usize| ratios[(ratios.len() - 1) * q / 4];
+    format!("{:.2} | {:.2}-{:.2}", at(2), at(1), at(3))
+}
+
+fn decisions() {
     let keys = common::keys();
     println!("| algorithm | threads | ours / governor (median) | quartiles |");
     println!("|---|---:|---:|---|");
@@ -50,7 +71,7 @@ fn main() {
                     );
                 })
             };
-            let mut ratios: Vec<f64> = (0..WARMUP_ROUNDS + ROUNDS)
+            let ratios: Vec<f64> = (0..WARMUP_ROUNDS + ROUNDS)
                 .map(|round| {
                     let (us, them) = if round % 2 == 0 {
                         let them = theirs();
@@ -63,15 +84,58 @@ fn main() {
                 })
                 .skip(WARMUP_ROUNDS)
                 .collect();
-            ratios.sort_by(f64::total_cmp);
-            let at = |q: usize| ratios[(ratios.len() - 1) * q / 4];
-            println!(
-                "| {} | {threads} | {:.2} | {:.2}-{:.2} |",
-                quota.name(),
-                at(2),
-                at(1),
-                at(3)
-            );
+            println!("| {} | {threads} | {} |", quota.name(), summary(ratios));
         }
     }
+}
+
+fn http() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let stacks = common::stacks::stacks();
+    let time = |stack: &common::stacks::Stack| -> Duration {
+        rt.block_on(async {
+            let start = Instant::now();
+            for _ in 0..HTTP_BATCH {
+                let response = stack.app.clone().oneshot(stack.request()).await;
+                assert_eq!(response.unwrap().status(), 200);
+            }
+            start.elapsed()
+        })
+    };
+    let mut rounds: Vec<[f64; 4]> = Vec::with_capacity(ROUNDS);
+    for round in 0..WARMUP_ROUNDS + ROUNDS {
+        let mut times = [0.0; 4];
+        for i in 0..stacks.len() {
+            let s = (i + round) % stacks.len();
+            times[s] = time(&stacks[s]).as_secs_f64();
+        }
+        if round >= WARMUP_ROUNDS {
+            rounds.push(times);
+        }
+    }
+    let ratio = |a: usize, b: usize| summary(rounds.iter().map(|t| t[a] / t[b]).collect());
+    println!("| stack | ratio to bare axum (median) | quartiles |");
+    println!("|---|---:|---|");
+    for (i, stack) in stacks.iter().enumerate() {
+        println!("| {} | {} |", stack.name, ratio(i, 0));
+    }
+    println!();
+    println!("| ratio | median | quartiles |");
+    println!("|---|---:|---|");
+    println!("| quota_layer / tower_governor | {} |", ratio(2, 1));
+    let per_request = |i: usize| {
+        let mut t: Vec<f64> = rounds.iter().map(|t| t[i]).collect();
+        t.sort_by(f64::total_cmp);
+        t[t.len() / 2] / HTTP_BATCH as f64 * 1e9
+    };
+    println!(
+        "| added ns: quota_layer / tower_governor | {:.2} | (medians: bare {:.0} ns, governor {:.0}, quota {:.0}) |",
+        (per_request(2) - per_request(0)) / (per_request(1) - per_request(0)),
+        per_request(0),
+        per_request(1),
+        per_request(2)
+    );
 }

@@ -1,10 +1,13 @@
-//! What the decision benches share: the keys, the quotas and the rival.
+//! What the benches share: the keys, the quotas, the rival and the HTTP
+//! stacks.
 //!
 //! Same quota for both sides: 100 per minute with a burst of 20 for
 //! governor's keyed GCRA, and each of the four algorithms at 100 per minute
 //! in the memory store. 10k keys, visited round robin.
 
 #![allow(dead_code)]
+
+pub(crate) mod stacks;
 
 use std::num::NonZeroU32;
 use std::sync::Arc;

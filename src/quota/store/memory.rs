@@ -71,6 +71,10 @@ impl Default for MemoryConfig {
 ///   identities cannot reset or lock out existing ones.
 /// - **Idle keys** are reclaimed lazily when a shard fills, and by
 ///   [`sweep`](Self::sweep) / [`spawn_sweeper`](Self::spawn_sweeper).
+/// - **Memory per key**, besides the key's string (shared with the caller):
+///   32 bytes for a quota of one token bucket, the most common shape, which
+///   has a table of its own; 152 bytes for any other quota of up to two
+///   policies, plus 16 bytes per entry of a sliding log.
 ///
 /// Clones share state.
 ///
@@ -565,5 +569,19 @@ impl<C: Clock> Store for MemoryStore<C> {
         delta: i64,
     ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send {
         std::future::ready(self.adjust_now(quota, key, delta))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slot_sizes() {
+        // The compact bucket slot is what makes a lone token bucket as cheap
+        // as governor's entry (24 bytes): keep it at 32.
+        assert_eq!(std::mem::size_of::<BucketSlot>(), 32);
+        // Two states inline, the largest being a sliding log's.
+        assert_eq!(std::mem::size_of::<Slot>(), 152);
     }
 }
