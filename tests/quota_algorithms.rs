@@ -368,7 +368,9 @@ proptest! {
         }
     }
 
-    /// Token bucket against governor: the same decision for every request.
+    /// Token bucket against governor: the same decision for every request,
+    /// from the pure state machine and from the memory store's compact
+    /// bucket table (whose one-pass step must equal check then record).
     #[test]
     fn token_bucket_matches_governor(
         gaps in prop::collection::vec(0u64..1_500, 1..400),
@@ -381,16 +383,24 @@ proptest! {
         let gclock = FakeRelativeClock::default();
         let quota = GQuota::with_period(Duration::from_millis(600)).unwrap().allow_burst(NonZeroU32::new(20).unwrap());
         let governor = RateLimiter::direct_with_clock(quota, gclock.clone());
-        let alg = algorithm(Policy::token_bucket("b", 20, 100, MINUTE).unwrap());
+        let policy = Policy::token_bucket("b", 20, 100, MINUTE).unwrap();
+        let alg = algorithm(policy.clone());
+        let clock = ManualClock::new(Timestamp(0));
+        let store = MemoryStore::with_config(MemoryConfig::default(), clock.clone());
+        let quota = Quota::new("q", [policy]).unwrap();
+        let key: Arc<str> = "k".into();
         let mut state = alg.fresh_state();
         let mut t = 0u64; // ms since both clocks' start
         for (gap, cost) in gaps.iter().zip(&costs) {
             t += gap;
             gclock.advance(Duration::from_millis(*gap));
+            clock.set(Timestamp(t * 1_000));
             let theirs = matches!(governor.check_n(NonZeroU32::new(*cost).unwrap()), Ok(Ok(())));
             let (next, ours) = alg.step(&state, Timestamp(t * 1_000), u64::from(*cost));
             state = next;
             prop_assert_eq!(ours.admitted, theirs, "at {} ms cost {}", t, cost);
+            let stored = store.decide_now(&quota, &key, u64::from(*cost)).unwrap();
+            prop_assert_eq!(&stored.decisions[..], &[ours][..], "at {} ms cost {}", t, cost);
         }
     }
 }
