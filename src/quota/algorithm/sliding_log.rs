@@ -78,7 +78,7 @@ impl SlidingLog {
         // Wait until enough of the oldest entries have left the window.
         let mut to_free = cost - remaining;
         // Every entry costs at least 1, so the oldest alone frees one.
-        let mut wait = (state.oldest + self.window).saturating_sub(now);
+        let mut wait = state.oldest.saturating_add(self.window).saturating_sub(now);
         if to_free > 1 {
             for &(t, c) in &state.entries {
                 wait = (t + self.window).saturating_sub(now);
