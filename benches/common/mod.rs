@@ -34,9 +34,11 @@ pub(crate) fn governor() -> Governor {
     )
 }
 
-/// One quota of one policy for each algorithm, named after it.
+/// One quota of one policy for each algorithm, named after it, then the
+/// article's free plan: a sliding log of 100 per minute **and** a bucket of
+/// 20 refilled at 100 per minute, decided together.
 pub(crate) fn quotas() -> Vec<Quota> {
-    [
+    let mut quotas: Vec<Quota> = [
         Policy::token_bucket("token_bucket", 20, 100, MINUTE),
         Policy::sliding_log("sliding_log", 100, MINUTE),
         Policy::fixed_window("fixed_window", 100, MINUTE),
@@ -48,7 +50,13 @@ pub(crate) fn quotas() -> Vec<Quota> {
         let name = policy.name().to_owned();
         Quota::new(&name, [policy]).unwrap()
     })
-    .collect()
+    .collect();
+    let free_plan = [
+        Policy::sliding_log("per-minute", 100, MINUTE).unwrap(),
+        Policy::token_bucket("burst", 20, 100, MINUTE).unwrap(),
+    ];
+    quotas.push(Quota::new("free_plan", free_plan).unwrap());
+    quotas
 }
 
 /// Runs `iters` calls of `f` over the keys, split over `threads` threads;
