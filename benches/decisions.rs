@@ -39,12 +39,7 @@ fn bench(c: &mut Criterion) {
             group.bench_function(quota.name(), |b| {
                 b.iter_custom(|iters| {
                     on_threads(threads, iters, &|k| {
-                        black_box(
-                            store
-                                .decide_now(&quota, &keys[k], 1)
-                                .map(|d| d.admitted)
-                                .ok(),
-                        );
+                        black_box(common::decide(&store, &quota, &keys[k]));
                     })
                 })
             });

@@ -38,11 +38,6 @@ fn main() {
         .unwrap_or_else(|| panic!("unknown variant {variant}"));
     let store = MemoryStore::new();
     for i in 0..total {
-        black_box(
-            store
-                .decide_now(&quota, &keys[i % KEYS], 1)
-                .map(|d| d.admitted)
-                .ok(),
-        );
+        black_box(common::decide(&store, &quota, &keys[i % KEYS]));
     }
 }

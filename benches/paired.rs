@@ -63,12 +63,7 @@ fn decisions() {
             };
             let ours = || {
                 on_threads(threads, BATCH, &|k| {
-                    black_box(
-                        store
-                            .decide_now(&quota, &keys[k], 1)
-                            .map(|d| d.admitted)
-                            .ok(),
-                    );
+                    black_box(common::decide(&store, &quota, &keys[k]));
                 })
             };
             let ratios: Vec<f64> = (0..WARMUP_ROUNDS + ROUNDS)

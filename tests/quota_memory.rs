@@ -117,18 +117,25 @@ fn refused_and_zero_cost_requests_create_no_state() {
     assert_eq!(store.len(), 0);
 }
 
-#[test]
-fn full_store_lazily_reclaims_expired_keys() {
+/// A store of at most 8 keys in one shard, on a manual clock.
+fn eight_keys_one_shard() -> (MemoryStore<ManualClock>, ManualClock) {
     let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
     let config = MemoryConfig::new(NonZeroUsize::new(8).unwrap())
         .shards(NonZeroUsize::new(1).unwrap())
         .unwrap();
-    let store = MemoryStore::with_config(config, clock.clone());
-    let quota = Quota::new(
-        "q",
-        [Policy::token_bucket("b", 5, 5, Duration::from_secs(5)).unwrap()],
-    )
-    .unwrap();
+    (MemoryStore::with_config(config, clock.clone()), clock)
+}
+
+/// A quota of one bucket of 5 tokens refilled at 1 per second.
+fn five_per_five_seconds(name: &str) -> Quota {
+    let bucket = Policy::token_bucket("b", 5, 5, Duration::from_secs(5)).unwrap();
+    Quota::new(name, [bucket]).unwrap()
+}
+
+#[test]
+fn full_store_lazily_reclaims_expired_keys() {
+    let (store, clock) = eight_keys_one_shard();
+    let quota = five_per_five_seconds("q");
     for i in 0..8 {
         let key: Arc<str> = format!("k{i}").into();
         assert!(store.decide_now(&quota, &key, 1).unwrap().admitted);
@@ -150,16 +157,8 @@ fn full_store_lazily_reclaims_expired_keys() {
 fn buckets_and_other_quotas_share_one_cap() {
     // Quotas of one token bucket live in their own compact table; the cap,
     // `len`, `sweep` and the full outcome count both tables together.
-    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
-    let config = MemoryConfig::new(NonZeroUsize::new(8).unwrap())
-        .shards(NonZeroUsize::new(1).unwrap())
-        .unwrap();
-    let store = MemoryStore::with_config(config, clock.clone());
-    let bucket = Quota::new(
-        "bucket",
-        [Policy::token_bucket("b", 5, 5, Duration::from_secs(5)).unwrap()],
-    )
-    .unwrap();
+    let (store, clock) = eight_keys_one_shard();
+    let bucket = five_per_five_seconds("bucket");
     let log = Quota::new("log", [Policy::sliding_log("l", 5, MINUTE).unwrap()]).unwrap();
     for i in 0..4 {
         let key: Arc<str> = format!("k{i}").into();

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use governor::clock::DefaultClock;
 use governor::state::keyed::DefaultKeyedStateStore;
 use governor::{Quota as GQuota, RateLimiter};
-use tower_admission::quota::{Policy, Quota};
+use tower_admission::quota::{MemoryStore, Policy, Quota};
 
 pub(crate) const KEYS: usize = 10_000;
 const MINUTE: Duration = Duration::from_secs(60);
@@ -76,4 +76,11 @@ pub(crate) fn on_threads(threads: usize, iters: u64, f: &(dyn Fn(usize) + Sync))
         }
     });
     start.elapsed()
+}
+
+/// One memory-store decision, as the benches make it: cost 1, only the
+/// admission kept.
+#[inline]
+pub(crate) fn decide(store: &MemoryStore, quota: &Quota, key: &Arc<str>) -> Option<bool> {
+    store.decide_now(quota, key, 1).map(|d| d.admitted).ok()
 }
