@@ -34,6 +34,8 @@ use http::{HeaderMap, Response, StatusCode};
 use http_body_util::{Either, Full};
 use serde_json::json;
 
+use crate::quota::Outcome;
+
 /// Response body of every layer in this crate: the inner service's body, or a
 /// rejection's.
 pub type ResponseBody<B> = Either<B, Full<Bytes>>;
@@ -158,6 +160,34 @@ pub fn is_grpc(headers: &HeaderMap) -> bool {
 }
 
 impl Rejection {
+    /// The refusal for a quota engine outcome of a request of `cost`;
+    /// `None` when the outcome admits.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_admission::quota::Outcome;
+    /// use tower_admission::reject::Rejection;
+    ///
+    /// let outcome = Outcome::Unavailable { wait: Duration::from_secs(1) };
+    /// let rejection = Rejection::from_outcome(&outcome, 1).unwrap();
+    /// assert_eq!(rejection.status(), http::StatusCode::SERVICE_UNAVAILABLE);
+    /// assert_eq!(Rejection::from_outcome(&Outcome::Admitted, 1), None);
+    /// ```
+    pub fn from_outcome(outcome: &Outcome, cost: u64) -> Option<Rejection> {
+        Some(match outcome {
+            Outcome::Admitted => return None,
+            Outcome::Refused { policies, wait } => Rejection::QuotaExceeded {
+                policies: policies.clone(),
+                retry_after: *wait,
+            },
+            Outcome::CostExceedsCapacity { policies } => Rejection::CostExceedsCapacity {
+                policies: policies.clone(),
+                cost,
+            },
+            Outcome::Unavailable { wait } => Rejection::LimiterUnavailable { retry_after: *wait },
+        })
+    }
+
     /// The HTTP status of this rejection.
     pub fn status(&self) -> StatusCode {
         match self {

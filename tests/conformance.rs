@@ -97,7 +97,7 @@ async fn sliding_log_boundary_admits_100<S: Store>(c: Ctx<'_, S>) {
     c.at_ms(NOON + 60_000);
     assert_eq!(c.admitted(&q, &k, 1, 100).await, 0);
     let refused = c.decide(&q, &k, 1).await;
-    assert_eq!(refused.retry_after(), Some(Duration::from_millis(59_999)));
+    assert_eq!(refused.retry_after(&q), Some(Duration::from_millis(59_999)));
     // When the first 100 leave the window, exactly 100 more fit.
     c.at_ms(NOON + 59_999 + 60_000);
     assert_eq!(c.admitted(&q, &k, 1, 150).await, 100);
@@ -114,7 +114,7 @@ async fn sliding_log_identical_timestamps_are_distinct<S: Store>(c: Ctx<'_, S>) 
     }
     let refused = c.decide(&q, &k, 1).await;
     assert!(!refused.admitted);
-    assert_eq!(refused.retry_after(), Some(MIN));
+    assert_eq!(refused.retry_after(&q), Some(MIN));
     // All five entries share one timestamp and leave together.
     c.at_ms(NOON + 59_999);
     assert_eq!(c.admitted(&q, &k, 1, 1).await, 0);
@@ -153,7 +153,7 @@ async fn weighted_window_exact_numbers<S: Store>(c: Ctx<'_, S>) {
     assert!(!refused.admitted);
     assert_eq!(refused.decisions[0].remaining, 0);
     // 80 * (1 - 15.75/60) = 59, and 59 + 40 + 1 = 100.
-    assert_eq!(refused.retry_after(), Some(Duration::from_millis(750)));
+    assert_eq!(refused.retry_after(&q), Some(Duration::from_millis(750)));
     c.at_ms(NOON + 75_750);
     assert_eq!(c.admitted(&q, &k, 1, 5).await, 1);
     // A full current window waits for the next one: 100 at 10 s, then
@@ -162,7 +162,7 @@ async fn weighted_window_exact_numbers<S: Store>(c: Ctx<'_, S>) {
     c.at_ms(NOON + 10_000);
     assert_eq!(c.admitted(&q, &k, 1, 100).await, 100);
     let refused = c.decide(&q, &k, 1).await;
-    assert_eq!(refused.retry_after(), Some(Duration::from_millis(50_600)));
+    assert_eq!(refused.retry_after(&q), Some(Duration::from_millis(50_600)));
     c.at_ms(NOON + 60_599);
     assert_eq!(c.admitted(&q, &k, 1, 1).await, 0);
     c.at_ms(NOON + 60_600);
@@ -186,7 +186,7 @@ async fn multi_policy_refusal_consumes_nothing<S: Store>(c: Ctx<'_, S>) {
     assert!(!refused.admitted);
     assert!(refused.decisions[0].admitted);
     assert!(!refused.decisions[1].admitted);
-    assert_eq!(refused.retry_after(), Some(Duration::from_millis(600)));
+    assert_eq!(refused.retry_after(&q), Some(Duration::from_millis(600)));
     c.at_ms(NOON + 600);
     let next = c.decide(&q, &k, 1).await;
     assert!(next.admitted);
@@ -257,7 +257,7 @@ async fn retry_after_is_exact<S: Store>(c: Ctx<'_, S>) {
     c.at_ms(NOON + 59_999);
     assert_eq!(c.admitted(&fw, &k, 1, 100).await, 100);
     let d = c.decide(&fw, &k, 1).await;
-    assert_eq!(d.retry_after(), Some(Duration::from_millis(1)));
+    assert_eq!(d.retry_after(&fw), Some(Duration::from_millis(1)));
     assert_eq!(d.decisions[0].reset, Duration::from_millis(1));
 
     let sl = quota(Policy::sliding_log("sl", 100, MIN).unwrap());
@@ -268,23 +268,23 @@ async fn retry_after_is_exact<S: Store>(c: Ctx<'_, S>) {
     assert_eq!(c.admitted(&sl, &k, 1, 50).await, 50);
     c.at_ms(NOON + 20_000);
     let d = c.decide(&sl, &k, 1).await;
-    assert_eq!(d.retry_after(), Some(Duration::from_secs(40)));
+    assert_eq!(d.retry_after(&sl), Some(Duration::from_secs(40)));
     assert_eq!(d.decisions[0].reset, Duration::from_secs(50));
     let d = c.decide(&sl, &k, 60).await;
-    assert_eq!(d.retry_after(), Some(Duration::from_secs(50)));
+    assert_eq!(d.retry_after(&sl), Some(Duration::from_secs(50)));
 
     let tb = quota(Policy::token_bucket("tb", 20, 100, MIN).unwrap());
     let k = c.key("tb");
     c.at_ms(NOON);
     assert_eq!(c.admitted(&tb, &k, 1, 20).await, 20);
     let d = c.decide(&tb, &k, 1).await;
-    assert_eq!(d.retry_after(), Some(Duration::from_millis(600)));
+    assert_eq!(d.retry_after(&tb), Some(Duration::from_millis(600)));
     assert_eq!(d.decisions[0].reset, Duration::from_secs(12));
     c.at_ms(NOON + 100);
     let d = c.decide(&tb, &k, 1).await;
-    assert_eq!(d.retry_after(), Some(Duration::from_millis(500)));
+    assert_eq!(d.retry_after(&tb), Some(Duration::from_millis(500)));
     let d = c.decide(&tb, &k, 5).await;
-    assert_eq!(d.retry_after(), Some(Duration::from_millis(2_900)));
+    assert_eq!(d.retry_after(&tb), Some(Duration::from_millis(2_900)));
 }
 
 async fn settle_refunds_and_charges<S: Store>(c: Ctx<'_, S>) {
@@ -292,13 +292,17 @@ async fn settle_refunds_and_charges<S: Store>(c: Ctx<'_, S>) {
         let name = q.policies()[0].name();
         let k = c.key(name);
         c.at_ms(NOON + 1_000);
-        assert_eq!(c.admitted(&q, &k, 6, 1).await, 1, "{name}");
-        c.store.adjust(&q, &k, -4).await.unwrap();
+        let first = c.decide(&q, &k, 6).await;
+        assert!(first.admitted, "{name}");
+        let holds = c.store.settle(&q, &k, &first.holds, -4).await.unwrap();
         // 2 held, 8 left.
         assert_eq!(c.admitted(&q, &k, 9, 1).await, 0, "{name}");
         assert_eq!(c.admitted(&q, &k, 8, 1).await, 1, "{name}");
-        c.store.adjust(&q, &k, -3).await.unwrap();
-        c.store.adjust(&q, &k, 1_000).await.unwrap();
+        // The first charge holds 2: a refund of 3 gives back 2.
+        let holds = c.store.settle(&q, &k, &holds, -3).await.unwrap();
+        assert_eq!(c.admitted(&q, &k, 3, 1).await, 0, "{name}");
+        assert_eq!(c.admitted(&q, &k, 2, 1).await, 1, "{name}");
+        c.store.settle(&q, &k, &holds, 1_000).await.unwrap();
         // A charge never drives a policy past empty, and it is empty now.
         assert_eq!(c.admitted(&q, &k, 1, 1).await, 0, "{name}");
     }

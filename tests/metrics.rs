@@ -8,7 +8,7 @@ use std::time::Duration;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use metrics_util::{CompositeKey, MetricKind};
 use tower_admission::quota::{
-    FailureMode, Limiter, Policy, Quota, QuotaDecision, Store, StoreError,
+    FailureMode, Holds, Limiter, Policy, Quota, QuotaDecision, Store, StoreError,
 };
 
 /// A store whose every call was sent and timed out: the outcome is unknown.
@@ -16,11 +16,14 @@ use tower_admission::quota::{
 struct TimingOut;
 
 impl Store for TimingOut {
-    async fn decide(&self, _: &Quota, _: &Arc<str>, _: u64) -> Result<QuotaDecision, StoreError> {
-        Err(StoreError::Timeout)
+    type DecideFuture = std::future::Ready<Result<QuotaDecision, StoreError>>;
+    type SettleFuture = std::future::Ready<Result<Holds, StoreError>>;
+
+    fn decide(&self, _: &Quota, _: &Arc<str>, _: u64) -> Self::DecideFuture {
+        std::future::ready(Err(StoreError::Timeout))
     }
-    async fn adjust(&self, _: &Quota, _: &Arc<str>, _: i64) -> Result<(), StoreError> {
-        Err(StoreError::Timeout)
+    fn settle(&self, _: &Quota, _: &Arc<str>, _: &Holds, _: i64) -> Self::SettleFuture {
+        std::future::ready(Err(StoreError::Timeout))
     }
 }
 
@@ -71,10 +74,10 @@ fn decisions_failure_modes_and_unknown_outcomes_are_counted() {
             .unwrap();
             let key: Arc<str> = "alice".into();
             for _ in 0..3 {
-                assert!(!limiter.check(&closed, &key, 1).await.admitted);
+                assert!(!limiter.check(&closed, &key, 1).await.is_admitted());
             }
             for _ in 0..2 {
-                assert!(limiter.check(&open, &key, 1).await.admitted);
+                assert!(limiter.check(&open, &key, 1).await.is_admitted());
             }
             let stats = limiter.stats();
             assert_eq!(

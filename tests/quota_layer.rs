@@ -1,7 +1,9 @@
 //! The quota layer through axum: keys, cost, settlement, headers and
 //! Retry-After, on a manual clock.
 
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,7 +18,8 @@ use tower_admission::bounds::{QueryRules, ValidateQueryLayer, ValidatedQuery};
 use tower_admission::clock::{ManualClock, Timestamp};
 use tower_admission::identity::{ClientIp, ClientIpLayer, Identity, TrustedProxies};
 use tower_admission::quota::{
-    MemoryConfig, MemoryStore, Policy, Quota, QuotaLayer, Scope, Settlement,
+    Holds, MemoryConfig, MemoryStore, Policy, Quota, QuotaDecision, QuotaLayer, Scope, Settlement,
+    Store, StoreError,
 };
 use tower_admission::reject::{retry_after_secs, Rejection};
 
@@ -67,12 +70,12 @@ async fn retry_after_on_every_refusal_is_the_exact_wait_rounded_up() {
             .policies()
             .iter()
             .zip(model.iter_mut())
-            .map(|(p, state)| p.algorithm().check(state, now, 1))
+            .map(|(p, state)| p.algorithm().check(&mut state.clone(), now, 1))
             .collect();
         let expected_wait = decisions.iter().filter_map(|d| d.retry_after).max();
         if expected_wait.is_none() {
             for (p, state) in quota.policies().iter().zip(model.iter_mut()) {
-                p.algorithm().record(state, now, 1);
+                *state = p.algorithm().step(state, now, 1).0;
             }
         }
         let response = app
@@ -278,7 +281,14 @@ async fn page_size_is_the_cost_and_settle_refunds_exactly() {
         .layer(ValidateQueryLayer::new(rules));
     let alice = Identity::new("alice", "acme", "free");
     let key: Arc<str> = "alice".into();
-    let remaining = || store.decide_now(&quota, &key, 0).unwrap().decisions[0].remaining;
+    let remaining = || {
+        store
+            .decide(&quota, &key, 0)
+            .into_inner()
+            .unwrap()
+            .decisions[0]
+            .remaining
+    };
 
     let response = app
         .clone()
@@ -411,24 +421,29 @@ async fn aggregate_scope_shares_one_key_and_plans_pick_limits() {
 struct AwaitingStore(MemoryStore<ManualClock>);
 
 impl tower_admission::quota::Store for AwaitingStore {
-    async fn decide(
-        &self,
-        quota: &Quota,
-        key: &Arc<str>,
-        cost: u64,
-    ) -> Result<tower_admission::quota::QuotaDecision, tower_admission::quota::StoreError> {
-        tokio::task::yield_now().await;
-        self.0.decide_now(quota, key, cost)
+    type DecideFuture = Pin<Box<dyn Future<Output = Result<QuotaDecision, StoreError>> + Send>>;
+    type SettleFuture = Pin<Box<dyn Future<Output = Result<Holds, StoreError>> + Send>>;
+
+    fn decide(&self, quota: &Quota, key: &Arc<str>, cost: u64) -> Self::DecideFuture {
+        let decision = self.0.decide(quota, key, cost).into_inner();
+        Box::pin(async move {
+            tokio::task::yield_now().await;
+            decision
+        })
     }
 
-    async fn adjust(
+    fn settle(
         &self,
         quota: &Quota,
         key: &Arc<str>,
+        holds: &Holds,
         delta: i64,
-    ) -> Result<(), tower_admission::quota::StoreError> {
-        tokio::task::yield_now().await;
-        self.0.adjust_now(quota, key, delta)
+    ) -> Self::SettleFuture {
+        let settled = self.0.settle(quota, key, holds, delta).into_inner();
+        Box::pin(async move {
+            tokio::task::yield_now().await;
+            settled
+        })
     }
 }
 

@@ -64,12 +64,18 @@ fn a_million_identities_stay_within_max_keys() {
     )
     .unwrap();
     let alice: Arc<str> = "alice".into();
-    assert!(store.decide_now(&quota, &alice, 1).unwrap().admitted);
+    assert!(
+        store
+            .decide(&quota, &alice, 1)
+            .into_inner()
+            .unwrap()
+            .admitted
+    );
 
     let (mut admitted, mut full) = (0usize, 0usize);
     for i in 0..1_000_000u32 {
         let key: Arc<str> = format!("attacker-{i}").into();
-        match store.decide_now(&quota, &key, 1) {
+        match store.decide(&quota, &key, 1).into_inner() {
             Ok(d) => {
                 assert!(d.admitted);
                 admitted += 1;
@@ -92,7 +98,7 @@ fn a_million_identities_stay_within_max_keys() {
     assert!(admitted >= 99_000, "shards fill evenly: {admitted}");
 
     // Known keys are unaffected by the flood: alice had 99 left, now 98.
-    let d = store.decide_now(&quota, &alice, 1).unwrap();
+    let d = store.decide(&quota, &alice, 1).into_inner().unwrap();
     assert_eq!(d.decisions[0].remaining, 98);
 
     // Once the window passes, every slot is equivalent to fresh and is reclaimed.
@@ -100,7 +106,7 @@ fn a_million_identities_stay_within_max_keys() {
     assert_eq!(store.sweep(), admitted + 1);
     assert!(store.is_empty());
     let key: Arc<str> = "newcomer".into();
-    assert!(store.decide_now(&quota, &key, 1).unwrap().admitted);
+    assert!(store.decide(&quota, &key, 1).into_inner().unwrap().admitted);
 }
 
 #[test]
@@ -110,8 +116,14 @@ fn refused_and_zero_cost_requests_create_no_state() {
     for quota in quotas(10) {
         for i in 0..100 {
             let key: Arc<str> = format!("k{i}").into();
-            assert!(!store.decide_now(&quota, &key, 11).unwrap().admitted);
-            assert!(store.decide_now(&quota, &key, 0).unwrap().admitted);
+            assert!(
+                !store
+                    .decide(&quota, &key, 11)
+                    .into_inner()
+                    .unwrap()
+                    .admitted
+            );
+            assert!(store.decide(&quota, &key, 0).into_inner().unwrap().admitted);
         }
     }
     assert_eq!(store.len(), 0);
@@ -138,18 +150,24 @@ fn full_store_lazily_reclaims_expired_keys() {
     let quota = five_per_five_seconds("q");
     for i in 0..8 {
         let key: Arc<str> = format!("k{i}").into();
-        assert!(store.decide_now(&quota, &key, 1).unwrap().admitted);
+        assert!(store.decide(&quota, &key, 1).into_inner().unwrap().admitted);
     }
     let late: Arc<str> = "late".into();
     assert_eq!(
-        store.decide_now(&quota, &late, 1),
+        store.decide(&quota, &late, 1).into_inner(),
         Err(StoreError::Full {
             retry_after: Duration::from_secs(1)
         })
     );
     // One second later every bucket is full again: equivalent to fresh.
     clock.advance(Duration::from_secs(1));
-    assert!(store.decide_now(&quota, &late, 1).unwrap().admitted);
+    assert!(
+        store
+            .decide(&quota, &late, 1)
+            .into_inner()
+            .unwrap()
+            .admitted
+    );
     assert_eq!(store.len(), 1);
 }
 
@@ -164,18 +182,30 @@ fn buckets_and_other_quotas_share_one_cap() {
         let key: Arc<str> = format!("k{i}").into();
         // The same key under both quotas: two independent states.
         for _ in 0..5 {
-            assert!(store.decide_now(&bucket, &key, 1).unwrap().admitted);
-            assert!(store.decide_now(&log, &key, 1).unwrap().admitted);
+            assert!(
+                store
+                    .decide(&bucket, &key, 1)
+                    .into_inner()
+                    .unwrap()
+                    .admitted
+            );
+            assert!(store.decide(&log, &key, 1).into_inner().unwrap().admitted);
         }
-        assert!(!store.decide_now(&bucket, &key, 1).unwrap().admitted);
-        assert!(!store.decide_now(&log, &key, 1).unwrap().admitted);
+        assert!(
+            !store
+                .decide(&bucket, &key, 1)
+                .into_inner()
+                .unwrap()
+                .admitted
+        );
+        assert!(!store.decide(&log, &key, 1).into_inner().unwrap().admitted);
     }
     assert_eq!(store.len(), 8);
     let late: Arc<str> = "late".into();
     // The buckets refill first (5 s), so that is the earliest a key frees.
     for quota in [&bucket, &log] {
         assert_eq!(
-            store.decide_now(quota, &late, 1),
+            store.decide(quota, &late, 1).into_inner(),
             Err(StoreError::Full {
                 retry_after: Duration::from_secs(5)
             })
@@ -184,7 +214,13 @@ fn buckets_and_other_quotas_share_one_cap() {
     clock.advance(Duration::from_secs(5));
     assert_eq!(store.sweep(), 4);
     assert_eq!(store.len(), 4);
-    assert!(store.decide_now(&bucket, &late, 1).unwrap().admitted);
+    assert!(
+        store
+            .decide(&bucket, &late, 1)
+            .into_inner()
+            .unwrap()
+            .admitted
+    );
     clock.advance(MINUTE);
     assert_eq!(store.sweep(), 5);
     assert!(store.is_empty());
@@ -201,7 +237,7 @@ fn a_shadow_bucket_counts_but_never_refuses() {
     .unwrap();
     let key: Arc<str> = "alice".into();
     let decisions: Vec<_> = (0..3)
-        .map(|_| store.decide_now(&quota, &key, 1).unwrap())
+        .map(|_| store.decide(&quota, &key, 1).into_inner().unwrap())
         .collect();
     assert!(decisions.iter().all(|d| d.admitted));
     assert_eq!(

@@ -137,22 +137,22 @@ fn check_kill_samples(samples: &[Sample], killed_at: Instant) -> Vec<&Sample> {
     }
     // Redis is dead for every decision started after the kill.
     for s in samples.iter().filter(|s| s.started >= killed_at) {
-        assert_ne!(kind(s.verdict.store_error.as_ref()), Kind::Ok);
+        assert_ne!(kind(s.verdict.store_error()), Kind::Ok);
     }
     // Once a decision has found Redis unreachable, every decision started
     // later is `Unavailable` (nothing sent), never another unknown outcome.
     let first_unavailable = samples
         .iter()
-        .filter(|s| kind(s.verdict.store_error.as_ref()) == Kind::Unavailable)
+        .filter(|s| kind(s.verdict.store_error()) == Kind::Unavailable)
         .map(|s| s.finished)
         .min()
         .expect("some decision found redis unreachable");
     for s in samples.iter().filter(|s| s.started > first_unavailable) {
-        assert_eq!(kind(s.verdict.store_error.as_ref()), Kind::Unavailable);
+        assert_eq!(kind(s.verdict.store_error()), Kind::Unavailable);
     }
     let failed: Vec<&Sample> = samples
         .iter()
-        .filter(|s| s.verdict.store_error.is_some())
+        .filter(|s| s.verdict.store_error().is_some())
         .collect();
     eprintln!(
         "{} decisions: {} answered, {} unknown outcomes, {} unavailable; slowest {:?}",
@@ -173,7 +173,7 @@ fn check_kill_samples(samples: &[Sample], killed_at: Instant) -> Vec<&Sample> {
 fn unknown(samples: &[&Sample]) -> u64 {
     samples
         .iter()
-        .filter(|s| kind(s.verdict.store_error.as_ref()) == Kind::Timeout)
+        .filter(|s| kind(s.verdict.store_error()) == Kind::Timeout)
         .count() as u64
 }
 
@@ -182,8 +182,8 @@ async fn killed_mid_load_fail_open_admits_every_failed_decision() {
     let (samples, killed_at, limiter) = kill_mid_load(FailureMode::Open).await;
     let failed = check_kill_samples(&samples, killed_at);
     for s in &failed {
-        assert!(s.verdict.admitted);
-        assert_eq!(s.verdict.rejection, None);
+        assert!(s.verdict.is_admitted());
+        assert_eq!(Rejection::from_outcome(s.verdict.outcome(), 1), None);
     }
     let stats = limiter.stats();
     assert_eq!(stats.failed_open, failed.len() as u64);
@@ -196,9 +196,9 @@ async fn killed_mid_load_fail_closed_refuses_with_503() {
     let (samples, killed_at, limiter) = kill_mid_load(FailureMode::Closed).await;
     let failed = check_kill_samples(&samples, killed_at);
     for s in &failed {
-        assert!(!s.verdict.admitted);
+        assert!(!s.verdict.is_admitted());
         assert_eq!(
-            s.verdict.rejection,
+            Rejection::from_outcome(s.verdict.outcome(), 1),
             Some(Rejection::LimiterUnavailable {
                 retry_after: Duration::from_secs(1)
             })
@@ -217,11 +217,11 @@ async fn killed_mid_load_local_share_admits_exactly_the_share() {
     let failed = check_kill_samples(&samples, killed_at);
     // The local limiter holds 100 / 4 = 25 per minute; this test runs well
     // under a minute. Unknown outcomes are charged locally like the rest.
-    let admitted = failed.iter().filter(|s| s.verdict.admitted).count();
+    let admitted = failed.iter().filter(|s| s.verdict.is_admitted()).count();
     assert_eq!(admitted, 25);
-    for s in failed.iter().filter(|s| !s.verdict.admitted) {
+    for s in failed.iter().filter(|s| !s.verdict.is_admitted()) {
         assert!(matches!(
-            s.verdict.rejection,
+            Rejection::from_outcome(s.verdict.outcome(), 1),
             Some(Rejection::QuotaExceeded { .. })
         ));
     }
@@ -321,7 +321,7 @@ async fn stalled_traffic_times_out_with_unknown_outcomes_that_were_consumed() {
     let quota = per_minute(10, FailureMode::Closed);
     let key: Arc<str> = "alice".into();
     for _ in 0..3 {
-        assert!(limiter.check(&quota, &key, 1).await.admitted);
+        assert!(limiter.check(&quota, &key, 1).await.is_admitted());
     }
 
     proxy.stall();
@@ -333,10 +333,10 @@ async fn stalled_traffic_times_out_with_unknown_outcomes_that_were_consumed() {
             elapsed >= DEADLINE && elapsed <= DEADLINE + MARGIN,
             "{elapsed:?}"
         );
-        assert_eq!(verdict.store_error, Some(StoreError::Timeout));
-        assert!(!verdict.admitted);
+        assert_eq!(verdict.store_error(), Some(&StoreError::Timeout));
+        assert!(!verdict.is_admitted());
         assert_eq!(
-            verdict.rejection,
+            Rejection::from_outcome(verdict.outcome(), 1),
             Some(Rejection::LimiterUnavailable {
                 retry_after: Duration::from_secs(1)
             })
@@ -349,8 +349,8 @@ async fn stalled_traffic_times_out_with_unknown_outcomes_that_were_consumed() {
     proxy.resume();
     // The five held decisions ran when the bytes moved: 3 + 5 + this one.
     let verdict = limiter.check(&quota, &key, 1).await;
-    assert!(verdict.admitted);
-    assert_eq!(verdict.decisions[0].remaining, 1);
+    assert!(verdict.is_admitted());
+    assert_eq!(verdict.decisions()[0].remaining, 1);
 }
 
 /// A stall that lasts: after `reconnect_after_stall` of timeouts the store
@@ -424,7 +424,7 @@ async fn cluster_master_killed_fails_only_its_keys_within_the_deadline() {
     let quota = per_minute(1_000, FailureMode::Closed);
     let keys: Vec<Arc<str>> = (0..30).map(|i| Arc::from(format!("user-{i}"))).collect();
     for key in &keys {
-        assert!(limiter.check(&quota, key, 1).await.admitted);
+        assert!(limiter.check(&quota, key, 1).await.is_admitted());
     }
     // Which keys live on node 0: it answers EXISTS for its own keys only.
     let on_dead: Vec<bool> = keys
@@ -452,14 +452,15 @@ async fn cluster_master_killed_fails_only_its_keys_within_the_deadline() {
             started.elapsed()
         );
         if *dead {
-            let rejection = verdict.rejection.expect("dead master: refused");
+            let rejection =
+                Rejection::from_outcome(verdict.outcome(), 1).expect("dead master: refused");
             assert_eq!(rejection.status(), http::StatusCode::SERVICE_UNAVAILABLE);
             refused_dead += 1;
         } else {
             assert!(
-                verdict.admitted,
+                verdict.is_admitted(),
                 "live master refused {key}: {:?}",
-                verdict.store_error
+                verdict.store_error()
             );
             admitted_alive += 1;
         }

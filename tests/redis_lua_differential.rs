@@ -1,26 +1,22 @@
-//! Differential tests: each Lua script against its Rust reference state
-//! machine, on random sequences of (time step, cost, key), and the key expiry
-//! of the production script against Redis `TIME`.
+//! Differential tests: the Redis store (the Lua scripts) against the memory
+//! store (the Rust state machines and the one check-all-then-record-all
+//! combinator), decision for decision, on random sequences, and the key
+//! expiry of the production script against Redis `TIME`.
 //!
-//! - One algorithm per test: random numbers (small and up to 2^45), random
-//!   steps forwards and backwards in time, costs from 0 to beyond the limit,
-//!   settlements with any `i64`; every decision (admitted, remaining,
-//!   retry_after, reset, limit) must equal `Algorithm::step`, and every
-//!   `adjust` is mirrored into the reference.
-//! - Multi-policy quotas (with shadow policies) against the same reference
-//!   driven the way `MemoryStore` decides: check every policy, record in the
-//!   ones that admitted only if no enforcing policy refused.
+//! - Each case is a quota of one to three policies (some in shadow mode) with
+//!   random numbers (small and up to 2^45), and a random sequence of
+//!   decisions (costs from 0 to beyond the limit), settlements of random
+//!   earlier admissions (by their holds, with any `i64` delta), and policy
+//!   changes (the same kinds with other numbers, as a redeploy makes them).
+//!   Every answer (decisions, holds, settled holds) must be equal.
+//! - Time never moves backwards here: a state equivalent to fresh is deleted
+//!   by Redis but may be kept by the memory store, and the two are the same
+//!   for every later time. A clock stepped back is covered by the
+//!   conformance suite, on both stores.
 //!
-//! The reference drops a state once `Algorithm::fresh_at(state) <= now`,
-//! because that is what the Redis store does: a key expires at `fresh_at`
-//! in Redis time, and a call that finds its state fresh deletes the key. A
-//! dropped state holds no usage (an empty window, a full bucket, an empty
-//! log), so dropping admits nothing extra; after a clock step backwards it
-//! can change only `reset` and the window a later admission lands in.
-//!
-//! The store runs the test-only script whose clock is injected from a
-//! `ManualClock`; it differs from the production script only in its clock
-//! file. Each test starts its own `redis-server`.
+//! The Redis store runs the test-only script whose clock is injected from the
+//! same `ManualClock` the memory store reads; it differs from the production
+//! script only in its clock file. Each test starts its own `redis-server`.
 #![cfg(feature = "redis")]
 
 mod support;
@@ -32,10 +28,8 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use tower_admission::clock::{ManualClock, Timestamp};
-use tower_admission::quota::algorithm::{
-    Algorithm, FixedWindow, SlidingLog, SlidingWindow, State, TokenBucket,
-};
-use tower_admission::quota::{Decisions, Policy, Quota, QuotaDecision, RedisStore, Store};
+use tower_admission::quota::algorithm::Algorithm;
+use tower_admission::quota::{Holds, MemoryConfig, MemoryStore, Policy, Quota, RedisStore, Store};
 
 use support::RedisServer;
 
@@ -48,39 +42,39 @@ enum Op {
     Decide {
         step: (u8, u64),
         cost: (u8, u64),
-        key: u8,
     },
-    Adjust {
+    Settle {
         step: (u8, u64),
         delta: (u8, u64),
-        key: u8,
+        which: usize,
+    },
+    Change {
+        to: usize,
     },
 }
 
 fn op() -> impl Strategy<Value = Op> {
-    let step = (0u8..10, any::<u64>());
+    let step = (0u8..9, any::<u64>());
     prop_oneof![
-        9 => (step.clone(), (0u8..12, any::<u64>()), 0u8..3)
-            .prop_map(|(step, cost, key)| Op::Decide { step, cost, key }),
-        1 => (step, (0u8..6, any::<u64>()), 0u8..3)
-            .prop_map(|(step, delta, key)| Op::Adjust { step, delta, key }),
+        12 => (step.clone(), (0u8..12, any::<u64>()))
+            .prop_map(|(step, cost)| Op::Decide { step, cost }),
+        3 => (step, (0u8..6, any::<u64>()), any::<usize>())
+            .prop_map(|(step, delta, which)| Op::Settle { step, delta, which }),
+        1 => any::<usize>().prop_map(|to| Op::Change { to }),
     ]
 }
 
-/// The next time: mostly the same or a little later, sometimes a window or
-/// more later, sometimes earlier (a clock stepped back).
+/// The next time, never earlier: mostly the same or a little later,
+/// sometimes a window or more later.
 fn next_time(now: u64, (kind, raw): (u8, u64), window: u64) -> u64 {
-    let now = i128::from(now);
-    let w = i128::from(window.max(1));
-    let raw = i128::from(raw);
+    let w = window.max(1);
     let next = match kind {
         0..=3 => now,
         4..=6 => now + 1 + raw % 1000,
         7 => now + raw % (w + 1),
-        8 => now + raw % (3 * w + 1),
-        _ => now - raw % (w + 1),
+        _ => now + raw % (3 * w + 1),
     };
-    u64::try_from(next.clamp(0, 1 << 52)).unwrap()
+    next.min(1 << 52)
 }
 
 fn cost_of((kind, raw): (u8, u64), limit: u64) -> u64 {
@@ -127,36 +121,67 @@ fn window_strategy() -> impl Strategy<Value = u64> {
     ]
 }
 
-fn algorithm_strategy(code: &'static str) -> BoxedStrategy<Algorithm> {
+/// A policy of kind `code` named `name`, with random numbers.
+fn policy_strategy(code: u8, name: String) -> BoxedStrategy<Policy> {
+    let us = Duration::from_micros;
+    let n = name.clone();
     match code {
-        "fw" => (limit_strategy(TWO45), window_strategy())
-            .prop_map(|(limit, window)| Algorithm::FixedWindow(FixedWindow { limit, window }))
+        0 => (limit_strategy(TWO45), window_strategy())
+            .prop_map(move |(l, w)| Policy::fixed_window(&n, l, us(w)).unwrap())
             .boxed(),
-        "sl" => (limit_strategy(1_000_000), window_strategy())
-            .prop_map(|(limit, window)| Algorithm::SlidingLog(SlidingLog { limit, window }))
+        1 => (limit_strategy(1_000_000), window_strategy())
+            .prop_map(move |(l, w)| Policy::sliding_log(&n, l, us(w)).unwrap())
             .boxed(),
-        "sw" => (limit_strategy(TWO45), window_strategy())
-            .prop_map(|(limit, window)| Algorithm::SlidingWindow(SlidingWindow { limit, window }))
+        2 => (limit_strategy(TWO45), window_strategy())
+            .prop_map(move |(l, w)| Policy::sliding_window(&n, l, us(w)).unwrap())
             .boxed(),
         _ => (
-            limit_strategy(TWO45),
-            prop_oneof![1u64..=10, Just(600_000u64), 1u64..=1_000_000_000],
+            limit_strategy(1 << 30),
+            prop_oneof![1u64..=10, Just(100u64), Just(7u64), 1u64..=1_000_000],
+            window_strategy(),
         )
-            .prop_map(|(capacity, interval)| {
-                // Keep capacity * interval within the store's 2^51 µs bound.
-                let interval = interval.min((1u64 << 51) / capacity).max(1);
-                Algorithm::TokenBucket(TokenBucket { capacity, interval })
+            .prop_map(move |(b, refill, period)| {
+                Policy::token_bucket(&n, b, refill, us(period)).unwrap()
             })
             .boxed(),
     }
 }
 
-/// A Redis server, a runtime, and a store on the injected clock.
+/// Up to three variants (a first deployment and redeploys) of a quota of
+/// one to three policies of given kinds, some in shadow mode.
+fn quotas_strategy() -> impl Strategy<Value = Vec<Quota>> {
+    proptest::collection::vec((0u8..4, any::<bool>()), 1..=3).prop_flat_map(|kinds| {
+        let variant = kinds
+            .iter()
+            .enumerate()
+            .map(|(i, &(code, shadow))| {
+                policy_strategy(code, format!("p{i}")).prop_map(move |p| (p, shadow))
+            })
+            .collect::<Vec<_>>();
+        proptest::collection::vec(variant, 1..=3).prop_map(|variants| {
+            variants
+                .into_iter()
+                .map(|policies| {
+                    Quota::new(
+                        "d",
+                        policies
+                            .into_iter()
+                            .map(|(p, shadow)| if shadow { p.shadow() } else { p }),
+                    )
+                    .unwrap()
+                })
+                .collect()
+        })
+    })
+}
+
+/// A Redis server, a runtime, and both stores on one injected clock.
 struct Rig {
     _server: RedisServer,
     rt: tokio::runtime::Runtime,
     clock: ManualClock,
-    store: RedisStore,
+    redis: RedisStore,
+    memory: MemoryStore<ManualClock>,
     case: AtomicU64,
 }
 
@@ -168,23 +193,25 @@ impl Rig {
             .build()
             .unwrap();
         let clock = ManualClock::default();
-        let store = RedisStore::builder(server.url())
+        let redis = RedisStore::builder(server.url())
             .test_clock(clock.clone())
             .deadline(Duration::from_secs(10))
             .build()
             .unwrap();
+        let memory = MemoryStore::with_config(MemoryConfig::default(), clock.clone());
         Rig {
             _server: server,
             rt,
             clock,
-            store,
+            redis,
+            memory,
             case: AtomicU64::new(0),
         }
     }
 
-    fn keys(&self) -> [Arc<str>; 3] {
+    fn key(&self) -> Arc<str> {
         let case = self.case.fetch_add(1, Ordering::Relaxed);
-        [0, 1, 2].map(|k| Arc::from(format!("case{case}-key{k}")))
+        Arc::from(format!("case{case}"))
     }
 }
 
@@ -201,211 +228,77 @@ fn runner(cases: u32) -> TestRunner {
     })
 }
 
-/// The store's expiry: a state equivalent to fresh is gone.
-fn drop_if_fresh(algorithm: &Algorithm, state: &mut State, now: u64) {
-    if algorithm.fresh_at(state) <= Timestamp(now) {
-        *state = algorithm.fresh_state();
-    }
-}
-
-/// The reference decision for a quota, as `MemoryStore` makes it, plus the
-/// store's expiry per policy.
-fn reference_decide(quota: &Quota, states: &mut [State], now: u64, cost: u64) -> QuotaDecision {
-    let now = Timestamp(now);
-    let mut admitted = true;
-    let decisions: Decisions = quota
-        .policies()
-        .iter()
-        .zip(states.iter_mut())
-        .map(|(policy, state)| {
-            let d = policy.algorithm().check(state, now, cost);
-            if !d.admitted && !policy.is_shadow() {
-                admitted = false;
-            }
-            d
-        })
-        .collect();
-    for ((policy, state), d) in quota
-        .policies()
-        .iter()
-        .zip(states.iter_mut())
-        .zip(&decisions)
-    {
-        if admitted && d.admitted {
-            policy.algorithm().record(state, now, cost);
-        }
-        drop_if_fresh(policy.algorithm(), state, now.as_micros());
-    }
-    QuotaDecision {
-        admitted,
-        decisions,
-    }
-}
-
-/// One algorithm: Lua vs `Algorithm::step` / `Algorithm::adjust`.
-fn differential(code: &'static str) {
+/// Quotas of one to three policies, some in shadow mode, changed between
+/// decisions: the Lua driver and scripts against the memory store.
+#[test]
+fn redis_store_matches_memory_store() {
     let rig = Rig::new();
     let strategy = (
-        algorithm_strategy(code),
+        quotas_strategy(),
         any::<u64>(),
         proptest::collection::vec(op(), 1..80),
     );
-    runner(128)
-        .run(&strategy, |(algorithm, start, ops)| {
-            rig.rt.block_on(one_algorithm(&rig, algorithm, start, ops))
+    runner(256)
+        .run(&strategy, |(quotas, start, ops)| {
+            rig.rt.block_on(compare(&rig, quotas, start, ops))
         })
         .unwrap();
 }
 
-async fn one_algorithm(
+async fn compare(
     rig: &Rig,
-    algorithm: Algorithm,
+    quotas: Vec<Quota>,
     start: u64,
     ops: Vec<Op>,
 ) -> Result<(), TestCaseError> {
-    let quota = Quota::new("d", [Policy::new("p", algorithm.clone()).unwrap()]).unwrap();
-    let keys = rig.keys();
-    let mut states: Vec<State> = (0..3).map(|_| algorithm.fresh_state()).collect();
-    let limit = algorithm.limit();
-    let window = u64::try_from(algorithm.window().as_micros()).unwrap_or(u64::MAX);
-    let mut now = START + start % 1_000_000_000_000;
-    for (i, op) in ops.into_iter().enumerate() {
-        match op {
-            Op::Decide { step, cost, key } => {
-                now = next_time(now, step, window);
-                rig.clock.set(Timestamp(now));
-                let cost = cost_of(cost, limit);
-                let k = usize::from(key);
-                let (next, expected) = algorithm.step(&states[k], Timestamp(now), cost);
-                states[k] = next;
-                drop_if_fresh(&algorithm, &mut states[k], now);
-                let got = rig.store.decide(&quota, &keys[k], cost).await.unwrap();
-                prop_assert_eq!(
-                    &got.decisions[0],
-                    &expected,
-                    "op {} decide cost {} at {} on key {}",
-                    i,
-                    cost,
-                    now,
-                    k
-                );
-                prop_assert_eq!(got.admitted, expected.admitted);
-            }
-            Op::Adjust { step, delta, key } => {
-                now = next_time(now, step, window);
-                rig.clock.set(Timestamp(now));
-                let delta = delta_of(delta, limit);
-                let k = usize::from(key);
-                algorithm.adjust(&mut states[k], Timestamp(now), delta);
-                drop_if_fresh(&algorithm, &mut states[k], now);
-                rig.store.adjust(&quota, &keys[k], delta).await.unwrap();
-            }
-        }
+    for quota in &quotas {
+        prop_assert_eq!(rig.redis.validate(quota), Ok(()));
     }
-    Ok(())
-}
-
-#[test]
-fn fixed_window_lua_matches_rust() {
-    differential("fw");
-}
-
-#[test]
-fn sliding_log_lua_matches_rust() {
-    differential("sl");
-}
-
-#[test]
-fn token_bucket_lua_matches_rust() {
-    differential("tb");
-}
-
-#[test]
-fn sliding_window_lua_matches_rust() {
-    differential("sw");
-}
-
-/// Quotas of one to three policies, some in shadow mode: the driver script
-/// against the reference decision (check all, record in all that admitted
-/// only if no enforcing policy refused).
-#[test]
-fn multi_policy_driver_matches_reference() {
-    let rig = Rig::new();
-    let policy = prop_oneof![
-        algorithm_strategy("fw"),
-        algorithm_strategy("sl"),
-        algorithm_strategy("tb"),
-        algorithm_strategy("sw"),
-    ];
-    let strategy = (
-        proptest::collection::vec((policy, any::<bool>()), 1..=3),
-        any::<u64>(),
-        proptest::collection::vec(op(), 1..60),
-    );
-    runner(128)
-        .run(&strategy, |(policies, start, ops)| {
-            rig.rt.block_on(multi_policy(&rig, policies, start, ops))
-        })
-        .unwrap();
-}
-
-async fn multi_policy(
-    rig: &Rig,
-    policies: Vec<(Algorithm, bool)>,
-    start: u64,
-    ops: Vec<Op>,
-) -> Result<(), TestCaseError> {
-    let quota = Quota::new(
-        "m",
-        policies.iter().enumerate().map(|(i, (algorithm, shadow))| {
-            let p = Policy::new(&format!("p{i}"), algorithm.clone()).unwrap();
-            if *shadow {
-                p.shadow()
-            } else {
-                p
-            }
-        }),
-    )
-    .unwrap();
-    let limit = policies.iter().map(|(a, _)| a.limit()).min().unwrap();
-    let window = policies
-        .iter()
-        .map(|(a, _)| u64::try_from(a.window().as_micros()).unwrap_or(u64::MAX))
-        .min()
-        .unwrap();
-    let mut states: Vec<Vec<State>> = (0..3)
-        .map(|_| {
-            quota
-                .policies()
-                .iter()
-                .map(|p| p.algorithm().fresh_state())
-                .collect()
-        })
-        .collect();
-    let keys = rig.keys();
+    let key = rig.key();
+    let mut quota = &quotas[0];
+    // Every admission's holds, as each store returned them.
+    let mut holds: Vec<(Holds, Holds)> = Vec::new();
     let mut now = START + start % 1_000_000_000_000;
     for (i, op) in ops.into_iter().enumerate() {
+        let limit = quota
+            .policies()
+            .iter()
+            .map(|p| p.algorithm().limit())
+            .min()
+            .unwrap();
+        let window = quota
+            .policies()
+            .iter()
+            .map(|p| u64::try_from(p.algorithm().window().as_micros()).unwrap_or(u64::MAX))
+            .min()
+            .unwrap();
         match op {
-            Op::Decide { step, cost, key } => {
+            Op::Decide { step, cost } => {
                 now = next_time(now, step, window);
                 rig.clock.set(Timestamp(now));
                 let cost = cost_of(cost, limit);
-                let k = usize::from(key);
-                let expected = reference_decide(&quota, &mut states[k], now, cost);
-                let got = rig.store.decide(&quota, &keys[k], cost).await.unwrap();
-                prop_assert_eq!(got, expected, "op {} cost {} at {}", i, cost, now);
+                let expected = rig.memory.decide(quota, &key, cost).await.unwrap();
+                let got = rig.redis.decide(quota, &key, cost).await.unwrap();
+                prop_assert_eq!(&got, &expected, "op {} decide cost {} at {}", i, cost, now);
+                if got.admitted {
+                    holds.push((expected.holds, got.holds));
+                }
             }
-            Op::Adjust { step, delta, key } => {
+            Op::Settle { step, delta, which } => {
+                if holds.is_empty() {
+                    continue;
+                }
                 now = next_time(now, step, window);
                 rig.clock.set(Timestamp(now));
                 let delta = delta_of(delta, limit);
-                let k = usize::from(key);
-                for (policy, state) in quota.policies().iter().zip(states[k].iter_mut()) {
-                    policy.algorithm().adjust(state, Timestamp(now), delta);
-                    drop_if_fresh(policy.algorithm(), state, now);
-                }
-                rig.store.adjust(&quota, &keys[k], delta).await.unwrap();
+                let which = which % holds.len();
+                let (mem, red) = &holds[which];
+                let expected = rig.memory.settle(quota, &key, mem, delta).await.unwrap();
+                let got = rig.redis.settle(quota, &key, red, delta).await.unwrap();
+                prop_assert_eq!(&got, &expected, "op {} settle {} at {}", i, delta, now);
+                holds[which] = (expected, got);
             }
+            Op::Change { to } => quota = &quotas[to % quotas.len()],
         }
     }
     Ok(())
@@ -422,27 +315,32 @@ fn fresh_at_from_redis(server: &RedisServer, key: &str, algorithm: &Algorithm) -
             .map(str::to_owned)
             .collect::<Vec<_>>()
     };
+    let window = u64::try_from(algorithm.window().as_micros()).unwrap();
     match algorithm {
-        Algorithm::FixedWindow(a) => {
-            let v = lines(&["hmget", key, "k", "c"]);
+        Algorithm::FixedWindow(_) => {
+            let v = lines(&["hmget", key, "e", "c"]);
             assert!(num(&v[1]) > 0);
-            (num(&v[0]) + 1) * a.window
+            num(&v[0])
         }
-        Algorithm::SlidingLog(a) => {
+        Algorithm::SlidingLog(_) => {
             let v = lines(&["zrange", key, "-1", "-1", "withscores"]);
-            num(&v[1]) + a.window
+            num(&v[1]) + window
         }
-        Algorithm::TokenBucket(_) => num(&server.cli(&["get", key])),
-        Algorithm::SlidingWindow(a) => {
-            let v = lines(&["hmget", key, "k", "c", "p"]);
-            let (k, c, p) = (num(&v[0]), num(&v[1]), num(&v[2]));
+        Algorithm::TokenBucket(_) => {
+            let raw = server.cli(&["get", key]);
+            num(raw.split(':').next().unwrap())
+        }
+        Algorithm::SlidingWindow(_) => {
+            let v = lines(&["hmget", key, "e", "c", "p"]);
+            let (e, c, p) = (num(&v[0]), num(&v[1]), num(&v[2]));
             if c > 0 {
-                (k + 2) * a.window
+                e + window
             } else {
                 assert!(p > 0);
-                (k + 1) * a.window
+                e
             }
         }
+        _ => unreachable!("four algorithms"),
     }
 }
 
@@ -472,12 +370,18 @@ fn every_key_expires_when_its_state_becomes_fresh() {
     )
     .unwrap();
     let keys: Vec<Arc<str>> = (0..5).map(|i| Arc::from(format!("user{i}"))).collect();
-    rt.block_on(async {
+    let first = rt.block_on(async {
+        let mut first = Vec::new();
         for (i, key) in keys.iter().enumerate() {
             for cost in 1..=(i as u64 + 1) {
-                assert!(store.decide(&quota, key, cost).await.unwrap().admitted);
+                let decision = store.decide(&quota, key, cost).await.unwrap();
+                assert!(decision.admitted);
+                if cost == 1 {
+                    first.push(decision.holds);
+                }
             }
         }
+        first
     });
     let all_keys = server.cli(&["keys", "ttl:*"]);
     assert_eq!(all_keys.lines().count(), 20, "{all_keys}");
@@ -510,7 +414,7 @@ fn every_key_expires_when_its_state_becomes_fresh() {
     }
     // Refund everything: the states are fresh again and the keys are gone.
     rt.block_on(async {
-        store.adjust(&quota, &keys[0], -1).await.unwrap();
+        store.settle(&quota, &keys[0], &first[0], -1).await.unwrap();
     });
     let remaining: Vec<String> = store
         .keys(&quota, &keys[0])
@@ -525,10 +429,7 @@ fn every_key_expires_when_its_state_becomes_fresh() {
 #[test]
 fn sliding_window_products_beyond_2_53_are_exact() {
     let rig = Rig::new();
-    let algorithm = Algorithm::SlidingWindow(SlidingWindow {
-        limit: TWO45,
-        window: YEAR_US,
-    });
+    let policy = Policy::sliding_window("p", TWO45, Duration::from_micros(YEAR_US)).unwrap();
     let window_start = (START / YEAR_US + 1) * YEAR_US;
     let ops: Vec<(u64, u64)> = vec![
         (window_start + 12_345, TWO45 - 7),
@@ -539,17 +440,14 @@ fn sliding_window_products_beyond_2_53_are_exact() {
         (window_start + 2 * YEAR_US - 1, 1),
         (window_start + 2 * YEAR_US + 999_999_999, TWO45 - 1),
     ];
-    let quota = Quota::new("big", [Policy::new("p", algorithm.clone()).unwrap()]).unwrap();
-    let key = rig.keys()[0].clone();
-    let mut state = algorithm.fresh_state();
+    let quota = Quota::new("big", [policy]).unwrap();
+    let key = rig.key();
     rig.rt.block_on(async {
         for (now, cost) in ops {
             rig.clock.set(Timestamp(now));
-            let (next, expected) = algorithm.step(&state, Timestamp(now), cost);
-            state = next;
-            drop_if_fresh(&algorithm, &mut state, now);
-            let got = rig.store.decide(&quota, &key, cost).await.unwrap();
-            assert_eq!(got.decisions[0], expected, "cost {cost} at {now}");
+            let expected = rig.memory.decide(&quota, &key, cost).await.unwrap();
+            let got = rig.redis.decide(&quota, &key, cost).await.unwrap();
+            assert_eq!(got, expected, "cost {cost} at {now}");
         }
     });
 }

@@ -82,5 +82,9 @@ pub(crate) fn on_threads(threads: usize, iters: u64, f: &(dyn Fn(usize) + Sync))
 /// admission kept.
 #[inline]
 pub(crate) fn decide(store: &MemoryStore, quota: &Quota, key: &Arc<str>) -> Option<bool> {
-    store.decide_now(quota, key, 1).map(|d| d.admitted).ok()
+    store
+        .decide(quota, key, 1)
+        .into_inner()
+        .map(|d| d.admitted)
+        .ok()
 }

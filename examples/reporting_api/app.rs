@@ -27,6 +27,7 @@ use tower_admission::concurrency::ConcurrencyLayer;
 use tower_admission::identity::{AuthenticateLayer, Identity};
 use tower_admission::jobs::{accepted_response, JobId, JobQueue, JobStatus};
 use tower_admission::quota::{Limiter, Quota, QuotaLayer, Scope, Settlement, Store};
+use tower_admission::reject::Rejection;
 use tower_admission::ConfigError;
 
 use crate::config;
@@ -170,7 +171,7 @@ async fn batch<St: Store>(
         .work
         .check(quota, who.subject_arc(), items.len() as u64)
         .await;
-    if let Some(rejection) = verdict.rejection {
+    if let Some(rejection) = Rejection::from_outcome(verdict.outcome(), items.len() as u64) {
         return rejection.into_response(false).into_response();
     }
     if items.len() <= config::SYNC_BATCH_ITEMS {

@@ -2,6 +2,7 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
+use crate::quota::algorithm::Hold;
 use crate::quota::Quota;
 
 /// One policy's answer to one request.
@@ -30,6 +31,12 @@ impl Decision {
 /// Decisions of a quota's policies, in policy order. Inline up to two.
 pub type Decisions = SmallVec<[Decision; 2]>;
 
+/// What one admission holds in each policy of a quota, in policy order:
+/// the store's receipt, so that a settlement gives back only what this
+/// charge still holds. Empty when nothing was recorded.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Holds(pub(crate) SmallVec<[Hold; 2]>);
+
 /// The answer of every policy of a quota to one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QuotaDecision {
@@ -37,31 +44,44 @@ pub struct QuotaDecision {
     pub admitted: bool,
     /// Each policy's decision, in the order of [`Quota::policies`].
     pub decisions: Decisions,
+    /// What the admission holds in each policy; empty on a refusal.
+    pub holds: Holds,
 }
 
 impl QuotaDecision {
     /// The answer of a quota of one policy: admitted if the policy admits,
     /// or if it only watches (shadow).
     #[inline]
-    pub(crate) fn single(decision: Decision, shadow: bool) -> Self {
+    pub(crate) fn single(decision: Decision, shadow: bool, hold: Option<Hold>) -> Self {
+        let admitted = decision.admitted || shadow;
         let mut decisions = Decisions::new();
         decisions.push(decision);
+        let mut holds = Holds::default();
+        holds.0.extend(hold);
         QuotaDecision {
-            admitted: decisions[0].admitted || shadow,
+            admitted,
             decisions,
+            holds,
         }
     }
 
-    /// The longest wait among the refusing policies: the exact wait until all
-    /// of them could admit the request. `None` if admitted.
-    pub fn retry_after(&self) -> Option<Duration> {
+    /// The longest wait among the refusing **enforcing** policies of `quota`:
+    /// the exact wait until all of them could admit the request. Shadow
+    /// policies never count. `None` if admitted.
+    pub fn retry_after(&self, quota: &Quota) -> Option<Duration> {
         if self.admitted {
             return None;
         }
-        self.decisions.iter().filter_map(|d| d.retry_after).max()
+        quota
+            .policies()
+            .iter()
+            .zip(&self.decisions)
+            .filter(|(p, _)| !p.is_shadow())
+            .filter_map(|(_, d)| d.retry_after)
+            .max()
     }
 
-    /// Each decision with the name of its policy.
+    /// Each decision with the name of its policy, shadow policies included.
     pub fn named<'a>(&'a self, quota: &'a Quota) -> impl Iterator<Item = (&'a str, &'a Decision)> {
         quota
             .policies()

@@ -20,15 +20,12 @@ pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-pol
 /// `RateLimit`.
 pub static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
-/// Appends both fields for a verdict on `quota`.
+/// Appends both fields for a verdict on `quota`: its enforcing policies
+/// only, since shadow policies never shape the answer.
 pub(crate) fn insert(headers: &mut HeaderMap, quota: &Quota, verdict: &Verdict) {
-    if verdict.decisions.is_empty() {
-        return;
-    }
-    let policies = verdict.local_quota.as_ref().unwrap_or(quota).policies();
     let mut policy = String::new();
     let mut state = String::new();
-    for (p, d) in policies.iter().zip(&verdict.decisions) {
+    for (p, d) in verdict.named(quota) {
         let name = p.name();
         let window = ceil_secs(p.algorithm().window());
         let sep = if policy.is_empty() { "" } else { ", " };
@@ -40,6 +37,9 @@ pub(crate) fn insert(headers: &mut HeaderMap, quota: &Quota, verdict: &Verdict) 
             d.remaining,
             ceil_secs(d.reset)
         );
+    }
+    if policy.is_empty() {
+        return;
     }
     for (header, value) in [(&RATELIMIT_POLICY, policy), (&RATELIMIT, state)] {
         if let Ok(value) = HeaderValue::try_from(value) {

@@ -185,7 +185,8 @@ impl<St: Store> QuotaLayerBuilder<St> {
         self
     }
 
-    /// The layer. Fails when no quota at all was configured.
+    /// The layer. Fails when no quota at all was configured, or when the
+    /// store cannot decide one of the quotas (see [`Store::validate`]).
     pub fn build(self) -> Result<QuotaLayer<St>, ConfigError> {
         if self.config.default_quota.is_none() && self.config.plans.is_empty() {
             return Err(ConfigError::new(
@@ -206,6 +207,12 @@ impl<St: Store> QuotaLayerBuilder<St> {
                 "two different quotas share a name, so they would share keys",
             ));
         }
+        let mut quotas = self
+            .config
+            .default_quota
+            .iter()
+            .chain(self.config.plans.values());
+        quotas.try_for_each(|q| self.config.limiter.validate(q))?;
         Ok(QuotaLayer {
             config: Arc::new(self.config),
         })

@@ -3,31 +3,33 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::quota::{
-    Decision, Decisions, FailureMode, MemoryStore, Policy, Quota, QuotaDecision, Store, StoreError,
+    Decision, Decisions, FailureMode, Holds, MemoryStore, Policy, Quota, QuotaDecision, Store,
+    StoreError,
 };
-use crate::reject::Rejection;
 
-/// How long a fail-closed refusal asks clients to wait.
+/// How long a refusal for an unavailable limiter asks clients to wait.
 const UNAVAILABLE_RETRY_AFTER: Duration = Duration::from_secs(1);
 
-/// A store plus the rules for when it fails: each policy's
-/// [`FailureMode`], counting, and logging.
+/// The quota engine: a store plus the rules for when it fails (each
+/// policy's [`FailureMode`]), counting and logging. It knows no protocol:
+/// [`check`](Self::check) returns a [`Verdict`], which the inbound layers map
+/// to HTTP or gRPC refusals and other callers to their own errors.
 ///
 /// Clones share the store, the local fallback limiter and the counters.
 ///
 /// ```
 /// use tower_admission::clock::{ManualClock, Timestamp};
-/// use tower_admission::quota::{Limiter, MemoryConfig, MemoryStore, Policy, Quota};
+/// use tower_admission::quota::{Limiter, MemoryConfig, MemoryStore, Outcome, Policy, Quota};
 /// use std::{sync::Arc, time::Duration};
 /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
 /// let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
 /// let limiter = Limiter::new(MemoryStore::with_config(MemoryConfig::default(), clock));
 /// let quota = Quota::new("api", [Policy::token_bucket("burst", 1, 1, Duration::from_secs(1))?])?;
 /// let key: Arc<str> = "alice".into();
-/// assert!(limiter.check(&quota, &key, 1).await.admitted);
+/// assert!(limiter.check(&quota, &key, 1).await.is_admitted());
 /// let refused = limiter.check(&quota, &key, 1).await;
-/// assert!(!refused.admitted);
-/// assert_eq!(refused.rejection.unwrap().retry_after(), Some(Duration::from_secs(1)));
+/// assert!(matches!(refused.outcome(), Outcome::Refused { .. }));
+/// assert_eq!(refused.retry_after(), Some(Duration::from_secs(1)));
 /// # Ok::<(), tower_admission::ConfigError>(())
 /// # });
 /// ```
@@ -38,52 +40,145 @@ pub struct Limiter<S> {
     stats: Arc<Counters>,
 }
 
-/// The outcome of [`Limiter::check`].
+/// What a [`Limiter`] decided, in protocol-neutral terms.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// The request may proceed.
+    Admitted,
+    /// Enforcing policies refused; the same request can succeed after `wait`.
+    Refused {
+        /// The refusing enforcing policies.
+        policies: Vec<Arc<str>>,
+        /// The exact wait: the longest among the refusing policies.
+        wait: Duration,
+    },
+    /// The cost is more than these enforcing policies can ever admit: no
+    /// wait helps.
+    CostExceedsCapacity {
+        /// The policies whose limit is below the cost.
+        policies: Vec<Arc<str>>,
+    },
+    /// The store could not decide and the failure modes refuse: a transient
+    /// refusal, to retry after `wait`.
+    Unavailable {
+        /// How long to wait before retrying.
+        wait: Duration,
+    },
+}
+
+/// The answer of [`Limiter::check`]: the [`Outcome`], the decisions behind it
+/// and, when the store failed, how the failure was resolved.
 #[derive(Debug, Clone)]
 pub struct Verdict {
-    /// True if the request may proceed.
-    pub admitted: bool,
-    /// Each policy's decision, in the order of the checked quota's policies,
-    /// or of [`local_quota`](Self::local_quota) when that is set. Policies
-    /// resolved by [`FailureMode::Open`] or [`FailureMode::Closed`] have no
-    /// decision. [`named`](Self::named) pairs them with their names.
-    pub decisions: Decisions,
-    /// The local share of the quota that decided, when the store failed and
-    /// [`FailureMode::LocalShare`] policies were decided in memory.
-    pub local_quota: Option<Quota>,
-    /// Why the request was refused, when it was.
-    pub rejection: Option<Rejection>,
-    /// The store error that failure modes resolved, if any.
-    pub store_error: Option<StoreError>,
+    outcome: Outcome,
+    decisions: Decisions,
+    local_quota: Option<Quota>,
+    failure: Option<StoreError>,
+    pub(crate) recorded: Recorded,
+}
+
+/// Where an admission was recorded, so that settling reaches that store only.
+#[derive(Debug, Clone, Default)]
+pub(crate) enum Recorded {
+    /// In the shared store, with its holds.
+    Shared(Holds),
+    /// In the local fallback store, under the local share quota.
+    Local(Quota, Holds),
+    /// Nowhere that can be settled: refused, admitted by [`FailureMode::Open`],
+    /// or an unknown outcome.
+    #[default]
+    Nowhere,
 }
 
 impl Verdict {
-    /// Each decision with its policy's name; `quota` is the quota that was checked.
+    /// The outcome.
+    pub fn outcome(&self) -> &Outcome {
+        &self.outcome
+    }
+
+    /// True when the request may proceed.
+    pub fn is_admitted(&self) -> bool {
+        self.outcome == Outcome::Admitted
+    }
+
+    /// The wait on a refusal that a wait can cure; `None` otherwise.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self.outcome {
+            Outcome::Refused { wait, .. } | Outcome::Unavailable { wait } => Some(wait),
+            _ => None,
+        }
+    }
+
+    /// Every decision, shadow policies' included, in the order of the
+    /// deciding quota's policies (see [`local_quota`](Self::local_quota)).
+    /// Empty when no policy decided (the store failed and no local share
+    /// applied).
+    pub fn decisions(&self) -> &[Decision] {
+        &self.decisions
+    }
+
+    /// The enforcing policies' decisions with their names, in policy order.
+    /// Shadow policies are left out: they never shape the answer. `quota` is
+    /// the checked quota; when the local share decided, its policies are used.
     pub fn named<'a>(
         &'a self,
         quota: &'a Quota,
-    ) -> impl Iterator<Item = (&'a Arc<str>, &'a Decision)> {
-        let policies = self.local_quota.as_ref().unwrap_or(quota).policies();
-        policies.iter().map(Policy::name_arc).zip(&self.decisions)
+    ) -> impl Iterator<Item = (&'a Policy, &'a Decision)> {
+        self.all(quota).filter(|(p, _)| !p.is_shadow())
     }
 
-    fn failed(admitted: bool, rejection: Option<Rejection>, error: StoreError) -> Self {
+    /// The shadow policies' decisions with their names: what they would have
+    /// decided. Logged and counted, never applied.
+    pub fn shadow<'a>(
+        &'a self,
+        quota: &'a Quota,
+    ) -> impl Iterator<Item = (&'a Policy, &'a Decision)> {
+        self.all(quota).filter(|(p, _)| p.is_shadow())
+    }
+
+    fn all<'a>(&'a self, quota: &'a Quota) -> impl Iterator<Item = (&'a Policy, &'a Decision)> {
+        let policies = self.local_quota.as_ref().unwrap_or(quota).policies();
+        policies.iter().zip(&self.decisions)
+    }
+
+    /// The local share quota that decided, when the store failed and
+    /// [`FailureMode::LocalShare`] policies were decided in memory.
+    pub fn local_quota(&self) -> Option<&Quota> {
+        self.local_quota.as_ref()
+    }
+
+    /// The store error that the failure modes resolved, if any.
+    pub fn store_error(&self) -> Option<&StoreError> {
+        self.failure.as_ref()
+    }
+
+    /// True when the store may have recorded the request although it failed
+    /// to answer: the request is counted as consumed.
+    pub fn outcome_unknown(&self) -> bool {
+        self.failure
+            .as_ref()
+            .is_some_and(StoreError::outcome_unknown)
+    }
+
+    fn new(outcome: Outcome, decisions: Decisions) -> Self {
         Verdict {
-            admitted,
-            decisions: Decisions::new(),
+            outcome,
+            decisions,
             local_quota: None,
-            rejection,
-            store_error: Some(error),
+            failure: None,
+            recorded: Recorded::Nowhere,
         }
     }
 }
 
 /// Counts of what a [`Limiter`] decided. A snapshot.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LimiterStats {
     /// Requests admitted.
     pub admitted: u64,
-    /// Requests refused by a policy.
+    /// Requests refused.
     pub refused: u64,
     /// Store failures resolved by admitting ([`FailureMode::Open`]).
     pub failed_open: u64,
@@ -129,6 +224,17 @@ impl<S: Store> Limiter<S> {
         &self.store
     }
 
+    /// The local fallback store of [`FailureMode::LocalShare`].
+    pub fn local_store(&self) -> &MemoryStore {
+        &self.local
+    }
+
+    /// Checks that the store can decide `quota`: call it once per quota
+    /// before deciding. The quota layer calls it when it is built.
+    pub fn validate(&self, quota: &Quota) -> Result<(), crate::ConfigError> {
+        self.store.validate(quota)
+    }
+
     /// A snapshot of the counters.
     pub fn stats(&self) -> LimiterStats {
         let c = &self.stats;
@@ -151,14 +257,9 @@ impl<S: Store> Limiter<S> {
         self.resolve(quota, key, cost, result)
     }
 
-    /// [`check`](Self::check) without awaiting, for stores that decide
-    /// synchronously ([`Store::decide_sync`]); `None` for the others.
-    pub fn check_sync(&self, quota: &Quota, key: &Arc<str>, cost: u64) -> Option<Verdict> {
-        let result = self.store.decide_sync(quota, key, cost)?;
-        Some(self.resolve(quota, key, cost, result))
-    }
-
-    fn resolve(
+    /// Turns the store's answer into a verdict, applying failure modes.
+    #[inline]
+    pub(crate) fn resolve(
         &self,
         quota: &Quota,
         key: &Arc<str>,
@@ -166,10 +267,18 @@ impl<S: Store> Limiter<S> {
         result: Result<QuotaDecision, StoreError>,
     ) -> Verdict {
         let verdict = match result {
-            Ok(decision) => self.verdict(quota, decision, cost),
+            Ok(decision) => {
+                let holds = decision.holds.clone();
+                let mut verdict = self.verdict(quota, decision, cost);
+                if verdict.is_admitted() {
+                    verdict.recorded = Recorded::Shared(holds);
+                }
+                verdict
+            }
             Err(error) => self.on_failure(quota, key, cost, error),
         };
-        let counter = if verdict.admitted {
+        let admitted = verdict.is_admitted();
+        let counter = if admitted {
             &self.stats.admitted
         } else {
             &self.stats.refused
@@ -179,27 +288,17 @@ impl<S: Store> Limiter<S> {
             quota = quota.name(),
             key = &**key,
             cost,
-            admitted = verdict.admitted,
+            admitted,
             "quota decision"
         );
         #[cfg(feature = "metrics")]
         metrics::counter!(
             "tower_admission_quota_decisions_total",
             "quota" => quota.name_arc().clone(),
-            "result" => if verdict.admitted { "admitted" } else { "refused" }
+            "result" => if admitted { "admitted" } else { "refused" }
         )
         .increment(1);
         verdict
-    }
-
-    /// Settles an earlier admission; see [`Store::adjust`].
-    pub async fn adjust(
-        &self,
-        quota: &Quota,
-        key: &Arc<str>,
-        delta: i64,
-    ) -> Result<(), StoreError> {
-        self.store.adjust(quota, key, delta).await
     }
 
     fn on_failure(&self, quota: &Quota, key: &Arc<str>, cost: u64, error: StoreError) -> Verdict {
@@ -211,14 +310,27 @@ impl<S: Store> Limiter<S> {
                 .increment(1);
         }
         tracing::warn!(quota = quota.name(), %error, unknown_outcome = unknown, "quota store failed; applying failure modes");
+        // A cost no enforcing policy could ever admit is refused as such,
+        // whether or not the store answers.
+        let never: Vec<Arc<str>> = quota
+            .policies()
+            .iter()
+            .filter(|p| !p.is_shadow() && cost > p.algorithm().limit())
+            .map(|p| p.name_arc().clone())
+            .collect();
+        if !never.is_empty() {
+            let mut verdict = Verdict::new(
+                Outcome::CostExceedsCapacity { policies: never },
+                Decisions::new(),
+            );
+            verdict.failure = Some(error);
+            return verdict;
+        }
         let mut closed = false;
         let mut shared = Vec::new();
-        for policy in quota.policies() {
+        for policy in quota.policies().iter().filter(|p| !p.is_shadow()) {
             match policy.failure_mode() {
-                FailureMode::Open => {
-                    self.count(&self.stats.failed_open, quota, "open");
-                }
-                FailureMode::Closed if policy.is_shadow() => {}
+                FailureMode::Open => self.count(&self.stats.failed_open, quota, "open"),
                 FailureMode::Closed => {
                     self.count(&self.stats.failed_closed, quota, "closed");
                     closed = true;
@@ -229,32 +341,48 @@ impl<S: Store> Limiter<S> {
                 }
             }
         }
+        let unavailable = |error: StoreError, wait: Duration| {
+            let mut verdict = Verdict::new(Outcome::Unavailable { wait }, Decisions::new());
+            verdict.failure = Some(error);
+            verdict
+        };
         if closed {
-            let retry_after = match error {
+            let wait = match error {
                 StoreError::Full { retry_after } => retry_after.max(UNAVAILABLE_RETRY_AFTER),
                 _ => UNAVAILABLE_RETRY_AFTER,
             };
-            let rejection = Rejection::LimiterUnavailable { retry_after };
-            return Verdict::failed(false, Some(rejection), error);
+            return unavailable(error, wait);
         }
-        // No local-share policy: every enforcing policy failed open.
+        // No local-share policy: every enforcing policy failed open. The
+        // admission is recorded nowhere that could be settled.
         let Ok(local_quota) = Quota::new(quota.name(), shared) else {
-            return Verdict::failed(true, None, error);
+            let mut verdict = Verdict::new(Outcome::Admitted, Decisions::new());
+            verdict.failure = Some(error);
+            return verdict;
         };
         // The local limiter decides the shared policies; it charges the
         // request even when the store's outcome is unknown.
         match self.local.decide_now(&local_quota, key, cost) {
-            Ok(decision) => Verdict {
-                local_quota: Some(local_quota.clone()),
-                store_error: Some(error),
-                ..self.verdict(&local_quota, decision, cost)
-            },
+            Ok(decision) => {
+                let holds = decision.holds.clone();
+                let mut verdict = self.verdict(&local_quota, decision, cost);
+                if let Outcome::CostExceedsCapacity { .. } = verdict.outcome {
+                    // Over the local share but within the real limit: a
+                    // transient refusal while the store is down.
+                    verdict.outcome = Outcome::Unavailable {
+                        wait: UNAVAILABLE_RETRY_AFTER,
+                    };
+                }
+                if verdict.is_admitted() {
+                    verdict.recorded = Recorded::Local(local_quota.clone(), holds);
+                }
+                verdict.local_quota = Some(local_quota);
+                verdict.failure = Some(error);
+                verdict
+            }
             Err(local_error) => {
                 tracing::warn!(quota = quota.name(), %local_error, "local share limiter is full");
-                let rejection = Rejection::LimiterUnavailable {
-                    retry_after: UNAVAILABLE_RETRY_AFTER,
-                };
-                Verdict::failed(false, Some(rejection), error)
+                unavailable(error, UNAVAILABLE_RETRY_AFTER)
             }
         }
     }
@@ -267,42 +395,16 @@ impl<S: Store> Limiter<S> {
         #[cfg(not(feature = "metrics"))]
         let _ = (quota, mode);
     }
-}
 
-impl<S: Store> Limiter<S> {
-    /// Turns a store decision into a verdict: the rejection, shadow counts and logs.
+    /// Turns a store decision into a verdict: the outcome from the enforcing
+    /// policies only, shadow counts and logs.
+    #[inline]
     fn verdict(&self, quota: &Quota, mut decision: QuotaDecision, cost: u64) -> Verdict {
-        if !decision.admitted {
-            // Nothing was recorded: policies that would have admitted still hold
-            // the cost they reported as taken.
-            for d in decision.decisions.iter_mut().filter(|d| d.admitted) {
-                d.remaining = d.remaining.saturating_add(cost).min(d.limit);
+        if let ([policy], true) = (quota.policies(), decision.admitted) {
+            if !policy.is_shadow() || decision.decisions[0].admitted {
+                return Verdict::new(Outcome::Admitted, decision.decisions);
             }
         }
-        let rejection = (!decision.admitted).then(|| {
-            let refusing = || {
-                decision
-                    .decisions
-                    .iter()
-                    .zip(quota.policies())
-                    .filter(|(d, p)| !d.admitted && !p.is_shadow())
-            };
-            let never: Vec<Arc<str>> = refusing()
-                .filter(|(d, _)| d.cost_exceeds_limit())
-                .map(|(_, p)| p.name_arc().clone())
-                .collect();
-            if never.is_empty() {
-                Rejection::QuotaExceeded {
-                    policies: refusing().map(|(_, p)| p.name_arc().clone()).collect(),
-                    retry_after: decision.retry_after().unwrap_or(UNAVAILABLE_RETRY_AFTER),
-                }
-            } else {
-                Rejection::CostExceedsCapacity {
-                    policies: never,
-                    cost,
-                }
-            }
-        });
         for (p, d) in quota.policies().iter().zip(&decision.decisions) {
             if p.is_shadow() && !d.admitted {
                 self.stats.shadow_refusals.fetch_add(1, Ordering::Relaxed);
@@ -313,12 +415,46 @@ impl<S: Store> Limiter<S> {
                 );
             }
         }
-        Verdict {
-            admitted: decision.admitted,
-            decisions: decision.decisions,
-            local_quota: None,
-            rejection,
-            store_error: None,
+        if decision.admitted {
+            return Verdict::new(Outcome::Admitted, decision.decisions);
         }
+        // Nothing was recorded: policies that would have admitted still hold
+        // the cost they reported as taken.
+        for d in decision.decisions.iter_mut().filter(|d| d.admitted) {
+            d.remaining = d.remaining.saturating_add(cost).min(d.limit);
+        }
+        let refusing = || {
+            quota
+                .policies()
+                .iter()
+                .zip(&decision.decisions)
+                .filter(|(p, d)| !d.admitted && !p.is_shadow())
+        };
+        let never: Vec<Arc<str>> = refusing()
+            .filter(|(_, d)| d.cost_exceeds_limit())
+            .map(|(p, _)| p.name_arc().clone())
+            .collect();
+        let outcome = if never.is_empty() {
+            Outcome::Refused {
+                policies: refusing().map(|(p, _)| p.name_arc().clone()).collect(),
+                wait: decision
+                    .retry_after(quota)
+                    .unwrap_or(UNAVAILABLE_RETRY_AFTER),
+            }
+        } else {
+            Outcome::CostExceedsCapacity { policies: never }
+        };
+        Verdict::new(outcome, decision.decisions)
+    }
+
+    /// Settles an admission recorded in the shared store.
+    pub(crate) async fn settle_shared(
+        &self,
+        quota: &Quota,
+        key: &Arc<str>,
+        holds: &Holds,
+        delta: i64,
+    ) -> Result<Holds, StoreError> {
+        self.store.settle(quota, key, holds, delta).await
     }
 }

@@ -10,9 +10,9 @@ mod service;
 mod settle;
 pub mod store;
 
-pub use decision::{Decision, Decisions, QuotaDecision};
+pub use decision::{Decision, Decisions, Holds, QuotaDecision};
 pub use layer::{KeyFn, QuotaLayer, QuotaLayerBuilder, Scope};
-pub use limiter::{Limiter, LimiterStats, Verdict};
+pub use limiter::{Limiter, LimiterStats, Outcome, Verdict};
 pub use policy::{FailureMode, Policy, Quota};
 pub use service::{QuotaService, ResponseFuture};
 pub use settle::Settlement;

@@ -45,73 +45,48 @@ pub struct Policy {
 impl Policy {
     /// `limit` per clock-aligned `window`.
     pub fn fixed_window(name: &str, limit: u64, window: Duration) -> Result<Self, ConfigError> {
-        let limit = positive("limit", limit)?;
         let window = window_micros(window)?;
-        Self::new(name, Algorithm::FixedWindow(FixedWindow { limit, window }))
+        Self::new(
+            name,
+            Algorithm::FixedWindow(FixedWindow::new(limit, window)?),
+        )
     }
 
-    /// Exactly `limit` in every interval `(t - window, t]`.
+    /// Exactly `limit` in every interval `(t - window, t]`. A sliding log
+    /// keeps one entry per admission, so `limit` is at most 1,000,000.
     pub fn sliding_log(name: &str, limit: u64, window: Duration) -> Result<Self, ConfigError> {
-        let limit = positive("limit", limit)?;
-        if limit > 1_000_000 {
-            return Err(ConfigError::new(
-                "limit",
-                "a sliding log keeps one entry per admission; use at most 1,000,000 or a sliding_window",
-            ));
-        }
         let window = window_micros(window)?;
-        Self::new(name, Algorithm::SlidingLog(SlidingLog { limit, window }))
+        Self::new(name, Algorithm::SlidingLog(SlidingLog::new(limit, window)?))
     }
 
     /// A bucket of `capacity` tokens refilled continuously with `refill` tokens
-    /// per `period`. One token per unit of cost.
-    ///
-    /// The refill interval `period / refill` must be a whole number of
-    /// microseconds, so the bucket never drifts by rounding.
+    /// per `period`, exactly (any positive rate, no rounding drift). One
+    /// token per unit of cost.
     pub fn token_bucket(
         name: &str,
         capacity: u64,
         refill: u64,
         period: Duration,
     ) -> Result<Self, ConfigError> {
-        let capacity = positive("capacity", capacity)?;
-        let refill = positive("refill", refill)?;
-        let period = window_micros(period)?;
-        if period % refill != 0 {
-            return Err(ConfigError::new(
-                "refill",
-                format!("period ({period} µs) must divide evenly by refill ({refill}) to the microsecond"),
-            ));
-        }
-        let interval = period / refill;
-        if capacity
-            .checked_mul(interval)
-            .is_none_or(|t| t > u64::MAX / 4)
-        {
-            return Err(ConfigError::new(
-                "capacity",
-                "capacity times refill interval overflows",
-            ));
-        }
+        let period = micros_of("period", period)?;
         Self::new(
             name,
-            Algorithm::TokenBucket(TokenBucket { capacity, interval }),
+            Algorithm::TokenBucket(TokenBucket::new(capacity, refill, period)?),
         )
     }
 
     /// About `limit` per `window`, estimated from two window counters. An
     /// approximation; see [`SlidingWindow`].
     pub fn sliding_window(name: &str, limit: u64, window: Duration) -> Result<Self, ConfigError> {
-        let limit = positive("limit", limit)?;
         let window = window_micros(window)?;
         Self::new(
             name,
-            Algorithm::SlidingWindow(SlidingWindow { limit, window }),
+            Algorithm::SlidingWindow(SlidingWindow::new(limit, window)?),
         )
     }
 
-    /// A policy from an algorithm value, checking the name.
-    pub fn new(name: &str, algorithm: Algorithm) -> Result<Self, ConfigError> {
+    /// A policy from a checked algorithm value, checking the name.
+    fn new(name: &str, algorithm: Algorithm) -> Result<Self, ConfigError> {
         let valid = !name.is_empty()
             && name.len() <= 64
             && name
@@ -179,19 +154,18 @@ impl Policy {
     }
 }
 
-fn positive(field: &'static str, n: u64) -> Result<u64, ConfigError> {
-    NonZeroU64::new(n)
-        .map(NonZeroU64::get)
-        .ok_or_else(|| ConfigError::new(field, "must be at least 1"))
+fn window_micros(window: Duration) -> Result<u64, ConfigError> {
+    micros_of("window", window)
 }
 
-fn window_micros(window: Duration) -> Result<u64, ConfigError> {
-    let micros = duration_to_micros(window);
+/// A span of at least 1 µs and at most one year, in µs.
+fn micros_of(field: &'static str, span: Duration) -> Result<u64, ConfigError> {
+    let micros = duration_to_micros(span);
     if micros == 0 {
-        return Err(ConfigError::new("window", "must be at least 1 µs"));
+        return Err(ConfigError::new(field, "must be at least 1 µs"));
     }
     if micros > 366 * 24 * 3600 * 1_000_000 {
-        return Err(ConfigError::new("window", "must be at most one year"));
+        return Err(ConfigError::new(field, "must be at most one year"));
     }
     Ok(micros)
 }
@@ -243,14 +217,7 @@ impl Quota {
         policies: impl IntoIterator<Item = Policy>,
     ) -> Result<Self, ConfigError> {
         // Same character rules as policy names; the name is part of store keys.
-        let name = Policy::new(
-            name,
-            Algorithm::FixedWindow(FixedWindow {
-                limit: 1,
-                window: 1,
-            }),
-        )?
-        .name;
+        let name = Policy::new(name, Algorithm::FixedWindow(FixedWindow::new(1, 1)?))?.name;
         let policies: Arc<[Policy]> = policies.into_iter().collect();
         if policies.is_empty() {
             return Err(ConfigError::new(

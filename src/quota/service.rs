@@ -1,7 +1,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{ready, Context, Poll};
+use std::task::{ready, Context, Poll, Waker};
 
 use http::{HeaderMap, Request, Response};
 use http_body_util::Either;
@@ -61,9 +61,9 @@ type Boxed<B, E> = Pin<Box<dyn Future<Output = Result<Response<ResponseBody<B>>,
 pin_project! {
     /// Response future of [`QuotaService`].
     ///
-    /// A store that decides synchronously (the memory store) costs no
-    /// allocation: the inner future is polled in place. A store that awaits
-    /// (Redis) runs in one boxed future.
+    /// A store whose decision is ready at once (the memory store) costs no
+    /// allocation: the decision is made in `call` and the inner future is
+    /// polled in place. A store that awaits (Redis) runs in one boxed future.
     pub struct ResponseFuture<F, B, E> {
         #[pin]
         state: State<F, B, E>,
@@ -149,8 +149,13 @@ where
                 return refused(rejection.into_layer_response(is_grpc(&parts.headers)));
             }
         };
-        // Stores that decide without waiting are handled here, in place.
-        if let Some(verdict) = self.config.limiter.check_sync(quota, &key, cost) {
+        let limiter = &self.config.limiter;
+        let mut decide = limiter.store().decide(quota, &key, cost);
+        // A decision that is ready at once is applied here, in place. A
+        // pending one is polled again, with the caller's waker, below.
+        let mut noop = Context::from_waker(Waker::noop());
+        if let Poll::Ready(result) = Pin::new(&mut decide).poll(&mut noop) {
+            let verdict = limiter.resolve(quota, &key, cost, result);
             return match admit(&self.config, quota, key, cost, verdict, &mut parts) {
                 Admission::Admitted(headers) => {
                     inner(self.inner.call(Request::from_parts(parts, body)), headers)
@@ -165,7 +170,8 @@ where
         ResponseFuture {
             state: State::Waiting {
                 future: Box::pin(async move {
-                    let verdict = config.limiter.check(&quota, &key, cost).await;
+                    let result = decide.await;
+                    let verdict = config.limiter.resolve(&quota, &key, cost, result);
                     match admit(&config, &quota, key, cost, verdict, &mut parts) {
                         Admission::Admitted(headers) => {
                             let mut response =
@@ -202,20 +208,21 @@ fn admit<St: Store, B>(
     quota: &Quota,
     key: Arc<str>,
     cost: u64,
-    mut verdict: Verdict,
+    verdict: Verdict,
     parts: &mut http::request::Parts,
 ) -> Admission<B> {
-    let Some(rejection) = verdict.rejection.take() else {
-        if config.cost.is_some() {
-            let mut settlement = parts.extensions.remove::<Settlement>().unwrap_or_default();
-            settlement.push(config.limiter.clone(), quota.clone(), key, cost);
-            parts.extensions.insert(settlement);
-        }
-        return Admission::Admitted(config.headers_on_success.then(|| {
+    let Some(rejection) = Rejection::from_outcome(verdict.outcome(), cost) else {
+        let headers = config.headers_on_success.then(|| {
             let mut extra = HeaderMap::new();
             headers::insert(&mut extra, quota, &verdict);
             extra
-        }));
+        });
+        if config.cost.is_some() {
+            let mut settlement = parts.extensions.remove::<Settlement>().unwrap_or_default();
+            settlement.push(&config.limiter, quota, key, cost, verdict.recorded);
+            parts.extensions.insert(settlement);
+        }
+        return Admission::Admitted(headers);
     };
     tracing::debug!(quota = quota.name(), key = &*key, cost, %rejection, "quota refused");
     let mut response = rejection.into_layer_response(is_grpc(&parts.headers));

@@ -1,10 +1,12 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::quota::{Limiter, Quota, Store, StoreError};
+use parking_lot::Mutex;
+
+use crate::quota::limiter::Recorded;
+use crate::quota::{Holds, Limiter, MemoryStore, Quota, Store, StoreError};
 
 /// A handle, in the request extensions, to settle the real cost of a request
 /// after the work is done.
@@ -13,11 +15,27 @@ use crate::quota::{Limiter, Quota, Store, StoreError};
 /// [`cost`](crate::quota::QuotaLayerBuilder::cost) function that admitted the
 /// request adds the charge it made; layers that count requests (no cost
 /// function) never take part. [`settle`](Self::settle) moves every charge to
-/// the actual cost:
+/// the actual cost. The rules:
 ///
-/// - `actual > charged` charges the difference, capped at what the policy has
-///   left: a settle never drives a policy below empty or locks a key out.
-/// - `actual < charged` refunds the difference, capped at what was held.
+/// - **Only where it was recorded.** A charge is settled in the store that
+///   recorded it: the shared store, or the local store when
+///   [`FailureMode::LocalShare`](crate::quota::FailureMode::LocalShare)
+///   decided. An admission by
+///   [`FailureMode::Open`](crate::quota::FailureMode::Open), or one whose
+///   outcome is unknown, was recorded nowhere that can be settled: settling
+///   it changes nothing.
+/// - **More.** `actual > charged` charges the difference at the time of the
+///   settle, capped at what each policy has left: a settle never drives a
+///   policy below empty or locks a key out.
+/// - **Less.** `actual < charged` refunds the difference, but each policy
+///   gives back at most what *this* charge still holds in it:
+///   - token bucket: the charge's tokens that have not refilled yet;
+///   - sliding log: the charge's own entry, while it is in the window;
+///   - fixed and weighted windows: only while the charge's window is the
+///     current one.
+///
+///   A refund therefore never creates capacity that the policy's bound
+///   forbids. Extra cost charged by an earlier settle is not refunded.
 /// - Settling again is relative to the last settled cost.
 ///
 /// ```
@@ -36,60 +54,98 @@ pub struct Settlement {
 }
 
 struct Charge {
-    target: Box<dyn Adjust>,
+    target: Target,
     quota: Quota,
     key: Arc<str>,
-    charged: AtomicU64,
+    /// The cost settled so far, and what the charge still holds.
+    state: Mutex<(u64, Holds)>,
 }
 
-type AdjustFuture<'a> = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>>;
-
-trait Adjust: Send + Sync {
-    fn adjust<'a>(&'a self, quota: &'a Quota, key: &'a Arc<str>, delta: i64) -> AdjustFuture<'a>;
+enum Target {
+    Shared(Box<dyn SettleShared>),
+    Local(MemoryStore),
+    Nowhere,
 }
 
-impl<St: Store> Adjust for Limiter<St> {
-    fn adjust<'a>(&'a self, quota: &'a Quota, key: &'a Arc<str>, delta: i64) -> AdjustFuture<'a> {
-        Box::pin(Limiter::adjust(self, quota, key, delta))
+type SettleFuture<'a> = Pin<Box<dyn Future<Output = Result<Holds, StoreError>> + Send + 'a>>;
+
+trait SettleShared: Send + Sync {
+    fn settle<'a>(
+        &'a self,
+        quota: &'a Quota,
+        key: &'a Arc<str>,
+        holds: &'a Holds,
+        delta: i64,
+    ) -> SettleFuture<'a>;
+}
+
+impl<St: Store> SettleShared for Limiter<St> {
+    fn settle<'a>(
+        &'a self,
+        quota: &'a Quota,
+        key: &'a Arc<str>,
+        holds: &'a Holds,
+        delta: i64,
+    ) -> SettleFuture<'a> {
+        Box::pin(self.settle_shared(quota, key, holds, delta))
     }
 }
 
 impl Settlement {
     pub(crate) fn push<St: Store>(
         &mut self,
-        limiter: Limiter<St>,
-        quota: Quota,
+        limiter: &Limiter<St>,
+        quota: &Quota,
         key: Arc<str>,
         charged: u64,
+        recorded: Recorded,
     ) {
+        let (target, quota, holds) = match recorded {
+            Recorded::Shared(holds) => (
+                Target::Shared(Box::new(limiter.clone())),
+                quota.clone(),
+                holds,
+            ),
+            Recorded::Local(local, holds) => {
+                (Target::Local(limiter.local_store().clone()), local, holds)
+            }
+            Recorded::Nowhere => (Target::Nowhere, quota.clone(), Holds::default()),
+        };
         self.charges.push(Arc::new(Charge {
-            target: Box::new(limiter),
+            target,
             quota,
             key,
-            charged: AtomicU64::new(charged),
+            state: Mutex::new((charged, holds)),
         }));
     }
 
     /// The cost each quota charged so far, in layer order (outermost first).
     pub fn charged(&self) -> Vec<u64> {
-        self.charges
-            .iter()
-            .map(|c| c.charged.load(Ordering::SeqCst))
-            .collect()
+        self.charges.iter().map(|c| c.state.lock().0).collect()
     }
 
-    /// Moves every charge to `actual`. Stops at the first store error.
+    /// Moves every charge to `actual`. Stops at the first store error; a
+    /// failed settle leaves that charge as it was.
     pub async fn settle(&self, actual: u64) -> Result<(), StoreError> {
         for charge in &self.charges {
-            let before = charge.charged.swap(actual, Ordering::SeqCst);
+            let (before, holds) = charge.state.lock().clone();
             let delta = i64::try_from(actual).unwrap_or(i64::MAX)
                 - i64::try_from(before).unwrap_or(i64::MAX);
-            if delta != 0 {
-                charge
-                    .target
-                    .adjust(&charge.quota, &charge.key, delta)
-                    .await?;
+            if delta == 0 {
+                continue;
             }
+            let holds = match &charge.target {
+                Target::Shared(limiter) => {
+                    limiter
+                        .settle(&charge.quota, &charge.key, &holds, delta)
+                        .await?
+                }
+                Target::Local(store) => {
+                    store.settle_now(&charge.quota, &charge.key, &holds, delta)?
+                }
+                Target::Nowhere => holds,
+            };
+            *charge.state.lock() = (actual, holds);
         }
         Ok(())
     }
@@ -101,7 +157,7 @@ impl fmt::Debug for Settlement {
             .entries(
                 self.charges
                     .iter()
-                    .map(|c| (c.quota.name(), &*c.key, c.charged.load(Ordering::SeqCst))),
+                    .map(|c| (c.quota.name(), &*c.key, c.state.lock().0)),
             )
             .finish()
     }

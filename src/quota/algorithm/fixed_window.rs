@@ -1,43 +1,87 @@
-use crate::quota::algorithm::{micros, never};
+use crate::quota::algorithm::{micros, never, Hold};
 use crate::quota::Decision;
+use crate::ConfigError;
 
 /// At most `limit` per clock-aligned window `[kW, (k+1)W)`.
 ///
 /// The documented weakness: `limit` admissions just before a boundary and
 /// `limit` more just after it pass `2 * limit` in a very short interval.
+///
+/// **Changed numbers.** The state records its window's start and end in µs,
+/// so it is read correctly under any later window length. A state built
+/// under another window carries its count into the new policy's aligned
+/// window that holds `now`: it never waits longer than the new window and
+/// never admits more than the new limit beyond what it has counted. A lower
+/// limit applies at once to the count already held.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FixedWindow {
-    /// Most cost admitted per window.
-    pub limit: u64,
-    /// Window length in microseconds.
-    pub window: u64,
+    limit: u64,
+    window: u64,
 }
 
-/// The window index and the cost admitted in it.
+/// The counted window `[start, end)` in µs and the cost admitted in it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FixedWindowState {
-    /// Index `k` of the window `[kW, (k+1)W)`.
-    pub window_index: u64,
-    /// Cost admitted in that window.
-    pub count: u64,
+    start: u64,
+    end: u64,
+    count: u64,
 }
 
 impl FixedWindow {
-    fn roll(&self, state: &mut FixedWindowState, now: u64) -> u64 {
-        let k = (now / self.window).max(state.window_index);
-        if k != state.window_index {
-            *state = FixedWindowState {
-                window_index: k,
-                count: 0,
-            };
+    /// `limit` per `window` µs; both at least 1.
+    pub(crate) fn new(limit: u64, window: u64) -> Result<Self, ConfigError> {
+        Ok(FixedWindow {
+            limit: super::positive("limit", limit)?,
+            window: super::positive("window", window)?,
+        })
+    }
+
+    /// Most cost admitted per window.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// Window length in µs.
+    pub fn window_micros(&self) -> u64 {
+        self.window
+    }
+
+    pub(crate) fn share(&self, divisor: u64) -> Self {
+        FixedWindow {
+            limit: super::part(self.limit, divisor),
+            window: self.window,
         }
-        (k + 1).saturating_mul(self.window).saturating_sub(now)
+    }
+
+    pub(crate) fn script_args(&self) -> [u64; 3] {
+        [self.limit, self.window, 0]
+    }
+
+    pub(crate) fn lua_exact(&self) -> Result<(), ConfigError> {
+        super::lua_small("limit", self.limit)?;
+        super::lua_small("window", self.window)
+    }
+
+    /// Moves to the window of `now`, never backwards; returns the acting time.
+    #[inline]
+    fn roll(&self, s: &mut FixedWindowState, now: u64) -> u64 {
+        let now = now.max(s.start);
+        if now >= s.end {
+            s.count = 0;
+        } else if s.end - s.start == self.window {
+            return now;
+        }
+        // A new window, or one built under another length: align to ours.
+        s.start = now - now % self.window;
+        s.end = s.start.saturating_add(self.window);
+        now
     }
 
     #[inline]
-    pub(crate) fn check(&self, state: &mut FixedWindowState, now: u64, cost: u64) -> Decision {
-        let reset = self.roll(state, now);
-        let remaining = self.limit.saturating_sub(state.count);
+    pub(crate) fn check(&self, s: &mut FixedWindowState, now: u64, cost: u64) -> Decision {
+        let now = self.roll(s, now);
+        let reset = s.end - now;
+        let remaining = self.limit.saturating_sub(s.count);
         if cost > self.limit {
             return never(self.limit, remaining, reset);
         }
@@ -56,21 +100,48 @@ impl FixedWindow {
     }
 
     #[inline]
-    pub(crate) fn record(&self, state: &mut FixedWindowState, now: u64, cost: u64) {
-        self.roll(state, now);
-        state.count = state.count.saturating_add(cost).min(self.limit);
+    pub(crate) fn record(&self, s: &mut FixedWindowState, now: u64, cost: u64) -> Hold {
+        self.roll(s, now);
+        let take = cost.min(self.limit.saturating_sub(s.count));
+        s.count += take;
+        Hold {
+            mark: s.end,
+            frac: 0,
+            amount: take,
+        }
     }
 
-    pub(crate) fn adjust(&self, state: &mut FixedWindowState, now: u64, delta: i64) {
-        self.roll(state, now);
-        state.count = state.count.saturating_add_signed(delta).min(self.limit);
+    /// Charges more (capped at the limit), or refunds while the charge's
+    /// window is still the current one.
+    pub(crate) fn settle(
+        &self,
+        s: &mut FixedWindowState,
+        now: u64,
+        hold: Hold,
+        delta: i64,
+    ) -> Hold {
+        self.roll(s, now);
+        if delta >= 0 {
+            let more = delta.unsigned_abs().min(self.limit.saturating_sub(s.count));
+            s.count += more;
+            return hold;
+        }
+        if hold.mark != s.end {
+            return hold;
+        }
+        let refund = delta.unsigned_abs().min(hold.amount).min(s.count);
+        s.count -= refund;
+        Hold {
+            amount: hold.amount - refund,
+            ..hold
+        }
     }
 
-    pub(crate) fn fresh_at(&self, state: &FixedWindowState) -> u64 {
-        if state.count == 0 {
+    pub(crate) fn fresh_at(&self, s: &FixedWindowState) -> u64 {
+        if s.count == 0 {
             0
         } else {
-            (state.window_index + 1).saturating_mul(self.window)
+            s.end
         }
     }
 }

@@ -36,9 +36,12 @@ pub use token_bucket::{TokenBucket, TokenBucketState};
 
 use crate::clock::Timestamp;
 use crate::quota::Decision;
+use crate::ConfigError;
 
-/// One of the four algorithms, with its numbers.
+/// One of the four algorithms, with its numbers. Built only through the
+/// [`Policy`](crate::quota::Policy) constructors, which check the numbers.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Algorithm {
     /// Clock-aligned fixed window.
     FixedWindow(FixedWindow),
@@ -52,6 +55,7 @@ pub enum Algorithm {
 
 /// The state of one key under one algorithm.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum State {
     /// State of a [`FixedWindow`].
     FixedWindow(FixedWindowState),
@@ -61,6 +65,45 @@ pub enum State {
     TokenBucket(TokenBucketState),
     /// State of a [`SlidingWindow`].
     SlidingWindow(SlidingWindowState),
+}
+
+/// What one admission holds in one policy's state, so that a later
+/// settlement gives back only what that charge still holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Hold {
+    /// Where the charge sits: the window end (µs) for the windows, the
+    /// entry's sequence number for the sliding log, the end of the charge's
+    /// segment of the TAT timeline (whole µs) for the token bucket.
+    pub(crate) mark: u64,
+    /// Token bucket only: the fractional part of `mark`; 0 elsewhere.
+    pub(crate) frac: u64,
+    /// Cost the charge still holds: the most a refund can give back.
+    pub(crate) amount: u64,
+}
+
+/// Applies `$body` to the algorithm and its state of the same kind.
+macro_rules! each {
+    ($alg:expr, $state:expr, |$a:ident, $s:ident| $body:expr) => {
+        match ($alg, $state) {
+            (Algorithm::FixedWindow($a), State::FixedWindow($s)) => $body,
+            (Algorithm::SlidingLog($a), State::SlidingLog($s)) => $body,
+            (Algorithm::TokenBucket($a), State::TokenBucket($s)) => $body,
+            (Algorithm::SlidingWindow($a), State::SlidingWindow($s)) => $body,
+            _ => panic!("state does not belong to this algorithm"),
+        }
+    };
+}
+
+/// Applies `$body` to the algorithm, whatever its kind.
+macro_rules! any {
+    ($alg:expr, |$a:ident| $body:expr) => {
+        match $alg {
+            Algorithm::FixedWindow($a) => $body,
+            Algorithm::SlidingLog($a) => $body,
+            Algorithm::TokenBucket($a) => $body,
+            Algorithm::SlidingWindow($a) => $body,
+        }
+    };
 }
 
 impl Algorithm {
@@ -87,23 +130,12 @@ impl Algorithm {
 
     /// The most cost that can ever be admitted at once.
     pub fn limit(&self) -> u64 {
-        match self {
-            Algorithm::FixedWindow(a) => a.limit,
-            Algorithm::SlidingLog(a) => a.limit,
-            Algorithm::TokenBucket(a) => a.capacity,
-            Algorithm::SlidingWindow(a) => a.limit,
-        }
+        any!(self, |a| a.limit())
     }
 
     /// The window, or for a token bucket the time to refill from empty.
     pub fn window(&self) -> Duration {
-        let micros = match self {
-            Algorithm::FixedWindow(a) => a.window,
-            Algorithm::SlidingLog(a) => a.window,
-            Algorithm::TokenBucket(a) => a.capacity.saturating_mul(a.interval),
-            Algorithm::SlidingWindow(a) => a.window,
-        };
-        Duration::from_micros(micros)
+        Duration::from_micros(any!(self, |a| a.window_micros()))
     }
 
     /// Removes expired state and decides, without recording anything.
@@ -113,32 +145,21 @@ impl Algorithm {
     #[inline]
     pub fn check(&self, state: &mut State, now: Timestamp, cost: u64) -> Decision {
         let now = now.as_micros();
-        match (self, state) {
-            (Algorithm::FixedWindow(a), State::FixedWindow(s)) => a.check(s, now, cost),
-            (Algorithm::SlidingLog(a), State::SlidingLog(s)) => a.check(s, now, cost),
-            (Algorithm::TokenBucket(a), State::TokenBucket(s)) => a.check(s, now, cost),
-            (Algorithm::SlidingWindow(a), State::SlidingWindow(s)) => a.check(s, now, cost),
-            _ => panic!("state does not belong to this algorithm"),
-        }
+        each!(self, state, |a, s| a.check(s, now, cost))
     }
 
-    /// Records an admission of `cost` checked at `now`.
-    ///
-    /// # Panics
-    /// If `state` belongs to another algorithm.
+    /// Records an admission of `cost` that [`check`](Self::check) just
+    /// admitted at `now`; returns what the charge holds.
     #[inline]
-    pub fn record(&self, state: &mut State, now: Timestamp, cost: u64) {
+    pub(crate) fn record(&self, state: &mut State, now: Timestamp, cost: u64) -> Hold {
         let now = now.as_micros();
-        match (self, state) {
-            (Algorithm::FixedWindow(a), State::FixedWindow(s)) => a.record(s, now, cost),
-            (Algorithm::SlidingLog(a), State::SlidingLog(s)) => a.record(s, now, cost),
-            (Algorithm::TokenBucket(a), State::TokenBucket(s)) => a.record(s, now, cost),
-            (Algorithm::SlidingWindow(a), State::SlidingWindow(s)) => a.record(s, now, cost),
-            _ => panic!("state does not belong to this algorithm"),
-        }
+        each!(self, state, |a, s| a.record(s, now, cost))
     }
 
     /// Check and, if admitted, record: `(state, now, cost) -> (state', Decision)`.
+    ///
+    /// # Panics
+    /// If `state` belongs to another algorithm.
     pub fn step(&self, state: &State, now: Timestamp, cost: u64) -> (State, Decision) {
         let mut next = state.clone();
         let decision = self.check(&mut next, now, cost);
@@ -148,57 +169,81 @@ impl Algorithm {
         (next, decision)
     }
 
-    /// Settles the real cost after the work: `delta > 0` charges more, `delta < 0`
-    /// refunds. Charges are capped at what is left (a settle never drives state
-    /// past empty), refunds at what is held (never past full).
-    pub fn adjust(&self, state: &mut State, now: Timestamp, delta: i64) {
+    /// Settles a charge: `delta > 0` charges more, capped at what is left;
+    /// `delta < 0` refunds at most what the charge `hold` still holds.
+    /// Returns the charge's hold after the settlement.
+    pub(crate) fn settle(&self, state: &mut State, now: Timestamp, hold: Hold, delta: i64) -> Hold {
         let now = now.as_micros();
-        match (self, state) {
-            (Algorithm::FixedWindow(a), State::FixedWindow(s)) => a.adjust(s, now, delta),
-            (Algorithm::SlidingLog(a), State::SlidingLog(s)) => a.adjust(s, now, delta),
-            (Algorithm::TokenBucket(a), State::TokenBucket(s)) => a.adjust(s, now, delta),
-            (Algorithm::SlidingWindow(a), State::SlidingWindow(s)) => a.adjust(s, now, delta),
-            _ => panic!("state does not belong to this algorithm"),
-        }
+        each!(self, state, |a, s| a.settle(s, now, hold, delta))
     }
 
     /// The time from which `state` is equivalent to a fresh state, so that
     /// dropping it admits nothing extra.
+    ///
+    /// # Panics
+    /// If `state` belongs to another algorithm.
     #[inline]
     pub fn fresh_at(&self, state: &State) -> Timestamp {
-        Timestamp(match (self, state) {
-            (Algorithm::FixedWindow(a), State::FixedWindow(s)) => a.fresh_at(s),
-            (Algorithm::SlidingLog(a), State::SlidingLog(s)) => a.fresh_at(s),
-            (Algorithm::TokenBucket(_), State::TokenBucket(s)) => s.tat,
-            (Algorithm::SlidingWindow(a), State::SlidingWindow(s)) => a.fresh_at(s),
-            _ => 0,
-        })
+        Timestamp(each!(self, state, |a, s| a.fresh_at(s)))
     }
 
     /// The same algorithm with its limit (and refill rate) divided by `divisor`,
     /// at least 1: the share of one instance when the shared store is down.
-    pub fn share(&self, divisor: u64) -> Algorithm {
-        let divisor = divisor.max(1);
-        let part = |n: u64| (n / divisor).max(1);
+    pub(crate) fn share(&self, divisor: u64) -> Algorithm {
         match self {
-            Algorithm::FixedWindow(a) => Algorithm::FixedWindow(FixedWindow {
-                limit: part(a.limit),
-                ..a.clone()
-            }),
-            Algorithm::SlidingLog(a) => Algorithm::SlidingLog(SlidingLog {
-                limit: part(a.limit),
-                ..a.clone()
-            }),
-            Algorithm::TokenBucket(a) => Algorithm::TokenBucket(TokenBucket {
-                capacity: part(a.capacity),
-                interval: a.interval.saturating_mul(divisor),
-            }),
-            Algorithm::SlidingWindow(a) => Algorithm::SlidingWindow(SlidingWindow {
-                limit: part(a.limit),
-                ..a.clone()
-            }),
+            Algorithm::FixedWindow(a) => Algorithm::FixedWindow(a.share(divisor)),
+            Algorithm::SlidingLog(a) => Algorithm::SlidingLog(a.share(divisor)),
+            Algorithm::TokenBucket(a) => Algorithm::TokenBucket(a.share(divisor)),
+            Algorithm::SlidingWindow(a) => Algorithm::SlidingWindow(a.share(divisor)),
         }
     }
+
+    /// The algorithm's code in scripts and key names.
+    pub(crate) fn code(&self) -> &'static str {
+        match self {
+            Algorithm::FixedWindow(_) => "fw",
+            Algorithm::SlidingLog(_) => "sl",
+            Algorithm::TokenBucket(_) => "tb",
+            Algorithm::SlidingWindow(_) => "sw",
+        }
+    }
+
+    /// The three numbers the algorithm's Lua script loads with.
+    pub(crate) fn script_args(&self) -> [u64; 3] {
+        any!(self, |a| a.script_args())
+    }
+
+    /// Ok when the Lua script decides this algorithm exactly in doubles.
+    pub(crate) fn lua_exact(&self) -> Result<(), ConfigError> {
+        any!(self, |a| a.lua_exact())
+    }
+}
+
+/// `n`, checked to be at least 1.
+pub(crate) fn positive(field: &'static str, n: u64) -> Result<u64, ConfigError> {
+    if n == 0 {
+        return Err(ConfigError::new(field, "must be at least 1"));
+    }
+    Ok(n)
+}
+
+/// `n / divisor`, at least 1.
+pub(crate) fn part(n: u64, divisor: u64) -> u64 {
+    (n / divisor.max(1)).max(1)
+}
+
+/// Largest number the Lua scripts take as a limit or a time span.
+const LUA_MAX: u64 = 1 << 45;
+
+/// Ok when `n` is at most 2^45, so the scripts' arithmetic stays exact.
+pub(crate) fn lua_small(field: &'static str, n: u64) -> Result<(), ConfigError> {
+    if n > LUA_MAX {
+        return Err(ConfigError::new(
+            field,
+            "must be at most 2^45 for the redis store",
+        ));
+    }
+    Ok(())
 }
 
 /// Microseconds as a duration.

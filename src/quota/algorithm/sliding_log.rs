@@ -1,7 +1,8 @@
 use std::collections::VecDeque;
 
-use crate::quota::algorithm::{micros, never};
+use crate::quota::algorithm::{micros, never, Hold};
 use crate::quota::Decision;
+use crate::ConfigError;
 
 /// Exact sliding log: a request at `t` is admitted only if the cost admitted
 /// in `(t - W, t]` plus its own stays at or below `limit`.
@@ -10,27 +11,54 @@ use crate::quota::Decision;
 /// are distinct. Memory per key is at most `limit` entries.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SlidingLog {
-    /// Most cost admitted in any window.
-    pub limit: u64,
-    /// Window length in microseconds.
-    pub window: u64,
+    limit: u64,
+    window: u64,
 }
 
 /// Admissions still inside the window, oldest first.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SlidingLogState {
-    /// `(time in µs, cost)` of each admission, oldest first.
-    pub entries: VecDeque<(u64, u64)>,
-    /// Sum of the costs in `entries`.
-    pub total: u64,
-    /// Time of the newest entry (0 when empty).
-    pub newest: u64,
-    /// Time of the oldest entry (0 when empty). With `total` and `newest`
-    /// beside the log, a refusal of cost 1 reads no entry at all.
-    pub oldest: u64,
+    entries: VecDeque<(u64, u64)>,
+    total: u64,
+    newest: u64,
+    oldest: u64,
 }
 
 impl SlidingLog {
+    /// PLACEHOLDER (replaced by the bounded-work log).
+    pub(crate) fn new(limit: u64, window: u64) -> Result<Self, ConfigError> {
+        Ok(SlidingLog {
+            limit: super::positive("limit", limit)?,
+            window: super::positive("window", window)?,
+        })
+    }
+
+    /// Most cost admitted in any window.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// Window length in µs.
+    pub fn window_micros(&self) -> u64 {
+        self.window
+    }
+
+    pub(crate) fn share(&self, divisor: u64) -> Self {
+        SlidingLog {
+            limit: super::part(self.limit, divisor),
+            window: self.window,
+        }
+    }
+
+    pub(crate) fn script_args(&self) -> [u64; 3] {
+        [self.limit, self.window, 0]
+    }
+
+    pub(crate) fn lua_exact(&self) -> Result<(), ConfigError> {
+        super::lua_small("limit", self.limit)?;
+        super::lua_small("window", self.window)
+    }
+
     /// Drops entries at or before `now - W`; returns the time the log acts at.
     #[inline]
     fn trim(&self, state: &mut SlidingLogState, now: u64) -> u64 {
@@ -98,9 +126,29 @@ impl SlidingLog {
     }
 
     #[inline]
-    pub(crate) fn record(&self, state: &mut SlidingLogState, now: u64, cost: u64) {
+    pub(crate) fn record(&self, state: &mut SlidingLogState, now: u64, cost: u64) -> Hold {
+        self.push(state, now, cost);
+        Hold {
+            mark: 0,
+            frac: 0,
+            amount: cost,
+        }
+    }
+
+    pub(crate) fn settle(
+        &self,
+        state: &mut SlidingLogState,
+        now: u64,
+        hold: Hold,
+        delta: i64,
+    ) -> Hold {
+        self.adjust(state, now, delta);
+        hold
+    }
+
+    fn push(&self, state: &mut SlidingLogState, now: u64, cost: u64) {
         let now = self.trim(state, now);
-        let cost = cost.min(self.limit - state.total);
+        let cost = cost.min(self.limit.saturating_sub(state.total));
         if cost > 0 {
             if state.entries.is_empty() {
                 state.oldest = now;
@@ -111,9 +159,9 @@ impl SlidingLog {
         }
     }
 
-    pub(crate) fn adjust(&self, state: &mut SlidingLogState, now: u64, delta: i64) {
+    fn adjust(&self, state: &mut SlidingLogState, now: u64, delta: i64) {
         if delta >= 0 {
-            self.record(state, now, delta.unsigned_abs());
+            self.push(state, now, delta.unsigned_abs());
             return;
         }
         self.trim(state, now);

@@ -1,5 +1,6 @@
-use crate::quota::algorithm::{micros, never};
+use crate::quota::algorithm::{micros, never, Hold};
 use crate::quota::Decision;
+use crate::ConfigError;
 
 /// Weighted window counter: estimates the count over the last `W` as
 /// `previous * (1 - elapsed / W) + current` and admits while the estimate plus
@@ -8,89 +9,133 @@ use crate::quota::Decision;
 /// **An approximation.** It assumes the previous window's admissions were
 /// spread evenly, so it can admit more than `limit` in some interval of length
 /// `W` (at most `2 * limit` in the worst case). Use [`SlidingLog`] when the cap
-/// must be exact. State is three integers per key.
+/// must be exact. A refusal waits at most `2W`.
+///
+/// **Changed numbers.** The state records its current window's start and end
+/// in µs. Under another window length, both counts carry into the new
+/// policy's aligned window that holds `now` (if the old window has ended, its
+/// count becomes the previous one when it ended inside the new previous
+/// window, and is dropped otherwise).
 ///
 /// [`SlidingLog`]: crate::quota::algorithm::SlidingLog
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SlidingWindow {
-    /// Most estimated cost in any window.
-    pub limit: u64,
-    /// Window length in microseconds.
-    pub window: u64,
+    limit: u64,
+    window: u64,
 }
 
-/// Counts of the current and the previous clock-aligned window.
+/// Counts of the current window `[start, end)` (µs) and of the one before it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SlidingWindowState {
-    /// Index `k` of the current window `[kW, (k+1)W)`.
-    pub window_index: u64,
-    /// Cost admitted in the current window.
-    pub current: u64,
-    /// Cost admitted in the previous window.
-    pub previous: u64,
+    start: u64,
+    end: u64,
+    current: u64,
+    previous: u64,
 }
 
 impl SlidingWindow {
-    /// Rolls the windows forward; returns microseconds elapsed in the current one.
-    fn roll(&self, state: &mut SlidingWindowState, now: u64) -> u64 {
-        let k = (now / self.window).max(state.window_index);
-        match k - state.window_index {
-            0 => {}
-            1 => {
-                state.previous = state.current;
-                state.current = 0;
-            }
-            _ => {
-                state.previous = 0;
-                state.current = 0;
-            }
+    /// About `limit` per `window` µs; both at least 1.
+    pub(crate) fn new(limit: u64, window: u64) -> Result<Self, ConfigError> {
+        Ok(SlidingWindow {
+            limit: super::positive("limit", limit)?,
+            window: super::positive("window", window)?,
+        })
+    }
+
+    /// Most estimated cost in any window.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// Window length in µs.
+    pub fn window_micros(&self) -> u64 {
+        self.window
+    }
+
+    pub(crate) fn share(&self, divisor: u64) -> Self {
+        SlidingWindow {
+            limit: super::part(self.limit, divisor),
+            window: self.window,
         }
-        state.window_index = k;
-        now.saturating_sub(k * self.window)
+    }
+
+    pub(crate) fn script_args(&self) -> [u64; 3] {
+        [self.limit, self.window, 0]
+    }
+
+    pub(crate) fn lua_exact(&self) -> Result<(), ConfigError> {
+        super::lua_small("limit", self.limit)?;
+        super::lua_small("window", self.window)
+    }
+
+    /// Rolls the windows forward, never backwards; returns the acting time.
+    #[inline]
+    fn roll(&self, s: &mut SlidingWindowState, now: u64) -> u64 {
+        let now = now.max(s.start);
+        if now < s.end && s.end - s.start == self.window {
+            return now;
+        }
+        let start = now - now % self.window;
+        if now >= s.end {
+            // The counted window has ended: it is the previous one if it
+            // ended inside the window before `start`.
+            s.previous = if s.end > start.saturating_sub(self.window) {
+                s.current
+            } else {
+                0
+            };
+            s.current = 0;
+        }
+        s.start = start;
+        s.end = start.saturating_add(self.window);
+        now
     }
 
     /// `estimate * W`, exact in integers.
-    fn weighted(&self, state: &SlidingWindowState, elapsed: u64) -> u128 {
-        u128::from(state.previous) * u128::from(self.window - elapsed)
-            + u128::from(state.current) * u128::from(self.window)
+    fn weighted(&self, s: &SlidingWindowState, elapsed: u64) -> u128 {
+        u128::from(s.previous) * u128::from(self.window - elapsed)
+            + u128::from(s.current) * u128::from(self.window)
     }
 
     #[inline]
-    pub(crate) fn check(&self, state: &mut SlidingWindowState, now: u64, cost: u64) -> Decision {
-        let elapsed = self.roll(state, now);
+    pub(crate) fn check(&self, s: &mut SlidingWindowState, now: u64, cost: u64) -> Decision {
+        let now = self.roll(s, now);
+        let elapsed = now - s.start;
         let w = u128::from(self.window);
         let budget = u128::from(self.limit) * w;
-        let used = self.weighted(state, elapsed);
+        let used = self.weighted(s, elapsed);
         let remaining = (budget.saturating_sub(used) / w) as u64;
-        let reset = self.fresh_at(state).saturating_sub(now);
+        let reset = self.fresh_at(s).saturating_sub(now);
         if cost > self.limit {
             return never(self.limit, remaining, reset);
         }
         let needed = used + u128::from(cost) * w;
         if needed <= budget {
-            let left = ((budget - needed) / w) as u64;
             return Decision {
                 admitted: true,
                 limit: self.limit,
-                remaining: left,
+                remaining: ((budget - needed) / w) as u64,
                 retry_after: None,
-                reset: micros((state.window_index + 2) * self.window - now),
+                reset: micros(s.end.saturating_add(self.window) - now),
             };
         }
-        let window_end = (state.window_index + 1) * self.window;
-        let wait = if state.current + cost <= self.limit {
+        let wait = match s.current.checked_add(cost).filter(|&c| c <= self.limit) {
             // Wait for the previous window's weight to decay enough:
             // previous * (W - e) <= (limit - current - cost) * W.
-            let room = u128::from(self.limit - state.current - cost) * w;
-            let keep = room / u128::from(state.previous.max(1));
-            let e = self.window - keep.min(w) as u64;
-            e.saturating_sub(elapsed).max(1)
-        } else {
-            // Next window: current becomes previous; need current * (W - e) <= (limit - cost) * W.
-            let room = u128::from(self.limit - cost) * w;
-            let keep = room / u128::from(state.current.max(1));
-            let e = self.window - keep.min(w) as u64;
-            (window_end - now.max(state.window_index * self.window)) + e
+            Some(used_now) => {
+                let room = u128::from(self.limit - used_now) * w;
+                let keep = room / u128::from(s.previous.max(1));
+                let e = self.window - keep.min(w) as u64;
+                e.saturating_sub(elapsed).max(1)
+            }
+            // Next window: current becomes previous; need
+            // current * (W - e) <= (limit - cost) * W.
+            None => {
+                let room = u128::from(self.limit - cost) * w;
+                let keep = room / u128::from(s.current.max(1));
+                let e = self.window - keep.min(w) as u64;
+                (s.end - now) + e
+            }
         };
         Decision {
             admitted: false,
@@ -102,21 +147,50 @@ impl SlidingWindow {
     }
 
     #[inline]
-    pub(crate) fn record(&self, state: &mut SlidingWindowState, now: u64, cost: u64) {
-        self.roll(state, now);
-        state.current = state.current.saturating_add(cost).min(self.limit);
+    pub(crate) fn record(&self, s: &mut SlidingWindowState, now: u64, cost: u64) -> Hold {
+        self.roll(s, now);
+        let take = cost.min(self.limit.saturating_sub(s.current));
+        s.current += take;
+        Hold {
+            mark: s.end,
+            frac: 0,
+            amount: take,
+        }
     }
 
-    pub(crate) fn adjust(&self, state: &mut SlidingWindowState, now: u64, delta: i64) {
-        self.roll(state, now);
-        state.current = state.current.saturating_add_signed(delta).min(self.limit);
+    /// Charges more (capped at the limit), or refunds while the charge's
+    /// window is still the current one.
+    pub(crate) fn settle(
+        &self,
+        s: &mut SlidingWindowState,
+        now: u64,
+        hold: Hold,
+        delta: i64,
+    ) -> Hold {
+        self.roll(s, now);
+        if delta >= 0 {
+            let more = delta
+                .unsigned_abs()
+                .min(self.limit.saturating_sub(s.current));
+            s.current += more;
+            return hold;
+        }
+        if hold.mark != s.end {
+            return hold;
+        }
+        let refund = delta.unsigned_abs().min(hold.amount).min(s.current);
+        s.current -= refund;
+        Hold {
+            amount: hold.amount - refund,
+            ..hold
+        }
     }
 
-    pub(crate) fn fresh_at(&self, state: &SlidingWindowState) -> u64 {
-        if state.current > 0 {
-            (state.window_index + 2) * self.window
-        } else if state.previous > 0 {
-            (state.window_index + 1) * self.window
+    pub(crate) fn fresh_at(&self, s: &SlidingWindowState) -> u64 {
+        if s.current > 0 {
+            s.end.saturating_add(self.window)
+        } else if s.previous > 0 {
+            s.end
         } else {
             0
         }

@@ -1,5 +1,6 @@
-use crate::quota::algorithm::{micros, never};
+use crate::quota::algorithm::{micros, never, Hold};
 use crate::quota::Decision;
+use crate::ConfigError;
 
 /// Token bucket with capacity `B` and continuous refill of one token every
 /// `interval` microseconds, as GCRA: the state is one theoretical arrival time.
@@ -11,20 +12,71 @@ use crate::quota::Decision;
 /// are admitted over any interval `T`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TokenBucket {
-    /// Bucket size `B`, the most admitted at once.
-    pub capacity: u64,
-    /// Microseconds to refill one token.
-    pub interval: u64,
+    capacity: u64,
+    interval: u64,
 }
 
 /// The theoretical arrival time: the bucket is full at and after `tat`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TokenBucketState {
-    /// Theoretical arrival time in µs.
-    pub tat: u64,
+    tat: u64,
+}
+
+impl TokenBucketState {
+    /// The first whole µs at which the bucket is full.
+    pub(crate) fn full_at(&self) -> u64 {
+        self.tat
+    }
 }
 
 impl TokenBucket {
+    /// PLACEHOLDER (replaced by the any-rate bucket).
+    pub(crate) fn new(capacity: u64, refill: u64, period: u64) -> Result<Self, ConfigError> {
+        let capacity = super::positive("capacity", capacity)?;
+        let refill = super::positive("refill", refill)?;
+        let period = super::positive("period", period)?;
+        if period % refill != 0 {
+            return Err(ConfigError::new(
+                "refill",
+                "period must divide evenly by refill",
+            ));
+        }
+        Ok(TokenBucket {
+            capacity,
+            interval: period / refill,
+        })
+    }
+
+    /// Bucket size, the most admitted at once.
+    pub fn limit(&self) -> u64 {
+        self.capacity
+    }
+
+    /// Time to refill from empty, in µs.
+    pub fn window_micros(&self) -> u64 {
+        self.capacity.saturating_mul(self.interval)
+    }
+
+    pub(crate) fn share(&self, divisor: u64) -> Self {
+        TokenBucket {
+            capacity: super::part(self.capacity, divisor),
+            interval: self.interval.saturating_mul(divisor.max(1)),
+        }
+    }
+
+    pub(crate) fn script_args(&self) -> [u64; 3] {
+        [self.capacity, self.interval, 1]
+    }
+
+    pub(crate) fn lua_exact(&self) -> Result<(), ConfigError> {
+        super::lua_small("capacity", self.capacity)?;
+        super::lua_small("refill", self.interval)
+    }
+
+    pub(crate) fn fresh_at(&self, s: &TokenBucketState) -> u64 {
+        s.tat
+    }
+
     fn horizon(&self, now: u64) -> u64 {
         now.saturating_add(self.capacity.saturating_mul(self.interval))
     }
@@ -41,13 +93,21 @@ impl TokenBucket {
         state: &mut TokenBucketState,
         now: u64,
         cost: u64,
-    ) -> Decision {
+    ) -> (Decision, Option<Hold>) {
         let (decision, next) = self.decide(state.tat, now, cost);
         if decision.admitted {
             // Admitted means `next <= horizon`, so `record` would clamp nothing.
             state.tat = next;
+            return (
+                decision,
+                Some(Hold {
+                    mark: next,
+                    frac: 0,
+                    amount: cost,
+                }),
+            );
         }
-        decision
+        (decision, None)
     }
 
     /// The decision at `tat`, and the TAT after it if admitted.
@@ -81,15 +141,31 @@ impl TokenBucket {
         (decision, next)
     }
 
-    pub(crate) fn record(&self, state: &mut TokenBucketState, now: u64, cost: u64) {
+    pub(crate) fn record(&self, state: &mut TokenBucketState, now: u64, cost: u64) -> Hold {
         let next = state
             .tat
             .max(now)
             .saturating_add(cost.saturating_mul(self.interval));
         state.tat = next.min(self.horizon(now).max(state.tat));
+        Hold {
+            mark: state.tat,
+            frac: 0,
+            amount: cost,
+        }
     }
 
-    pub(crate) fn adjust(&self, state: &mut TokenBucketState, now: u64, delta: i64) {
+    pub(crate) fn settle(
+        &self,
+        state: &mut TokenBucketState,
+        now: u64,
+        hold: Hold,
+        delta: i64,
+    ) -> Hold {
+        self.adjust(state, now, delta);
+        hold
+    }
+
+    fn adjust(&self, state: &mut TokenBucketState, now: u64, delta: i64) {
         let amount = delta.unsigned_abs().saturating_mul(self.interval);
         if delta >= 0 {
             let start = state.tat.max(now);

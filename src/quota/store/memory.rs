@@ -7,9 +7,11 @@ use hashbrown::HashTable;
 use parking_lot::Mutex;
 
 use crate::clock::{Clock, SystemClock, Timestamp};
-use crate::quota::algorithm::{Algorithm, State, TokenBucket, TokenBucketState};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use crate::quota::algorithm::{Algorithm, Hold, State, TokenBucket, TokenBucketState};
 use crate::quota::store::{Store, StoreError};
-use crate::quota::{Decisions, Quota, QuotaDecision};
+use crate::quota::{Decisions, Holds, Quota, QuotaDecision};
 use crate::ConfigError;
 
 /// Sizing of a [`MemoryStore`].
@@ -33,7 +35,8 @@ impl MemoryConfig {
         }
     }
 
-    /// Sets the shard count, a power of two no larger than `max_keys`.
+    /// Sets the shard count, a power of two no larger than `max_keys`. The
+    /// shard count only spreads lock contention: the key cap is global.
     pub fn shards(mut self, shards: NonZeroUsize) -> Result<Self, ConfigError> {
         if !shards.is_power_of_two() || shards > self.max_keys {
             return Err(ConfigError::new(
@@ -57,15 +60,17 @@ impl Default for MemoryConfig {
 ///
 /// - **Atomic.** A key's policies live in one slot of one shard; cleanup,
 ///   check and record happen under that shard's lock.
-/// - **Bounded.** Each shard holds a fixed share of `max_keys` (the shares
-///   add up to `max_keys`), so [`len`](Self::len) never exceeds it. A new key
-///   can meet a full shard while others still have room.
+/// - **Bounded, exactly.** The store holds at most `max_keys` keys in all,
+///   whatever shard they hash to: it accepts exactly `max_keys` live keys,
+///   and [`len`](Self::len) never exceeds it.
 /// - **Lossless eviction.** Only state equivalent to fresh (an expired window,
 ///   a full bucket) is ever dropped, so dropping inflates no quota. Refusals
 ///   create no state at all.
 /// - **When full of live keys**, a request for a *new* key gets
-///   [`StoreError::Full`], with the time until the shard's earliest key
-///   expires. The quota layer resolves it with the policy's
+///   [`StoreError::Full`], with the time until the earliest key expires.
+///   Before answering so, a full store drops every key that has become
+///   equivalent to fresh (at most once per expiry, so a flood of new keys
+///   against live ones costs no sweeps). The quota layer resolves it with the policy's
 ///   [`FailureMode`](crate::quota::FailureMode) (closed by default: 503 with
 ///   `Retry-After`). Known keys are never affected, so a flood of new
 ///   identities cannot reset or lock out existing ones.
@@ -108,6 +113,10 @@ struct Inner<C> {
     clock: C,
     hasher: RandomState,
     max_keys: usize,
+    /// Keys held in all shards: the cap is global.
+    len: AtomicUsize,
+    /// No key anywhere can be dropped before this time (a lower bound).
+    next_expiry: AtomicU64,
     shards: Box<[Padded<Mutex<Shard>>]>,
 }
 
@@ -136,8 +145,6 @@ struct Padded<T>(T);
 
 #[derive(Debug, Default)]
 struct Shard {
-    /// Most keys this shard holds, in both tables.
-    cap: usize,
     /// Keys of quotas that are one token bucket: 32 bytes each, as small as
     /// governor's entries, since this is the most common quota.
     buckets: HashTable<BucketSlot>,
@@ -267,7 +274,7 @@ impl Entry for BucketSlot {
     fn refresh(&mut self, _: &Quota) {}
 
     fn fresh_at(&self) -> u64 {
-        self.state.tat
+        self.state.full_at()
     }
 }
 
@@ -306,16 +313,10 @@ impl<C: Clock> MemoryStore<C> {
                 clock,
                 hasher: RandomState::new(),
                 max_keys: config.max_keys.get(),
+                len: AtomicUsize::new(0),
+                next_expiry: AtomicU64::new(0),
                 shards: (0..shards)
-                    .map(|i| {
-                        // Spread the remainder so the caps add up to max_keys exactly.
-                        let max_keys = config.max_keys.get();
-                        let cap = max_keys / shards + usize::from(i < max_keys % shards);
-                        Padded(Mutex::new(Shard {
-                            cap,
-                            ..Shard::default()
-                        }))
-                    })
+                    .map(|_| Padded(Mutex::new(Shard::default())))
                     .collect(),
             }),
         }
@@ -328,7 +329,7 @@ impl<C: Clock> MemoryStore<C> {
 
     /// Number of keys held.
     pub fn len(&self) -> usize {
-        self.inner.shards.iter().map(|s| s.0.lock().len()).sum()
+        self.inner.len.load(Ordering::Relaxed)
     }
 
     /// True when no key is held.
@@ -343,12 +344,20 @@ impl<C: Clock> MemoryStore<C> {
 
     /// Drops every key whose state is equivalent to fresh; returns how many.
     pub fn sweep(&self) -> usize {
-        let now = self.inner.clock.now().as_micros();
-        self.inner
-            .shards
-            .iter()
-            .map(|s| s.0.lock().sweep(now))
-            .sum()
+        self.sweep_at(self.inner.clock.now().as_micros())
+    }
+
+    fn sweep_at(&self, now: u64) -> usize {
+        let mut next = u64::MAX;
+        let mut swept = 0;
+        for shard in self.inner.shards.iter() {
+            let mut shard = shard.0.lock();
+            swept += shard.sweep(now);
+            next = next.min(shard.next_expiry);
+        }
+        self.inner.len.fetch_sub(swept, Ordering::Relaxed);
+        self.inner.next_expiry.store(next, Ordering::Relaxed);
+        swept
     }
 
     /// Runs [`sweep`](Self::sweep) every `period` on the current tokio runtime
@@ -368,7 +377,8 @@ impl<C: Clock> MemoryStore<C> {
     }
 
     /// The synchronous decision behind [`Store::decide`].
-    pub fn decide_now(
+    #[inline]
+    pub(crate) fn decide_now(
         &self,
         quota: &Quota,
         key: &Arc<str>,
@@ -376,36 +386,56 @@ impl<C: Clock> MemoryStore<C> {
     ) -> Result<QuotaDecision, StoreError> {
         if let Some((bucket, shadow)) = lone_bucket(quota) {
             return self.update::<BucketSlot, _>(quota, key, |state, now| {
-                let decision = bucket.step_in_place(state, now.as_micros(), cost);
-                QuotaDecision::single(decision, shadow)
+                let (decision, hold) = bucket.step_in_place(state, now.as_micros(), cost);
+                QuotaDecision::single(decision, shadow, hold)
             });
         }
         self.update::<Slot, _>(quota, key, |states, now| decide(quota, states, now, cost))
     }
 
-    /// The synchronous settlement behind [`Store::adjust`]. Settling a key
+    /// The synchronous settlement behind [`Store::settle`]. Settling a key
     /// with no live state starts from fresh: a refund then changes nothing.
-    pub fn adjust_now(&self, quota: &Quota, key: &Arc<str>, delta: i64) -> Result<(), StoreError> {
+    pub(crate) fn settle_now(
+        &self,
+        quota: &Quota,
+        key: &Arc<str>,
+        holds: &Holds,
+        delta: i64,
+    ) -> Result<Holds, StoreError> {
+        let hold = |i: usize| holds.0.get(i).copied().unwrap_or(Hold::default());
         if let Some((bucket, _)) = lone_bucket(quota) {
             return self.update::<BucketSlot, _>(quota, key, |state, now| {
-                bucket.adjust(state, now.as_micros(), delta);
+                Holds(
+                    [bucket.settle(state, now.as_micros(), hold(0), delta)]
+                        .into_iter()
+                        .collect(),
+                )
             });
         }
         self.update::<Slot, _>(quota, key, |states, now| {
-            for (policy, state) in quota.policies().iter().zip(states.iter_mut()) {
-                policy.algorithm().adjust(state, now, delta);
-            }
+            Holds(
+                quota
+                    .policies()
+                    .iter()
+                    .zip(states.iter_mut())
+                    .enumerate()
+                    .map(|(i, (policy, state))| {
+                        policy.algorithm().settle(state, now, hold(i), delta)
+                    })
+                    .collect(),
+            )
         })
     }
 
     /// Runs `change` on the key's state under its shard lock: the one
     /// critical section of every decision. A new key's state is stored only
     /// if `change` left it different from fresh.
+    #[inline]
     fn update<E: Entry, R>(
         &self,
         quota: &Quota,
         key: &Arc<str>,
-        change: impl FnOnce(&mut E::State, Timestamp) -> R,
+        mut change: impl FnMut(&mut E::State, Timestamp) -> R,
     ) -> Result<R, StoreError> {
         let now = self.inner.clock.now();
         let hash = self.hash(quota.layout(), key);
@@ -415,6 +445,12 @@ impl<C: Clock> MemoryStore<C> {
         if let Some(entry) = found {
             let result = change(entry.state_mut(), now);
             entry.refresh(quota);
+            // A refund can bring the key's expiry forward.
+            let fresh_at = entry.fresh_at();
+            shard.next_expiry = shard.next_expiry.min(fresh_at);
+            self.inner
+                .next_expiry
+                .fetch_min(fresh_at, Ordering::Relaxed);
             return Ok(result);
         }
         let mut state = E::fresh_state(quota);
@@ -422,12 +458,56 @@ impl<C: Clock> MemoryStore<C> {
         let entry = E::new(quota, key, state);
         let now = now.as_micros();
         if entry.fresh_at() > now {
-            shard.make_room(now)?;
+            if !self.reserve() {
+                // Full: drop what has become fresh, here first, then everywhere.
+                let swept = if now >= shard.next_expiry {
+                    shard.sweep(now)
+                } else {
+                    0
+                };
+                self.inner.len.fetch_sub(swept, Ordering::Relaxed);
+                if !self.reserve() {
+                    drop(shard);
+                    if now >= self.inner.next_expiry.load(Ordering::Relaxed) {
+                        self.sweep_at(now);
+                    }
+                    if !self.reserve() {
+                        let next = self.inner.next_expiry.load(Ordering::Relaxed);
+                        let retry_after = Duration::from_micros(next.saturating_sub(now));
+                        return Err(StoreError::Full { retry_after });
+                    }
+                    shard = self.shard(hash).lock();
+                }
+            }
             shard.next_expiry = shard.next_expiry.min(entry.fresh_at());
+            self.inner
+                .next_expiry
+                .fetch_min(entry.fresh_at(), Ordering::Relaxed);
+            let table = E::table(&mut shard);
+            // Another thread may have inserted the key while the lock was dropped.
+            if table
+                .find(hash, |e| e.layout() == quota.layout() && same(e.key(), key))
+                .is_some()
+            {
+                self.inner.len.fetch_sub(1, Ordering::Relaxed);
+                drop(shard);
+                return self.update::<E, R>(quota, key, change);
+            }
             let hasher = |e: &E| self.hash(e.layout(), e.key());
-            E::table(&mut shard).insert_unique(hash, entry, hasher);
+            table.insert_unique(hash, entry, hasher);
         }
         Ok(result)
+    }
+
+    /// Takes one key's room under the global cap; false when full.
+    #[inline]
+    fn reserve(&self) -> bool {
+        self.inner
+            .len
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < self.inner.max_keys).then_some(n + 1)
+            })
+            .is_ok()
     }
 
     /// The store's keyed (SipHash) hash of the key, mixed with the quota
@@ -438,28 +518,17 @@ impl<C: Clock> MemoryStore<C> {
     }
 
     fn shard(&self, hash: u64) -> &Mutex<Shard> {
-        // High bits pick the shard; the table uses the low bits.
-        let index = (hash >> 48) as usize & (self.inner.shards.len() - 1);
-        &self.inner.shards[index].0
+        // Every bit of the hash, remixed so the shard is independent of the
+        // bits the table uses, picks among any number of shards.
+        let mixed = u128::from(hash.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let index = (mixed * self.inner.shards.len() as u128) >> 64;
+        &self.inner.shards[index as usize].0
     }
 }
 
 impl Shard {
     fn len(&self) -> usize {
         self.buckets.len() + self.slots.len()
-    }
-
-    /// Room for one more key, sweeping first if the shard is full;
-    /// [`StoreError::Full`] when every key is live.
-    fn make_room(&mut self, now: u64) -> Result<(), StoreError> {
-        if self.len() >= self.cap && now >= self.next_expiry {
-            self.sweep(now);
-        }
-        if self.len() >= self.cap {
-            let retry_after = Duration::from_micros(self.next_expiry.saturating_sub(now));
-            return Err(StoreError::Full { retry_after });
-        }
-        Ok(())
     }
 
     fn sweep(&mut self, now: u64) -> usize {
@@ -502,21 +571,17 @@ fn fresh_at(quota: &Quota, states: &[State]) -> u64 {
 }
 
 /// Checks every policy, then records in all that admitted if no enforcing
-/// policy refused. One critical section: the caller holds the shard lock.
+/// policy refused: the one place this rule is written. One critical section:
+/// the caller holds the shard lock.
 #[inline]
-pub(crate) fn decide(
-    quota: &Quota,
-    states: &mut [State],
-    now: Timestamp,
-    cost: u64,
-) -> QuotaDecision {
+fn decide(quota: &Quota, states: &mut [State], now: Timestamp, cost: u64) -> QuotaDecision {
     if let ([policy], [state]) = (quota.policies(), &mut *states) {
         // One policy: nothing to keep atomic across policies.
         let d = policy.algorithm().check(state, now, cost);
-        if d.admitted {
-            policy.algorithm().record(state, now, cost);
-        }
-        return QuotaDecision::single(d, policy.is_shadow());
+        let hold = d
+            .admitted
+            .then(|| policy.algorithm().record(state, now, cost));
+        return QuotaDecision::single(d, policy.is_shadow(), hold);
     }
     let mut admitted = true;
     let mut decisions = Decisions::new();
@@ -525,6 +590,7 @@ pub(crate) fn decide(
         admitted &= d.admitted || policy.is_shadow();
         decisions.push(d);
     }
+    let mut holds = Holds::default();
     if admitted {
         for ((policy, state), d) in quota
             .policies()
@@ -532,43 +598,37 @@ pub(crate) fn decide(
             .zip(states.iter_mut())
             .zip(&decisions)
         {
-            if d.admitted {
-                policy.algorithm().record(state, now, cost);
-            }
+            holds.0.push(if d.admitted {
+                policy.algorithm().record(state, now, cost)
+            } else {
+                Hold::default()
+            });
         }
     }
     QuotaDecision {
         admitted,
         decisions,
+        holds,
     }
 }
 
 impl<C: Clock> Store for MemoryStore<C> {
-    fn decide_sync(
-        &self,
-        quota: &Quota,
-        key: &Arc<str>,
-        cost: u64,
-    ) -> Option<Result<QuotaDecision, StoreError>> {
-        Some(self.decide_now(quota, key, cost))
-    }
+    type DecideFuture = std::future::Ready<Result<QuotaDecision, StoreError>>;
+    type SettleFuture = std::future::Ready<Result<Holds, StoreError>>;
 
-    fn decide(
-        &self,
-        quota: &Quota,
-        key: &Arc<str>,
-        cost: u64,
-    ) -> impl std::future::Future<Output = Result<QuotaDecision, StoreError>> + Send {
+    #[inline]
+    fn decide(&self, quota: &Quota, key: &Arc<str>, cost: u64) -> Self::DecideFuture {
         std::future::ready(self.decide_now(quota, key, cost))
     }
 
-    fn adjust(
+    fn settle(
         &self,
         quota: &Quota,
         key: &Arc<str>,
+        holds: &Holds,
         delta: i64,
-    ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send {
-        std::future::ready(self.adjust_now(quota, key, delta))
+    ) -> Self::SettleFuture {
+        std::future::ready(self.settle_now(quota, key, holds, delta))
     }
 }
 

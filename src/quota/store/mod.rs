@@ -16,48 +16,62 @@ use std::time::Duration;
 pub use self::redis::{RedisStore, RedisStoreBuilder};
 pub use memory::{MemoryConfig, MemoryStore};
 
-use crate::quota::{Quota, QuotaDecision};
+use crate::quota::{Holds, Quota, QuotaDecision};
+use crate::ConfigError;
 
 /// Shared quota state with atomic per-key decisions.
 ///
 /// Clones share state.
+///
+/// # The contract
+///
+/// - [`decide`](Self::decide) is one atomic step per key: remove expired
+///   state, check every policy of the quota, and record the admission in
+///   every policy that admitted it only if no enforcing policy refused. A
+///   refusal consumes nothing. The answer carries the [`Holds`] of the
+///   admission.
+/// - [`settle`](Self::settle) adjusts one earlier admission, identified by
+///   its holds, and returns what it still holds.
+/// - [`validate`](Self::validate) is called once per quota when a layer is
+///   built, so a quota the store cannot decide is a [`ConfigError`], not a
+///   failure at request time.
+///
+/// The futures are named types, so a layer can hold them without boxing: a
+/// store that decides synchronously returns [`std::future::Ready`].
+///
+/// Room to grow: a store can add lease operations (grant a caller `k` units
+/// of a quota in one round trip, and take back what it did not use) on the
+/// same keys and scripts; see the design notes.
 pub trait Store: Clone + Send + Sync + 'static {
+    /// The future of [`decide`](Self::decide).
+    type DecideFuture: Future<Output = Result<QuotaDecision, StoreError>> + Send + Unpin + 'static;
+    /// The future of [`settle`](Self::settle).
+    type SettleFuture: Future<Output = Result<Holds, StoreError>> + Send + Unpin + 'static;
+
     /// Decides whether `cost` may be admitted under every policy of `quota`
     /// for `key`, and records it if so. Atomic per key.
     ///
-    /// `shadow` policies are checked and reported but never block: when every
-    /// enforcing policy admits, the admission is recorded in every policy that
-    /// admitted it.
-    fn decide(
-        &self,
-        quota: &Quota,
-        key: &Arc<str>,
-        cost: u64,
-    ) -> impl Future<Output = Result<QuotaDecision, StoreError>> + Send;
+    /// Shadow policies are checked and reported but never block: when every
+    /// enforcing policy admits, the admission is recorded in every policy
+    /// that admitted it.
+    fn decide(&self, quota: &Quota, key: &Arc<str>, cost: u64) -> Self::DecideFuture;
 
-    /// The same decision made without awaiting, for stores that never wait
-    /// (the memory store). `None`, the default, means "use
-    /// [`decide`](Self::decide)". Layers use it to skip a boxed future per
-    /// request.
-    fn decide_sync(
+    /// Settles the admission that returned `holds`: `delta > 0` charges more,
+    /// capped at what each policy has left; `delta < 0` refunds at most what
+    /// the admission still holds in each policy. Returns the holds after it.
+    fn settle(
         &self,
         quota: &Quota,
         key: &Arc<str>,
-        cost: u64,
-    ) -> Option<Result<QuotaDecision, StoreError>> {
-        let _ = (quota, key, cost);
-        None
-    }
-
-    /// Settles an earlier admission: `delta > 0` charges more, `delta < 0`
-    /// refunds. A charge never drives a policy past empty and a refund never
-    /// past full.
-    fn adjust(
-        &self,
-        quota: &Quota,
-        key: &Arc<str>,
+        holds: &Holds,
         delta: i64,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    ) -> Self::SettleFuture;
+
+    /// Checks that this store can decide `quota` exactly.
+    fn validate(&self, quota: &Quota) -> Result<(), ConfigError> {
+        let _ = quota;
+        Ok(())
+    }
 }
 
 /// Why a store could not decide.

@@ -3,6 +3,7 @@
 mod connection;
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,8 +12,8 @@ use tokio::time::Instant;
 
 use self::connection::{Conn, Connector, Lease, Target, Timing};
 use crate::clock::{Clock, ManualClock};
-use crate::quota::algorithm::Algorithm;
-use crate::quota::{Decision, Quota, QuotaDecision, Store, StoreError};
+use crate::quota::algorithm::Hold;
+use crate::quota::{Decision, Holds, Quota, QuotaDecision, Store, StoreError};
 use crate::ConfigError;
 
 const COMMON: &str = include_str!("scripts/common.lua");
@@ -23,11 +24,6 @@ const SLIDING_LOG: &str = include_str!("scripts/sliding_log.lua");
 const TOKEN_BUCKET: &str = include_str!("scripts/token_bucket.lua");
 const SLIDING_WINDOW: &str = include_str!("scripts/sliding_window.lua");
 const DRIVER: &str = include_str!("scripts/driver.lua");
-
-/// Largest limit or capacity the scripts handle exactly.
-const MAX_LIMIT: u64 = 1 << 45;
-/// Largest token bucket `capacity * interval` in µs the scripts handle exactly.
-const MAX_BUCKET_SPAN: u64 = 1 << 51;
 
 /// The full decision script: a clock, helpers, the four algorithms, the driver.
 ///
@@ -94,12 +90,10 @@ fn script_source(injected_clock: bool) -> String {
 /// microseconds: one clock for the whole fleet. State never moves
 /// backwards (`max(state, now)`), so a server clock stepped back inflates
 /// nothing. All arithmetic is on integers below 2^53, exact in Lua's
-/// doubles; the weighted window's products are computed exactly in limbs.
-/// Because of that bound the store refuses (with
-/// [`StoreError::Unavailable`]) a policy whose limit or capacity exceeds
-/// 2^45, or a token bucket whose `capacity × interval` exceeds 2^51 µs (71 years):
-/// a refused request computes `tat + cost × interval`, up to `now + 2 ×
-/// capacity × interval`.
+/// doubles; products that could exceed that are computed exactly in limbs.
+/// Because of that bound, [`Store::validate`] refuses, when the layer is
+/// built, a policy whose numbers exceed 2^45 (a limit of 35 trillion, or a
+/// span of a year is far below it).
 ///
 /// # Deadline and errors
 ///
@@ -248,7 +242,7 @@ impl RedisStore {
                     quota.name(),
                     key,
                     p.name(),
-                    code(p.algorithm())
+                    p.algorithm().code()
                 )
             })
             .collect()
@@ -262,12 +256,9 @@ impl RedisStore {
         key: &str,
         op: &str,
         amount: String,
+        holds: Option<&Holds>,
     ) -> Result<Vec<i64>, StoreError> {
         let deadline = Instant::now() + self.inner.deadline;
-        if let Err(message) = representable(quota) {
-            tracing::warn!(quota = quota.name(), %message, "quota cannot be decided in redis");
-            return Err(StoreError::Unavailable { message });
-        }
         let now = match &self.inner.clock {
             Some(clock) => clock.now().as_micros().to_string(),
             None => "-".to_owned(),
@@ -278,12 +269,19 @@ impl RedisStore {
         }
         invocation.arg(op).arg(amount).arg(now);
         for policy in quota.policies() {
-            let (a, b) = numbers(policy.algorithm());
+            let [a, b, c] = policy.algorithm().script_args();
             invocation
-                .arg(code(policy.algorithm()))
+                .arg(policy.algorithm().code())
                 .arg(if policy.is_shadow() { "1" } else { "0" })
                 .arg(a)
-                .arg(b);
+                .arg(b)
+                .arg(c);
+        }
+        if let Some(holds) = holds {
+            for i in 0..quota.policies().len() {
+                let hold = holds.0.get(i).copied().unwrap_or_default();
+                invocation.arg(hold.mark).arg(hold.frac).arg(hold.amount);
+            }
         }
         let lease = match self.inner.connector.acquire(deadline).await {
             Ok(lease) => lease,
@@ -491,112 +489,122 @@ impl RedisStoreBuilder {
     }
 }
 
-/// The algorithm's code in scripts and key names.
-fn code(algorithm: &Algorithm) -> &'static str {
-    match algorithm {
-        Algorithm::FixedWindow(_) => "fw",
-        Algorithm::SlidingLog(_) => "sl",
-        Algorithm::TokenBucket(_) => "tb",
-        Algorithm::SlidingWindow(_) => "sw",
-    }
-}
-
-/// The two numbers a script needs: limit (or capacity) and window (or
-/// refill interval), in µs.
-fn numbers(algorithm: &Algorithm) -> (u64, u64) {
-    match algorithm {
-        Algorithm::FixedWindow(a) => (a.limit, a.window),
-        Algorithm::SlidingLog(a) => (a.limit, a.window),
-        Algorithm::TokenBucket(a) => (a.capacity, a.interval),
-        Algorithm::SlidingWindow(a) => (a.limit, a.window),
-    }
-}
-
-/// Checks that every number of `quota` stays exact in Lua's doubles.
-fn representable(quota: &Quota) -> Result<(), String> {
-    for policy in quota.policies() {
-        let (limit, b) = numbers(policy.algorithm());
-        if limit > MAX_LIMIT || b > MAX_LIMIT {
-            return Err(format!(
-                "policy {:?}: limit and window must be at most 2^45 for the redis store",
-                policy.name()
-            ));
-        }
-        if matches!(policy.algorithm(), Algorithm::TokenBucket(_))
-            && limit.saturating_mul(b) > MAX_BUCKET_SPAN
-        {
-            return Err(format!(
-                "policy {:?}: capacity × refill interval must be at most 2^51 µs for the redis store",
-                policy.name()
-            ));
-        }
-    }
-    Ok(())
-}
-
 fn micros(v: i64) -> Duration {
     Duration::from_micros(u64::try_from(v).unwrap_or(0))
+}
+
+/// A reply number as a u64 (the scripts never answer a negative one but -1).
+fn unsigned(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
+}
+
+/// The script's answer was not what it promises: the script ran, so the
+/// outcome is unknown and counted as consumed.
+fn unreadable(quota: &Quota, len: usize) -> StoreError {
+    tracing::warn!(quota = quota.name(), len, "unexpected redis script reply");
+    StoreError::Timeout
 }
 
 /// Turns the script's reply into a decision per policy.
 fn decode(quota: &Quota, reply: &[i64]) -> Result<QuotaDecision, StoreError> {
     let policies = quota.policies();
-    if reply.len() != 1 + 4 * policies.len() {
-        // The script ran (it answered) but the answer is unreadable: the
-        // outcome is unknown, so it is counted as consumed.
-        tracing::warn!(
-            quota = quota.name(),
-            len = reply.len(),
-            "unexpected redis script reply"
-        );
-        return Err(StoreError::Timeout);
+    if reply.len() != 1 + 7 * policies.len() {
+        return Err(unreadable(quota, reply.len()));
     }
+    let admitted = reply[0] == 1;
+    let mut holds = Holds::default();
     let decisions = policies
         .iter()
-        .zip(reply[1..].chunks_exact(4))
-        .map(|(policy, r)| Decision {
-            admitted: r[0] == 1,
-            limit: policy.algorithm().limit(),
-            remaining: u64::try_from(r[1]).unwrap_or(0),
-            retry_after: (r[2] >= 0).then(|| micros(r[2])),
-            reset: micros(r[3]),
+        .zip(reply[1..].chunks_exact(7))
+        .map(|(policy, r)| {
+            if admitted {
+                holds.0.push(Hold {
+                    mark: unsigned(r[4]),
+                    frac: unsigned(r[5]),
+                    amount: unsigned(r[6]),
+                });
+            }
+            Decision {
+                admitted: r[0] == 1,
+                limit: policy.algorithm().limit(),
+                remaining: unsigned(r[1]),
+                retry_after: (r[2] >= 0).then(|| micros(r[2])),
+                reset: micros(r[3]),
+            }
         })
         .collect();
     Ok(QuotaDecision {
-        admitted: reply[0] == 1,
+        admitted,
         decisions,
+        holds,
     })
 }
 
+/// Turns the settle script's reply into the holds after it.
+fn decode_holds(quota: &Quota, reply: &[i64]) -> Result<Holds, StoreError> {
+    if reply.len() != 3 * quota.policies().len() {
+        return Err(unreadable(quota, reply.len()));
+    }
+    Ok(Holds(
+        reply
+            .chunks_exact(3)
+            .map(|r| Hold {
+                mark: unsigned(r[0]),
+                frac: unsigned(r[1]),
+                amount: unsigned(r[2]),
+            })
+            .collect(),
+    ))
+}
+
+type Boxed<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
+
 impl Store for RedisStore {
-    fn decide(
-        &self,
-        quota: &Quota,
-        key: &Arc<str>,
-        cost: u64,
-    ) -> impl Future<Output = Result<QuotaDecision, StoreError>> + Send {
+    type DecideFuture = Boxed<QuotaDecision>;
+    type SettleFuture = Boxed<Holds>;
+
+    fn decide(&self, quota: &Quota, key: &Arc<str>, cost: u64) -> Self::DecideFuture {
         let store = self.clone();
         let quota = quota.clone();
         let key = key.clone();
-        async move {
-            let reply = store.call(&quota, &key, "d", cost.to_string()).await?;
+        Box::pin(async move {
+            let reply = store
+                .call(&quota, &key, "d", cost.to_string(), None)
+                .await?;
             decode(&quota, &reply)
-        }
+        })
     }
 
-    fn adjust(
+    fn settle(
         &self,
         quota: &Quota,
         key: &Arc<str>,
+        holds: &Holds,
         delta: i64,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+    ) -> Self::SettleFuture {
         let store = self.clone();
         let quota = quota.clone();
         let key = key.clone();
-        async move {
-            store.call(&quota, &key, "a", delta.to_string()).await?;
-            Ok(())
+        let holds = holds.clone();
+        Box::pin(async move {
+            let reply = store
+                .call(&quota, &key, "s", delta.to_string(), Some(&holds))
+                .await?;
+            decode_holds(&quota, &reply)
+        })
+    }
+
+    /// Every number of every policy must stay exact in Lua's doubles.
+    fn validate(&self, quota: &Quota) -> Result<(), ConfigError> {
+        for policy in quota.policies() {
+            policy.algorithm().lua_exact().map_err(|e| {
+                ConfigError::new(
+                    e.field(),
+                    format!("policy {:?}: {}", policy.name(), e.reason()),
+                )
+            })?;
         }
+        Ok(())
     }
 }
 
@@ -667,18 +675,20 @@ mod tests {
     }
 
     #[test]
-    fn numbers_beyond_double_precision_are_refused() {
+    fn numbers_beyond_double_precision_are_refused_when_validated() {
+        let store = RedisStore::builder("redis://127.0.0.1:1/").build().unwrap();
         let big = Quota::new(
             "q",
             [Policy::fixed_window("p", (1 << 45) + 1, Duration::from_secs(1)).unwrap()],
         )
         .unwrap();
-        assert!(representable(&big).is_err());
+        let err = store.validate(&big).unwrap_err();
+        assert_eq!(err.field(), "limit");
         let fine = Quota::new(
             "q",
             [Policy::fixed_window("p", 1 << 45, Duration::from_secs(1)).unwrap()],
         )
         .unwrap();
-        assert_eq!(representable(&fine), Ok(()));
+        assert_eq!(store.validate(&fine), Ok(()));
     }
 }

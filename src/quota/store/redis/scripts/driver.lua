@@ -3,19 +3,24 @@
 -- The script is the concatenation of a clock, common.lua, the four algorithm
 -- files and this driver, run by EVALSHA. All keys of one decision share one
 -- hash tag, prefix:{quota:key}:policy:algo, so Redis Cluster keeps them on one
--- slot and the script runs on one node, atomically.
+-- slot and the script runs on one node, atomically. The Rust memory store
+-- applies the same rule (check all, then record all) in
+-- src/quota/store/memory.rs; the differential tests compare the two stores.
 --
--- KEYS[i]: the key of policy i.
+-- KEYS[i]: the key of policy i (n = #KEYS policies).
 -- ARGV[1]: 'd' (decide: cleanup, check every policy, record in the ones that
---          admitted if no enforcing policy refused) or 'a' (adjust).
--- ARGV[2]: the cost (decide) or the signed delta (adjust).
+--          admitted if no enforcing policy refused) or 's' (settle).
+-- ARGV[2]: the cost (decide) or the signed delta (settle).
 -- ARGV[3]: the injected time in µs for the test-only clock; ignored by the
 --          production clock, which reads TIME.
--- ARGV[4 + 4(i-1) ..]: policy i as algorithm ('fw', 'sl', 'tb', 'sw'),
---          shadow ('1' or '0'), limit or capacity, window or refill interval (µs).
+-- ARGV[4 + 5(i-1) ..]: policy i as algorithm ('fw', 'sl', 'tb', 'sw'),
+--          shadow ('1' or '0'), and the algorithm's three numbers.
+-- Settle only, ARGV[4 + 5n + 3(i-1) ..]: policy i's hold (mark, frac, amount).
 --
 -- Decide returns { admitted, then per policy: admitted, remaining,
--- retry_after (µs, -1 for none), reset (µs) }. Adjust returns { 1 }.
+-- retry_after (µs, -1 for none), reset (µs), and the hold: mark, frac,
+-- amount (zeros when nothing was recorded) }. Settle returns per policy the
+-- hold after it: mark, frac, amount.
 -- Nothing is written before every argument has been read, so a refusal
 -- consumes nothing and an error leaves the state as it was. A state that is
 -- equivalent to fresh (fresh_at <= now) is deleted by every call that finds
@@ -28,28 +33,43 @@ local algorithms = {
 local op = ARGV[1]
 local amount = tonumber(ARGV[2])
 local now = clock_now()
-if amount == nil or now == nil or (op ~= 'd' and op ~= 'a') then
+if amount == nil or now == nil or (op ~= 'd' and op ~= 's') then
   return redis.error_reply('ERR tower-admission: bad arguments')
 end
 
+local n = #KEYS
 local policies = {}
-for i = 1, #KEYS do
-  local base = 3 + (i - 1) * 4
+for i = 1, n do
+  local base = 3 + (i - 1) * 5
   local algo = algorithms[ARGV[base + 1]]
   local a = tonumber(ARGV[base + 3])
   local b = tonumber(ARGV[base + 4])
-  if algo == nil or a == nil or b == nil or b < 1 then
+  local c = tonumber(ARGV[base + 5])
+  if algo == nil or a == nil or b == nil or c == nil or b < 1 then
     return redis.error_reply('ERR tower-admission: bad policy ' .. i)
   end
-  policies[i] = { algo = algo, shadow = ARGV[base + 2] == '1', state = algo.load(KEYS[i], a, b) }
+  policies[i] = { algo = algo, shadow = ARGV[base + 2] == '1', state = algo.load(KEYS[i], a, b, c) }
 end
 
-if op == 'a' then
-  for _, p in ipairs(policies) do
-    p.algo.adjust(p.state, now, amount)
-    p.algo.save(p.state, now)
+if op == 's' then
+  local holds = {}
+  for i = 1, n do
+    local base = 3 + 5 * n + (i - 1) * 3
+    local mark, frac, held = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3])
+    if mark == nil or frac == nil or held == nil then
+      return redis.error_reply('ERR tower-admission: bad hold ' .. i)
+    end
+    holds[i] = { mark, frac, held }
   end
-  return { 1 }
+  local out = {}
+  for i, p in ipairs(policies) do
+    local mark, frac, held = p.algo.settle(p.state, now, amount, holds[i][1], holds[i][2], holds[i][3])
+    p.algo.save(p.state, now)
+    out[#out + 1] = mark
+    out[#out + 1] = frac
+    out[#out + 1] = held
+  end
+  return out
 end
 
 local out = { 1 }
@@ -61,10 +81,19 @@ for _, p in ipairs(policies) do
   out[#out + 1] = remaining
   out[#out + 1] = retry_after
   out[#out + 1] = reset
+  out[#out + 1] = 0
+  out[#out + 1] = 0
+  out[#out + 1] = 0
 end
 if out[1] == 1 then
-  for _, p in ipairs(policies) do
-    if p.admitted then p.algo.record(p.state, now, amount) end
+  for i, p in ipairs(policies) do
+    if p.admitted then
+      local mark, frac, held = p.algo.record(p.state, now, amount)
+      local base = 1 + (i - 1) * 7
+      out[base + 5] = mark
+      out[base + 6] = frac
+      out[base + 7] = held
+    end
   end
 end
 for _, p in ipairs(policies) do

@@ -1,34 +1,40 @@
 -- tower-admission: fixed window, clock-aligned windows [kW, (k+1)W).
 -- Mirrors src/quota/algorithm/fixed_window.rs decision for decision.
 --
--- Key: a hash {k = window index, c = cost admitted in window k}.
--- Expires when c == 0 or at (k + 1) * W, the moment the state is fresh.
+-- Key: a hash {s = window start µs, e = window end µs, c = cost admitted}.
+-- The state knows the window it was counted in, so a policy whose window
+-- changed reads it correctly: the count carries into the new policy's
+-- aligned window holding `now`. Expires when c == 0 or at e.
 
 local fixed_window = {}
 
 function fixed_window.load(key, limit, window)
-  local v = redis.call('HMGET', key, 'k', 'c')
+  local v = redis.call('HMGET', key, 's', 'e', 'c')
   return {
     key = key, limit = limit, window = window,
-    k = tonumber(v[1]) or 0, c = tonumber(v[2]) or 0,
+    start = tonumber(v[1]) or 0, stop = tonumber(v[2]) or 0, c = tonumber(v[3]) or 0,
     exists = v[1] ~= false, dirty = false,
   }
 end
 
--- Moves to the window of `now`, never backwards; returns µs until it ends.
+-- Moves to the window of `now`, never backwards; returns the acting time.
 local function fw_roll(s, now)
-  local k = max(idiv(now, s.window), s.k)
-  if k ~= s.k then
-    s.k = k
+  now = max(now, s.start)
+  if now >= s.stop then
     s.c = 0
-    s.dirty = true
+  elseif s.stop - s.start == s.window then
+    return now
   end
-  return sat_sub((k + 1) * s.window, now)
+  s.start = idiv(now, s.window) * s.window
+  s.stop = s.start + s.window
+  s.dirty = true
+  return now
 end
 
 -- Returns admitted (1/0), remaining, retry_after (µs, -1 for none), reset (µs).
 function fixed_window.check(s, now, cost)
-  local reset = fw_roll(s, now)
+  now = fw_roll(s, now)
+  local reset = s.stop - now
   local remaining = sat_sub(s.limit, s.c)
   if cost > s.limit then return 0, remaining, -1, reset end
   if cost <= remaining then return 1, remaining - cost, -1, reset end
@@ -37,19 +43,29 @@ end
 
 function fixed_window.record(s, now, cost)
   fw_roll(s, now)
-  s.c = min(s.c + cost, s.limit)
+  local take = min(cost, sat_sub(s.limit, s.c))
+  s.c = s.c + take
   s.dirty = true
+  return s.stop, 0, take
 end
 
-function fixed_window.adjust(s, now, delta)
+function fixed_window.settle(s, now, delta, mark, frac, amount)
   fw_roll(s, now)
-  s.c = min(max(s.c + delta, 0), s.limit)
+  if delta >= 0 then
+    s.c = s.c + min(delta, sat_sub(s.limit, s.c))
+    s.dirty = true
+    return mark, frac, amount
+  end
+  if mark ~= s.stop then return mark, frac, amount end
+  local refund = min(min(-delta, amount), s.c)
+  s.c = s.c - refund
   s.dirty = true
+  return mark, frac, amount - refund
 end
 
 function fixed_window.fresh_at(s)
   if s.c == 0 then return 0 end
-  return (s.k + 1) * s.window
+  return s.stop
 end
 
 function fixed_window.save(s, now)
@@ -59,6 +75,6 @@ function fixed_window.save(s, now)
     return
   end
   if not s.dirty then return end
-  redis.call('HSET', s.key, 'k', s.k, 'c', s.c)
+  redis.call('HSET', s.key, 's', s.start, 'e', s.stop, 'c', s.c)
   redis.call('PEXPIRE', s.key, ttl)
 end

@@ -96,6 +96,12 @@ function sliding_log.record(s, now, cost)
     s.last = acting
     s.dirty = true
   end
+  return 0, 0, cost
+end
+
+function sliding_log.settle(s, now, delta, mark, frac, amount)
+  sliding_log.adjust(s, now, delta)
+  return mark, frac, amount
 end
 
 function sliding_log.adjust(s, now, delta)

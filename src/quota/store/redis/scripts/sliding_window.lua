@@ -1,44 +1,42 @@
 -- tower-admission: weighted window counter (an approximation of a sliding
 -- window). Mirrors src/quota/algorithm/sliding_window.rs decision for decision.
 --
--- Key: ONE hash {k = current window index, c = current count, p = previous
--- count}. The estimate is p * (1 - e/W) + c; the Rust reference compares
--- p * (W - e) + c * W with u128 integers, here the same comparisons are made
--- on ceil(p * (W - e) / W), computed exactly by muldiv.
--- Expires at (k + 2) * W when c > 0, at (k + 1) * W when only p > 0.
+-- Key: ONE hash {s = current window start µs, e = its end µs, c = current
+-- count, p = previous count}. The estimate is p * (1 - e/W) + c; the Rust
+-- reference compares p * (W - e) + c * W with u128 integers, here the same
+-- comparisons are made on ceil(p * (W - e) / W), computed exactly by muldiv.
+-- Expires at e + W when c > 0, at e when only p > 0.
 
 local sliding_window = {}
 
 function sliding_window.load(key, limit, window)
-  local v = redis.call('HMGET', key, 'k', 'c', 'p')
+  local v = redis.call('HMGET', key, 's', 'e', 'c', 'p')
   return {
     key = key, limit = limit, window = window,
-    k = tonumber(v[1]) or 0, c = tonumber(v[2]) or 0, p = tonumber(v[3]) or 0,
+    start = tonumber(v[1]) or 0, stop = tonumber(v[2]) or 0,
+    c = tonumber(v[3]) or 0, p = tonumber(v[4]) or 0,
     exists = v[1] ~= false, dirty = false,
   }
 end
 
--- Rolls the windows forward; returns µs elapsed in the current one.
+-- Rolls the windows forward, never backwards; returns the acting time.
 local function sw_roll(s, now)
-  local k = max(idiv(now, s.window), s.k)
-  local d = k - s.k
-  if d == 1 then
-    s.p = s.c
-    s.c = 0
-  elseif d > 1 then
-    s.p = 0
+  now = max(now, s.start)
+  if now < s.stop and s.stop - s.start == s.window then return now end
+  local start = idiv(now, s.window) * s.window
+  if now >= s.stop then
+    if s.stop > sat_sub(start, s.window) then s.p = s.c else s.p = 0 end
     s.c = 0
   end
-  if d ~= 0 then
-    s.k = k
-    s.dirty = true
-  end
-  return sat_sub(now, k * s.window)
+  s.start = start
+  s.stop = start + s.window
+  s.dirty = true
+  return now
 end
 
 function sliding_window.fresh_at(s)
-  if s.c > 0 then return (s.k + 2) * s.window end
-  if s.p > 0 then return (s.k + 1) * s.window end
+  if s.c > 0 then return s.stop + s.window end
+  if s.p > 0 then return s.stop end
   return 0
 end
 
@@ -49,7 +47,8 @@ local function sw_keep(n, w, d)
 end
 
 function sliding_window.check(s, now, cost)
-  local elapsed = sw_roll(s, now)
+  now = sw_roll(s, now)
+  local elapsed = now - s.start
   local w = s.window
   -- The previous window's weight, in whole units, rounded up.
   local weight = muldiv_ceil(s.p, w - elapsed, w)
@@ -58,7 +57,7 @@ function sliding_window.check(s, now, cost)
   if cost > s.limit then return 0, remaining, -1, reset end
   local room = s.limit - s.c - cost
   if room >= 0 and weight <= room then
-    return 1, room - weight, -1, (s.k + 2) * w - now
+    return 1, room - weight, -1, s.stop + w - now
   end
   local wait
   if room >= 0 then
@@ -68,21 +67,31 @@ function sliding_window.check(s, now, cost)
   else
     -- Next window: the current count becomes the previous one.
     local e = w - sw_keep(s.limit - cost, w, max(s.c, 1))
-    wait = ((s.k + 1) * w - max(now, s.k * w)) + e
+    wait = (s.stop - now) + e
   end
   return 0, remaining, wait, reset
 end
 
 function sliding_window.record(s, now, cost)
   sw_roll(s, now)
-  s.c = min(s.c + cost, s.limit)
+  local take = min(cost, sat_sub(s.limit, s.c))
+  s.c = s.c + take
   s.dirty = true
+  return s.stop, 0, take
 end
 
-function sliding_window.adjust(s, now, delta)
+function sliding_window.settle(s, now, delta, mark, frac, amount)
   sw_roll(s, now)
-  s.c = min(max(s.c + delta, 0), s.limit)
+  if delta >= 0 then
+    s.c = s.c + min(delta, sat_sub(s.limit, s.c))
+    s.dirty = true
+    return mark, frac, amount
+  end
+  if mark ~= s.stop then return mark, frac, amount end
+  local refund = min(min(-delta, amount), s.c)
+  s.c = s.c - refund
   s.dirty = true
+  return mark, frac, amount - refund
 end
 
 function sliding_window.save(s, now)
@@ -92,6 +101,6 @@ function sliding_window.save(s, now)
     return
   end
   if not s.dirty then return end
-  redis.call('HSET', s.key, 'k', s.k, 'c', s.c, 'p', s.p)
+  redis.call('HSET', s.key, 's', s.start, 'e', s.stop, 'c', s.c, 'p', s.p)
   redis.call('PEXPIRE', s.key, ttl)
 end

@@ -35,6 +35,12 @@ function token_bucket.record(s, now, cost)
   local next_tat = max(s.tat, now) + cost * s.interval
   s.tat = min(next_tat, max(tb_horizon(s, now), s.tat))
   s.dirty = true
+  return s.tat, 0, cost
+end
+
+function token_bucket.settle(s, now, delta, mark, frac, amount)
+  token_bucket.adjust(s, now, delta)
+  return mark, frac, amount
 end
 
 function token_bucket.adjust(s, now, delta)
