@@ -308,6 +308,106 @@ async fn settle_refunds_and_charges<S: Store>(c: Ctx<'_, S>) {
     }
 }
 
+/// A redeploy that changes a window (or a bucket's numbers) reads the
+/// stored state under the new numbers: a key at its limit waits at most the
+/// new window, never a wait computed in units of the old one.
+async fn changed_numbers_never_lock_a_key_out<S: Store>(c: Ctx<'_, S>) {
+    let hour = Duration::from_secs(3600);
+    let secs = |d: Option<Duration>| d.map(|d| d.as_secs_f64());
+    // Fixed window: 10 per minute, full at 12:00:30.
+    let minute = quota(Policy::fixed_window("p", 10, MIN).unwrap());
+    let hourly = quota(Policy::fixed_window("p", 10, hour).unwrap());
+    let k = c.key("fw");
+    c.at_ms(NOON + 30_000);
+    assert_eq!(c.admitted(&minute, &k, 1, 11).await, 10);
+    // Longer window: the count carries into the hour [12:00, 13:00).
+    let d = c.decide(&hourly, &k, 1).await;
+    assert!(!d.admitted);
+    assert_eq!(secs(d.retry_after(&hourly)), Some(3570.0));
+    // Shorter again: the count carries into the minute [12:00, 12:01).
+    c.at_ms(NOON + 40_000);
+    let d = c.decide(&minute, &k, 1).await;
+    assert_eq!(secs(d.retry_after(&minute)), Some(20.0));
+    c.at_ms(NOON + 60_000);
+    assert_eq!(c.admitted(&minute, &k, 1, 11).await, 10);
+
+    // Weighted window: at most twice the new window.
+    let minute = quota(Policy::sliding_window("p", 10, MIN).unwrap());
+    let hourly = quota(Policy::sliding_window("p", 10, hour).unwrap());
+    let k = c.key("sw");
+    c.at_ms(NOON + 30_000);
+    assert_eq!(c.admitted(&hourly, &k, 1, 11).await, 10);
+    let d = c.decide(&minute, &k, 1).await;
+    assert!(!d.admitted);
+    let wait = d.retry_after(&minute).unwrap();
+    assert!(wait <= 2 * MIN, "{wait:?}");
+
+    // Sliding log: entries keep their times; at most the new window.
+    let hourly = quota(Policy::sliding_log("p", 10, hour).unwrap());
+    let minute = quota(Policy::sliding_log("p", 10, MIN).unwrap());
+    let k = c.key("sl");
+    c.at_ms(NOON);
+    assert_eq!(c.admitted(&hourly, &k, 1, 11).await, 10);
+    c.at_ms(NOON + 30_000);
+    let d = c.decide(&minute, &k, 1).await;
+    assert_eq!(secs(d.retry_after(&minute)), Some(30.0));
+
+    // Token bucket: a slower refill never waits longer than the new bucket
+    // takes to refill from empty, and a lower capacity applies at once.
+    let slow = quota(Policy::token_bucket("p", 10, 1, hour).unwrap());
+    let fast = quota(Policy::token_bucket("p", 5, 1, Duration::from_secs(1)).unwrap());
+    let k = c.key("tb");
+    c.at_ms(NOON);
+    assert_eq!(c.admitted(&slow, &k, 1, 11).await, 10);
+    let d = c.decide(&fast, &k, 1).await;
+    assert!(!d.admitted);
+    assert!(d.retry_after(&fast).unwrap() <= Duration::from_secs(5));
+    c.at_ms(NOON + 5_000);
+    assert_eq!(c.admitted(&fast, &k, 1, 6).await, 5);
+}
+
+/// A refund gives back only what its own charge still holds.
+async fn refunds_are_bound_to_their_charge<S: Store>(c: Ctx<'_, S>) {
+    // Token bucket B = 10, 1 token/s: A's tokens have refilled by 9.9 s, so
+    // refunding A gives nothing, and C cannot take 10 beside B's 9.
+    let q = quota(Policy::token_bucket("tb", 10, 1, Duration::from_secs(1)).unwrap());
+    let k = c.key("tb");
+    c.at_ms(NOON);
+    let a = c.decide(&q, &k, 10).await;
+    assert!(a.admitted);
+    c.at_ms(NOON + 9_900);
+    assert!(c.decide(&q, &k, 9).await.admitted);
+    c.store.settle(&q, &k, &a.holds, -10).await.unwrap();
+    assert!(!c.decide(&q, &k, 10).await.admitted);
+
+    // Sliding log 20 per 10 s: refunding A removes A's entry, not B's, so C
+    // at 10 s sees B's 10 still in (0, 10].
+    let q = quota(Policy::sliding_log("sl", 20, Duration::from_secs(10)).unwrap());
+    let k = c.key("sl");
+    c.at_ms(NOON);
+    let a = c.decide(&q, &k, 10).await;
+    c.at_ms(NOON + 4_000);
+    assert!(c.decide(&q, &k, 10).await.admitted);
+    c.at_ms(NOON + 5_000);
+    c.store.settle(&q, &k, &a.holds, -10).await.unwrap();
+    c.at_ms(NOON + 10_000);
+    assert!(!c.decide(&q, &k, 20).await.admitted);
+    assert!(c.decide(&q, &k, 10).await.admitted);
+
+    // Fixed window 100 per minute: A's window is over, so its refund makes
+    // no room in the new one.
+    let q = quota(Policy::fixed_window("fw", 100, MIN).unwrap());
+    let k = c.key("fw");
+    c.at_ms(NOON + 59_000);
+    let a = c.decide(&q, &k, 100).await;
+    assert!(a.admitted);
+    c.at_ms(NOON + 60_000);
+    assert!(c.decide(&q, &k, 100).await.admitted);
+    c.at_ms(NOON + 61_000);
+    c.store.settle(&q, &k, &a.holds, -100).await.unwrap();
+    assert_eq!(c.admitted(&q, &k, 1, 1).await, 0);
+}
+
 async fn exactly_limit_of_1000_concurrent<S: Store>(c: Ctx<'_, S>) {
     c.at_ms(NOON + 5_000);
     for q in all_algorithms(100) {
@@ -396,5 +496,7 @@ suite!(
     clock_set_backwards_inflates_nothing,
     retry_after_is_exact,
     settle_refunds_and_charges,
+    changed_numbers_never_lock_a_key_out,
+    refunds_are_bound_to_their_charge,
     exactly_limit_of_1000_concurrent,
 );

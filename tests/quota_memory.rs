@@ -95,7 +95,8 @@ fn a_million_identities_stay_within_max_keys() {
     // Every admitted key holds a slot; every other new key was refused as full.
     assert_eq!(store.len(), admitted + 1);
     assert_eq!(admitted + full, 1_000_000);
-    assert!(admitted >= 99_000, "shards fill evenly: {admitted}");
+    // The cap is global and exact: alice plus 99,999 newcomers.
+    assert_eq!(admitted, 99_999);
 
     // Known keys are unaffected by the flood: alice had 99 left, now 98.
     let d = store.decide(&quota, &alice, 1).into_inner().unwrap();
@@ -107,6 +108,57 @@ fn a_million_identities_stay_within_max_keys() {
     assert!(store.is_empty());
     let key: Arc<str> = "newcomer".into();
     assert!(store.decide(&quota, &key, 1).into_inner().unwrap().admitted);
+}
+
+#[test]
+fn a_store_of_a_million_keys_holds_exactly_a_million_live_keys() {
+    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let config = MemoryConfig::new(NonZeroUsize::new(1_000_000).unwrap());
+    let store = MemoryStore::with_config(config, clock.clone());
+    let quota = Quota::new(
+        "q",
+        [Policy::token_bucket("b", 10, 1, MINUTE).unwrap()],
+    )
+    .unwrap();
+    for i in 0..1_000_000u32 {
+        let key: Arc<str> = format!("key-{i}").into();
+        let decision = store.decide(&quota, &key, 1).into_inner();
+        assert!(decision.unwrap().admitted, "key {i} refused");
+    }
+    assert_eq!(store.len(), 1_000_000);
+    let next: Arc<str> = "one-too-many".into();
+    assert_eq!(
+        store.decide(&quota, &next, 1).into_inner(),
+        Err(StoreError::Full {
+            retry_after: MINUTE
+        })
+    );
+    // Known keys still decide.
+    let first: Arc<str> = "key-0".into();
+    assert!(store.decide(&quota, &first, 1).into_inner().unwrap().admitted);
+}
+
+#[test]
+fn a_refund_brings_the_key_expiry_forward() {
+    // One key of a one-key store: after a full refund it is equivalent to
+    // fresh at once, so a new key takes its place instead of waiting for the
+    // charge's original expiry.
+    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let config = MemoryConfig::new(NonZeroUsize::new(1).unwrap());
+    let store = MemoryStore::with_config(config, clock.clone());
+    let quota = Quota::new("q", [Policy::sliding_log("l", 10, MINUTE).unwrap()]).unwrap();
+    let (a, b): (Arc<str>, Arc<str>) = ("a".into(), "b".into());
+    let charge = store.decide(&quota, &a, 5).into_inner().unwrap();
+    assert_eq!(
+        store.decide(&quota, &b, 1).into_inner(),
+        Err(StoreError::Full {
+            retry_after: MINUTE
+        })
+    );
+    store.settle(&quota, &a, &charge.holds, -5).into_inner().unwrap();
+    clock.advance(Duration::from_micros(1));
+    assert!(store.decide(&quota, &b, 1).into_inner().unwrap().admitted);
+    assert_eq!(store.len(), 1);
 }
 
 #[test]

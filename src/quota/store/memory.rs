@@ -518,11 +518,15 @@ impl<C: Clock> MemoryStore<C> {
     }
 
     fn shard(&self, hash: u64) -> &Mutex<Shard> {
-        // Every bit of the hash, remixed so the shard is independent of the
-        // bits the table uses, picks among any number of shards.
+        &self.inner.shards[self.shard_index(hash)].0
+    }
+
+    /// Every bit of the hash, remixed so the shard is independent of the
+    /// bits the table uses, picks among any number of shards.
+    #[inline]
+    fn shard_index(&self, hash: u64) -> usize {
         let mixed = u128::from(hash.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-        let index = (mixed * self.inner.shards.len() as u128) >> 64;
-        &self.inner.shards[index as usize].0
+        ((mixed * self.inner.shards.len() as u128) >> 64) as usize
     }
 }
 
@@ -643,5 +647,23 @@ mod tests {
         assert_eq!(std::mem::size_of::<BucketSlot>(), 32);
         // Two states inline, the largest being a sliding log's.
         assert_eq!(std::mem::size_of::<Slot>(), 152);
+    }
+
+    #[test]
+    fn every_shard_is_reachable_beyond_65536_shards() {
+        let shards = 1 << 18;
+        let config = MemoryConfig::new(NonZeroUsize::new(shards).unwrap())
+            .shards(NonZeroUsize::new(shards).unwrap())
+            .unwrap();
+        let store = MemoryStore::with_config(config, SystemClock::new());
+        let mut hit = vec![false; shards];
+        for i in 0..(shards as u64 * 16) {
+            hit[store.shard_index(store.hash(0, &Arc::from(i.to_string())))] = true;
+        }
+        // 16 keys per shard on average: a shard misses with probability
+        // e^-16, so about 0.03 of them do; a 16-bit index would miss 3/4.
+        let missed = hit.iter().filter(|h| !**h).count();
+        assert!(missed <= shards / 1000, "{missed} shards never chosen");
+        assert!(hit[shards - 1] || hit[shards - 2]);
     }
 }

@@ -1,0 +1,279 @@
+//! The quota engine across features that touch the same state: shadow
+//! policies, failure modes and settlement, through the public API.
+
+use std::future::Future;
+use std::num::NonZeroU64;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::routing::get;
+use axum::{Extension, Router};
+use http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use tower::ServiceExt;
+use tower_admission::clock::{ManualClock, Timestamp};
+use tower_admission::identity::Identity;
+use tower_admission::quota::{
+    FailureMode, Holds, Limiter, MemoryConfig, MemoryStore, Outcome, Policy, Quota, QuotaDecision,
+    QuotaLayer, Settlement, Store, StoreError,
+};
+
+const DAY: Duration = Duration::from_secs(86_400);
+
+fn clock() -> ManualClock {
+    ManualClock::new(Timestamp::from_secs(1_800_000_000))
+}
+
+fn memory(clock: &ManualClock) -> MemoryStore<ManualClock> {
+    MemoryStore::with_config(MemoryConfig::default(), clock.clone())
+}
+
+fn alice() -> Request<Body> {
+    let mut req = Request::builder().uri("/").body(Body::empty()).unwrap();
+    req.extensions_mut()
+        .insert(Identity::new("alice", "acme", "free"));
+    req
+}
+
+/// An enforcing bucket (a 1 s wait) beside a shadow daily window (a wait of
+/// most of a day): the answer is the bucket's alone.
+#[tokio::test]
+async fn a_shadow_policy_changes_nothing_in_the_answer() {
+    let clock = clock();
+    let quota = Quota::new(
+        "api",
+        [
+            Policy::token_bucket("burst", 1, 1, Duration::from_secs(1)).unwrap(),
+            Policy::fixed_window("daily", 1, DAY).unwrap().shadow(),
+        ],
+    )
+    .unwrap();
+    let layer = QuotaLayer::builder(memory(&clock))
+        .quota(quota)
+        .headers_on_success(true)
+        .build()
+        .unwrap();
+    let app = Router::new().route("/", get(|| async { "ok" })).layer(layer);
+
+    let ok = app.clone().oneshot(alice()).await.unwrap();
+    assert_eq!(ok.status(), StatusCode::OK);
+    let header = |r: &http::Response<_>, name: &str| {
+        r.headers()
+            .get_all(name)
+            .iter()
+            .map(|v| v.to_str().unwrap().to_owned())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        header(&ok, "ratelimit-policy"),
+        ["\"burst\";q=1;w=1".to_owned()]
+    );
+
+    let refused = app.clone().oneshot(alice()).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&refused, "retry-after"), ["1".to_owned()]);
+    assert_eq!(
+        header(&refused, "ratelimit-policy"),
+        ["\"burst\";q=1;w=1".to_owned()]
+    );
+    assert_eq!(
+        header(&refused, "ratelimit"),
+        ["\"burst\";r=0;t=1".to_owned()]
+    );
+    let body = refused.into_body().collect().await.unwrap().to_bytes();
+    let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(problem["retry_after"], 1);
+    assert_eq!(problem["policies"], serde_json::json!(["burst"]));
+}
+
+/// The engine reports shadow decisions only to callers who ask for them.
+#[tokio::test]
+async fn shadow_decisions_are_there_when_asked_for() {
+    let clock = clock();
+    let limiter = Limiter::new(memory(&clock));
+    let quota = Quota::new(
+        "api",
+        [
+            Policy::token_bucket("burst", 1, 1, Duration::from_secs(1)).unwrap(),
+            Policy::fixed_window("daily", 1, DAY).unwrap().shadow(),
+        ],
+    )
+    .unwrap();
+    let key: Arc<str> = "alice".into();
+    assert!(limiter.check(&quota, &key, 1).await.is_admitted());
+    let verdict = limiter.check(&quota, &key, 1).await;
+    assert_eq!(verdict.retry_after(), Some(Duration::from_secs(1)));
+    let names = |it: &mut dyn Iterator<Item = (&Policy, &tower_admission::quota::Decision)>| {
+        it.map(|(p, d)| (p.name().to_owned(), d.admitted))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        names(&mut verdict.named(&quota)),
+        [("burst".to_owned(), false)]
+    );
+    assert_eq!(
+        names(&mut verdict.shadow(&quota)),
+        [("daily".to_owned(), false)]
+    );
+    assert_eq!(limiter.stats().shadow_refusals, 1);
+}
+
+/// A store that fails every decision, and counts the settlements it gets.
+#[derive(Clone, Default)]
+struct Failing {
+    unknown: Arc<AtomicBool>,
+    settles: Arc<AtomicU64>,
+}
+
+type Boxed<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
+
+impl Store for Failing {
+    type DecideFuture = Boxed<QuotaDecision>;
+    type SettleFuture = Boxed<Holds>;
+
+    fn decide(&self, _: &Quota, _: &Arc<str>, _: u64) -> Self::DecideFuture {
+        let error = if self.unknown.load(Ordering::Relaxed) {
+            StoreError::Timeout
+        } else {
+            StoreError::Unavailable {
+                message: "down".into(),
+            }
+        };
+        Box::pin(async move { Err(error) })
+    }
+
+    fn settle(&self, _: &Quota, _: &Arc<str>, holds: &Holds, _: i64) -> Self::SettleFuture {
+        self.settles.fetch_add(1, Ordering::Relaxed);
+        let holds = holds.clone();
+        Box::pin(async move { Ok(holds) })
+    }
+}
+
+/// A request charged 10, that settles at 0 and reports what it charged.
+async fn settle_to_zero(Extension(settlement): Extension<Settlement>) -> String {
+    settlement.settle(0).await.unwrap();
+    format!("{:?}", settlement.charged())
+}
+
+fn app<St: Store>(limiter: Limiter<St>, quota: Quota) -> Router {
+    let layer = QuotaLayer::with_limiter(limiter)
+        .quota(quota)
+        .cost(|_| 10)
+        .build()
+        .unwrap();
+    Router::new().route("/", get(settle_to_zero)).layer(layer)
+}
+
+/// Admissions that no shared store recorded (fail-open, or an unknown
+/// outcome) never settle the shared store: a refund there would hand out
+/// free quota once it is back.
+#[tokio::test]
+async fn open_and_unknown_admissions_never_settle_the_shared_store() {
+    for unknown in [false, true] {
+        let store = Failing::default();
+        store.unknown.store(unknown, Ordering::Relaxed);
+        let quota = Quota::new(
+            "api",
+            [Policy::fixed_window("per-minute", 100, Duration::from_secs(60))
+                .unwrap()
+                .on_failure(FailureMode::Open)],
+        )
+        .unwrap();
+        let limiter = Limiter::new(store.clone());
+        for _ in 0..3 {
+            let response = app(limiter.clone(), quota.clone())
+                .oneshot(alice())
+                .await
+                .unwrap();
+            assert_eq!(response.status(), StatusCode::OK);
+        }
+        assert_eq!(store.settles.load(Ordering::Relaxed), 0, "unknown: {unknown}");
+        assert_eq!(limiter.stats().failed_open, 3);
+        assert_eq!(limiter.stats().unknown_outcomes, if unknown { 3 } else { 0 });
+    }
+}
+
+/// A local-share admission settles the local store that recorded it, and
+/// only that one: its refund makes room in the local share again.
+#[tokio::test]
+async fn local_share_admissions_settle_the_local_store() {
+    let store = Failing::default();
+    let limiter = Limiter::new(store.clone());
+    // The local store runs on the system clock: a log over a year, so
+    // nothing leaves it during the test.
+    let quota = Quota::new(
+        "api",
+        [Policy::sliding_log("per-year", 40, 365 * DAY)
+            .unwrap()
+            .on_failure(FailureMode::LocalShare {
+                divisor: NonZeroU64::new(4).unwrap(),
+            })],
+    )
+    .unwrap();
+    // The local share is 10 and each request costs 10: every request fits
+    // only because the one before it refunded itself.
+    for _ in 0..5 {
+        let response = app(limiter.clone(), quota.clone())
+            .oneshot(alice())
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+    }
+    assert_eq!(store.settles.load(Ordering::Relaxed), 0);
+    assert_eq!(limiter.stats().local_share, 5);
+}
+
+/// During an outage a cost above the local share but within the real limit
+/// is a transient refusal (503 with Retry-After); 413 stays for a cost the
+/// real policy can never admit.
+#[tokio::test]
+async fn local_share_refuses_a_big_cost_as_unavailable_not_too_large() {
+    let limiter = Limiter::new(Failing::default());
+    let quota = Quota::new(
+        "api",
+        [Policy::fixed_window("per-minute", 100, Duration::from_secs(60))
+            .unwrap()
+            .on_failure(FailureMode::LocalShare {
+                divisor: NonZeroU64::new(10).unwrap(),
+            })],
+    )
+    .unwrap();
+    let key: Arc<str> = "alice".into();
+    let verdict = limiter.check(&quota, &key, 50).await;
+    assert_eq!(
+        verdict.outcome(),
+        &Outcome::Unavailable {
+            wait: Duration::from_secs(1)
+        }
+    );
+    let verdict = limiter.check(&quota, &key, 101).await;
+    assert!(matches!(
+        verdict.outcome(),
+        Outcome::CostExceedsCapacity { policies } if policies.len() == 1
+    ));
+
+    let layer = QuotaLayer::with_limiter(limiter)
+        .quota(quota)
+        .cost(|parts| parts.uri.query().map_or(1, |q| q.parse().unwrap()))
+        .build()
+        .unwrap();
+    let app = Router::new().route("/", get(|| async { "ok" })).layer(layer);
+    let with_cost = |cost: u64| {
+        let mut req = Request::builder()
+            .uri(format!("/?{cost}"))
+            .body(Body::empty())
+            .unwrap();
+        req.extensions_mut()
+            .insert(Identity::new("alice", "acme", "free"));
+        req
+    };
+    let response = app.clone().oneshot(with_cost(50)).await.unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(response.headers()["retry-after"], "1");
+    let response = app.clone().oneshot(with_cost(101)).await.unwrap();
+    assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(response.headers().get("retry-after").is_none());
+}
