@@ -71,24 +71,7 @@ fn quotas() -> Vec<(&'static str, Quota)> {
 
 /// The arguments the store sends for a decision of cost 1.
 fn script_args(quota: &Quota) -> Vec<String> {
-    let policy = &quota.policies()[0];
-    let (code, a, b) = match policy.algorithm() {
-        tower_admission::quota::algorithm::Algorithm::FixedWindow(x) => ("fw", x.limit, x.window),
-        tower_admission::quota::algorithm::Algorithm::SlidingLog(x) => ("sl", x.limit, x.window),
-        tower_admission::quota::algorithm::Algorithm::TokenBucket(x) => {
-            ("tb", x.capacity, x.interval)
-        }
-        tower_admission::quota::algorithm::Algorithm::SlidingWindow(x) => ("sw", x.limit, x.window),
-    };
-    vec![
-        "d".into(),
-        "1".into(),
-        "-".into(),
-        code.into(),
-        "0".into(),
-        a.to_string(),
-        b.to_string(),
-    ]
+    RedisStore::decision_args(quota, 1)
 }
 
 /// `(evalsha calls, all calls)` from INFO commandstats.

@@ -73,3 +73,8 @@ pub mod quota;
 pub mod reject;
 
 pub use error::ConfigError;
+
+/// The README's Rust example, compiled and run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

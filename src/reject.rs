@@ -98,6 +98,7 @@ pub enum Rejection {
 
 /// Which size cap a [`Rejection::PayloadTooLarge`] hit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SizeCap {
     /// Bytes on the wire.
     WireBytes,
@@ -109,6 +110,7 @@ pub enum SizeCap {
 
 /// Which concurrency cap a [`Rejection::Overloaded`] hit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum OverloadScope {
     /// The service-wide cap: 503.
     Global,

@@ -10,7 +10,6 @@
 //! Time is a `ManualClock`; Redis stores get it through the test-only injected
 //! clock, so every number below is exact. Requires `redis-server` and
 //! `redis-cli` (the tests fail, never skip, without them).
-#![cfg(feature = "redis")]
 
 mod support;
 
@@ -433,6 +432,7 @@ fn memory_store(clock: &ManualClock) -> MemoryStore<ManualClock> {
     MemoryStore::with_config(MemoryConfig::default(), clock.clone())
 }
 
+#[cfg(feature = "redis")]
 fn redis_store(url: String, clock: &ManualClock) -> tower_admission::quota::RedisStore {
     // A long deadline: these cases test semantics, not latency, on a busy CI box.
     tower_admission::quota::RedisStore::builder(url)
@@ -455,6 +455,7 @@ macro_rules! suite {
             )*
         }
 
+        #[cfg(feature = "redis")]
         mod redis_single {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -468,6 +469,7 @@ macro_rules! suite {
         }
 
         /// Every case on one 3-master cluster, created once.
+        #[cfg(feature = "redis")]
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn redis_cluster_every_case() {
             let cluster = support::RedisCluster::start();

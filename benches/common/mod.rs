@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use governor::clock::DefaultClock;
 use governor::state::keyed::DefaultKeyedStateStore;
 use governor::{Quota as GQuota, RateLimiter};
-use tower_admission::quota::{MemoryStore, Policy, Quota};
+use tower_admission::quota::{MemoryStore, Policy, Quota, Store};
 
 pub(crate) const KEYS: usize = 10_000;
 const MINUTE: Duration = Duration::from_secs(60);

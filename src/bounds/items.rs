@@ -23,6 +23,7 @@ use crate::reject::{is_grpc, InvalidParameter, Rejection, ResponseBody, SizeCap}
 
 /// Why a batch was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum BatchError {
     /// The `items` array holds more than `limit` items. 413.
     TooManyItems {
@@ -495,6 +496,7 @@ mod extract {
 
     /// Rejection of [`Batch`].
     #[derive(Debug)]
+    #[non_exhaustive]
     pub enum BatchRejection {
         /// Too many items or malformed JSON.
         Batch(BatchError),

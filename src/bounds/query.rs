@@ -38,6 +38,7 @@ const MAX_ECHOED_NAME: usize = 64;
 
 /// What to do with a parameter the rules do not know.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum UnknownParams {
     /// Refuse the request with 400, naming each unknown parameter. The default:
     /// a misspelt `pagesize` silently falling back to the default page size

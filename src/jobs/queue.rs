@@ -33,6 +33,7 @@ pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
 /// Where a job is.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[serde(tag = "status", content = "output", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum JobStatus<R, E> {
     /// Accepted, waiting for a worker.
     Queued,
@@ -66,6 +67,7 @@ impl<R, E> JobStatus<R, E> {
 
 /// Why [`JobQueue::submit`] did not accept a job. Both answer 503.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SubmitError {
     /// `capacity` jobs are already waiting for a worker.
     Full {

@@ -11,6 +11,7 @@ use crate::ConfigError;
 
 /// What a quota is keyed on.
 #[derive(Clone)]
+#[non_exhaustive]
 pub enum Scope {
     /// The authenticated subject: a per-user quota. The default.
     Subject,

@@ -8,6 +8,7 @@ use crate::ConfigError;
 
 /// What a policy does when its store cannot decide in time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum FailureMode {
     /// Admit. **Breaks a strict cap**: while the store is down nothing is limited.
     Open,

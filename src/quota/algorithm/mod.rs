@@ -198,6 +198,7 @@ impl Algorithm {
         }
     }
 
+    #[cfg(feature = "redis")]
     /// The algorithm's code in scripts and key names.
     pub(crate) fn code(&self) -> &'static str {
         match self {
@@ -208,11 +209,13 @@ impl Algorithm {
         }
     }
 
+    #[cfg(feature = "redis")]
     /// The three numbers the algorithm's Lua script loads with.
     pub(crate) fn script_args(&self) -> [u64; 3] {
         any!(self, |a| a.script_args())
     }
 
+    #[cfg(feature = "redis")]
     /// Ok when the Lua script decides this algorithm exactly in doubles.
     pub(crate) fn lua_exact(&self) -> Result<(), ConfigError> {
         any!(self, |a| a.lua_exact())
@@ -232,9 +235,11 @@ pub(crate) fn part(n: u64, divisor: u64) -> u64 {
     (n / divisor.max(1)).max(1)
 }
 
+#[cfg(feature = "redis")]
 /// Largest number the Lua scripts take as a limit or a time span.
 const LUA_MAX: u64 = 1 << 45;
 
+#[cfg(feature = "redis")]
 /// Ok when `n` is at most 2^45, so the scripts' arithmetic stays exact.
 pub(crate) fn lua_small(field: &'static str, n: u64) -> Result<(), ConfigError> {
     if n > LUA_MAX {

@@ -59,10 +59,12 @@ impl SlidingWindow {
         }
     }
 
+    #[cfg(feature = "redis")]
     pub(crate) fn script_args(&self) -> [u64; 3] {
         [self.limit, self.window, 0]
     }
 
+    #[cfg(feature = "redis")]
     pub(crate) fn lua_exact(&self) -> Result<(), ConfigError> {
         super::lua_small("limit", self.limit)?;
         super::lua_small("window", self.window)

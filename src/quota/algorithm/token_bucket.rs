@@ -64,10 +64,12 @@ impl TokenBucket {
         }
     }
 
+    #[cfg(feature = "redis")]
     pub(crate) fn script_args(&self) -> [u64; 3] {
         [self.capacity, self.interval, 1]
     }
 
+    #[cfg(feature = "redis")]
     pub(crate) fn lua_exact(&self) -> Result<(), ConfigError> {
         super::lua_small("capacity", self.capacity)?;
         super::lua_small("refill", self.interval)

@@ -155,7 +155,7 @@ fn script_source(injected_clock: bool) -> String {
 /// let limiter = Limiter::new(store);
 /// let alice: Arc<str> = "alice".into();
 /// let verdict = limiter.check(&quota, &alice, 1).await;
-/// println!("admitted: {}", verdict.admitted);
+/// println!("admitted: {}", verdict.is_admitted());
 /// # Ok(())
 /// # }
 /// ```
@@ -229,6 +229,13 @@ impl RedisStore {
         script_source(false)
     }
 
+    /// The script's arguments (ARGV) for a decision of `cost` under `quota`,
+    /// as the store sends them with the production clock: for loading the
+    /// script by hand or running it under `redis-benchmark`.
+    pub fn decision_args(quota: &Quota, cost: u64) -> Vec<String> {
+        script_argv(quota, "d", cost.to_string(), "-".to_owned(), None)
+    }
+
     /// The Redis keys holding `quota`'s state for `key`, in policy order.
     /// They share one hash tag, so they live on one cluster slot.
     pub fn keys(&self, quota: &Quota, key: &str) -> Vec<String> {
@@ -267,21 +274,8 @@ impl RedisStore {
         for k in self.keys(quota, key) {
             invocation.key(k);
         }
-        invocation.arg(op).arg(amount).arg(now);
-        for policy in quota.policies() {
-            let [a, b, c] = policy.algorithm().script_args();
-            invocation
-                .arg(policy.algorithm().code())
-                .arg(if policy.is_shadow() { "1" } else { "0" })
-                .arg(a)
-                .arg(b)
-                .arg(c);
-        }
-        if let Some(holds) = holds {
-            for i in 0..quota.policies().len() {
-                let hold = holds.0.get(i).copied().unwrap_or_default();
-                invocation.arg(hold.mark).arg(hold.frac).arg(hold.amount);
-            }
+        for arg in script_argv(quota, op, amount, now, holds) {
+            invocation.arg(arg);
         }
         let lease = match self.inner.connector.acquire(deadline).await {
             Ok(lease) => lease,
@@ -491,6 +485,34 @@ impl RedisStoreBuilder {
 
 fn micros(v: i64) -> Duration {
     Duration::from_micros(u64::try_from(v).unwrap_or(0))
+}
+
+/// ARGV of one script call; the layout is documented in `scripts/driver.lua`.
+fn script_argv(
+    quota: &Quota,
+    op: &str,
+    amount: String,
+    now: String,
+    holds: Option<&Holds>,
+) -> Vec<String> {
+    let mut argv = vec![op.to_owned(), amount, now];
+    for policy in quota.policies() {
+        let [a, b, c] = policy.algorithm().script_args();
+        argv.extend([
+            policy.algorithm().code().to_owned(),
+            if policy.is_shadow() { "1" } else { "0" }.to_owned(),
+            a.to_string(),
+            b.to_string(),
+            c.to_string(),
+        ]);
+    }
+    if let Some(holds) = holds {
+        for i in 0..quota.policies().len() {
+            let hold = holds.0.get(i).copied().unwrap_or_default();
+            argv.extend([hold.mark, hold.frac, hold.amount].map(|n| n.to_string()));
+        }
+    }
+    argv
 }
 
 /// A reply number as a u64 (the scripts never answer a negative one but -1).
