@@ -17,6 +17,7 @@ use http::header::{AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
 use http::request::Parts;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use http_body_util::BodyExt;
+use ipnet::IpNet;
 use proptest::prelude::*;
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 use tower_admission::identity::{
@@ -471,6 +472,130 @@ fn malformed_headers_give_the_peer() {
     );
 }
 
+/// Header lines from raw bytes, so a line may hold obs-text.
+fn raw(name: &'static str, values: &[&[u8]]) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    for v in values {
+        h.append(name, HeaderValue::from_bytes(v).unwrap());
+    }
+    h
+}
+
+/// What a client can put left of the hops its proxy appends: a lone quote,
+/// unbalanced quotes, a backslash, obs-text, non-UTF-8, and invalid elements.
+const CLIENT_GARBAGE: [&[u8]; 10] = [
+    b"\"",
+    b"\"1.2.3.4",
+    b"for=\"1.2.3.4",
+    b"1.2.3.4\"",
+    b"\\",
+    b"\xff",
+    b"caf\xc3\xa9",
+    b"not-an-address",
+    b"for=1.2.3.4;for=5.6.7.8",
+    b"1.2.3.4:99999",
+];
+
+#[test]
+fn x_forwarded_for_client_garbage_is_ignored() {
+    let p = trusted();
+    let peer = ip("10.0.0.1");
+    let client = ip("203.0.113.7");
+    for garbage in CLIENT_GARBAGE {
+        let shown = String::from_utf8_lossy(garbage);
+        // The proxy appended to the client's line.
+        let line = [garbage, b", 203.0.113.7"].concat();
+        let h = raw("x-forwarded-for", &[&line]);
+        assert_eq!(p.client_ip(peer, &h), client, "one line after {shown:?}");
+        // Two trusted proxies appended.
+        let line = [garbage, b", 203.0.113.7, 10.0.0.2"].concat();
+        let h = raw("x-forwarded-for", &[&line]);
+        assert_eq!(p.client_ip(peer, &h), client, "two hops after {shown:?}");
+        // The proxy added a line of its own after the client's.
+        let h = raw("x-forwarded-for", &[garbage, b"203.0.113.7"]);
+        assert_eq!(p.client_ip(peer, &h), client, "two lines after {shown:?}");
+        let h = raw("x-forwarded-for", &[garbage, b"203.0.113.7", b"10.0.0.2"]);
+        assert_eq!(p.client_ip(peer, &h), client, "three lines after {shown:?}");
+        // IPv6 with a port.
+        let line = [garbage, b", [2001:db8::7]:443"].concat();
+        let h = raw("x-forwarded-for", &[&line]);
+        assert_eq!(
+            p.client_ip(peer, &h),
+            ip("2001:db8::7"),
+            "v6 after {shown:?}"
+        );
+    }
+}
+
+#[test]
+fn forwarded_client_garbage_is_ignored() {
+    let p = trusted().with_header(ForwardedHeader::Forwarded);
+    let peer = ip("10.0.0.1");
+    let client = ip("203.0.113.7");
+    for garbage in CLIENT_GARBAGE {
+        let shown = String::from_utf8_lossy(garbage);
+        let line = [garbage, b", for=203.0.113.7"].concat();
+        let h = raw("forwarded", &[&line]);
+        assert_eq!(p.client_ip(peer, &h), client, "one line after {shown:?}");
+        let line = [garbage, b", for=203.0.113.7;proto=https, for=10.0.0.2"].concat();
+        let h = raw("forwarded", &[&line]);
+        assert_eq!(p.client_ip(peer, &h), client, "two hops after {shown:?}");
+        let h = raw("forwarded", &[garbage, b"for=\"203.0.113.7:5555\""]);
+        assert_eq!(p.client_ip(peer, &h), client, "two lines after {shown:?}");
+        let h = raw("forwarded", &[garbage, b"for=203.0.113.7", b"for=10.0.0.2"]);
+        assert_eq!(p.client_ip(peer, &h), client, "three lines after {shown:?}");
+        let line = [garbage, b", for=\"[2001:db8::7]:443\";by=10.0.0.1"].concat();
+        let h = raw("forwarded", &[&line]);
+        assert_eq!(
+            p.client_ip(peer, &h),
+            ip("2001:db8::7"),
+            "v6 after {shown:?}"
+        );
+    }
+}
+
+#[test]
+fn forwarded_quoted_commas_and_escapes_in_walked_elements() {
+    let p = TrustedProxies::new(["10.0.0.0/8", "198.51.100.0/24"])
+        .unwrap()
+        .with_header(ForwardedHeader::Forwarded);
+    let peer = ip("10.0.0.1");
+    // A comma inside a quoted string does not end the element.
+    let h = fwd(&[r#"for=6.6.6.6, for=192.0.2.60;ext="a, b", for=198.51.100.17"#]);
+    assert_eq!(p.client_ip(peer, &h), ip("192.0.2.60"));
+    // Nor does one after an escaped quote.
+    let h = fwd(&[r#"for=6.6.6.6, for=192.0.2.60;ext="a\", b\\", for=198.51.100.17"#]);
+    assert_eq!(p.client_ip(peer, &h), ip("192.0.2.60"));
+    // A quote the client opened stays in the client's part.
+    let h = fwd(&[r#"for="6.6.6.6, for=192.0.2.60, for=198.51.100.17"#]);
+    assert_eq!(p.client_ip(peer, &h), ip("192.0.2.60"));
+}
+
+#[test]
+fn malformed_walked_hop_gives_the_peer() {
+    // A hop that the walk reaches and that does not parse voids the header,
+    // even behind a trusted hop: the answer is the peer.
+    let p = trusted();
+    let peer = ip("10.0.0.1");
+    assert_eq!(
+        p.client_ip(peer, &xff(&["203.0.113.7, garbage, 10.0.0.2"])),
+        peer
+    );
+    assert_eq!(
+        p.client_ip(peer, &xff(&["203.0.113.7", "\"10.0.0.2"])),
+        peer
+    );
+    let h = raw("x-forwarded-for", &[b"203.0.113.7, 10.0.0.2\xff, 10.0.0.3"]);
+    assert_eq!(p.client_ip(peer, &h), peer);
+    let f = trusted().with_header(ForwardedHeader::Forwarded);
+    assert_eq!(
+        f.client_ip(peer, &fwd(&["for=203.0.113.7, for=\"10.0.0.2"])),
+        peer
+    );
+    let h = raw("forwarded", &[b"for=203.0.113.7", b"for=\"10.0.0.\xe9\""]);
+    assert_eq!(f.client_ip(peer, &h), peer);
+}
+
 #[test]
 fn only_the_configured_header_is_read() {
     let peer = ip("10.0.0.1");
@@ -518,8 +643,8 @@ fn trusted_proxies_config() {
     );
 }
 
-async fn show_ip(ClientIp(ip): ClientIp) -> String {
-    ip.to_string()
+async fn show_ip(client: ClientIp) -> String {
+    client.to_string()
 }
 
 fn ip_app() -> Router {
@@ -568,7 +693,7 @@ async fn client_ip_layer_accepts_plain_socket_addr_and_needs_a_peer() {
         .unwrap();
     assert_eq!(
         service.clone().oneshot(req).await.unwrap(),
-        Some(ClientIp(ip("1.1.1.1")))
+        Some(ClientIp::new(ip("1.1.1.1")))
     );
     assert_eq!(service.oneshot(Request::new(())).await.unwrap(), None);
 
@@ -583,8 +708,8 @@ async fn identity_and_client_ip_together() {
     let app = Router::new()
         .route(
             "/both",
-            get(|who: Identity, ClientIp(ip): ClientIp| async move {
-                format!("{}@{ip}", who.subject())
+            get(|who: Identity, client: ClientIp| async move {
+                format!("{}@{}", who.subject(), client.ip())
             }),
         )
         .layer(AuthenticateLayer::new(keys()))
@@ -599,6 +724,115 @@ async fn identity_and_client_ip_together() {
     let (response, body) = send(app, req).await;
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(body, "bob@198.51.100.4");
+}
+
+// ---------------------------------------------------------------- keying
+
+fn net(s: &str) -> IpNet {
+    s.parse().unwrap()
+}
+
+/// The [`ClientIp`] that [`ClientIpLayer`] inserts for a request from `peer`.
+async fn layer_client(proxies: TrustedProxies, peer: &str, xff: Option<&str>) -> ClientIp {
+    let service = ServiceBuilder::new()
+        .layer(ClientIpLayer::new(proxies))
+        .service_fn(|req: Request<()>| async move {
+            Ok::<_, Infallible>(req.extensions().get::<ClientIp>().copied())
+        });
+    let mut req = Request::builder().extension(peer.parse::<SocketAddr>().unwrap());
+    if let Some(xff) = xff {
+        req = req.header("x-forwarded-for", xff);
+    }
+    service
+        .oneshot(req.body(()).unwrap())
+        .await
+        .unwrap()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn ipv6_clients_in_one_64_share_a_key() {
+    let a = layer_client(trusted(), "[2001:db8:1:2::1]:5000", None).await;
+    let b = layer_client(trusted(), "[2001:db8:1:2:ffff:ffff:ffff:ffff]:5000", None).await;
+    // Behind a trusted proxy, the forwarded address is grouped the same way.
+    let c = layer_client(trusted(), "10.0.0.1:80", Some("2001:db8:1:2::abcd")).await;
+    let other = layer_client(trusted(), "[2001:db8:1:3::1]:5000", None).await;
+    assert_eq!(a.ip(), ip("2001:db8:1:2::1"));
+    assert_eq!(a.to_string(), "2001:db8:1:2::1");
+    assert_eq!(c.ip(), ip("2001:db8:1:2::abcd"));
+    assert_eq!(a.key_network(), net("2001:db8:1:2::/64"));
+    assert_eq!(b.key_network(), net("2001:db8:1:2::/64"));
+    assert_eq!(c.key_network(), net("2001:db8:1:2::/64"));
+    assert_eq!(a.key_network().to_string(), "2001:db8:1:2::/64");
+    assert_eq!(other.key_network(), net("2001:db8:1:3::/64"));
+    assert_ne!(a.key_network(), other.key_network());
+    assert_eq!(ClientIp::new(ip("2001:db8:1:2::1")), a);
+}
+
+#[tokio::test]
+async fn ipv4_clients_are_keyed_per_address_by_default() {
+    let a = layer_client(trusted(), "203.0.113.7:5000", None).await;
+    let b = layer_client(trusted(), "203.0.113.8:5000", None).await;
+    let mapped = layer_client(trusted(), "[::ffff:203.0.113.7]:5000", None).await;
+    assert_eq!(a.key_network(), net("203.0.113.7/32"));
+    assert_eq!(b.key_network(), net("203.0.113.8/32"));
+    assert_eq!(mapped.ip(), ip("203.0.113.7"));
+    assert_eq!(mapped.key_network(), net("203.0.113.7/32"));
+    assert_eq!(
+        ClientIp::new(ip("::ffff:203.0.113.7")).key_network(),
+        net("203.0.113.7/32")
+    );
+}
+
+#[tokio::test]
+async fn custom_key_prefixes() {
+    let p = trusted()
+        .with_ipv6_key_prefix(48)
+        .unwrap()
+        .with_ipv4_key_prefix(24)
+        .unwrap();
+    let a = layer_client(p.clone(), "[2001:db8:1:2::1]:5000", None).await;
+    let b = layer_client(p.clone(), "[2001:db8:1:ffff::1]:5000", None).await;
+    let other = layer_client(p.clone(), "[2001:db8:2::1]:5000", None).await;
+    assert_eq!(a.key_network(), net("2001:db8:1::/48"));
+    assert_eq!(b.key_network(), net("2001:db8:1::/48"));
+    assert_eq!(other.key_network(), net("2001:db8:2::/48"));
+    let v4 = layer_client(p.clone(), "10.0.0.1:80", Some("203.0.113.7")).await;
+    assert_eq!(v4.ip(), ip("203.0.113.7"));
+    assert_eq!(v4.key_network(), net("203.0.113.0/24"));
+
+    // The extremes: every address alone, and everyone together.
+    let each = trusted().with_ipv6_key_prefix(128).unwrap();
+    let a = layer_client(each, "[2001:db8:1:2::1]:5000", None).await;
+    assert_eq!(a.key_network(), net("2001:db8:1:2::1/128"));
+    let all = trusted()
+        .with_ipv6_key_prefix(0)
+        .unwrap()
+        .with_ipv4_key_prefix(0)
+        .unwrap();
+    let a = layer_client(all.clone(), "[2001:db8:1:2::1]:5000", None).await;
+    assert_eq!(a.key_network(), net("::/0"));
+    let a = layer_client(all, "203.0.113.7:5000", None).await;
+    assert_eq!(a.key_network(), net("0.0.0.0/0"));
+}
+
+#[test]
+fn invalid_key_prefix_is_config_error() {
+    let err = trusted().with_ipv6_key_prefix(129).unwrap_err();
+    assert_eq!(err.field(), "ipv6_key_prefix");
+    assert_eq!(err.reason(), "an IPv6 prefix is at most 128 bits, got 129");
+    let err = trusted().with_ipv4_key_prefix(33).unwrap_err();
+    assert_eq!(err.field(), "ipv4_key_prefix");
+    assert_eq!(err.reason(), "an IPv4 prefix is at most 32 bits, got 33");
+    assert_eq!(
+        TrustedProxies::none()
+            .with_ipv4_key_prefix(u8::MAX)
+            .unwrap_err()
+            .field(),
+        "ipv4_key_prefix"
+    );
+    assert!(trusted().with_ipv6_key_prefix(128).is_ok());
+    assert!(trusted().with_ipv4_key_prefix(32).is_ok());
 }
 
 // ---------------------------------------------------------------- properties
@@ -686,6 +920,102 @@ fn check(peer: IpAddr, header: ForwardedHeader, values: &[Vec<u8>]) -> Result<()
     Ok(())
 }
 
+/// Bytes a client may send, weighted toward those the parsers care about.
+fn client_byte() -> impl Strategy<Value = u8> {
+    prop_oneof![
+        3 => any::<u8>(),
+        2 => prop::sample::select(b"\"\\,;=[]: \t".to_vec()),
+        1 => 0x80u8..=0xff,
+    ]
+}
+
+/// Addresses that [`proxies`] does not trust, IPv4-mapped ones included.
+fn untrusted_client() -> impl Strategy<Value = IpAddr> {
+    prop_oneof![
+        any::<[u8; 4]>().prop_map(IpAddr::from),
+        any::<[u16; 8]>().prop_map(|s| IpAddr::from(Ipv6Addr::from(s))),
+        any::<[u8; 4]>().prop_map(|o| IpAddr::V6(Ipv4Addr::from(o).to_ipv6_mapped())),
+    ]
+    .prop_filter("untrusted", |ip| !proxies().is_trusted(*ip))
+}
+
+/// One hop as a proxy writes it, in one of several valid forms.
+fn render_hop(header: ForwardedHeader, ip: IpAddr, form: u8) -> String {
+    let node = match (ip, form % 3) {
+        (_, 0) => ip.to_string(),
+        (IpAddr::V4(v4), _) => format!("{v4}:{}", 1000 + u16::from(form)),
+        (IpAddr::V6(v6), 1) => format!("[{v6}]"),
+        (IpAddr::V6(v6), _) => format!("[{v6}]:443"),
+    };
+    match header {
+        ForwardedHeader::Forwarded => {
+            let value = if node.contains(':') {
+                format!("\"{node}\"")
+            } else {
+                node
+            };
+            match form % 4 {
+                0 => format!("for={value}"),
+                1 => format!("for={value};proto=https"),
+                2 => format!("proto=http;for={value};by=10.0.0.1"),
+                _ => format!("For={value};host=\"a, b\\\"c\""),
+            }
+        }
+        _ => node,
+    }
+}
+
+/// Trusted proxies that receive from `client` and forward to the next; the
+/// last of them is the peer.
+const PROXY_CHAIN: [&str; 4] = ["10.0.0.1", "fd00::2", "10.1.2.3", "::ffff:10.9.9.9"];
+
+/// The header lines a chain of `proxies` trusted proxies leaves: the client's
+/// `lines` (bytes a header value cannot hold are dropped), then each proxy
+/// appends the hop it received from, to the last line (`new_line[i]` false)
+/// or on a line of its own.
+fn appended_chain(
+    header: ForwardedHeader,
+    lines: &[Vec<u8>],
+    client: IpAddr,
+    proxies: usize,
+    forms: &[u8],
+    new_line: &[bool],
+) -> (IpAddr, HeaderMap) {
+    let mut values: Vec<Vec<u8>> = lines
+        .iter()
+        .map(|line| {
+            line.iter()
+                .copied()
+                .filter(|&b| b == b'\t' || (b >= 0x20 && b != 0x7f))
+                .collect()
+        })
+        .collect();
+    for i in 0..proxies {
+        let from = if i == 0 {
+            client
+        } else {
+            ip(PROXY_CHAIN[i - 1])
+        };
+        let hop = render_hop(header, from, forms[i]);
+        match values.last_mut() {
+            Some(last) if !new_line[i] => {
+                last.extend_from_slice(b", ");
+                last.extend_from_slice(hop.as_bytes());
+            }
+            _ => values.push(hop.into_bytes()),
+        }
+    }
+    let name = match header {
+        ForwardedHeader::Forwarded => "forwarded",
+        _ => "x-forwarded-for",
+    };
+    let mut map = HeaderMap::new();
+    for v in values {
+        map.append(name, HeaderValue::from_bytes(&v).unwrap());
+    }
+    (ip(PROXY_CHAIN[proxies - 1]), map)
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(2000))]
 
@@ -710,6 +1040,22 @@ proptest! {
         check(peer, ForwardedHeader::Forwarded, &values)?;
         check(peer, ForwardedHeader::XForwardedFor, &[printable.clone().into_bytes()])?;
         check(peer, ForwardedHeader::Forwarded, &[printable.into_bytes()])?;
+    }
+
+    #[test]
+    fn client_prefix_never_changes_the_answer(
+        lines in prop::collection::vec(prop::collection::vec(client_byte(), 0..40), 0..3),
+        client in untrusted_client(),
+        proxies_n in 1..=PROXY_CHAIN.len(),
+        forms in prop::collection::vec(any::<u8>(), PROXY_CHAIN.len()),
+        new_line in prop::collection::vec(any::<bool>(), PROXY_CHAIN.len()),
+    ) {
+        for header in [ForwardedHeader::XForwardedFor, ForwardedHeader::Forwarded] {
+            let (peer, map) =
+                appended_chain(header, &lines, client, proxies_n, &forms, &new_line);
+            let got = proxies().with_header(header).client_ip(peer, &map);
+            prop_assert_eq!(got, client.to_canonical(), "{:?} from {}: {:?}", header, peer, map);
+        }
     }
 
     #[test]

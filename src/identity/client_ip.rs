@@ -1,5 +1,4 @@
 use std::borrow::Cow;
-use std::collections::VecDeque;
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::str::FromStr;
@@ -8,7 +7,7 @@ use std::task::{Context, Poll};
 
 use http::header::FORWARDED;
 use http::{Extensions, HeaderMap, HeaderName, Request};
-use ipnet::{IpNet, Ipv4Net};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use tower::{Layer, Service};
 
 use crate::ConfigError;
@@ -19,25 +18,87 @@ pub const MAX_HOPS: usize = 32;
 
 /// The client's IP address, as established by [`ClientIpLayer`] from the TCP
 /// peer and, behind trusted proxies only, the forwarding header.
+///
+/// Besides the address it carries the network that quotas should be keyed
+/// on, [`key_network`](Self::key_network): the address masked to a prefix,
+/// `/32` for IPv4 and `/64` for IPv6 unless [`TrustedProxies`] says
+/// otherwise. One IPv6 host is usually handed a whole `/64`, so keying on
+/// the full address would give it as many keys as it likes.
+///
+/// ```
+/// use std::net::IpAddr;
+/// use tower_admission::identity::ClientIp;
+///
+/// let a = ClientIp::new("2001:db8:1:2::1".parse().unwrap());
+/// let b = ClientIp::new("2001:db8:1:2::ffff".parse().unwrap());
+/// assert_ne!(a.ip(), b.ip());
+/// assert_eq!(a.key_network(), b.key_network());
+/// assert_eq!(a.key_network().to_string(), "2001:db8:1:2::/64");
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ClientIp(pub IpAddr);
+pub struct ClientIp {
+    ip: IpAddr,
+    network: IpNet,
+}
 
 impl ClientIp {
+    /// The client at `ip`, keyed by the default prefixes (`/32` for IPv4,
+    /// `/64` for IPv6). An IPv4-mapped IPv6 address is stored as IPv4.
+    pub fn new(ip: IpAddr) -> Self {
+        KeyPrefixes::default().client(ip)
+    }
+
     /// The address.
     pub fn ip(&self) -> IpAddr {
-        self.0
+        self.ip
+    }
+
+    /// The network to key per-client state (quotas) on: the address masked
+    /// to the configured prefix. Its `Display` form, such as
+    /// `2001:db8:1:2::/64` or `192.0.2.7/32`, is a stable key.
+    pub fn key_network(&self) -> IpNet {
+        self.network
     }
 }
 
 impl From<ClientIp> for IpAddr {
     fn from(client: ClientIp) -> Self {
-        client.0
+        client.ip
     }
 }
 
+/// The address, without the prefix.
 impl fmt::Display for ClientIp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
+        self.ip.fmt(f)
+    }
+}
+
+/// Prefix lengths that group client addresses into key networks; always
+/// within range, since the builders refuse longer ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct KeyPrefixes {
+    v4: u8,
+    v6: u8,
+}
+
+impl Default for KeyPrefixes {
+    fn default() -> Self {
+        KeyPrefixes { v4: 32, v6: 64 }
+    }
+}
+
+impl KeyPrefixes {
+    fn client(self, ip: IpAddr) -> ClientIp {
+        let ip = ip.to_canonical();
+        let network = match ip {
+            IpAddr::V4(v4) => Ipv4Net::new(v4, self.v4).map(|net| IpNet::V4(net.trunc())),
+            IpAddr::V6(v6) => Ipv6Net::new(v6, self.v6).map(|net| IpNet::V6(net.trunc())),
+        };
+        // The lengths are in range, so the fallback (the host itself) is
+        // never taken; it keeps this total without a panic path.
+        let network = network.unwrap_or_else(|_| IpNet::from(ip));
+        ClientIp { ip, network }
     }
 }
 
@@ -77,15 +138,30 @@ impl ForwardedHeader {
 /// 3. The walk stops at an obfuscated identifier (`unknown`, `_hidden`, or a
 ///    `Forwarded` element without `for=`): the client is hidden, and the
 ///    answer is the last known address, the trusted hop that received it.
-/// 4. If the walk meets a hop that does not parse (or a header that is not
-///    visible ASCII, or an unbalanced quote), the header is treated as giving
-///    no forwarding information and the answer is the peer.
+/// 4. If the walk meets a hop that does not parse (not visible ASCII, an
+///    unbalanced quote, not an address), the header is treated as giving no
+///    forwarding information and the answer is the peer. This holds even
+///    when trusted hops came before it: a trusted proxy that writes garbage
+///    is a set-up error, and the peer is the one address known for sure.
 ///
-/// Only the rightmost [`MAX_HOPS`] hops are read; if all are trusted the
-/// leftmost of them is the answer. Addresses are compared in canonical form,
-/// so `::ffff:10.0.0.1` is `10.0.0.1`. Several header lines form one list, in
-/// order. The walk never panics and never allocates more than `MAX_HOPS`
-/// slots.
+/// Only the hops the walk reaches are parsed. Everything left of the first
+/// untrusted hop, where a client's own header text ends up, is never read:
+/// a stray quote, a non-ASCII byte or an invalid element there cannot change
+/// the answer. Lines are read as bytes, so obs-text in the client's part
+/// does not void the line. `X-Forwarded-For` is a plain comma list (no
+/// quoted strings); `Forwarded` elements are split from the right,
+/// ignoring commas inside quoted strings.
+///
+/// Several header lines form one list, in order: the walk starts at the last
+/// line's last element and goes leftwards across lines. Only the rightmost
+/// [`MAX_HOPS`] hops are read; if all are trusted the leftmost of them is the
+/// answer. Addresses are compared in canonical form, so `::ffff:10.0.0.1` is
+/// `10.0.0.1`. The walk never panics and does not allocate.
+///
+/// [`ClientIpLayer`] also groups the answer into the network that quotas are
+/// keyed on ([`ClientIp::key_network`]): `/64` for IPv6 and `/32` for IPv4
+/// unless [`with_ipv6_key_prefix`](Self::with_ipv6_key_prefix) or
+/// [`with_ipv4_key_prefix`](Self::with_ipv4_key_prefix) says otherwise.
 ///
 /// ```
 /// use std::net::IpAddr;
@@ -103,6 +179,7 @@ impl ForwardedHeader {
 pub struct TrustedProxies {
     nets: Vec<IpNet>,
     header: ForwardedHeader,
+    key_prefixes: KeyPrefixes,
 }
 
 impl TrustedProxies {
@@ -153,6 +230,41 @@ impl TrustedProxies {
         self
     }
 
+    /// Groups IPv6 clients into networks of `len` bits for
+    /// [`ClientIp::key_network`]; the default is 64, one key per `/64`.
+    /// 128 keys every address on its own.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] for the field `ipv6_key_prefix` when `len` is above 128.
+    pub fn with_ipv6_key_prefix(mut self, len: u8) -> Result<Self, ConfigError> {
+        if len > 128 {
+            return Err(ConfigError::new(
+                "ipv6_key_prefix",
+                format!("an IPv6 prefix is at most 128 bits, got {len}"),
+            ));
+        }
+        self.key_prefixes.v6 = len;
+        Ok(self)
+    }
+
+    /// Groups IPv4 clients into networks of `len` bits for
+    /// [`ClientIp::key_network`]; the default is 32, one key per address.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] for the field `ipv4_key_prefix` when `len` is above 32.
+    pub fn with_ipv4_key_prefix(mut self, len: u8) -> Result<Self, ConfigError> {
+        if len > 32 {
+            return Err(ConfigError::new(
+                "ipv4_key_prefix",
+                format!("an IPv4 prefix is at most 32 bits, got {len}"),
+            ));
+        }
+        self.key_prefixes.v4 = len;
+        Ok(self)
+    }
+
     /// The forwarding header that is read.
     pub fn header(&self) -> ForwardedHeader {
         self.header
@@ -178,16 +290,9 @@ impl TrustedProxies {
         if !self.is_trusted(peer) {
             return peer;
         }
-        let Some(hops) = collect_hops(headers, &self.header.name()) else {
-            return peer;
-        };
         let mut current = peer;
-        for hop in hops.iter().rev() {
-            let node = match self.header {
-                ForwardedHeader::XForwardedFor => parse_node(hop),
-                ForwardedHeader::Forwarded => forwarded_for(hop),
-            };
-            match node {
+        for hop in hops_from_right(headers, self.header).take(MAX_HOPS) {
+            match parse_hop(hop, self.header) {
                 Node::Ip(ip) => {
                     current = ip.to_canonical();
                     if !self.is_trusted(current) {
@@ -213,27 +318,94 @@ fn canonical_net(net: IpNet) -> IpNet {
     net
 }
 
-/// The rightmost [`MAX_HOPS`] non-empty list elements of every line of
-/// `name`, in order; `None` when a line is not visible ASCII or has an
-/// unbalanced quote.
-fn collect_hops<'h>(headers: &'h HeaderMap, name: &HeaderName) -> Option<VecDeque<&'h str>> {
-    let mut hops = VecDeque::new();
-    for value in headers.get_all(name) {
-        let text = value.to_str().ok()?;
-        let balanced = split_quoted(text, b',', |element| {
-            let element = element.trim_matches([' ', '\t']);
-            if !element.is_empty() {
-                if hops.len() == MAX_HOPS {
-                    hops.pop_front();
+/// The non-empty list elements of every line of the configured header,
+/// right to left: from the last line's last element leftwards across lines.
+///
+/// Lines are read as bytes, and nothing is validated here: only the elements
+/// the walk takes are parsed, so whatever sits left of them (where a client's
+/// own header text is) costs nothing and changes nothing.
+fn hops_from_right(
+    headers: &HeaderMap,
+    header: ForwardedHeader,
+) -> impl Iterator<Item = &[u8]> + '_ {
+    let quoted = header == ForwardedHeader::Forwarded;
+    headers
+        .get_all(header.name())
+        .iter()
+        .rev()
+        .flat_map(move |line| ElementsFromRight {
+            rest: Some(line.as_bytes()),
+            quoted,
+        })
+        .map(trim_ows)
+        .filter(|element| !element.is_empty())
+}
+
+/// The comma-separated elements of one line, last first.
+///
+/// `X-Forwarded-For` is a plain comma list (`quoted: false`). `Forwarded`
+/// (`quoted: true`) ignores commas inside quoted strings, found from the
+/// right: a `"` ends a quoted string unless an odd run of backslashes
+/// precedes it. An element whose quote is never closed runs to the start of
+/// the line; the element parser then refuses it. Elements written by
+/// proxies are well formed, so their boundaries never depend on the bytes
+/// left of them.
+struct ElementsFromRight<'a> {
+    rest: Option<&'a [u8]>,
+    quoted: bool,
+}
+
+impl<'a> Iterator for ElementsFromRight<'a> {
+    type Item = &'a [u8];
+
+    fn next(&mut self) -> Option<&'a [u8]> {
+        let rest = self.rest?;
+        let mut in_quote = false;
+        for i in (0..rest.len()).rev() {
+            match rest[i] {
+                b'"' if self.quoted => {
+                    let backslashes = rest[..i].iter().rev().take_while(|&&b| b == b'\\');
+                    if !in_quote || backslashes.count() % 2 == 0 {
+                        in_quote = !in_quote;
+                    }
                 }
-                hops.push_back(element);
+                b',' if !in_quote => {
+                    self.rest = Some(&rest[..i]);
+                    return Some(&rest[i + 1..]);
+                }
+                _ => {}
             }
-        });
-        if !balanced {
-            return None;
         }
+        self.rest = None;
+        Some(rest)
     }
-    Some(hops)
+}
+
+/// Strips RFC 9110 optional whitespace (spaces and tabs) from both ends.
+fn trim_ows(mut bytes: &[u8]) -> &[u8] {
+    while let [b' ' | b'\t', tail @ ..] = bytes {
+        bytes = tail;
+    }
+    while let [head @ .., b' ' | b'\t'] = bytes {
+        bytes = head;
+    }
+    bytes
+}
+
+/// The node of one walked element. An element that is not visible ASCII
+/// (with spaces and tabs) is malformed.
+fn parse_hop(element: &[u8], header: ForwardedHeader) -> Node {
+    let visible = |b: &u8| matches!(b, b'\t' | b' '..=b'~');
+    if !element.iter().all(visible) {
+        return Node::Malformed;
+    }
+    let Ok(text) = std::str::from_utf8(element) else {
+        return Node::Malformed;
+    };
+    match header {
+        ForwardedHeader::XForwardedFor => parse_node(text),
+        ForwardedHeader::Forwarded => forwarded_for(text),
+    }
 }
 
 /// Calls `f` with each `delim`-separated piece of `text`, ignoring delimiters
@@ -412,7 +584,7 @@ fn is_port(port: &str) -> bool {
 ///
 /// let proxies = TrustedProxies::new(["10.0.0.0/8"]).unwrap();
 /// let app: Router = Router::new()
-///     .route("/ip", get(|ClientIp(ip): ClientIp| async move { ip.to_string() }))
+///     .route("/ip", get(|client: ClientIp| async move { client.to_string() }))
 ///     .layer(ClientIpLayer::new(proxies));
 /// ```
 #[derive(Debug, Clone)]
@@ -492,7 +664,8 @@ where
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
         if let Some(peer) = peer_ip(req.extensions()) {
             let ip = self.proxies.client_ip(peer, req.headers());
-            req.extensions_mut().insert(ClientIp(ip));
+            let client = self.proxies.key_prefixes.client(ip);
+            req.extensions_mut().insert(client);
         }
         self.inner.call(req)
     }
@@ -552,6 +725,72 @@ mod tests {
         assert_eq!(forwarded_for("for"), Node::Malformed);
         assert_eq!(forwarded_for("for=\"1.2.3.4"), Node::Malformed);
         assert_eq!(forwarded_for("for=\"1\\.2.3.4\""), Node::Ip(ip("1.2.3.4")));
+    }
+
+    fn elements(line: &[u8], quoted: bool) -> Vec<&[u8]> {
+        ElementsFromRight {
+            rest: Some(line),
+            quoted,
+        }
+        .map(trim_ows)
+        .collect()
+    }
+
+    #[test]
+    fn elements_from_the_right() {
+        let plain = |line| elements(line, false);
+        assert_eq!(plain(b"a, b,\tc"), [&b"c"[..], b"b", b"a"]);
+        assert_eq!(plain(b""), [&b""[..]]);
+        assert_eq!(plain(b",,"), [&b""[..], b"", b""]);
+        // No quoted strings in X-Forwarded-For.
+        assert_eq!(plain(b"\"a, b\""), [&b"b\""[..], b"\"a"]);
+
+        let quoted = |line| elements(line, true);
+        assert_eq!(
+            quoted(b"for=a, for=b;x=\"1, 2\", for=c"),
+            [&b"for=c"[..], b"for=b;x=\"1, 2\"", b"for=a"]
+        );
+        // An escaped quote does not end the string; an escaped backslash does not escape it.
+        assert_eq!(
+            quoted(br#"x="\", y", z="\\", w"#),
+            [&b"w"[..], br#"z="\\""#, br#"x="\", y""#]
+        );
+        // Read from the right, a lone quote opens a string that runs to the
+        // start of the line; one met last is an element of its own.
+        assert_eq!(quoted(b"a, \"b, c"), [&b"c"[..], b"a, \"b"]);
+        assert_eq!(quoted(b"\", a, for=b"), [&b"for=b"[..], b"a", b"\""]);
+        // Obs-text is carried through, to be refused only if walked.
+        assert_eq!(quoted(b"\xff, for=b"), [&b"for=b"[..], b"\xff"]);
+    }
+
+    #[test]
+    fn walked_hops_must_be_visible_ascii() {
+        let xff = ForwardedHeader::XForwardedFor;
+        assert_eq!(parse_hop(b"1.2.3.4", xff), Node::Ip(ip("1.2.3.4")));
+        assert_eq!(parse_hop(b"1.2.3.\xff", xff), Node::Malformed);
+        assert_eq!(parse_hop(b"\"1.2.3.4\"", xff), Node::Malformed);
+        let fwd = ForwardedHeader::Forwarded;
+        assert_eq!(parse_hop(b"for=\"1.2.3.4\"", fwd), Node::Ip(ip("1.2.3.4")));
+        assert_eq!(parse_hop(b"for=1.2.3.4;x=\"\xe9\"", fwd), Node::Malformed);
+    }
+
+    #[test]
+    fn key_prefixes_mask_the_address() {
+        let p = KeyPrefixes { v4: 24, v6: 56 };
+        let c = p.client(ip("::ffff:192.0.2.77"));
+        assert_eq!(c.ip(), ip("192.0.2.77"));
+        assert_eq!(c.key_network(), "192.0.2.0/24".parse::<IpNet>().unwrap());
+        let c = p.client(ip("2001:db8:aa:bbcc::1"));
+        assert_eq!(
+            c.key_network(),
+            "2001:db8:aa:bb00::/56".parse::<IpNet>().unwrap()
+        );
+        // Out-of-range lengths cannot be configured; if they were, the host
+        // itself would be the key rather than a panic.
+        let c = KeyPrefixes { v4: 33, v6: 129 }.client(ip("2001:db8::1"));
+        assert_eq!(c.key_network(), "2001:db8::1/128".parse::<IpNet>().unwrap());
+        let p = TrustedProxies::none().with_ipv6_key_prefix(129);
+        assert_eq!(p.unwrap_err().field(), "ipv6_key_prefix");
     }
 
     #[test]
