@@ -203,7 +203,7 @@ async fn ip_quota_ignores_forwarded_for_from_untrusted_peers() {
         parts
             .extensions
             .get::<ClientIp>()
-            .map(|ip| Arc::from(ip.to_string()))
+            .map(|ip| Arc::from(ip.key_network().to_string()))
     }));
     let layer = QuotaLayer::builder(store(&clock))
         .quota(quota)

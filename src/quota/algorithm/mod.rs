@@ -6,8 +6,9 @@
 //!
 //! 1. [`Algorithm::check`]: remove expired state, then decide. Cleanup only
 //!    drops state that no longer matters, so it never changes a later answer.
-//! 2. [`Algorithm::record`]: record an admission. Called only when every
-//!    policy facing the request admitted it, so a refusal consumes nothing.
+//! 2. record the admission, only when every enforcing policy facing the
+//!    request admitted it, so a refusal consumes nothing. Recording returns
+//!    what the charge holds, so that a settlement gives back only that.
 //!
 //! [`Algorithm::step`] does both for one policy: the pure form
 //! `(state, now, cost) -> (state', Decision)`.

@@ -1,0 +1,336 @@
+//! Properties of every store under features that touch the same state:
+//!
+//! - **Settlement.** Random interleavings of admissions of random costs and
+//!   settlements (refunds and extra charges, of any earlier admission, in any
+//!   order) never exceed the algorithm's bound in any interval. Each
+//!   admission counts its net cost at its own time: charged minus what its
+//!   refunds gave back. Extra charges only take capacity away, so counting
+//!   them as nothing keeps the check sound.
+//!   - fixed window: at most L per aligned window;
+//!   - sliding log: at most L in every `(t - W, t]`;
+//!   - token bucket: at most `floor(B + r·T)` in every interval of length T.
+//! - **Changed policies.** Random changes of every number between decisions
+//!   never panic, and no wait is longer than the new policy's own window
+//!   (twice it for the weighted window) or time to refill from empty.
+//!
+//! Each runs on the memory store and on a Redis store of its own, both on a
+//! manual clock.
+
+mod support;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use tower_admission::clock::{ManualClock, Timestamp};
+use tower_admission::quota::{Holds, MemoryConfig, MemoryStore, Policy, Quota, Store};
+
+const START: u64 = 1_800_000_000_000_000;
+
+/// `cases` random sequences, or `PROPTEST_CASES` when set.
+fn runner(cases: u32) -> TestRunner {
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(cases);
+    TestRunner::new(Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    })
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Fixed,
+    Log,
+    Bucket,
+}
+
+/// A policy of `kind`: limit or capacity `limit`; window `window` µs, or for
+/// the bucket `refill` tokens per `window` µs.
+fn policy(kind: Kind, limit: u64, refill: u64, window: u64) -> Policy {
+    let w = Duration::from_micros(window);
+    match kind {
+        Kind::Fixed => Policy::fixed_window("p", limit, w),
+        Kind::Log => Policy::sliding_log("p", limit, w),
+        Kind::Bucket => Policy::token_bucket("p", limit, refill, w),
+    }
+    .unwrap()
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Admit { gap: u64, cost: u64 },
+    Settle { gap: u64, which: usize, delta: i64 },
+}
+
+fn ops(limit: u64, window: u64) -> impl Strategy<Value = Vec<Op>> {
+    let gap = prop_oneof![
+        3 => Just(0u64),
+        3 => 1..=window / 4 + 1,
+        1 => 0..=2 * window,
+    ];
+    let op = prop_oneof![
+        3 => (gap.clone(), 1..=limit).prop_map(|(gap, cost)| Op::Admit { gap, cost }),
+        2 => (gap, any::<usize>(), -(limit as i64)..=(limit as i64))
+            .prop_map(|(gap, which, delta)| Op::Settle { gap, which, delta }),
+    ];
+    proptest::collection::vec(op, 1..60)
+}
+
+/// One admission: when, what it charged, what it still holds.
+struct Charge {
+    at: u64,
+    net: u64,
+    holds: Holds,
+}
+
+/// Runs `ops` against `store` and checks the bound of `kind` in every interval.
+async fn settle_run<S: Store>(
+    store: &S,
+    clock: &ManualClock,
+    key: Arc<str>,
+    (kind, limit, refill, window): (Kind, u64, u64, u64),
+    ops: Vec<Op>,
+) -> Result<(), TestCaseError> {
+    let quota = Quota::new("q", [policy(kind, limit, refill, window)]).unwrap();
+    let probe = Quota::new("q", [policy(kind, limit, refill, window)]).unwrap();
+    let mut now = START;
+    let mut charges: Vec<Charge> = Vec::new();
+    for op in ops {
+        match op {
+            Op::Admit { gap, cost } => {
+                now += gap;
+                clock.set(Timestamp(now));
+                let d = store.decide(&quota, &key, cost).await.unwrap();
+                if d.admitted {
+                    charges.push(Charge {
+                        at: now,
+                        net: cost,
+                        holds: d.holds,
+                    });
+                }
+            }
+            Op::Settle { gap, which, delta } => {
+                if charges.is_empty() {
+                    continue;
+                }
+                now += gap;
+                clock.set(Timestamp(now));
+                let c = which % charges.len();
+                // What a refund gave back shows as capacity regained now.
+                let before = store.decide(&probe, &key, 0).await.unwrap().decisions[0].remaining;
+                let holds = store
+                    .settle(&quota, &key, &charges[c].holds, delta)
+                    .await
+                    .unwrap();
+                let after = store.decide(&probe, &key, 0).await.unwrap().decisions[0].remaining;
+                if delta < 0 {
+                    let back = after.saturating_sub(before);
+                    prop_assert!(back <= delta.unsigned_abs());
+                    prop_assert!(back <= charges[c].net, "gave back {} of {}", back, charges[c].net);
+                    charges[c].net -= back;
+                }
+                charges[c].holds = holds;
+            }
+        }
+        check_bound(kind, limit, refill, window, &charges)?;
+    }
+    Ok(())
+}
+
+fn check_bound(
+    kind: Kind,
+    limit: u64,
+    refill: u64,
+    window: u64,
+    charges: &[Charge],
+) -> Result<(), TestCaseError> {
+    for (i, first) in charges.iter().enumerate() {
+        let mut sum = 0u64;
+        for last in &charges[i..] {
+            let span = last.at - first.at;
+            let in_scope = match kind {
+                Kind::Fixed => first.at / window == last.at / window,
+                Kind::Log => span < window,
+                Kind::Bucket => true,
+            };
+            if !in_scope {
+                continue;
+            }
+            sum += last.net;
+            let bound = match kind {
+                Kind::Fixed | Kind::Log => u128::from(limit),
+                Kind::Bucket => {
+                    u128::from(limit) + u128::from(refill) * u128::from(span) / u128::from(window)
+                }
+            };
+            prop_assert!(
+                u128::from(sum) <= bound,
+                "{:?}: {} net in [{}, {}] over the bound {}",
+                kind,
+                sum,
+                first.at,
+                last.at,
+                bound
+            );
+        }
+    }
+    Ok(())
+}
+
+fn settlement_case() -> impl Strategy<Value = ((Kind, u64, u64, u64), Vec<Op>)> {
+    let kind = prop_oneof![Just(Kind::Fixed), Just(Kind::Log), Just(Kind::Bucket)];
+    (kind, 1u64..=20, 1u64..=7, prop_oneof![Just(10_000u64), Just(60_000_000u64), 1_000u64..=5_000_000])
+        .prop_flat_map(|(kind, limit, refill, window)| {
+            (Just((kind, limit, refill, window)), ops(limit, window))
+        })
+}
+
+/// A policy with random numbers, of one of the four kinds.
+fn changed_policy(kind: u8) -> impl Strategy<Value = Policy> {
+    (1u64..=50, 1u64..=9, prop_oneof![1u64..=1_000, 1_000u64..=100_000_000]).prop_map(
+        move |(limit, refill, window)| {
+            let w = Duration::from_micros(window);
+            match kind {
+                0 => Policy::fixed_window("p", limit, w),
+                1 => Policy::sliding_log("p", limit, w),
+                2 => Policy::token_bucket("p", limit, refill, w),
+                _ => Policy::sliding_window("p", limit, w),
+            }
+            .unwrap()
+        },
+    )
+}
+
+fn change_case() -> impl Strategy<Value = Vec<(Policy, u64, u64)>> {
+    (0u8..4).prop_flat_map(|kind| {
+        proptest::collection::vec(
+            (changed_policy(kind), 0u64..=200_000_000, 0u64..=60),
+            1..50,
+        )
+    })
+}
+
+/// Decides each step under its own numbers; every wait stays within the
+/// policy's own horizon.
+async fn change_run<S: Store>(
+    store: &S,
+    clock: &ManualClock,
+    key: Arc<str>,
+    steps: Vec<(Policy, u64, u64)>,
+) -> Result<(), TestCaseError> {
+    let mut now = START;
+    for (policy, gap, cost) in steps {
+        now += gap;
+        clock.set(Timestamp(now));
+        let horizon = match policy.algorithm() {
+            tower_admission::quota::algorithm::Algorithm::SlidingWindow(_) => {
+                2 * policy.algorithm().window()
+            }
+            _ => policy.algorithm().window(),
+        };
+        let quota = Quota::new("q", [policy]).unwrap();
+        let d = store.decide(&quota, &key, cost).await.unwrap();
+        if let Some(wait) = d.retry_after(&quota) {
+            prop_assert!(wait <= horizon, "wait {:?} over {:?}", wait, horizon);
+            prop_assert!(wait > Duration::ZERO);
+        }
+    }
+    Ok(())
+}
+
+struct Keys(AtomicU64);
+
+impl Keys {
+    fn next(&self) -> Arc<str> {
+        format!("case{}", self.0.fetch_add(1, Ordering::Relaxed)).into()
+    }
+}
+
+fn memory(clock: &ManualClock) -> MemoryStore<ManualClock> {
+    MemoryStore::with_config(MemoryConfig::default(), clock.clone())
+}
+
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f)
+}
+
+#[test]
+fn settlement_never_breaks_the_bounds_in_memory() {
+    let clock = ManualClock::default();
+    let store = memory(&clock);
+    let keys = Keys(AtomicU64::new(0));
+    runner(512)
+        .run(&settlement_case(), |(case, ops)| {
+            block_on(settle_run(&store, &clock, keys.next(), case, ops))
+        })
+        .unwrap();
+}
+
+#[test]
+fn changed_policies_never_lock_out_in_memory() {
+    let clock = ManualClock::default();
+    let store = memory(&clock);
+    let keys = Keys(AtomicU64::new(0));
+    runner(512)
+        .run(&change_case(), |steps| {
+            block_on(change_run(&store, &clock, keys.next(), steps))
+        })
+        .unwrap();
+}
+
+#[cfg(feature = "redis")]
+mod redis {
+    use super::*;
+    use tower_admission::quota::RedisStore;
+
+    fn store(server: &support::RedisServer, clock: &ManualClock) -> RedisStore {
+        RedisStore::builder(server.url())
+            .test_clock(clock.clone())
+            .deadline(Duration::from_secs(10))
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn settlement_never_breaks_the_bounds_in_redis() {
+        let server = support::RedisServer::start();
+        let clock = ManualClock::default();
+        let store = store(&server, &clock);
+        let keys = Keys(AtomicU64::new(0));
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runner(128)
+            .run(&settlement_case(), |(case, ops)| {
+                rt.block_on(settle_run(&store, &clock, keys.next(), case, ops))
+            })
+            .unwrap();
+    }
+
+    #[test]
+    fn changed_policies_never_lock_out_in_redis() {
+        let server = support::RedisServer::start();
+        let clock = ManualClock::default();
+        let store = store(&server, &clock);
+        let keys = Keys(AtomicU64::new(0));
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runner(128)
+            .run(&change_case(), |steps| {
+                rt.block_on(change_run(&store, &clock, keys.next(), steps))
+            })
+            .unwrap();
+    }
+}
