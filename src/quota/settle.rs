@@ -30,7 +30,8 @@ use crate::quota::{Holds, Limiter, MemoryStore, Quota, Store, StoreError};
 /// - **Less.** `actual < charged` refunds the difference, but each policy
 ///   gives back at most what *this* charge still holds in it:
 ///   - token bucket: the charge's tokens that have not refilled yet;
-///   - sliding log: the charge's own entry, while it is in the window;
+///   - sliding log: the charge's own entry, while it is in the window and
+///     among the newest 1,024 entries (so a refund's work stays bounded);
 ///   - fixed and weighted windows: only while the charge's window is the
 ///     current one.
 ///

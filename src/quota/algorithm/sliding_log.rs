@@ -4,32 +4,246 @@ use crate::quota::algorithm::{micros, never, Hold};
 use crate::quota::Decision;
 use crate::ConfigError;
 
+/// The largest limit and window (µs) the Lua script decides exactly: every
+/// intermediate stays below 2^53 (times below 2^52 µs, about the year 2112;
+/// cumulative costs are kept modulo 2^52 there).
+const LUA_MAX: u64 = 1 << 50;
+
+/// The first sequence number of an empty log is at most this, so numbering
+/// a log's entries never overflows.
+const SEQ_START_MAX: u64 = u64::MAX >> 1;
+
 /// Exact sliding log: a request at `t` is admitted only if the cost admitted
 /// in `(t - W, t]` plus its own stays at or below `limit`.
 ///
+/// # State
+///
 /// Every admission is its own entry, so admissions with identical timestamps
-/// are distinct. Memory per key is at most `limit` entries.
+/// are distinct. An entry is 16 bytes, `(time in µs, cumulative cost)`,
+/// packed in a ring buffer oldest first; the cumulative cost is the running
+/// total of every cost recorded in the log up to and including the entry
+/// (wrapping at 2^64: only differences are used, and every difference is at
+/// most the cost the log holds). Beside the entries the state keeps the
+/// sequence number of the front entry, the cost held, and the times of the
+/// oldest and newest entries (64 bytes with the ring buffer's header). Entry
+/// `s` sits at index `s - front_seq`. The front entry always holds cost
+/// (entries refunded to nothing leave once they reach the front), so the
+/// oldest entry alone frees at least 1.
+///
+/// Memory per key: at most one entry per charge in the last window, so at
+/// most `limit` entries without refunds. An entry refunded to nothing stays
+/// (16 bytes) until it leaves the window or reaches the front.
+///
+/// # Work per decision
+///
+/// - A check that trims nothing reads no entry: admitting, and refusing when
+///   the oldest entry alone frees enough (any refusal of cost 1).
+/// - Trimming `k` entries reads `O(log k)` entries (galloping from the front).
+/// - The wait of any other refusal is found by a galloping then binary search
+///   on the cumulative costs: `O(log n)` entries read for a log of `n`.
+/// - Recording is `O(1)` amortized.
+/// - A refund finds its entry by sequence number in `O(1)`, then rewrites the
+///   cumulative cost of every entry admitted after the charge: work
+///   proportional to the admissions after it still in the window.
+///
+/// # Settlement
+///
+/// Recording an admission returns a hold whose `mark` is the entry's
+/// sequence number. A refund reduces that entry's own cost, at its own time:
+/// at most the hold's amount and what the entry still holds, and nothing once
+/// the entry has left the window. An extra charge is a new entry at the time
+/// of the settlement, capped at what is left. Every admission therefore counts
+/// with its net cost at its own time, and the net cost in every `(t - W, t]`
+/// stays at or below `limit`.
+///
+/// A log that is empty numbers its next entry with at least its time in µs,
+/// so a hold from an earlier life of the key (one evicted or expired as
+/// fresh) never names an entry of a later life, unless the key admitted on
+/// average more than one charge per µs of clock time.
+///
+/// # Changed numbers
+///
+/// Entries are absolute times and costs, so a state is read correctly under
+/// any new numbers:
+///
+/// - A shorter window drops the entries older than it at the next decision.
+///   A longer window counts the entries still held: those inside the old
+///   window when the key was last decided (older ones were already dropped).
+/// - A lower limit keeps every entry: the log may hold more than the new
+///   limit, nothing of cost 1 or more is admitted until enough has left, and
+///   the wait is until then. A higher limit admits the difference at once.
+/// - Every wait is at most the new window: it ends when an entry held now
+///   leaves the window, and every entry held is younger than the window.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SlidingLog {
     limit: u64,
     window: u64,
 }
 
-/// Admissions still inside the window, oldest first.
+/// Admissions still inside the window, oldest first. See [`SlidingLog`] for
+/// the layout.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SlidingLogState {
+    /// `(time in µs, cumulative cost)` of each admission, oldest first.
     entries: VecDeque<(u64, u64)>,
+    /// Sequence number of the front entry; of the next entry when empty.
+    front_seq: u64,
+    /// Cost held by the entries.
     total: u64,
-    newest: u64,
+    /// Time of the oldest entry (0 when empty).
     oldest: u64,
+    /// Time of the newest entry (0 when empty).
+    newest: u64,
+}
+
+/// A refund rewrites the cumulative costs of the entries after its charge;
+/// it reaches back at most this many entries, so its work is bounded (a
+/// refund further back gives nothing back, which never over-admits).
+pub(crate) const REFUND_REACH: usize = 1024;
+
+#[cfg(test)]
+thread_local! {
+    /// Entries read or written by the log in this thread (tests only).
+    static TOUCHED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+#[inline]
+fn touch(_n: usize) {
+    #[cfg(test)]
+    TOUCHED.with(|c| c.set(c.get().saturating_add(_n as u64)));
+}
+
+/// Entry `i`, which exists.
+#[inline]
+fn read(entries: &VecDeque<(u64, u64)>, i: usize) -> (u64, u64) {
+    touch(1);
+    entries.get(i).copied().unwrap_or((u64::MAX, u64::MAX))
+}
+
+/// The first index in `lo..len` where `pred` holds, for a `pred` that is
+/// false and then true along the log; `len` if none. Gallops from `lo`
+/// (indices `lo`, `lo + 1`, `lo + 3`, `lo + 7`, ...), then halves the last
+/// gap: `O(log d)` reads for an answer `d` entries after `lo`.
+fn search(entries: &VecDeque<(u64, u64)>, lo: usize, pred: impl Fn((u64, u64)) -> bool) -> usize {
+    let len = entries.len();
+    let (mut low, mut high, mut step) = (lo, lo, 1usize);
+    while high < len {
+        if pred(read(entries, high)) {
+            break;
+        }
+        low = high + 1;
+        high = high.saturating_add(step);
+        step = step.saturating_mul(2);
+    }
+    let mut high = high.min(len);
+    while low < high {
+        let mid = low + (high - low) / 2;
+        if pred(read(entries, mid)) {
+            high = mid;
+        } else {
+            low = mid + 1;
+        }
+    }
+    low
+}
+
+impl SlidingLogState {
+    /// Number of entries held (including entries refunded to nothing).
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// True when the log holds no entry: it is equivalent to fresh.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Cost held by the log (as of its last decision).
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+
+    fn len_u64(&self) -> u64 {
+        u64::try_from(self.entries.len()).unwrap_or(u64::MAX)
+    }
+
+    /// Sequence number of the next entry (of an empty log: at least this).
+    fn next_seq(&self) -> u64 {
+        self.front_seq.saturating_add(self.len_u64())
+    }
+
+    /// Cumulative cost through the newest entry (reads it).
+    fn cum(&self) -> u64 {
+        match self.entries.len().checked_sub(1) {
+            Some(i) => read(&self.entries, i).1,
+            None => 0,
+        }
+    }
+
+    /// Cumulative cost before the front entry (reads the newest).
+    fn base(&self) -> u64 {
+        self.cum().wrapping_sub(self.total)
+    }
+
+    /// Removes every entry, keeping the numbering.
+    fn clear(&mut self) {
+        self.front_seq = self.next_seq();
+        self.entries.clear();
+        self.total = 0;
+        self.oldest = 0;
+        self.newest = 0;
+    }
+
+    /// Removes the first `k` entries, then the entries holding no cost that
+    /// follow them: `O(log)` of what it removes.
+    fn pop_front(&mut self, k: usize) {
+        let base = match k.checked_sub(1) {
+            Some(i) => read(&self.entries, i).1,
+            None => self.base(),
+        };
+        let first = search(&self.entries, k, |(_, c)| c != base);
+        if first >= self.entries.len() {
+            self.clear();
+            return;
+        }
+        self.entries.drain(..first);
+        self.front_seq = self
+            .front_seq
+            .saturating_add(u64::try_from(first).unwrap_or(u64::MAX));
+        self.oldest = read(&self.entries, 0).0;
+        self.total = self.cum().wrapping_sub(base);
+    }
+
+    /// Appends an entry of `cost >= 1` at `now` (not before the newest);
+    /// returns its sequence number.
+    fn push(&mut self, now: u64, cost: u64) -> u64 {
+        if self.entries.is_empty() {
+            self.front_seq = self.front_seq.max(now.min(SEQ_START_MAX));
+            self.oldest = now;
+        }
+        let seq = self.next_seq();
+        let cum = self.cum().wrapping_add(cost);
+        touch(1);
+        self.entries.push_back((now, cum));
+        self.total = self.total.saturating_add(cost);
+        self.newest = now;
+        seq
+    }
 }
 
 impl SlidingLog {
-    /// PLACEHOLDER (replaced by the bounded-work log).
-    pub(crate) fn new(limit: u64, window: u64) -> Result<Self, ConfigError> {
+    /// A log admitting at most `limit` cost in every window of
+    /// `window_micros` µs. Both must be at least 1.
+    pub(crate) fn new(limit: u64, window_micros: u64) -> Result<Self, ConfigError> {
+        if limit == 0 {
+            return Err(ConfigError::new("limit", "must be at least 1"));
+        }
+        if window_micros == 0 {
+            return Err(ConfigError::new("window", "must be at least 1 µs"));
+        }
         Ok(SlidingLog {
-            limit: super::positive("limit", limit)?,
-            window: super::positive("window", window)?,
+            limit,
+            window: window_micros,
         })
     }
 
@@ -43,39 +257,50 @@ impl SlidingLog {
         self.window
     }
 
-    pub(crate) fn share(&self, divisor: u64) -> Self {
+    /// The same window with the limit divided by `divisor`, at least 1.
+    pub(crate) fn share(&self, divisor: u64) -> SlidingLog {
         SlidingLog {
-            limit: super::part(self.limit, divisor),
+            limit: (self.limit / divisor.max(1)).max(1),
             window: self.window,
         }
     }
 
+    /// The numbers `sliding_log.lua`'s `load` receives: limit, window (µs), 0.
     #[cfg(feature = "redis")]
     pub(crate) fn script_args(&self) -> [u64; 3] {
         [self.limit, self.window, 0]
     }
 
+    /// `Err` when the Lua script could not decide this policy exactly in
+    /// doubles: the limit and the window must be at most 2^50.
     #[cfg(feature = "redis")]
     pub(crate) fn lua_exact(&self) -> Result<(), ConfigError> {
-        super::lua_small("limit", self.limit)?;
-        super::lua_small("window", self.window)
+        if self.limit > LUA_MAX {
+            return Err(ConfigError::new(
+                "limit",
+                "must be at most 2^50 for the redis store",
+            ));
+        }
+        if self.window > LUA_MAX {
+            return Err(ConfigError::new(
+                "window",
+                "must be at most 2^50 µs for the redis store",
+            ));
+        }
+        Ok(())
     }
 
-    /// Drops entries at or before `now - W`; returns the time the log acts at.
+    /// Drops the entries at or before `now - W`; returns the time the log
+    /// acts at (never before its newest entry).
     #[inline]
     fn trim(&self, state: &mut SlidingLogState, now: u64) -> u64 {
         let now = now.max(state.newest);
         if state.total == 0 || state.oldest.saturating_add(self.window) > now {
             return now;
         }
-        while let Some(&(t, cost)) = state.entries.front() {
-            if t.saturating_add(self.window) > now {
-                break;
-            }
-            state.entries.pop_front();
-            state.total -= cost;
-        }
-        state.oldest = state.entries.front().map_or(0, |&(t, _)| t);
+        let window = self.window;
+        let stay = search(&state.entries, 0, |(t, _)| t.saturating_add(window) > now);
+        state.pop_front(stay);
         now
     }
 
@@ -83,13 +308,14 @@ impl SlidingLog {
         if state.entries.is_empty() {
             0
         } else {
-            (state.newest + self.window).saturating_sub(now)
+            state.newest.saturating_add(self.window).saturating_sub(now)
         }
     }
 
+    /// Cleanup, then decides; records nothing.
     #[inline]
     pub(crate) fn check(&self, state: &mut SlidingLogState, now: u64, cost: u64) -> Decision {
-        self.trim(state, now);
+        let now = self.trim(state, now);
         let remaining = self.limit.saturating_sub(state.total);
         let reset = self.reset(state, now);
         if cost > self.limit {
@@ -105,19 +331,20 @@ impl SlidingLog {
                 reset: micros(reset),
             };
         }
-        // Wait until enough of the oldest entries have left the window.
-        let mut to_free = cost - remaining;
-        // Every entry costs at least 1, so the oldest alone frees one.
-        let mut wait = state.oldest.saturating_add(self.window).saturating_sub(now);
-        if to_free > 1 {
-            for &(t, c) in &state.entries {
-                wait = (t + self.window).saturating_sub(now);
-                if c >= to_free {
-                    break;
-                }
-                to_free -= c;
-            }
-        }
+        // Wait until the oldest entries holding `to_free` have left the
+        // window: 1 <= to_free <= total, as total + cost > limit >= cost.
+        let to_free = state.total.saturating_sub(self.limit - cost);
+        let leaves = if to_free <= 1 {
+            state.oldest
+        } else {
+            let base = state.base();
+            let i = search(&state.entries, 0, |(_, c)| c.wrapping_sub(base) >= to_free);
+            read(&state.entries, i).0.min(state.newest)
+        };
+        let wait = leaves
+            .saturating_add(self.window)
+            .saturating_sub(now)
+            .max(1);
         Decision {
             admitted: false,
             limit: self.limit,
@@ -127,16 +354,29 @@ impl SlidingLog {
         }
     }
 
+    /// Records an admission that [`check`](Self::check) just admitted at the
+    /// same `now`. The hold names the entry; nothing recorded (cost 0) is
+    /// `Hold::default()`.
     #[inline]
     pub(crate) fn record(&self, state: &mut SlidingLogState, now: u64, cost: u64) -> Hold {
-        self.push(state, now, cost);
+        let now = self.trim(state, now);
+        let cost = cost.min(self.limit.saturating_sub(state.total));
+        if cost == 0 {
+            return Hold::default();
+        }
         Hold {
-            mark: 0,
+            mark: state.push(now, cost),
             frac: 0,
             amount: cost,
         }
     }
 
+    /// Settles a charge: `delta > 0` charges more at `now` (a new entry,
+    /// capped at what is left; the hold is returned unchanged), `delta < 0`
+    /// refunds from the charge's own entry, at most `hold.amount` and what
+    /// the entry still holds, nothing once it has left the window or once
+    /// more than [`REFUND_REACH`] entries have been admitted after it. Work:
+    /// one write per entry admitted after the charge, so at most that many.
     pub(crate) fn settle(
         &self,
         state: &mut SlidingLogState,
@@ -144,53 +384,584 @@ impl SlidingLog {
         hold: Hold,
         delta: i64,
     ) -> Hold {
-        self.adjust(state, now, delta);
-        hold
-    }
-
-    fn push(&self, state: &mut SlidingLogState, now: u64, cost: u64) {
         let now = self.trim(state, now);
-        let cost = cost.min(self.limit.saturating_sub(state.total));
-        if cost > 0 {
-            if state.entries.is_empty() {
-                state.oldest = now;
+        if delta > 0 {
+            let add = delta
+                .unsigned_abs()
+                .min(self.limit.saturating_sub(state.total));
+            if add > 0 {
+                state.push(now, add);
             }
-            state.entries.push_back((now, cost));
-            state.total += cost;
-            state.newest = now;
+            return hold;
+        }
+        let want = delta.unsigned_abs().min(hold.amount);
+        let index = hold
+            .mark
+            .checked_sub(state.front_seq)
+            .and_then(|i| usize::try_from(i).ok())
+            .filter(|&i| i < state.entries.len());
+        let (Some(i), true) = (index, want > 0) else {
+            return hold;
+        };
+        if state.entries.len() - i > REFUND_REACH {
+            // Too far back to rewrite in bounded work: nothing is given back.
+            return hold;
+        }
+        let before = match i.checked_sub(1) {
+            Some(p) => read(&state.entries, p).1,
+            None => state.base(),
+        };
+        let held = read(&state.entries, i).1.wrapping_sub(before);
+        let take = want.min(held);
+        if take == 0 {
+            return hold;
+        }
+        touch(state.entries.len() - i);
+        for entry in state.entries.range_mut(i..) {
+            entry.1 = entry.1.wrapping_sub(take);
+        }
+        state.total = state.total.saturating_sub(take);
+        if i == 0 && take == held {
+            state.pop_front(1);
+        }
+        Hold {
+            amount: hold.amount - take,
+            ..hold
         }
     }
 
-    fn adjust(&self, state: &mut SlidingLogState, now: u64, delta: i64) {
-        if delta >= 0 {
-            self.push(state, now, delta.unsigned_abs());
-            return;
-        }
-        self.trim(state, now);
-        // Refunds come off the newest admissions, the ones being settled.
-        let mut refund = delta.unsigned_abs();
-        while refund > 0 {
-            let Some(last) = state.entries.back_mut() else {
-                break;
-            };
-            let take = refund.min(last.1);
-            last.1 -= take;
-            state.total -= take;
-            refund -= take;
-            if last.1 == 0 {
-                state.entries.pop_back();
-                state.newest = state.entries.back().map_or(0, |&(t, _)| t);
-                state.oldest = state.entries.front().map_or(0, |&(t, _)| t);
-            }
-        }
-    }
-
+    /// From this time the state is equivalent to fresh: the newest entry
+    /// has left the window.
     #[inline]
     pub(crate) fn fresh_at(&self, state: &SlidingLogState) -> u64 {
         if state.entries.is_empty() {
             0
         } else {
             state.newest.saturating_add(self.window)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const SEC: u64 = 1_000_000;
+
+    fn log(limit: u64, window: u64) -> SlidingLog {
+        SlidingLog::new(limit, window).unwrap()
+    }
+
+    /// Check, then record if admitted.
+    fn step(alg: &SlidingLog, s: &mut SlidingLogState, now: u64, cost: u64) -> (Decision, Hold) {
+        let d = alg.check(s, now, cost);
+        let hold = if d.admitted {
+            alg.record(s, now, cost)
+        } else {
+            Hold::default()
+        };
+        (d, hold)
+    }
+
+    fn touched<R>(f: impl FnOnce() -> R) -> (R, u64) {
+        TOUCHED.with(|c| c.set(0));
+        let r = f();
+        (r, TOUCHED.with(|c| c.get()))
+    }
+
+    #[cfg(target_pointer_width = "64")]
+    #[test]
+    fn state_layout_is_packed() {
+        assert_eq!(std::mem::size_of::<(u64, u64)>(), 16);
+        assert_eq!(std::mem::size_of::<SlidingLogState>(), 64);
+    }
+
+    #[test]
+    fn new_names_the_field() {
+        assert_eq!(SlidingLog::new(0, 1).unwrap_err().field(), "limit");
+        assert_eq!(SlidingLog::new(1, 0).unwrap_err().field(), "window");
+        assert!(log(1_000_000, 366 * 24 * 3600 * SEC).lua_exact().is_ok());
+        assert_eq!(
+            log(LUA_MAX + 1, 1).lua_exact().unwrap_err().field(),
+            "limit"
+        );
+        assert_eq!(
+            log(1, LUA_MAX + 1).lua_exact().unwrap_err().field(),
+            "window"
+        );
+        assert_eq!(log(7, 9).script_args(), [7, 9, 0]);
+        assert_eq!(log(7, 9).share(2), log(3, 9));
+        assert_eq!(log(7, 9).share(100), log(1, 9));
+    }
+
+    #[test]
+    fn exactly_100_in_any_window_across_a_boundary_burst() {
+        // 100 per 60 s; bursts of 150 just before and at every boundary.
+        let alg = log(100, 60 * SEC);
+        let mut s = SlidingLogState::default();
+        let t0 = 1_000 * SEC;
+        let mut admitted = Vec::new();
+        for k in 0..5 {
+            for at in [t0 + k * 60 * SEC - 1_000, t0 + k * 60 * SEC] {
+                for _ in 0..150 {
+                    if step(&alg, &mut s, at, 1).0.admitted {
+                        admitted.push(at);
+                    }
+                }
+            }
+        }
+        // Exactly 100 in the first burst, then 100 each time the previous
+        // hundred has left the window, never more.
+        assert_eq!(admitted.len(), 500);
+        for &t in &admitted {
+            let n = admitted
+                .iter()
+                .filter(|&&a| a + 60 * SEC > t && a <= t)
+                .count();
+            assert!(n <= 100, "{n} admitted in the window ending at {t}");
+        }
+        assert_eq!(admitted.iter().filter(|&&a| a == t0 - 1_000).count(), 100);
+        assert_eq!(admitted.iter().filter(|&&a| a == t0).count(), 0);
+        // The wait at the boundary is exact: until the burst leaves.
+        let d = alg.check(&mut s.clone(), t0 + 4 * 60 * SEC, 1);
+        assert_eq!(d.retry_after, Some(micros(60 * SEC - 1_000)));
+    }
+
+    #[test]
+    fn refund_reduces_the_charge_own_entry() {
+        // 20 per 10 s: A 10 at 0, B 10 at 4 s, A refunded 10 at 5 s.
+        let alg = log(20, 10 * SEC);
+        let mut s = SlidingLogState::default();
+        let (_, a) = step(&alg, &mut s, 0, 10);
+        let (_, b) = step(&alg, &mut s, 4 * SEC, 10);
+        assert_eq!(a.amount, 10);
+        assert_eq!(b.mark, a.mark + 1);
+        let a = alg.settle(&mut s, 5 * SEC, a, -10);
+        assert_eq!(a.amount, 0);
+        // A's entry gave the 10 back, not B's: B still holds 10 in (0, 10 s].
+        let c = alg.check(&mut s.clone(), 10 * SEC, 20);
+        assert!(!c.admitted);
+        assert_eq!(c.retry_after, Some(micros(4 * SEC)));
+        assert!(step(&alg, &mut s, 10 * SEC, 10).0.admitted);
+        // The spent hold gives nothing more; B's hold gives back B's cost.
+        assert_eq!(alg.settle(&mut s, 10 * SEC, a, -10), a);
+        assert_eq!(alg.settle(&mut s, 10 * SEC, b, -15).amount, 0);
+        assert_eq!(alg.check(&mut s, 10 * SEC, 0).remaining, 10);
+    }
+
+    #[test]
+    fn refund_after_the_entry_left_gives_nothing() {
+        let alg = log(5, 10);
+        let mut s = SlidingLogState::default();
+        let (_, h) = step(&alg, &mut s, 100, 5);
+        // The entry leaves at 110; the key is fresh and starts a new life.
+        assert_eq!(alg.fresh_at(&s), 110);
+        let (_, h2) = step(&alg, &mut s, 115, 5);
+        assert!(h2.mark > h.mark);
+        assert_eq!(alg.settle(&mut s, 116, h, -5), h);
+        assert_eq!(alg.check(&mut s, 116, 0).remaining, 0);
+        // A hold from an evicted state never names the new life's entries.
+        let mut fresh = SlidingLogState::default();
+        let (_, h3) = step(&alg, &mut fresh, 1_000, 5);
+        assert!(h3.mark >= 1_000);
+        assert_eq!(alg.settle(&mut fresh, 1_001, h2, -5), h2);
+        assert_eq!(alg.check(&mut fresh, 1_001, 0).remaining, 0);
+    }
+
+    #[test]
+    fn extra_charge_is_capped_and_not_refundable() {
+        let alg = log(10, 100);
+        let mut s = SlidingLogState::default();
+        let (_, h) = step(&alg, &mut s, 1_000, 4);
+        assert_eq!(alg.settle(&mut s, 1_010, h, 1_000), h);
+        assert_eq!(alg.check(&mut s, 1_010, 0).remaining, 0);
+        // The refund gives back the charge's 4, never the extra 6.
+        assert_eq!(alg.settle(&mut s, 1_020, h, -10).amount, 0);
+        assert_eq!(alg.check(&mut s, 1_020, 0).remaining, 4);
+        // The extra charge leaves W after its own time.
+        let d = alg.check(&mut s, 1_020, 5);
+        assert_eq!(d.retry_after, Some(micros(90)));
+        assert!(alg.check(&mut s, 1_110, 10).admitted);
+    }
+
+    #[test]
+    fn lowered_limit_and_changed_window_never_underflow() {
+        let big = log(100, 100);
+        let mut s = SlidingLogState::default();
+        for t in 0..50 {
+            step(&big, &mut s, 1_000 + t, 2);
+        }
+        // Limit lowered to 10 under 100 held: nothing until 91 have left.
+        let small = log(10, 100);
+        let d = small.check(&mut s, 1_050, 1);
+        assert_eq!(d.remaining, 0);
+        // 91 must leave: the entries through the one at 1_045 (cumulative 92).
+        assert_eq!(d.retry_after, Some(micros(1_045 + 100 - 1_050)));
+        assert_eq!(small.record(&mut s, 1_050, 1), Hold::default());
+        assert!(!small.check(&mut s, 1_144, 1).admitted);
+        assert!(small.check(&mut s, 1_145, 1).admitted);
+        // A shorter window keeps only what is younger than it; the wait is
+        // within the new window.
+        let short = log(10, 5);
+        assert!(short.check(&mut s, 1_146, 10).admitted);
+        let mut s = SlidingLogState::default();
+        for t in 0..50 {
+            step(&big, &mut s, 1_000 + t, 2);
+        }
+        let d = short.check(&mut s, 1_049, 10);
+        assert_eq!(d.retry_after, Some(micros(5)));
+        assert_eq!(s.len(), 5);
+    }
+
+    #[test]
+    fn fast_paths_read_no_entry() {
+        let alg = log(1_000, 1_000);
+        let mut s = SlidingLogState::default();
+        for t in 0..1_000 {
+            step(&alg, &mut s, 10_000 + t, 1);
+        }
+        // An untrimmed admission check, a cost-1 refusal: no entry read.
+        let (d, n) = touched(|| alg.check(&mut s, 10_999, 1));
+        assert!(!d.admitted);
+        assert_eq!(d.retry_after, Some(micros(1)));
+        assert_eq!(n, 0);
+        let (d, n) = touched(|| alg.check(&mut s, 10_999, 0));
+        assert!(d.admitted);
+        assert_eq!(n, 0);
+        // Trimming one entry reads a couple.
+        let (d, n) = touched(|| alg.check(&mut s, 11_000, 1));
+        assert!(d.admitted);
+        assert!(n <= 8, "{n}");
+        assert_eq!(s.len(), 999);
+    }
+
+    #[test]
+    fn refusal_on_a_100k_log_touches_o_log_n_entries() {
+        let n = 100_000u64;
+        let alg = log(n, 10 * n);
+        let mut s = SlidingLogState::default();
+        let t0 = 5 * n;
+        for i in 0..n {
+            assert!(step(&alg, &mut s, t0 + i, 1).0.admitted);
+        }
+        let now = t0 + n;
+        for (cost, leaves) in [(n, t0 + n - 1), (n / 2, t0 + n / 2 - 1), (2, t0 + 1)] {
+            let (d, reads) = touched(|| alg.check(&mut s, now, cost));
+            assert!(!d.admitted);
+            assert_eq!(d.retry_after, Some(micros(leaves + 10 * n - now)));
+            assert!(reads <= 2 * 17 + 6, "cost {cost}: {reads} entries read");
+        }
+        // Trimming half the log reads O(log n) entries too.
+        let (d, reads) = touched(|| alg.check(&mut s, t0 + 10 * n + n / 2 - 1, 1));
+        assert!(d.admitted);
+        assert!(reads <= 2 * 17 + 6, "trim: {reads} entries read");
+        assert_eq!(s.len() as u64, n / 2);
+        // A refund of the newest charge rewrites only itself.
+        let newest = Hold {
+            mark: s.next_seq() - 1,
+            frac: 0,
+            amount: 1,
+        };
+        let (h, reads) = touched(|| alg.settle(&mut s, t0 + 10 * n + n / 2 - 1, newest, -1));
+        assert_eq!(h.amount, 0);
+        assert!(reads <= 3, "refund: {reads}");
+    }
+
+    /// What the log must do, written naively: every live entry
+    /// `(time, seq, cost)`, each decision a scan.
+    #[derive(Debug, Default)]
+    struct Naive {
+        entries: Vec<(u64, u64, u64)>,
+        next_seq: u64,
+    }
+
+    impl Naive {
+        fn held(&self) -> u64 {
+            self.entries.iter().map(|e| e.2).sum()
+        }
+
+        fn pop_zeros(&mut self) {
+            let k = self.entries.iter().take_while(|e| e.2 == 0).count();
+            self.entries.drain(..k);
+        }
+
+        fn trim(&mut self, w: u64, now: u64) -> u64 {
+            let acting = now.max(self.entries.last().map_or(0, |e| e.0));
+            self.entries.retain(|e| e.0.saturating_add(w) > acting);
+            self.pop_zeros();
+            acting
+        }
+
+        fn check(&mut self, a: &SlidingLog, now: u64, cost: u64) -> Decision {
+            let (l, w) = (a.limit(), a.window_micros());
+            let now = self.trim(w, now);
+            let held = self.held();
+            let remaining = l.saturating_sub(held);
+            let reset = self
+                .entries
+                .last()
+                .map_or(0, |e| e.0.saturating_add(w).saturating_sub(now));
+            if cost > l {
+                return never(l, remaining, reset);
+            }
+            // A cost of 0 is admitted even over a lowered limit.
+            if cost <= remaining {
+                return Decision {
+                    admitted: true,
+                    limit: l,
+                    remaining: remaining - cost,
+                    retry_after: None,
+                    reset: micros(if cost > 0 { w } else { reset }),
+                };
+            }
+            let mut left = held;
+            let mut wait = 0;
+            for e in &self.entries {
+                left -= e.2;
+                wait = e.0.saturating_add(w).saturating_sub(now).max(1);
+                if left.checked_add(cost).is_some_and(|x| x <= l) {
+                    break;
+                }
+            }
+            Decision {
+                admitted: false,
+                limit: l,
+                remaining,
+                retry_after: Some(micros(wait)),
+                reset: micros(reset),
+            }
+        }
+
+        fn push(&mut self, now: u64, cost: u64) -> u64 {
+            if self.entries.is_empty() {
+                self.next_seq = self.next_seq.max(now.min(SEQ_START_MAX));
+            }
+            let seq = self.next_seq;
+            self.next_seq += 1;
+            self.entries.push((now, seq, cost));
+            seq
+        }
+
+        fn record(&mut self, a: &SlidingLog, now: u64, cost: u64) -> Hold {
+            let now = self.trim(a.window_micros(), now);
+            let cost = cost.min(a.limit().saturating_sub(self.held()));
+            if cost == 0 {
+                return Hold::default();
+            }
+            Hold {
+                mark: self.push(now, cost),
+                frac: 0,
+                amount: cost,
+            }
+        }
+
+        fn settle(&mut self, a: &SlidingLog, now: u64, hold: Hold, delta: i64) -> Hold {
+            let now = self.trim(a.window_micros(), now);
+            if delta > 0 {
+                let add = delta
+                    .unsigned_abs()
+                    .min(a.limit().saturating_sub(self.held()));
+                if add > 0 {
+                    self.push(now, add);
+                }
+                return hold;
+            }
+            let Some(e) = self.entries.iter_mut().find(|e| e.1 == hold.mark) else {
+                return hold;
+            };
+            let take = delta.unsigned_abs().min(hold.amount).min(e.2);
+            e.2 -= take;
+            self.pop_zeros();
+            Hold {
+                amount: hold.amount - take,
+                ..hold
+            }
+        }
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Decide { dt: u64, cost: u64 },
+        Refund { dt: u64, which: usize, amount: u64 },
+        Extra { dt: u64, which: usize, amount: u64 },
+    }
+
+    fn ops(window: u64, limit: u64) -> impl Strategy<Value = Vec<Op>> {
+        let dt = prop_oneof![3 => Just(0u64), 6 => 0..=window / 4, 1 => 0..=window * 2];
+        let op = prop_oneof![
+            6 => (dt.clone(), 0..=limit + 2).prop_map(|(dt, cost)| Op::Decide { dt, cost }),
+            3 => (dt.clone(), any::<usize>(), 0..=limit + 2)
+                .prop_map(|(dt, which, amount)| Op::Refund { dt, which, amount }),
+            1 => (dt, any::<usize>(), 1..=limit + 2)
+                .prop_map(|(dt, which, amount)| Op::Extra { dt, which, amount }),
+        ];
+        proptest::collection::vec(op, 1..120)
+    }
+
+    fn case() -> impl Strategy<Value = (u64, u64, Vec<Op>)> {
+        (1u64..=30, 1u64..=60)
+            .prop_flat_map(|(limit, window)| (Just(limit), Just(window), ops(window, limit)))
+    }
+
+    /// Net cost in `(t - W, t]` of the charges `(time, net)`.
+    fn net_in(charges: &[(u64, u64)], w: u64, t: u64) -> u64 {
+        charges
+            .iter()
+            .filter(|c| c.0 + w > t && c.0 <= t)
+            .map(|c| c.1)
+            .sum()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// Admissions, refunds of earlier charges and extra charges in any
+        /// order: the net cost (charged - refunded, extra charges at their
+        /// time) in every `(t - W, t]` stays at or below L; decisions and
+        /// waits are exact against the charges.
+        #[test]
+        fn net_cost_in_every_window_is_within_the_limit((limit, w, ops) in case()) {
+            let alg = log(limit, w);
+            let mut s = SlidingLogState::default();
+            let mut now = 1_000u64;
+            // (time, net) of every charge; holds index into it.
+            let mut charges: Vec<(u64, u64)> = Vec::new();
+            let mut holds: Vec<(Hold, usize)> = Vec::new();
+            for op in ops {
+                match op {
+                    Op::Decide { dt, cost } => {
+                        now += dt;
+                        let held = net_in(&charges, w, now);
+                        let d = alg.check(&mut s, now, cost);
+                        prop_assert_eq!(d.admitted, cost <= limit && held + cost <= limit);
+                        if !d.admitted && cost <= limit {
+                            // The wait: the first time the charges still held
+                            // then leave room.
+                            let wait = (1..=w)
+                                .find(|&d| net_in(&charges, w, now + d) + cost <= limit)
+                                .unwrap();
+                            prop_assert_eq!(d.retry_after, Some(micros(wait)));
+                        }
+                        if d.admitted {
+                            let h = alg.record(&mut s, now, cost);
+                            prop_assert_eq!(h.amount, cost);
+                            if cost > 0 {
+                                charges.push((now, cost));
+                                holds.push((h, charges.len() - 1));
+                            }
+                        }
+                    }
+                    Op::Refund { dt, which, amount } => {
+                        now += dt;
+                        if holds.is_empty() { continue; }
+                        let (h, c) = holds[which % holds.len()];
+                        let i = which % holds.len();
+                        let expected = if charges[c].0 + w > now {
+                            amount.min(h.amount).min(charges[c].1)
+                        } else {
+                            0
+                        };
+                        let after = alg.settle(&mut s, now, h, -i64::try_from(amount).unwrap());
+                        prop_assert_eq!(h.amount - after.amount, expected);
+                        prop_assert_eq!(after.mark, h.mark);
+                        charges[c].1 -= expected;
+                        holds[i].0 = after;
+                    }
+                    Op::Extra { dt, which, amount } => {
+                        now += dt;
+                        let h = holds
+                            .get(which % holds.len().max(1))
+                            .map_or(Hold::default(), |h| h.0);
+                        let add = amount.min(limit.saturating_sub(net_in(&charges, w, now)));
+                        let delta = i64::try_from(amount).unwrap();
+                        prop_assert_eq!(alg.settle(&mut s, now, h, delta), h);
+                        if add > 0 {
+                            charges.push((now, add));
+                        }
+                    }
+                }
+                let held = net_in(&charges, w, now);
+                prop_assert!(held <= limit);
+                prop_assert_eq!(alg.check(&mut s.clone(), now, 0).remaining, limit - held);
+            }
+            for &(t, _) in &charges {
+                prop_assert!(net_in(&charges, w, t) <= limit, "window ending at {}", t);
+            }
+        }
+
+        /// Random limit and window changes (both directions), clock steps
+        /// both ways, refunds and extra charges: never a panic, never a
+        /// wait longer than the new window, and every answer equal to the
+        /// naive log's.
+        #[test]
+        fn changed_policies_never_panic_and_waits_fit_the_window(
+            start in prop_oneof![Just(0u64), 0u64..=1 << 52, Just(u64::MAX - 500)],
+            first in (1u64..=40, 1u64..=100),
+            steps in proptest::collection::vec(
+                (
+                    prop_oneof![
+                        24 => Just(None),
+                        6 => (1u64..=40, 1u64..=100).prop_map(Some),
+                        1 => Just(Some((u64::MAX, u64::MAX))),
+                        1 => (1u64..=3, prop_oneof![Just(u64::MAX), Just(1u64 << 62)])
+                            .prop_map(Some),
+                        1 => (prop_oneof![Just(u64::MAX), Just(1u64 << 60)], 1u64..=100)
+                            .prop_map(Some),
+                    ],
+                    prop_oneof![8 => -10i64..=20, 1 => -200i64..=200],
+                    prop_oneof![5 => 0u64..=45, 1 => Just(u64::MAX), 1 => Just(1u64 << 62)],
+                    0u8..4,
+                    any::<usize>(),
+                ),
+                1..150,
+            ),
+        ) {
+            let mut s = SlidingLogState::default();
+            let mut naive = Naive::default();
+            let mut holds: Vec<Hold> = Vec::new();
+            let mut now = start;
+            let (mut limit, mut window) = first;
+            for (i, (change, dt, cost, kind, which)) in steps.into_iter().enumerate() {
+                if let Some((l, w)) = change {
+                    (limit, window) = (l, w);
+                }
+                let alg = log(limit, window);
+                now = now.saturating_add_signed(dt);
+                match kind {
+                    0 | 1 => {
+                        let d = alg.check(&mut s, now, cost);
+                        let expected = naive.check(&alg, now, cost);
+                        prop_assert_eq!(&d, &expected, "op {}", i);
+                        if let Some(wait) = d.retry_after {
+                            prop_assert!(wait >= micros(1) && wait <= micros(window), "op {}", i);
+                        }
+                        if d.admitted {
+                            let h = alg.record(&mut s, now, cost);
+                            prop_assert_eq!(h, naive.record(&alg, now, cost), "op {}", i);
+                            holds.push(h);
+                        }
+                    }
+                    2 => {
+                        let h = holds.get(which % holds.len().max(1)).copied().unwrap_or_default();
+                        let delta = -i64::try_from(cost.min(1 << 62)).unwrap();
+                        let got = alg.settle(&mut s, now, h, delta);
+                        prop_assert_eq!(got, naive.settle(&alg, now, h, delta), "op {}", i);
+                        let at = which % holds.len().max(1);
+                        if let Some(slot) = holds.get_mut(at) {
+                            *slot = got;
+                        }
+                    }
+                    _ => {
+                        let h = Hold::default();
+                        let delta = i64::try_from(cost.min(1 << 62)).unwrap();
+                        let got = alg.settle(&mut s, now, h, delta);
+                        prop_assert_eq!(got, naive.settle(&alg, now, h, delta), "op {}", i);
+                    }
+                }
+                prop_assert_eq!(s.total(), naive.held(), "op {}", i);
+                prop_assert_eq!(s.len(), naive.entries.len(), "op {}", i);
+            }
         }
     }
 }

@@ -78,7 +78,7 @@ impl Default for MemoryConfig {
 ///   [`sweep`](Self::sweep) / [`spawn_sweeper`](Self::spawn_sweeper).
 /// - **Memory per key**, besides the key's string (shared with the caller):
 ///   32 bytes for a quota of one token bucket, the most common shape, which
-///   has a table of its own; 152 bytes for any other quota of up to two
+///   has a table of its own; 168 bytes for any other quota of up to two
 ///   policies, plus 16 bytes per entry of a sliding log.
 ///
 /// Clones share state.
@@ -646,7 +646,7 @@ mod tests {
         // as governor's entry (24 bytes): keep it at 32.
         assert_eq!(std::mem::size_of::<BucketSlot>(), 32);
         // Two states inline, the largest being a sliding log's.
-        assert_eq!(std::mem::size_of::<Slot>(), 152);
+        assert_eq!(std::mem::size_of::<Slot>(), 168);
     }
 
     #[test]

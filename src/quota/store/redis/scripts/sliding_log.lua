@@ -2,146 +2,255 @@
 -- cost admitted in (t - W, t] plus its own stays at or below the limit.
 -- Mirrors src/quota/algorithm/sliding_log.rs decision for decision.
 --
--- Key: ONE sorted set. Each admission is a member "<t>:<i>:<cost>" scored by
--- its time t in µs, where i (zero-padded) numbers the admissions sharing the
--- time t, so identical timestamps stay distinct entries. The sum of the costs
--- is kept in the member "total", scored -(1 + total): below every time, so
--- trimming by score never touches it. Entries at or before t - W are trimmed.
--- The key expires W after its newest entry.
+-- Key: ONE sorted set holding only the entries, one per admission, scored by
+-- its time t in µs. The member is "<t>:<seq>:<cost>:<cum>": seq is the
+-- entry's sequence number (16 digits, so entries sharing a time sort by seq
+-- and rank order is seq order), cost what the entry still holds, and cum the
+-- running total of the costs through the entry, modulo 2^52 (only
+-- differences are used; each is at most the cost held). Sequence numbers are
+-- consecutive, so entry seq sits at rank seq - front_seq. The front entry
+-- always holds cost. The state is read from the front and back members; the
+-- key exists exactly while the log holds an entry and expires W after its
+-- newest entry.
+--
+-- Work: a check that trims nothing reads two members; trimming is one
+-- ZREMRANGEBYSCORE (O(log n + k)); a refusal's wait is a galloping then
+-- binary search by rank on cum, O(log n) ZRANGE i i (O(log^2 n)); a refund
+-- rewrites its entry and every later one, reaching back at most
+-- SL_REFUND_REACH entries.
+--
+-- load(key, limit, window, _): the numbers of SlidingLog::script_args.
 
 local sliding_log = {}
-local SL_TOTAL = 'total'
+local SL_REFUND_REACH = 1024
+local SL_MOD = 4503599627370496 -- 2^52
 
 local function sl_parse(member)
-  local t, i, c = string.match(member, '^(%d+):(%d+):(%d+)$')
-  return tonumber(t), tonumber(i), tonumber(c)
+  local t, seq, c, cum = string.match(member, '^(%d+):(%d+):(%d+):(%d+)$')
+  if t == nil then
+    error('tower-admission: sliding log entry of an unknown layout: ' .. member)
+  end
+  return tonumber(t), tonumber(seq), tonumber(c), tonumber(cum)
 end
 
-local function sl_member(t, i, c)
-  return string.format('%d:%07d:%d', t, i, c)
+local function sl_member(t, seq, c, cum)
+  return string.format('%d:%016d:%d:%d', t, seq, c, cum)
 end
 
--- The newest entry's member and time, or nil.
-local function sl_newest(key)
-  local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-  if newest[1] == nil or newest[1] == SL_TOTAL then return nil, nil end
-  return newest[1], tonumber(newest[2])
+-- The cumulative cost of an entry's member.
+local function sl_cum(member)
+  local _, _, _, cum = sl_parse(member)
+  return cum
+end
+
+-- The first rank in [lo, n) whose member satisfies pred (false, then true
+-- along the log), and that member; n and nil if none. Gallops from lo, then
+-- halves the last gap, exactly as `search` in sliding_log.rs.
+local function sl_search(key, lo, n, pred)
+  local low, high, step = lo, lo, 1
+  local hit = nil
+  while high < n do
+    local m = redis.call('ZRANGE', key, high, high)[1]
+    if pred(m) then
+      hit = m
+      break
+    end
+    low = high + 1
+    high = high + step
+    step = step * 2
+  end
+  if high >= n then
+    high = n
+    hit = nil
+  end
+  while low < high do
+    local mid = math.floor((low + high) / 2)
+    local m = redis.call('ZRANGE', key, mid, mid)[1]
+    if pred(m) then
+      high = mid
+      hit = m
+    else
+      low = mid + 1
+    end
+  end
+  return low, hit
+end
+
+local function sl_clear(s)
+  s.front_seq = s.next_seq
+  s.n, s.total, s.base, s.cum, s.oldest, s.newest = 0, 0, 0, 0, 0, 0
+end
+
+-- The member at rank 0 becomes the front, after the entries before it were
+-- removed or it was refunded to nothing; entries holding no cost from there
+-- on are removed too.
+local function sl_refront(s)
+  local m = redis.call('ZRANGE', s.key, 0, 0)[1]
+  if m == nil then
+    sl_clear(s)
+    return
+  end
+  local t, seq, c, cum = sl_parse(m)
+  local base = (cum - c) % SL_MOD
+  if c == 0 then
+    local j, hit = sl_search(s.key, 0, s.next_seq - seq, function(x)
+      return sl_cum(x) ~= base
+    end)
+    if hit == nil then
+      redis.call('DEL', s.key)
+      sl_clear(s)
+      return
+    end
+    redis.call('ZREMRANGEBYRANK', s.key, 0, j - 1)
+    t, seq = sl_parse(hit)
+  end
+  s.front_seq = seq
+  s.oldest = t
+  s.base = base
+  s.n = s.next_seq - seq
+  s.total = (s.cum - base) % SL_MOD
 end
 
 function sliding_log.load(key, limit, window)
-  local s = { key = key, limit = limit, window = window, total = 0, dirty = false }
-  local _, last = sl_newest(key)
-  s.last = last
-  local total = redis.call('ZSCORE', key, SL_TOTAL)
-  if total then s.total = -tonumber(total) - 1 end
-  s.exists = last ~= nil or total ~= false
+  local s = { key = key, limit = limit, window = window, next_seq = 0, dirty = false }
+  sl_clear(s)
+  local front = redis.call('ZRANGE', key, 0, 0)[1]
+  if front == nil then return s end
+  local back = redis.call('ZRANGE', key, -1, -1)[1]
+  local ft, fseq, fc, fcum = sl_parse(front)
+  local bt, bseq, _, bcum = sl_parse(back)
+  s.front_seq = fseq
+  s.next_seq = bseq + 1
+  s.n = bseq + 1 - fseq
+  s.oldest = ft
+  s.newest = bt
+  s.cum = bcum
+  s.base = (fcum - fc) % SL_MOD
+  s.total = (bcum - s.base) % SL_MOD
   return s
 end
 
--- Drops entries at or before now - W, where now never moves behind the
--- newest entry; returns that time.
+-- Drops entries at or before now - W; returns the time the log acts at
+-- (never before its newest entry).
 local function sl_trim(s, now)
-  if s.last == nil then return now end
-  local acting = max(now, s.last)
-  local cutoff = acting - s.window
-  if cutoff < 0 then return acting end
-  local old = redis.call('ZRANGEBYSCORE', s.key, 0, cutoff)
-  if #old > 0 then
-    for _, m in ipairs(old) do
-      local _, _, c = sl_parse(m)
-      s.total = s.total - c
-    end
-    redis.call('ZREMRANGEBYSCORE', s.key, 0, cutoff)
-    s.dirty = true
-    if s.last <= cutoff then s.last = nil end
-  end
+  local acting = max(now, s.newest)
+  if s.n == 0 or s.oldest + s.window > acting then return acting end
+  redis.call('ZREMRANGEBYSCORE', s.key, '-inf', acting - s.window)
+  sl_refront(s)
   return acting
 end
 
+-- Appends an entry of cost >= 1 at t; returns its sequence number.
+local function sl_push(s, t, cost)
+  if s.n == 0 then
+    s.front_seq = max(s.next_seq, t)
+    s.next_seq = s.front_seq
+    s.oldest = t
+    s.cum = 0
+  end
+  local seq = s.next_seq
+  s.cum = (s.cum + cost) % SL_MOD
+  redis.call('ZADD', s.key, t, sl_member(t, seq, cost, s.cum))
+  s.next_seq = seq + 1
+  s.n = s.n + 1
+  s.total = s.total + cost
+  s.newest = t
+  s.dirty = true
+  return seq
+end
+
 function sliding_log.check(s, now, cost)
-  sl_trim(s, now)
+  local acting = sl_trim(s, now)
   local remaining = sat_sub(s.limit, s.total)
   local reset = 0
-  if s.last ~= nil then reset = sat_sub(s.last + s.window, now) end
+  if s.n > 0 then reset = sat_sub(s.newest + s.window, acting) end
   if cost > s.limit then return 0, remaining, -1, reset end
   if cost <= remaining then
     if cost > 0 then reset = s.window end
     return 1, remaining - cost, -1, reset
   end
-  -- Wait until enough of the oldest entries have left the window.
-  local to_free = cost - remaining
-  local wait = 0
-  local offset = 0
-  while true do
-    local batch = redis.call('ZRANGEBYSCORE', s.key, 0, '+inf', 'LIMIT', offset, 128)
-    if #batch == 0 then break end
-    for _, m in ipairs(batch) do
-      local t, _, c = sl_parse(m)
-      wait = sat_sub(t + s.window, now)
-      if c >= to_free then return 0, remaining, wait, reset end
-      to_free = to_free - c
+  -- Wait until the oldest entries holding to_free have left the window.
+  local to_free = s.total - (s.limit - cost)
+  local leaves = s.oldest
+  if to_free > 1 then
+    local base = s.base
+    local _, hit = sl_search(s.key, 0, s.n, function(x)
+      return (sl_cum(x) - base) % SL_MOD >= to_free
+    end)
+    if hit == nil then
+      leaves = s.newest
+    else
+      leaves = min(sl_parse(hit), s.newest)
     end
-    offset = offset + #batch
   end
-  return 0, remaining, wait, reset
+  return 0, remaining, max(sat_sub(leaves + s.window, acting), 1), reset
 end
 
 function sliding_log.record(s, now, cost)
   local acting = sl_trim(s, now)
-  cost = min(cost, s.limit - s.total)
-  if cost > 0 then
-    local i = redis.call('ZCOUNT', s.key, acting, acting)
-    redis.call('ZADD', s.key, acting, sl_member(acting, i, cost))
-    s.total = s.total + cost
-    s.last = acting
-    s.dirty = true
+  cost = min(cost, sat_sub(s.limit, s.total))
+  if cost <= 0 then return 0, 0, 0 end
+  return sl_push(s, acting, cost), 0, cost
+end
+
+-- The members from rank r on, with their cum lowered by take and the one at
+-- rank r holding take less: ZADD the new members, then ZREM the old ones (in
+-- that order, so the key and its expiry never vanish).
+local function sl_refund_from(s, r, take)
+  local old = redis.call('ZRANGE', s.key, r, -1)
+  local chunk = 500
+  for i = 1, #old, chunk do
+    local adds, rems = {}, {}
+    for j = i, min(i + chunk - 1, #old) do
+      local t, seq, c, cum = sl_parse(old[j])
+      if j == 1 then c = c - take end
+      adds[#adds + 1] = t
+      adds[#adds + 1] = sl_member(t, seq, c, (cum - take) % SL_MOD)
+      rems[#rems + 1] = old[j]
+    end
+    redis.call('ZADD', s.key, unpack(adds))
+    redis.call('ZREM', s.key, unpack(rems))
   end
-  return 0, 0, cost
 end
 
 function sliding_log.settle(s, now, delta, mark, frac, amount)
-  sliding_log.adjust(s, now, delta)
-  return mark, frac, amount
-end
-
-function sliding_log.adjust(s, now, delta)
-  if delta >= 0 then
-    sliding_log.record(s, now, delta)
-    return
+  local acting = sl_trim(s, now)
+  if delta > 0 then
+    local add = min(delta, sat_sub(s.limit, s.total))
+    if add > 0 then sl_push(s, acting, add) end
+    return mark, frac, amount
   end
-  sl_trim(s, now)
-  -- Refunds come off the newest admissions, the ones being settled.
-  local refund = -delta
-  while refund > 0 do
-    local m = sl_newest(s.key)
-    if m == nil then break end
-    local t, i, c = sl_parse(m)
-    local take = min(refund, c)
-    redis.call('ZREM', s.key, m)
-    if c > take then
-      redis.call('ZADD', s.key, t, sl_member(t, i, c - take))
-    end
-    s.total = s.total - take
-    refund = refund - take
-    s.dirty = true
+  local want = min(-delta, amount)
+  if want <= 0 or mark < s.front_seq or mark >= s.front_seq + s.n then
+    return mark, frac, amount
   end
-  local _, last = sl_newest(s.key)
-  s.last = last
+  local r = mark - s.front_seq
+  -- Bounded work: a refund reaches back at most SL_REFUND_REACH entries
+  -- (REFUND_REACH in sliding_log.rs); further back it gives nothing.
+  if s.n - r > SL_REFUND_REACH then return mark, frac, amount end
+  local _, _, held = sl_parse(redis.call('ZRANGE', s.key, r, r)[1])
+  local take = min(want, held)
+  if take <= 0 then return mark, frac, amount end
+  sl_refund_from(s, r, take)
+  s.cum = (s.cum - take) % SL_MOD
+  s.total = s.total - take
+  s.dirty = true
+  if r == 0 and take == held then sl_refront(s) end
+  return mark, frac, amount - take
 end
 
 function sliding_log.fresh_at(s)
-  if s.last == nil then return 0 end
-  return s.last + s.window
+  if s.n == 0 then return 0 end
+  return s.newest + s.window
 end
 
 function sliding_log.save(s, now)
+  -- An empty log has no members left, so its key is already gone.
+  if s.n == 0 then return end
   local ttl = ttl_ms(sliding_log.fresh_at(s), now)
-  if ttl == nil or s.total <= 0 then
-    -- record and trim write at once, so a dirty state may exist too.
-    if s.exists or s.dirty then redis.call('DEL', s.key) end
+  if ttl == nil then
+    redis.call('DEL', s.key)
     return
   end
-  if not s.dirty then return end
-  redis.call('ZADD', s.key, -1 - s.total, SL_TOTAL)
-  redis.call('PEXPIRE', s.key, ttl)
+  if s.dirty then redis.call('PEXPIRE', s.key, ttl) end
 end
