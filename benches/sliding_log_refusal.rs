@@ -72,7 +72,9 @@ fn main() {
         }
     });
     server.cli(&["config", "set", "slowlog-log-slower-than", "0"]);
-    println!("sliding log of {ENTRIES} entries; Redis server time per refusal (SLOWLOG, median of 21):");
+    println!(
+        "sliding log of {ENTRIES} entries; Redis server time per refusal (SLOWLOG, median of 21):"
+    );
     for cost in [ENTRIES, ENTRIES / 2, 2] {
         let times: Vec<u64> = (0..21)
             .map(|_| {

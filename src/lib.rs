@@ -16,6 +16,7 @@
 //! | [`quota`] | [`QuotaLayer`](quota::QuotaLayer) over a [`Store`](quota::Store) | 429 + `Retry-After`, 413, 503 |
 //! | [`concurrency`] | [`ConcurrencyLayer`](concurrency::ConcurrencyLayer) | 503 / 429 + `Retry-After` |
 //! | [`jobs`] | [`JobQueue`](jobs::JobQueue) for `202 Accepted` | 503 |
+//! | [`outbound`] | [`DependencyBudgetLayer`](outbound::DependencyBudgetLayer) on a client | [`BudgetError`](outbound::BudgetError) with the wait |
 //!
 //! # Quick start
 //!
@@ -69,6 +70,7 @@ pub mod concurrency;
 mod error;
 pub mod identity;
 pub mod jobs;
+pub mod outbound;
 pub mod quota;
 pub mod reject;
 

@@ -56,7 +56,9 @@ async fn a_shadow_policy_changes_nothing_in_the_answer() {
         .headers_on_success(true)
         .build()
         .unwrap();
-    let app = Router::new().route("/", get(|| async { "ok" })).layer(layer);
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
 
     let ok = app.clone().oneshot(alice()).await.unwrap();
     assert_eq!(ok.status(), StatusCode::OK);
@@ -177,9 +179,11 @@ async fn open_and_unknown_admissions_never_settle_the_shared_store() {
         store.unknown.store(unknown, Ordering::Relaxed);
         let quota = Quota::new(
             "api",
-            [Policy::fixed_window("per-minute", 100, Duration::from_secs(60))
-                .unwrap()
-                .on_failure(FailureMode::Open)],
+            [
+                Policy::fixed_window("per-minute", 100, Duration::from_secs(60))
+                    .unwrap()
+                    .on_failure(FailureMode::Open),
+            ],
         )
         .unwrap();
         let limiter = Limiter::new(store.clone());
@@ -190,9 +194,16 @@ async fn open_and_unknown_admissions_never_settle_the_shared_store() {
                 .unwrap();
             assert_eq!(response.status(), StatusCode::OK);
         }
-        assert_eq!(store.settles.load(Ordering::Relaxed), 0, "unknown: {unknown}");
+        assert_eq!(
+            store.settles.load(Ordering::Relaxed),
+            0,
+            "unknown: {unknown}"
+        );
         assert_eq!(limiter.stats().failed_open, 3);
-        assert_eq!(limiter.stats().unknown_outcomes, if unknown { 3 } else { 0 });
+        assert_eq!(
+            limiter.stats().unknown_outcomes,
+            if unknown { 3 } else { 0 }
+        );
     }
 }
 
@@ -234,11 +245,13 @@ async fn local_share_refuses_a_big_cost_as_unavailable_not_too_large() {
     let limiter = Limiter::new(Failing::default());
     let quota = Quota::new(
         "api",
-        [Policy::fixed_window("per-minute", 100, Duration::from_secs(60))
-            .unwrap()
-            .on_failure(FailureMode::LocalShare {
-                divisor: NonZeroU64::new(10).unwrap(),
-            })],
+        [
+            Policy::fixed_window("per-minute", 100, Duration::from_secs(60))
+                .unwrap()
+                .on_failure(FailureMode::LocalShare {
+                    divisor: NonZeroU64::new(10).unwrap(),
+                }),
+        ],
     )
     .unwrap();
     let key: Arc<str> = "alice".into();
@@ -260,7 +273,9 @@ async fn local_share_refuses_a_big_cost_as_unavailable_not_too_large() {
         .cost(|parts| parts.uri.query().map_or(1, |q| q.parse().unwrap()))
         .build()
         .unwrap();
-    let app = Router::new().route("/", get(|| async { "ok" })).layer(layer);
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
     let with_cost = |cost: u64| {
         let mut req = Request::builder()
             .uri(format!("/?{cost}"))

@@ -115,11 +115,7 @@ fn a_store_of_a_million_keys_holds_exactly_a_million_live_keys() {
     let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
     let config = MemoryConfig::new(NonZeroUsize::new(1_000_000).unwrap());
     let store = MemoryStore::with_config(config, clock.clone());
-    let quota = Quota::new(
-        "q",
-        [Policy::token_bucket("b", 10, 1, MINUTE).unwrap()],
-    )
-    .unwrap();
+    let quota = Quota::new("q", [Policy::token_bucket("b", 10, 1, MINUTE).unwrap()]).unwrap();
     for i in 0..1_000_000u32 {
         let key: Arc<str> = format!("key-{i}").into();
         let decision = store.decide(&quota, &key, 1).into_inner();
@@ -135,7 +131,13 @@ fn a_store_of_a_million_keys_holds_exactly_a_million_live_keys() {
     );
     // Known keys still decide.
     let first: Arc<str> = "key-0".into();
-    assert!(store.decide(&quota, &first, 1).into_inner().unwrap().admitted);
+    assert!(
+        store
+            .decide(&quota, &first, 1)
+            .into_inner()
+            .unwrap()
+            .admitted
+    );
 }
 
 #[test]
@@ -155,7 +157,10 @@ fn a_refund_brings_the_key_expiry_forward() {
             retry_after: MINUTE
         })
     );
-    store.settle(&quota, &a, &charge.holds, -5).into_inner().unwrap();
+    store
+        .settle(&quota, &a, &charge.holds, -5)
+        .into_inner()
+        .unwrap();
     clock.advance(Duration::from_micros(1));
     assert!(store.decide(&quota, &b, 1).into_inner().unwrap().admitted);
     assert_eq!(store.len(), 1);

@@ -131,7 +131,12 @@ async fn settle_run<S: Store>(
                 if delta < 0 {
                     let back = after.saturating_sub(before);
                     prop_assert!(back <= delta.unsigned_abs());
-                    prop_assert!(back <= charges[c].net, "gave back {} of {}", back, charges[c].net);
+                    prop_assert!(
+                        back <= charges[c].net,
+                        "gave back {} of {}",
+                        back,
+                        charges[c].net
+                    );
                     charges[c].net -= back;
                 }
                 charges[c].holds = holds;
@@ -184,7 +189,12 @@ fn check_bound(
 
 fn settlement_case() -> impl Strategy<Value = ((Kind, u64, u64, u64), Vec<Op>)> {
     let kind = prop_oneof![Just(Kind::Fixed), Just(Kind::Log), Just(Kind::Bucket)];
-    (kind, 1u64..=20, 1u64..=7, prop_oneof![Just(10_000u64), Just(60_000_000u64), 1_000u64..=5_000_000])
+    (
+        kind,
+        1u64..=20,
+        1u64..=7,
+        prop_oneof![Just(10_000u64), Just(60_000_000u64), 1_000u64..=5_000_000],
+    )
         .prop_flat_map(|(kind, limit, refill, window)| {
             (Just((kind, limit, refill, window)), ops(limit, window))
         })
@@ -192,8 +202,12 @@ fn settlement_case() -> impl Strategy<Value = ((Kind, u64, u64, u64), Vec<Op>)> 
 
 /// A policy with random numbers, of one of the four kinds.
 fn changed_policy(kind: u8) -> impl Strategy<Value = Policy> {
-    (1u64..=50, 1u64..=9, prop_oneof![1u64..=1_000, 1_000u64..=100_000_000]).prop_map(
-        move |(limit, refill, window)| {
+    (
+        1u64..=50,
+        1u64..=9,
+        prop_oneof![1u64..=1_000, 1_000u64..=100_000_000],
+    )
+        .prop_map(move |(limit, refill, window)| {
             let w = Duration::from_micros(window);
             match kind {
                 0 => Policy::fixed_window("p", limit, w),
@@ -202,16 +216,12 @@ fn changed_policy(kind: u8) -> impl Strategy<Value = Policy> {
                 _ => Policy::sliding_window("p", limit, w),
             }
             .unwrap()
-        },
-    )
+        })
 }
 
 fn change_case() -> impl Strategy<Value = Vec<(Policy, u64, u64)>> {
     (0u8..4).prop_flat_map(|kind| {
-        proptest::collection::vec(
-            (changed_policy(kind), 0u64..=200_000_000, 0u64..=60),
-            1..50,
-        )
+        proptest::collection::vec((changed_policy(kind), 0u64..=200_000_000, 0u64..=60), 1..50)
     })
 }
 

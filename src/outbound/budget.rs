@@ -1,0 +1,330 @@
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::quota::{Limiter, Outcome, Policy, Quota, Store};
+use crate::ConfigError;
+
+/// Which share of a [`DependencyBudget`] an attempt draws on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Share {
+    /// First attempts.
+    Normal,
+    /// Retries: attempt 2 and later.
+    Retry,
+}
+
+/// How a budget that is split into partitions picks one for an attempt.
+///
+/// Each of `N` partitions holds `1/N` of every policy (limit and rate), so
+/// together they never admit more than the whole budget, whichever is picked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Pick {
+    /// Always this instance's own partition (its index modulo `N`).
+    ///
+    /// Strict and cheap: one decision per attempt. An instance can use only
+    /// its own `1/N`, so with uneven load across instances the budget is
+    /// under-used.
+    Home(usize),
+    /// A random partition, then up to `probes` others in turn when it refuses.
+    ///
+    /// Uses the whole budget under uneven load, at the cost of up to
+    /// `1 + probes` decisions for a refused attempt. Still never more than
+    /// the total, since every partition holds only its part.
+    Random {
+        /// Other partitions tried after a refusal.
+        probes: usize,
+    },
+}
+
+/// A shared budget for calls to one dependency, charged before every send
+/// attempt: a **normal** share for first attempts and a **retry** share for
+/// retries, each a quota of its own over one [`Limiter`], optionally split
+/// into partitions to spread a hot key.
+///
+/// A bound on send *starts* is not a bound on *arrivals* at the dependency:
+/// requests that start within the budget can still arrive together (network
+/// queues, connection pools, retries of the transport itself), and the
+/// dependency sees them when they arrive.
+///
+/// Clones share the limiter, its store and the counters.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_admission::outbound::{DependencyBudget, Share};
+/// use tower_admission::quota::{MemoryStore, Policy};
+///
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// // 240/s in all: 200/s for first attempts, 40/s for retries.
+/// let budget = DependencyBudget::builder(MemoryStore::new(), "reports-db")
+///     .normal(Policy::token_bucket("normal", 20, 200, Duration::from_secs(1))?)
+///     .retry(Policy::token_bucket("retry", 4, 40, Duration::from_secs(1))?)
+///     .build()?;
+/// assert_eq!(budget.try_acquire(Share::Normal, 1).await, Ok(()));
+/// # Ok::<(), tower_admission::ConfigError>(())
+/// # })?;
+/// # Ok::<(), tower_admission::ConfigError>(())
+/// ```
+#[derive(Debug)]
+pub struct DependencyBudget<St> {
+    inner: Arc<Inner<St>>,
+}
+
+impl<St> Clone for DependencyBudget<St> {
+    fn clone(&self) -> Self {
+        DependencyBudget {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Inner<St> {
+    limiter: Limiter<St>,
+    normal: Quota,
+    retry: Quota,
+    /// One key per partition.
+    keys: Vec<Arc<str>>,
+    pick: Pick,
+    stats: Counters,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    normal: AtomicU64,
+    retry: AtomicU64,
+    refused: AtomicU64,
+    waited_micros: AtomicU64,
+}
+
+/// Counts of a [`DependencyBudget`]. A snapshot.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BudgetStats {
+    /// First attempts admitted.
+    pub normal: u64,
+    /// Retries admitted.
+    pub retry: u64,
+    /// Attempts refused (each refusal once, waiting or not).
+    pub refused: u64,
+    /// Total time attempts spent waiting for the budget, in µs.
+    pub waited_micros: u64,
+}
+
+/// Why an attempt was not admitted by a [`DependencyBudget`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// The share is exhausted; it admits again after `wait`.
+    Exhausted {
+        /// The share that refused.
+        share: Share,
+        /// The exact wait until the attempt could be admitted.
+        wait: Duration,
+    },
+    /// The cost is more than the share can ever admit at once.
+    CostExceedsBudget {
+        /// The share.
+        share: Share,
+        /// The attempt's cost.
+        cost: u64,
+    },
+    /// The limiter store failed and its failure mode refuses.
+    Unavailable {
+        /// Suggested wait.
+        wait: Duration,
+    },
+}
+
+impl Refusal {
+    /// The wait after which the attempt can succeed, if one can.
+    pub fn wait(&self) -> Option<Duration> {
+        match self {
+            Refusal::Exhausted { wait, .. } | Refusal::Unavailable { wait } => Some(*wait),
+            Refusal::CostExceedsBudget { .. } => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::Exhausted { share, wait } => {
+                write!(
+                    f,
+                    "dependency budget ({share:?} share) exhausted; retry in {wait:?}"
+                )
+            }
+            Refusal::CostExceedsBudget { share, cost } => write!(
+                f,
+                "an attempt of cost {cost} exceeds the dependency budget's {share:?} share"
+            ),
+            Refusal::Unavailable { wait } => {
+                write!(f, "dependency budget unavailable; retry in {wait:?}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for Refusal {}
+
+/// Builds a [`DependencyBudget`]; [`build`](Self::build) checks it.
+#[derive(Debug)]
+pub struct DependencyBudgetBuilder<St> {
+    limiter: Limiter<St>,
+    name: String,
+    normal: Option<Policy>,
+    retry: Option<Policy>,
+    partitions: usize,
+    pick: Pick,
+}
+
+impl<St: Store> DependencyBudget<St> {
+    /// A budget named `name` (part of its store keys) over `store`.
+    pub fn builder(store: St, name: &str) -> DependencyBudgetBuilder<St> {
+        Self::with_limiter(Limiter::new(store), name)
+    }
+
+    /// A budget over an existing [`Limiter`], to share its counters or its
+    /// local fallback.
+    pub fn with_limiter(limiter: Limiter<St>, name: &str) -> DependencyBudgetBuilder<St> {
+        DependencyBudgetBuilder {
+            limiter,
+            name: name.to_owned(),
+            normal: None,
+            retry: None,
+            partitions: 1,
+            pick: Pick::Home(0),
+        }
+    }
+
+    /// The share's quota, as one partition holds it.
+    pub fn quota(&self, share: Share) -> &Quota {
+        match share {
+            Share::Normal => &self.inner.normal,
+            Share::Retry => &self.inner.retry,
+        }
+    }
+
+    /// The limiter: store, failure modes, decision counters.
+    pub fn limiter(&self) -> &Limiter<St> {
+        &self.inner.limiter
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> BudgetStats {
+        let c = &self.inner.stats;
+        BudgetStats {
+            normal: c.normal.load(Ordering::Relaxed),
+            retry: c.retry.load(Ordering::Relaxed),
+            refused: c.refused.load(Ordering::Relaxed),
+            waited_micros: c.waited_micros.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Charges one attempt of `cost` to `share` now, or says why not. Never
+    /// waits; see [`DependencyBudgetLayer`](crate::outbound::DependencyBudgetLayer)
+    /// for waiting up to a deadline.
+    pub async fn try_acquire(&self, share: Share, cost: u64) -> Result<(), Refusal> {
+        let inner = &*self.inner;
+        let quota = self.quota(share);
+        let n = inner.keys.len();
+        let (first, tries) = match inner.pick {
+            Pick::Home(i) => (i % n, 1),
+            Pick::Random { probes } => (rand::random_range(0..n), (1 + probes).min(n)),
+        };
+        let mut refusal = None;
+        for k in 0..tries {
+            let key = &inner.keys[(first + k) % n];
+            let verdict = inner.limiter.check(quota, key, cost).await;
+            let this = match verdict.outcome() {
+                Outcome::Admitted => {
+                    let counter = match share {
+                        Share::Normal => &inner.stats.normal,
+                        Share::Retry => &inner.stats.retry,
+                    };
+                    counter.fetch_add(1, Ordering::Relaxed);
+                    return Ok(());
+                }
+                Outcome::Refused { wait, .. } => Refusal::Exhausted { share, wait: *wait },
+                Outcome::CostExceedsCapacity { .. } => Refusal::CostExceedsBudget { share, cost },
+                Outcome::Unavailable { wait } => Refusal::Unavailable { wait: *wait },
+            };
+            // Across partitions the attempt can go as soon as any one frees.
+            refusal = Some(match (refusal, this) {
+                (Some(Refusal::Exhausted { wait: a, .. }), Refusal::Exhausted { wait: b, .. }) => {
+                    Refusal::Exhausted {
+                        share,
+                        wait: a.min(b),
+                    }
+                }
+                (_, this) => this,
+            });
+        }
+        inner.stats.refused.fetch_add(1, Ordering::Relaxed);
+        Err(refusal.unwrap_or(Refusal::Unavailable {
+            wait: Duration::from_secs(1),
+        }))
+    }
+
+    pub(crate) fn waited(&self, waited: Duration) {
+        let micros = u64::try_from(waited.as_micros()).unwrap_or(u64::MAX);
+        self.inner
+            .stats
+            .waited_micros
+            .fetch_add(micros, Ordering::Relaxed);
+    }
+}
+
+impl<St: Store> DependencyBudgetBuilder<St> {
+    /// The normal share, for first attempts (required).
+    pub fn normal(mut self, policy: Policy) -> Self {
+        self.normal = Some(policy);
+        self
+    }
+
+    /// The retry share, for attempt 2 and later (required).
+    pub fn retry(mut self, policy: Policy) -> Self {
+        self.retry = Some(policy);
+        self
+    }
+
+    /// Splits the budget into `n` partitions of `1/n` each, picked by `pick`.
+    /// Default: one partition.
+    pub fn partitions(mut self, n: usize, pick: Pick) -> Self {
+        self.partitions = n;
+        self.pick = pick;
+        self
+    }
+
+    /// The budget. Fails when a share is missing, the partition count is 0
+    /// or above 1,024, or the store cannot decide the shares.
+    pub fn build(self) -> Result<DependencyBudget<St>, ConfigError> {
+        let n = self.partitions;
+        if n == 0 || n > 1024 {
+            return Err(ConfigError::new("partitions", "must be 1 to 1,024"));
+        }
+        let divisor = std::num::NonZeroU64::new(n as u64).unwrap_or(std::num::NonZeroU64::MIN);
+        let share = |policy: Option<Policy>, field: &'static str| {
+            let policy = policy.ok_or_else(|| ConfigError::new(field, "is required"))?;
+            Quota::new(&format!("{}-{field}", self.name), [policy.share(divisor)])
+        };
+        let normal = share(self.normal.clone(), "normal")?;
+        let retry = share(self.retry.clone(), "retry")?;
+        self.limiter.validate(&normal)?;
+        self.limiter.validate(&retry)?;
+        let keys = (0..n).map(|i| Arc::from(format!("p{i}"))).collect();
+        Ok(DependencyBudget {
+            inner: Arc::new(Inner {
+                limiter: self.limiter,
+                normal,
+                retry,
+                keys,
+                pick: self.pick,
+                stats: Counters::default(),
+            }),
+        })
+    }
+}

@@ -1,0 +1,258 @@
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::Request;
+use tokio::time::Instant;
+use tower::{Layer, Service};
+
+use crate::outbound::{Attempt, DependencyBudget, Refusal, Share};
+use crate::quota::Store;
+
+type CostFn<B> = Arc<dyn Fn(&Request<B>) -> u64 + Send + Sync>;
+
+/// Charges a [`DependencyBudget`] right before every send attempt of an
+/// outbound `Service<http::Request<B>>` (a hyper-util client, a tonic
+/// channel, a reqwest-based service).
+///
+/// - **Share.** The attempt's [`Attempt`] extension, set by
+///   [`RetryAttempts`](crate::outbound::RetryAttempts) under `tower::retry`,
+///   picks the share: first attempts draw on the normal share, retries on
+///   the retry share. Put this layer **inside** the retry layer, so that
+///   every attempt passes through it. A request without the extension is a
+///   first attempt.
+/// - **Cost.** A function of the request, default 1; a batch call can cost
+///   its item count.
+/// - **Exhausted budget.** By default the attempt waits for capacity up to
+///   [`wait_up_to`](Self::wait_up_to) (1 s); [`fail_fast`](Self::fail_fast)
+///   refuses at once. Either way the caller gets
+///   [`BudgetError::Refused`] carrying the wait, never a response.
+///
+/// A bound on send starts is not a bound on arrivals at the receiver; see
+/// [`DependencyBudget`].
+///
+/// ```
+/// use std::time::Duration;
+/// use tower::{ServiceBuilder, ServiceExt};
+/// use tower_admission::outbound::{DependencyBudget, DependencyBudgetLayer, RetryAttempts};
+/// use tower_admission::quota::{MemoryStore, Policy};
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+/// let budget = DependencyBudget::builder(MemoryStore::new(), "reports-db")
+///     .normal(Policy::token_bucket("normal", 20, 200, Duration::from_secs(1))?)
+///     .retry(Policy::token_bucket("retry", 4, 40, Duration::from_secs(1))?)
+///     .build()?;
+/// let client = tower::service_fn(|_req: http::Request<String>| async {
+///     Ok::<_, std::convert::Infallible>(http::Response::new(String::from("ok")))
+/// });
+/// let client = ServiceBuilder::new()
+///     .retry(RetryAttempts::new(3))
+///     .layer(DependencyBudgetLayer::new(budget))
+///     .service(client);
+/// let response = client.oneshot(http::Request::new(String::new())).await.unwrap();
+/// assert_eq!(response.body(), "ok");
+/// # Ok::<(), tower_admission::ConfigError>(())
+/// # })?;
+/// # Ok::<(), tower_admission::ConfigError>(())
+/// ```
+pub struct DependencyBudgetLayer<St, B> {
+    budget: DependencyBudget<St>,
+    cost: Option<CostFn<B>>,
+    wait: Option<Duration>,
+}
+
+impl<St, B> Clone for DependencyBudgetLayer<St, B> {
+    fn clone(&self) -> Self {
+        DependencyBudgetLayer {
+            budget: self.budget.clone(),
+            cost: self.cost.clone(),
+            wait: self.wait,
+        }
+    }
+}
+
+impl<St, B> fmt::Debug for DependencyBudgetLayer<St, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DependencyBudgetLayer")
+            .field("wait", &self.wait)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<St: Store, B> DependencyBudgetLayer<St, B> {
+    /// Charges `budget`, cost 1 per attempt, waiting up to 1 s.
+    pub fn new(budget: DependencyBudget<St>) -> Self {
+        DependencyBudgetLayer {
+            budget,
+            cost: None,
+            wait: Some(Duration::from_secs(1)),
+        }
+    }
+
+    /// The cost of an attempt, default 1.
+    pub fn cost(mut self, cost: impl Fn(&Request<B>) -> u64 + Send + Sync + 'static) -> Self {
+        self.cost = Some(Arc::new(cost));
+        self
+    }
+
+    /// Waits for capacity for at most `deadline` per attempt, then refuses.
+    /// An attempt whose wait would end past the deadline is refused at once.
+    pub fn wait_up_to(mut self, deadline: Duration) -> Self {
+        self.wait = Some(deadline);
+        self
+    }
+
+    /// Refuses at once when the share is exhausted.
+    pub fn fail_fast(mut self) -> Self {
+        self.wait = None;
+        self
+    }
+}
+
+impl<S, St: Store, B> Layer<S> for DependencyBudgetLayer<St, B> {
+    type Service = DependencyBudgetService<S, St, B>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        DependencyBudgetService {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+/// The service built by [`DependencyBudgetLayer`].
+pub struct DependencyBudgetService<S, St, B> {
+    inner: S,
+    layer: DependencyBudgetLayer<St, B>,
+}
+
+impl<S, St, B> DependencyBudgetService<S, St, B> {
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Consumes this service, returning the inner one.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S: Clone, St, B> Clone for DependencyBudgetService<S, St, B> {
+    fn clone(&self) -> Self {
+        DependencyBudgetService {
+            inner: self.inner.clone(),
+            layer: self.layer.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug, St, B> fmt::Debug for DependencyBudgetService<S, St, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DependencyBudgetService")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The error of a [`DependencyBudgetService`]: the budget refused the
+/// attempt, or the inner service failed.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum BudgetError<E> {
+    /// The budget refused the attempt; nothing was sent.
+    Refused(Refusal),
+    /// The inner service's error.
+    Inner(E),
+}
+
+impl<E> BudgetError<E> {
+    /// The wait that the refusal carries, if the budget refused.
+    pub fn wait(&self) -> Option<Duration> {
+        match self {
+            BudgetError::Refused(r) => r.wait(),
+            BudgetError::Inner(_) => None,
+        }
+    }
+}
+
+impl<E: fmt::Display> fmt::Display for BudgetError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BudgetError::Refused(r) => r.fmt(f),
+            BudgetError::Inner(e) => e.fmt(f),
+        }
+    }
+}
+
+impl<E: std::error::Error + 'static> std::error::Error for BudgetError<E> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            BudgetError::Refused(r) => Some(r),
+            BudgetError::Inner(e) => Some(e),
+        }
+    }
+}
+
+/// Response future of [`DependencyBudgetService`].
+pub type ResponseFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, BudgetError<E>>> + Send>>;
+
+impl<S, St, B> Service<Request<B>> for DependencyBudgetService<S, St, B>
+where
+    S: Service<Request<B>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Response: Send,
+    S::Error: Send,
+    St: Store,
+    B: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = BudgetError<S::Error>;
+    type Future = ResponseFuture<S::Response, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(BudgetError::Inner)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let share = match req.extensions().get::<Attempt>() {
+            Some(attempt) if attempt.is_retry() => Share::Retry,
+            _ => Share::Normal,
+        };
+        let cost = self.layer.cost.as_ref().map_or(1, |f| f(&req));
+        let budget = self.layer.budget.clone();
+        let deadline = self.layer.wait.map(|d| Instant::now() + d);
+        let ready = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, ready);
+        Box::pin(async move {
+            let started = Instant::now();
+            loop {
+                match budget.try_acquire(share, cost).await {
+                    Ok(()) => break,
+                    Err(refusal) => {
+                        let until = refusal.wait().map(|w| Instant::now() + w);
+                        match (until, deadline) {
+                            (Some(until), Some(deadline)) if until <= deadline => {
+                                tokio::time::sleep_until(until).await;
+                            }
+                            _ => {
+                                tracing::debug!(%refusal, "dependency budget refused an attempt");
+                                return Err(BudgetError::Refused(refusal));
+                            }
+                        }
+                    }
+                }
+            }
+            budget.waited(started.elapsed());
+            inner.call(req).await.map_err(BudgetError::Inner)
+        })
+    }
+}

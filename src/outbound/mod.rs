@@ -1,0 +1,35 @@
+//! Outbound dependency budgets: a shared budget charged before **every
+//! send attempt** to a dependency, so that a fleet of instances never
+//! overruns a service they all call.
+//!
+//! One check per incoming request cannot bound what that request sends
+//! later: a batch of 100 items that makes 2 calls each sends 200, and
+//! retries send more. So the budget sits on the outbound client, inside the
+//! retry layer:
+//!
+//! ```text
+//! tower::retry (RetryAttempts marks attempt n) -> DependencyBudgetLayer (normal | retry share) -> client
+//! ```
+//!
+//! - [`DependencyBudget`]: the budget, a normal share for first attempts and
+//!   a retry share for retries (for example 200/s + 40/s within 240/s), over
+//!   any [`Store`](crate::quota::Store), optionally split into partitions
+//!   ([`Pick`]) to spread a hot key, each holding `1/N` of the budget.
+//! - [`DependencyBudgetLayer`]: charges it per attempt, waiting up to a
+//!   deadline (the default) or failing at once, with a typed
+//!   [`BudgetError`] that carries the wait.
+//! - [`RetryAttempts`]: a `tower::retry` policy that marks each attempt's
+//!   number ([`Attempt`]) and retries 429 and 5xx with backoff and jitter.
+//!
+//! **A bound on send starts is not a bound on arrivals at the receiver.**
+//! Attempts admitted within the budget can still arrive together after
+//! queueing in the network, a connection pool or the transport's own
+//! retries; the dependency counts them when they arrive.
+
+mod attempt;
+mod budget;
+mod layer;
+
+pub use attempt::{Attempt, RetryAttempts};
+pub use budget::{BudgetStats, DependencyBudget, DependencyBudgetBuilder, Pick, Refusal, Share};
+pub use layer::{BudgetError, DependencyBudgetLayer, DependencyBudgetService, ResponseFuture};

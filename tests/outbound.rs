@@ -1,0 +1,305 @@
+//! The dependency budget per send attempt: shares, retries, waiting,
+//! partitions. Time is tokio's paused clock, which the store reads too, so
+//! every count is exact.
+
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::{Request, Response, StatusCode};
+use tower::{Layer, Service, ServiceBuilder, ServiceExt};
+use tower_admission::clock::{Clock, ManualClock, Timestamp};
+use tower_admission::outbound::{
+    Attempt, BudgetError, DependencyBudget, DependencyBudgetLayer, Pick, Refusal, RetryAttempts,
+    Share,
+};
+use tower_admission::quota::{MemoryConfig, MemoryStore, Policy};
+
+const SECOND: Duration = Duration::from_secs(1);
+
+/// The store's clock is tokio's (paused in these tests): µs since a start.
+#[derive(Clone)]
+struct TokioClock(tokio::time::Instant);
+
+impl Clock for TokioClock {
+    fn now(&self) -> Timestamp {
+        Timestamp::from_secs(1_800_000_000).plus(self.0.elapsed())
+    }
+}
+
+fn store() -> MemoryStore<TokioClock> {
+    MemoryStore::with_config(
+        MemoryConfig::default(),
+        TokioClock(tokio::time::Instant::now()),
+    )
+}
+
+/// 240/s in all: 200/s first attempts (burst 20), 40/s retries (burst 4).
+fn budget_240() -> DependencyBudget<MemoryStore<TokioClock>> {
+    DependencyBudget::builder(store(), "dep")
+        .normal(Policy::token_bucket("normal", 20, 200, SECOND).unwrap())
+        .retry(Policy::token_bucket("retry", 4, 40, SECOND).unwrap())
+        .build()
+        .unwrap()
+}
+
+/// What the dependency saw: each arrival's time (µs from the start) and
+/// attempt number.
+#[derive(Clone, Default)]
+struct Arrivals(Arc<Mutex<Vec<(u64, u32)>>>);
+
+/// A dependency that fails every third arrival with 503.
+fn dependency(
+    arrivals: Arrivals,
+    start: tokio::time::Instant,
+) -> impl Service<Request<String>, Response = Response<String>, Error = Infallible, Future: Send>
+       + Clone
+       + Send {
+    tower::service_fn(move |req: Request<String>| {
+        let arrivals = arrivals.clone();
+        async move {
+            let attempt = req.extensions().get::<Attempt>().map_or(1, |a| a.number());
+            let mut log = arrivals.0.lock().unwrap();
+            log.push((start.elapsed().as_micros() as u64, attempt));
+            let status = if log.len() % 3 == 0 {
+                StatusCode::SERVICE_UNAVAILABLE
+            } else {
+                StatusCode::OK
+            };
+            Ok(Response::builder()
+                .status(status)
+                .body(String::new())
+                .unwrap())
+        }
+    })
+}
+
+/// Most admitted in any interval of the log, against `floor(B + r·T)`.
+fn check_bucket(times: &[u64], capacity: u64, per_second: u64, share: &str) {
+    for (i, &t1) in times.iter().enumerate() {
+        for (j, &t2) in times.iter().enumerate().skip(i) {
+            let count = (j - i + 1) as u64;
+            let bound = capacity + per_second * (t2 - t1) / 1_000_000;
+            assert!(
+                count <= bound,
+                "{share}: {count} attempts in [{t1}, {t2}] µs, bound {bound}"
+            );
+        }
+    }
+}
+
+/// 150 requests at once, each making 3 calls one after the other through
+/// retry -> budget -> dependency, with every third arrival failing.
+#[tokio::test(start_paused = true)]
+async fn every_attempt_is_charged_to_its_share() {
+    let start = tokio::time::Instant::now();
+    let budget = budget_240();
+    let arrivals = Arrivals::default();
+    let client = ServiceBuilder::new()
+        .retry(RetryAttempts::new(3).backoff(Duration::from_millis(5), Duration::from_millis(50)))
+        .layer(DependencyBudgetLayer::new(budget.clone()).wait_up_to(Duration::from_secs(30)))
+        .service(dependency(arrivals.clone(), start));
+    let failed_calls = Arc::new(Mutex::new(0u64));
+    let requests: Vec<_> = (0..150)
+        .map(|_| {
+            let client = client.clone();
+            let failed_calls = failed_calls.clone();
+            tokio::spawn(async move {
+                for _ in 0..3 {
+                    let response = client.clone().oneshot(Request::new(String::new())).await;
+                    let response = response.expect("the budget waits, never refuses here");
+                    if response.status() != StatusCode::OK {
+                        *failed_calls.lock().unwrap() += 1;
+                    }
+                }
+            })
+        })
+        .collect();
+    for r in requests {
+        r.await.unwrap();
+    }
+    let log = arrivals.0.lock().unwrap().clone();
+    let stats = budget.stats();
+    let first: Vec<u64> = log.iter().filter(|a| a.1 == 1).map(|a| a.0).collect();
+    let retries: Vec<u64> = log.iter().filter(|a| a.1 > 1).map(|a| a.0).collect();
+    // Every call's first attempt, and every retry, was charged and sent.
+    assert_eq!(first.len(), 450);
+    assert_eq!(stats.normal, 450);
+    assert_eq!(stats.retry, retries.len() as u64);
+    assert_eq!(log.len() as u64, stats.normal + stats.retry);
+    // A third of the arrivals failed; each failure not on a third attempt
+    // was retried once.
+    let failures = log.len() as u64 / 3;
+    let failed_calls = *failed_calls.lock().unwrap();
+    assert_eq!(stats.retry, failures - failed_calls);
+    assert!(stats.retry > 100, "{} retries", stats.retry);
+    // Each share within its own bound in every interval.
+    check_bucket(&first, 20, 200, "normal");
+    check_bucket(&retries, 4, 40, "retry");
+}
+
+#[tokio::test(start_paused = true)]
+async fn fail_fast_refuses_with_the_exact_wait() {
+    let budget = budget_240();
+    let arrivals = Arrivals::default();
+    let mut client = DependencyBudgetLayer::new(budget.clone())
+        .fail_fast()
+        .layer(dependency(arrivals.clone(), tokio::time::Instant::now()));
+    for _ in 0..20 {
+        client
+            .ready()
+            .await
+            .unwrap()
+            .call(Request::new(String::new()))
+            .await
+            .unwrap();
+    }
+    let refused = client
+        .ready()
+        .await
+        .unwrap()
+        .call(Request::new(String::new()))
+        .await
+        .unwrap_err();
+    // One token every 5 ms.
+    assert!(matches!(
+        refused,
+        BudgetError::Refused(Refusal::Exhausted {
+            share: Share::Normal,
+            wait
+        }) if wait == Duration::from_millis(5)
+    ));
+    assert_eq!(arrivals.0.lock().unwrap().len(), 20);
+    assert_eq!(budget.stats().refused, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn waiting_ends_at_the_deadline() {
+    let budget = DependencyBudget::builder(store(), "slow")
+        .normal(Policy::token_bucket("normal", 1, 1, SECOND).unwrap())
+        .retry(Policy::token_bucket("retry", 1, 1, SECOND).unwrap())
+        .build()
+        .unwrap();
+    let arrivals = Arrivals::default();
+    let start = tokio::time::Instant::now();
+    let waits = DependencyBudgetLayer::new(budget.clone())
+        .wait_up_to(Duration::from_secs(2))
+        .layer(dependency(arrivals.clone(), start));
+    waits
+        .clone()
+        .oneshot(Request::new(String::new()))
+        .await
+        .unwrap();
+    // The second waits exactly the refill of one token.
+    waits
+        .clone()
+        .oneshot(Request::new(String::new()))
+        .await
+        .unwrap();
+    assert_eq!(start.elapsed(), SECOND);
+    // A wait past the deadline is refused at once.
+    let short = DependencyBudgetLayer::new(budget.clone())
+        .wait_up_to(Duration::from_millis(500))
+        .layer(dependency(arrivals.clone(), start));
+    let refused = short
+        .oneshot(Request::new(String::new()))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.wait(), Some(SECOND));
+    assert_eq!(start.elapsed(), SECOND);
+    assert_eq!(budget.stats().waited_micros, 1_000_000);
+}
+
+/// A budget of 100 per minute, in a store that stands still.
+fn partitioned(
+    store: &MemoryStore<ManualClock>,
+    n: usize,
+    pick: Pick,
+) -> DependencyBudget<MemoryStore<ManualClock>> {
+    DependencyBudget::builder(store.clone(), "hot")
+        .normal(Policy::fixed_window("normal", 100, Duration::from_secs(60)).unwrap())
+        .retry(Policy::fixed_window("retry", 10, Duration::from_secs(60)).unwrap())
+        .partitions(n, pick)
+        .build()
+        .unwrap()
+}
+
+async fn admitted<St: tower_admission::quota::Store>(
+    budget: &DependencyBudget<St>,
+    n: usize,
+) -> usize {
+    let mut admitted = 0;
+    for _ in 0..n {
+        if budget.try_acquire(Share::Normal, 1).await.is_ok() {
+            admitted += 1;
+        }
+    }
+    admitted
+}
+
+#[tokio::test]
+async fn partitions_split_the_budget_so_the_total_holds() {
+    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let store = MemoryStore::with_config(MemoryConfig::default(), clock);
+    // Four instances, each on its home partition of 25.
+    let homes: Vec<_> = (0..4)
+        .map(|i| partitioned(&store, 4, Pick::Home(i)))
+        .collect();
+    let mut total = 0;
+    for home in &homes {
+        let n = admitted(home, 1_000).await;
+        assert_eq!(n, 25);
+        total += n;
+    }
+    assert_eq!(total, 100);
+
+    // Random with probes uses the whole budget from one instance, and no more.
+    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let store = MemoryStore::with_config(MemoryConfig::default(), clock);
+    let random = partitioned(&store, 4, Pick::Random { probes: 3 });
+    assert_eq!(admitted(&random, 1_000).await, 100);
+    // Without probes, a single instance gets only what its random picks
+    // find: at most the total, and refusals once any partition is empty.
+    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let store = MemoryStore::with_config(MemoryConfig::default(), clock);
+    let random = partitioned(&store, 4, Pick::Random { probes: 0 });
+    assert_eq!(admitted(&random, 1_000).await, 100);
+}
+
+/// The trap: splitting a hot key into N keys but granting each the whole
+/// budget multiplies the allowance by N.
+#[tokio::test]
+async fn the_naive_split_admits_n_times_the_budget() {
+    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let store = MemoryStore::with_config(MemoryConfig::default(), clock);
+    let mut total = 0;
+    for i in 0..4 {
+        // Each "partition" is a budget of its own holding the full 100.
+        let naive = DependencyBudget::builder(store.clone(), &format!("naive{i}"))
+            .normal(Policy::fixed_window("normal", 100, Duration::from_secs(60)).unwrap())
+            .retry(Policy::fixed_window("retry", 10, Duration::from_secs(60)).unwrap())
+            .build()
+            .unwrap();
+        total += admitted(&naive, 1_000).await;
+    }
+    assert_eq!(total, 400);
+}
+
+#[test]
+fn bad_budgets_name_the_field() {
+    let build = |n| {
+        DependencyBudget::builder(MemoryStore::new(), "b")
+            .normal(Policy::token_bucket("n", 1, 1, SECOND).unwrap())
+            .retry(Policy::token_bucket("r", 1, 1, SECOND).unwrap())
+            .partitions(n, Pick::Home(0))
+            .build()
+            .map(|_| ())
+    };
+    assert_eq!(build(0).unwrap_err().field(), "partitions");
+    assert_eq!(build(1025).unwrap_err().field(), "partitions");
+    let missing = DependencyBudget::builder(MemoryStore::new(), "b")
+        .normal(Policy::token_bucket("n", 1, 1, SECOND).unwrap())
+        .build()
+        .unwrap_err();
+    assert_eq!(missing.field(), "retry");
+}
