@@ -61,7 +61,7 @@ fn dependency(
             let attempt = req.extensions().get::<Attempt>().map_or(1, |a| a.number());
             let mut log = arrivals.0.lock().unwrap();
             log.push((start.elapsed().as_micros() as u64, attempt));
-            let status = if log.len() % 3 == 0 {
+            let status = if log.len().is_multiple_of(3) {
                 StatusCode::SERVICE_UNAVAILABLE
             } else {
                 StatusCode::OK
