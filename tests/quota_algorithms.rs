@@ -378,8 +378,17 @@ proptest! {
     /// Token bucket against governor: the same decision for every request,
     /// from the pure state machine and from the memory store's compact
     /// bucket table (whose one-pass step must equal check then record).
+    /// Rates of whole and of fractional µs: 100/min, 3/s, 7/min, 6 per 7 s
+    /// (governor keeps the interval in whole ns, which stays exact enough
+    /// at millisecond request times over these runs).
     #[test]
     fn token_bucket_matches_governor(
+        (refill, period) in prop_oneof![
+            Just((100u32, MINUTE)),
+            Just((3, Duration::from_secs(1))),
+            Just((7, MINUTE)),
+            Just((6, Duration::from_secs(7))),
+        ],
         gaps in prop::collection::vec(0u64..1_500, 1..400),
         costs in prop::collection::vec(1u32..6, 400),
     ) {
@@ -388,9 +397,9 @@ proptest! {
         use std::num::NonZeroU32;
 
         let gclock = FakeRelativeClock::default();
-        let quota = GQuota::with_period(Duration::from_millis(600)).unwrap().allow_burst(NonZeroU32::new(20).unwrap());
+        let quota = GQuota::with_period(period / refill).unwrap().allow_burst(NonZeroU32::new(20).unwrap());
         let governor = RateLimiter::direct_with_clock(quota, gclock.clone());
-        let policy = Policy::token_bucket("b", 20, 100, MINUTE).unwrap();
+        let policy = Policy::token_bucket("b", 20, u64::from(refill), period).unwrap();
         let alg = algorithm(policy.clone());
         let clock = ManualClock::new(Timestamp(0));
         let store = MemoryStore::with_config(MemoryConfig::default(), clock.clone());

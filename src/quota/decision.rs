@@ -56,8 +56,12 @@ impl QuotaDecision {
         let admitted = decision.admitted || shadow;
         let mut decisions = Decisions::new();
         decisions.push(decision);
+        // Like every admitted decision: one hold per policy, empty for a
+        // shadow policy that refused and so recorded nothing.
         let mut holds = Holds::default();
-        holds.0.extend(hold);
+        if admitted {
+            holds.0.push(hold.unwrap_or_default());
+        }
         QuotaDecision {
             admitted,
             decisions,

@@ -56,10 +56,10 @@ const SEQ_START_MAX: u64 = u64::MAX >> 1;
 /// with its net cost at its own time, and the net cost in every `(t - W, t]`
 /// stays at or below `limit`.
 ///
-/// A log that is empty numbers its next entry with at least its time in µs,
-/// so a hold from an earlier life of the key (one evicted or expired as
-/// fresh) never names an entry of a later life, unless the key admitted on
-/// average more than one charge per µs of clock time.
+/// A log that is empty numbers its next entry with its time in µs, and a
+/// hold names its entry by number **and** time, so a hold from an earlier
+/// life of the key (one evicted or expired as fresh) never names an entry
+/// of a later life: a number can come back, never at the same time.
 ///
 /// # Changed numbers
 ///
@@ -218,7 +218,9 @@ impl SlidingLogState {
     /// returns its sequence number.
     fn push(&mut self, now: u64, cost: u64) -> u64 {
         if self.entries.is_empty() {
-            self.front_seq = self.front_seq.max(now.min(SEQ_START_MAX));
+            // Numbered from the time, not from an earlier life: the Redis
+            // store forgets an empty log, and both must number alike.
+            self.front_seq = now.min(SEQ_START_MAX);
             self.oldest = now;
         }
         let seq = self.next_seq();
@@ -364,9 +366,11 @@ impl SlidingLog {
         if cost == 0 {
             return Hold::default();
         }
+        // The entry's number and time name it: a later life of the key can
+        // reuse a number, never at the same time.
         Hold {
             mark: state.push(now, cost),
-            frac: 0,
+            frac: now,
             amount: cost,
         }
     }
@@ -407,11 +411,16 @@ impl SlidingLog {
             // Too far back to rewrite in bounded work: nothing is given back.
             return hold;
         }
+        let (time, cum) = read(&state.entries, i);
+        if time != hold.frac {
+            // Another entry under the same number: the charge's has gone.
+            return hold;
+        }
         let before = match i.checked_sub(1) {
             Some(p) => read(&state.entries, p).1,
             None => state.base(),
         };
-        let held = read(&state.entries, i).1.wrapping_sub(before);
+        let held = cum.wrapping_sub(before);
         let take = want.min(held);
         if take == 0 {
             return hold;
@@ -660,7 +669,7 @@ mod tests {
         // A refund of the newest charge rewrites only itself.
         let newest = Hold {
             mark: s.next_seq() - 1,
-            frac: 0,
+            frac: s.newest,
             amount: 1,
         };
         let (h, reads) = touched(|| alg.settle(&mut s, t0 + 10 * n + n / 2 - 1, newest, -1));
@@ -735,7 +744,7 @@ mod tests {
 
         fn push(&mut self, now: u64, cost: u64) -> u64 {
             if self.entries.is_empty() {
-                self.next_seq = self.next_seq.max(now.min(SEQ_START_MAX));
+                self.next_seq = now.min(SEQ_START_MAX);
             }
             let seq = self.next_seq;
             self.next_seq += 1;
@@ -751,7 +760,7 @@ mod tests {
             }
             Hold {
                 mark: self.push(now, cost),
-                frac: 0,
+                frac: now,
                 amount: cost,
             }
         }
@@ -767,7 +776,11 @@ mod tests {
                 }
                 return hold;
             }
-            let Some(e) = self.entries.iter_mut().find(|e| e.1 == hold.mark) else {
+            let Some(e) = self
+                .entries
+                .iter_mut()
+                .find(|e| e.1 == hold.mark && e.0 == hold.frac)
+            else {
                 return hold;
             };
             let take = delta.unsigned_abs().min(hold.amount).min(e.2);

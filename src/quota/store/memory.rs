@@ -77,7 +77,7 @@ impl Default for MemoryConfig {
 /// - **Idle keys** are reclaimed lazily when a shard fills, and by
 ///   [`sweep`](Self::sweep) / [`spawn_sweeper`](Self::spawn_sweeper).
 /// - **Memory per key**, besides the key's string (shared with the caller):
-///   32 bytes for a quota of one token bucket, the most common shape, which
+///   56 bytes for a quota of one token bucket, the most common shape, which
 ///   has a table of its own; 168 bytes for any other quota of up to two
 ///   policies, plus 16 bytes per entry of a sliding log.
 ///
@@ -145,8 +145,8 @@ struct Padded<T>(T);
 
 #[derive(Debug, Default)]
 struct Shard {
-    /// Keys of quotas that are one token bucket: 32 bytes each, as small as
-    /// governor's entries, since this is the most common quota.
+    /// Keys of quotas that are one token bucket: 56 bytes each, since this
+    /// is the most common quota.
     buckets: HashTable<BucketSlot>,
     /// Keys of every other quota.
     slots: HashTable<Slot>,
@@ -274,7 +274,7 @@ impl Entry for BucketSlot {
     fn refresh(&mut self, _: &Quota) {}
 
     fn fresh_at(&self) -> u64 {
-        self.state.full_at()
+        self.state.fresh_at()
     }
 }
 
@@ -387,6 +387,7 @@ impl<C: Clock> MemoryStore<C> {
         if let Some((bucket, shadow)) = lone_bucket(quota) {
             return self.update::<BucketSlot, _>(quota, key, |state, now| {
                 let (decision, hold) = bucket.step_in_place(state, now.as_micros(), cost);
+                let hold = decision.admitted.then_some(hold);
                 QuotaDecision::single(decision, shadow, hold)
             });
         }
@@ -642,9 +643,9 @@ mod tests {
 
     #[test]
     fn slot_sizes() {
-        // The compact bucket slot is what makes a lone token bucket as cheap
-        // as governor's entry (24 bytes): keep it at 32.
-        assert_eq!(std::mem::size_of::<BucketSlot>(), 32);
+        // The compact bucket slot: layout, key, and the exact-rate TAT with
+        // its settlement offset.
+        assert_eq!(std::mem::size_of::<BucketSlot>(), 56);
         // Two states inline, the largest being a sliding log's.
         assert_eq!(std::mem::size_of::<Slot>(), 168);
     }

@@ -143,7 +143,7 @@ end
 -- Appends an entry of cost >= 1 at t; returns its sequence number.
 local function sl_push(s, t, cost)
   if s.n == 0 then
-    s.front_seq = max(s.next_seq, t)
+    s.front_seq = t
     s.next_seq = s.front_seq
     s.oldest = t
     s.cum = 0
@@ -190,7 +190,8 @@ function sliding_log.record(s, now, cost)
   local acting = sl_trim(s, now)
   cost = min(cost, sat_sub(s.limit, s.total))
   if cost <= 0 then return 0, 0, 0 end
-  return sl_push(s, acting, cost), 0, cost
+  -- The entry's number and time name it (see sliding_log.rs).
+  return sl_push(s, acting, cost), acting, cost
 end
 
 -- The members from rank r on, with their cum lowered by take and the one at
@@ -228,7 +229,8 @@ function sliding_log.settle(s, now, delta, mark, frac, amount)
   -- Bounded work: a refund reaches back at most SL_REFUND_REACH entries
   -- (REFUND_REACH in sliding_log.rs); further back it gives nothing.
   if s.n - r > SL_REFUND_REACH then return mark, frac, amount end
-  local _, _, held = sl_parse(redis.call('ZRANGE', s.key, r, r)[1])
+  local t, _, held = sl_parse(redis.call('ZRANGE', s.key, r, r)[1])
+  if t ~= frac then return mark, frac, amount end
   local take = min(want, held)
   if take <= 0 then return mark, frac, amount end
   sl_refund_from(s, r, take)
