@@ -441,21 +441,32 @@ impl<C: Clock> MemoryStore<C> {
         let now = self.inner.clock.now();
         let hash = self.hash(quota.layout(), key);
         let mut shard = self.shard(hash).lock();
-        let found = E::table(&mut shard)
+        let mut found = E::table(&mut shard)
             .find_mut(hash, |e| e.layout() == quota.layout() && same(e.key(), key));
+        // One call of `change`, on the key's state or a fresh one, so that
+        // it inlines once.
+        let mut fresh = None;
+        let state = match found.as_mut() {
+            Some(entry) => entry.state_mut(),
+            None => fresh.insert(E::fresh_state(quota)),
+        };
+        let result = change(state, now);
         if let Some(entry) = found {
-            let result = change(entry.state_mut(), now);
             entry.refresh(quota);
-            // A refund can bring the key's expiry forward.
+            // A refund can bring the key's expiry forward (rarely: the
+            // bounds are read first, so decisions write no shared line).
             let fresh_at = entry.fresh_at();
-            shard.next_expiry = shard.next_expiry.min(fresh_at);
-            self.inner
-                .next_expiry
-                .fetch_min(fresh_at, Ordering::Relaxed);
+            if fresh_at < shard.next_expiry {
+                shard.next_expiry = fresh_at;
+            }
+            if fresh_at < self.inner.next_expiry.load(Ordering::Relaxed) {
+                self.inner.next_expiry.fetch_min(fresh_at, Ordering::Relaxed);
+            }
             return Ok(result);
         }
-        let mut state = E::fresh_state(quota);
-        let result = change(&mut state, now);
+        let Some(state) = fresh else {
+            return Ok(result);
+        };
         let entry = E::new(quota, key, state);
         let now = now.as_micros();
         if entry.fresh_at() > now {
@@ -481,9 +492,11 @@ impl<C: Clock> MemoryStore<C> {
                 }
             }
             shard.next_expiry = shard.next_expiry.min(entry.fresh_at());
-            self.inner
-                .next_expiry
-                .fetch_min(entry.fresh_at(), Ordering::Relaxed);
+            if entry.fresh_at() < self.inner.next_expiry.load(Ordering::Relaxed) {
+                self.inner
+                    .next_expiry
+                    .fetch_min(entry.fresh_at(), Ordering::Relaxed);
+            }
             let table = E::table(&mut shard);
             // Another thread may have inserted the key while the lock was dropped.
             if table
