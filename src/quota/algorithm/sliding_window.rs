@@ -14,8 +14,8 @@ use crate::ConfigError;
 /// **Changed numbers.** The state records its current window's start and end
 /// in µs. Under another window length, both counts carry into the new
 /// policy's aligned window that holds `now` (if the old window has ended, its
-/// count becomes the previous one when it ended inside the new previous
-/// window, and is dropped otherwise).
+/// count becomes the previous one when it ended less than a new window ago,
+/// and is dropped otherwise).
 ///
 /// [`SlidingLog`]: crate::quota::algorithm::SlidingLog
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,9 +79,9 @@ impl SlidingWindow {
         }
         let start = now - now % self.window;
         if now >= s.end {
-            // The counted window has ended: it is the previous one if it
-            // ended inside the window before `start`.
-            s.previous = if s.end > start.saturating_sub(self.window) {
+            // The counted window has ended: it is the previous one while it
+            // ended less than a window ago (as `fresh_at` says).
+            s.previous = if now < s.end.saturating_add(self.window) {
                 s.current
             } else {
                 0

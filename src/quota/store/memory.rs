@@ -386,6 +386,7 @@ impl<C: Clock> MemoryStore<C> {
     ) -> Result<QuotaDecision, StoreError> {
         if let Some((bucket, shadow)) = lone_bucket(quota) {
             return self.update::<BucketSlot, _>(quota, key, |state, now| {
+                state.read_fresh(now.as_micros());
                 let (decision, hold) = bucket.step_in_place(state, now.as_micros(), cost);
                 let hold = decision.admitted.then_some(hold);
                 QuotaDecision::single(decision, shadow, hold)
@@ -406,6 +407,7 @@ impl<C: Clock> MemoryStore<C> {
         let hold = |i: usize| holds.0.get(i).copied().unwrap_or(Hold::default());
         if let Some((bucket, _)) = lone_bucket(quota) {
             return self.update::<BucketSlot, _>(quota, key, |state, now| {
+                state.read_fresh(now.as_micros());
                 Holds(
                     [bucket.settle(state, now.as_micros(), hold(0), delta)]
                         .into_iter()
@@ -421,6 +423,7 @@ impl<C: Clock> MemoryStore<C> {
                     .zip(states.iter_mut())
                     .enumerate()
                     .map(|(i, (policy, state))| {
+                        read_fresh(policy.algorithm(), state, now);
                         policy.algorithm().settle(state, now, hold(i), delta)
                     })
                     .collect(),
@@ -460,7 +463,9 @@ impl<C: Clock> MemoryStore<C> {
                 shard.next_expiry = fresh_at;
             }
             if fresh_at < self.inner.next_expiry.load(Ordering::Relaxed) {
-                self.inner.next_expiry.fetch_min(fresh_at, Ordering::Relaxed);
+                self.inner
+                    .next_expiry
+                    .fetch_min(fresh_at, Ordering::Relaxed);
             }
             return Ok(result);
         }
@@ -588,6 +593,16 @@ fn fresh_at(quota: &Quota, states: &[State]) -> u64 {
         .unwrap_or(0)
 }
 
+/// One policy's state that is equivalent to fresh, read as fresh: the Redis
+/// store keeps each policy in a key of its own and deletes it once fresh,
+/// so a state is read alike by both stores whatever numbers wrote it.
+#[inline]
+fn read_fresh(algorithm: &Algorithm, state: &mut State, now: Timestamp) {
+    if algorithm.fresh_at(state) <= now {
+        *state = algorithm.fresh_state();
+    }
+}
+
 /// Checks every policy, then records in all that admitted if no enforcing
 /// policy refused: the one place this rule is written. One critical section:
 /// the caller holds the shard lock.
@@ -595,6 +610,7 @@ fn fresh_at(quota: &Quota, states: &[State]) -> u64 {
 fn decide(quota: &Quota, states: &mut [State], now: Timestamp, cost: u64) -> QuotaDecision {
     if let ([policy], [state]) = (quota.policies(), &mut *states) {
         // One policy: nothing to keep atomic across policies.
+        read_fresh(policy.algorithm(), state, now);
         let d = policy.algorithm().check(state, now, cost);
         let hold = d
             .admitted
@@ -604,6 +620,7 @@ fn decide(quota: &Quota, states: &mut [State], now: Timestamp, cost: u64) -> Quo
     let mut admitted = true;
     let mut decisions = Decisions::new();
     for (policy, state) in quota.policies().iter().zip(states.iter_mut()) {
+        read_fresh(policy.algorithm(), state, now);
         let d = policy.algorithm().check(state, now, cost);
         admitted &= d.admitted || policy.is_shadow();
         decisions.push(d);

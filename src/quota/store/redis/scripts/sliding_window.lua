@@ -25,7 +25,7 @@ local function sw_roll(s, now)
   if now < s.stop and s.stop - s.start == s.window then return now end
   local start = idiv(now, s.window) * s.window
   if now >= s.stop then
-    if s.stop > sat_sub(start, s.window) then s.p = s.c else s.p = 0 end
+    if now < s.stop + s.window then s.p = s.c else s.p = 0 end
     s.c = 0
   end
   s.start = start

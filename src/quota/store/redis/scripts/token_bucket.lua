@@ -93,6 +93,11 @@ end
 -- denominator rounded up to the whole µs (offset + 1 µs), and a TAT beyond
 -- max(now, last) + B*p/q clamped to it (the cut added to the offset).
 local function tb_prepare(s, now)
+  if s.exists and token_bucket.fresh_at(s) <= now then
+    -- Equivalent to fresh: read as a fresh state, whatever numbers wrote it,
+    -- as the memory store reads a slot that is fresh (memory.rs, `update`).
+    s.tat, s.frac, s.den, s.off, s.last = 0, 0, 0, 0, 0
+  end
   local q = s.q
   local whole = s.den == 0 and s.frac == 0
   if (s.den ~= s.unit and not whole) or s.frac >= q then
