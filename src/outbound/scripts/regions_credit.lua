@@ -1,0 +1,46 @@
+-- Step 2 of a regional transfer, on the RECEIVER's Redis: add the amount to
+-- the receiver's allocation, once. Sent only after the donor confirmed the
+-- debit (step 1), so the money is never in two places.
+--
+-- KEYS[1]  state hash: alloc, debited, credited, seq, epoch, from:<region>
+-- KEYS[2]  credits hash: "<from>:<transfer id>" -> "<amount>:<seq>", kept for idempotence
+-- ARGV[1]  donor region
+-- ARGV[2]  transfer id
+-- ARGV[3]  amount, as recorded by the donor's debit
+-- ARGV[4]  the debit's seq in the donor region
+-- ARGV[5]  the donor's epoch (changes only when the donor is re-seeded)
+--
+-- Reply (nothing is written unless the reply starts with 1):
+--   {1, alloc}    credited now; alloc is the new allocation
+--   {2, amount}   credited before under this donor and id; nothing changed
+--   {-1}          no state hash: never seeded, or its data was lost. The
+--                 credit is NOT applied to a missing state: creating the
+--                 allocation from nothing would hide the loss.
+--
+-- `from:<donor>` keeps "<epoch>:<highest seq credited from that donor>", so
+-- a reader can tell whether a set of per-region reads is a consistent cut.
+local field = ARGV[1] .. ':' .. ARGV[2]
+local rec = redis.call('HGET', KEYS[2], field)
+if rec then
+  return {2, tonumber(string.match(rec, '^(%d+)'))}
+end
+if redis.call('HEXISTS', KEYS[1], 'alloc') == 0 then
+  return {-1}
+end
+
+local alloc = redis.call('HINCRBY', KEYS[1], 'alloc', ARGV[3])
+redis.call('HINCRBY', KEYS[1], 'credited', ARGV[3])
+
+local seen_field = 'from:' .. ARGV[1]
+local seq, epoch = tonumber(ARGV[4]), ARGV[5]
+local seen = redis.call('HGET', KEYS[1], seen_field)
+local seen_epoch, seen_seq
+if seen then
+  seen_epoch, seen_seq = string.match(seen, '^([^:]*):(%d+)$')
+end
+if seen_epoch ~= epoch or tonumber(seen_seq) < seq then
+  redis.call('HSET', KEYS[1], seen_field, epoch .. ':' .. ARGV[4])
+end
+
+redis.call('HSET', KEYS[2], field, ARGV[3] .. ':' .. ARGV[4])
+return {1, alloc}
