@@ -20,6 +20,10 @@
 //!   [`BudgetError`] that carries the wait.
 //! - [`RetryAttempts`]: a `tower::retry` policy that marks each attempt's
 //!   number ([`Attempt`]) and retries 429 and 5xx with backoff and jitter.
+//! - `RegionalBudget` (feature `redis`): disjoint per-region allocations of
+//!   one total, each in its region's own Redis, moved between regions by
+//!   idempotent, repairable transfers that debit the donor before they
+//!   credit the receiver, so the allocations never sum above the total.
 //!
 //! **A bound on send starts is not a bound on arrivals at the receiver.**
 //! Attempts admitted within the budget can still arrive together after
@@ -33,3 +37,11 @@ mod layer;
 pub use attempt::{Attempt, RetryAttempts};
 pub use budget::{BudgetStats, DependencyBudget, DependencyBudgetBuilder, Pick, Refusal, Share};
 pub use layer::{BudgetError, DependencyBudgetLayer, DependencyBudgetService, ResponseFuture};
+
+#[cfg(feature = "redis")]
+mod regions;
+#[cfg(feature = "redis")]
+pub use regions::{
+    Initialized, PendingTransfer, RegionError, RegionalBudget, RegionalBudgetBuilder,
+    RepairOutcome, RepairReport, Snapshot, Step, TransferError, TransferId, TransferOutcome,
+};
