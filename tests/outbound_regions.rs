@@ -1,0 +1,627 @@
+//! Regional budget allocations: a total of 240 split 100/80/60 over three
+//! regions, each region its own `redis-server` started by the test.
+//!
+//! The observer never trusts a sum of separate reads (that sum can exceed
+//! the total while transfers run, see `RegionalBudget::allocations`); it
+//! asserts the invariant on consistent cuts from `RegionalBudget::snapshot`,
+//! which carry the amount in flight.
+//!
+//! Interruptions are real: a receiver's `redis-server` is killed between
+//! the two steps and restarted. The support servers run without
+//! persistence, so a test that wants the receiver to come back *with* its
+//! data saves it explicitly (`SAVE` writes `dump.rdb` to the server's own
+//! directory, which `restart()` reuses and Redis loads at start), standing
+//! in for a region that persists. A restart without that save is the
+//! state-loss case and has its own test. The stall test goes through the
+//! support TCP proxy and uses wall time only for its deadline bound, as the
+//! fault tests do.
+#![cfg(feature = "redis")]
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::time::Instant;
+use tower_admission::outbound::{
+    Initialized, RegionError, RegionalBudget, RepairOutcome, Step, TransferError, TransferId,
+    TransferOutcome,
+};
+
+use support::{RedisServer, StallProxy};
+
+const TOTAL: u64 = 240;
+const REGIONS: [(&str, u64); 3] = [("eu", 100), ("us", 80), ("ap", 60)];
+const EU: usize = 0;
+const US: usize = 1;
+const AP: usize = 2;
+
+struct Fleet {
+    servers: Vec<RedisServer>,
+    budget: RegionalBudget,
+}
+
+fn budget_on(urls: &[String], call_timeout: Duration) -> RegionalBudget {
+    let mut builder = RegionalBudget::builder(TOTAL).call_timeout(call_timeout);
+    for ((name, initial), url) in REGIONS.iter().zip(urls) {
+        builder = builder.region(name, url, *initial);
+    }
+    builder.build().expect("valid budget")
+}
+
+async fn fleet() -> Fleet {
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+    let budget = budget_on(&urls, Duration::from_millis(500));
+    assert_eq!(budget.initialize().await.unwrap(), Initialized::Seeded);
+    assert_eq!(
+        budget.initialize().await.unwrap(),
+        Initialized::AlreadyInitialized
+    );
+    Fleet { servers, budget }
+}
+
+fn key(region: &str, what: &str) -> String {
+    format!("tower-admission:regions:{{default:{region}}}:{what}")
+}
+
+/// A hash's field count, read straight from the server with redis-cli.
+fn hlen(server: &RedisServer, region: &str, what: &str) -> u64 {
+    server
+        .cli(&["HLEN", &key(region, what)])
+        .trim()
+        .parse()
+        .expect("HLEN answer")
+}
+
+async fn allocations(budget: &RegionalBudget) -> Vec<u64> {
+    budget
+        .allocations()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(_, a)| a)
+        .collect()
+}
+
+/// A few hundred random transfers from four concurrent tasks, some refused,
+/// while an observer reads consistent cuts (allocations and the amount in
+/// flight) as fast as it can. At every observation the sum is at most 240
+/// and the sum plus what is in flight is exactly 240; at the end (after
+/// repair_all) the sum is exactly 240 and every region holds exactly its
+/// initial share plus what the applied transfers moved, so every transfer
+/// was either applied once or refused with nothing changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_redistributions_never_exceed_the_total() {
+    const TASKS: u64 = 4;
+    const PER_TASK: u64 = 100;
+    let f = fleet().await;
+    let budget = f.budget.clone();
+    let done = Arc::new(AtomicBool::new(false));
+
+    let observer = {
+        let budget = budget.clone();
+        let done = done.clone();
+        tokio::spawn(async move {
+            let (mut cuts, mut with_in_flight, mut naive_above) = (0u64, 0u64, 0u64);
+            while !done.load(Ordering::Acquire) {
+                let snap = budget.snapshot().await.expect("a consistent cut");
+                assert!(
+                    snap.sum() <= TOTAL,
+                    "sum {} > {TOTAL}: {snap:?}",
+                    snap.sum()
+                );
+                assert!(snap.credited() <= snap.debited(), "{snap:?}");
+                assert_eq!(snap.sum() + snap.in_flight(), TOTAL, "{snap:?}");
+                cuts += 1;
+                if snap.in_flight() > 0 {
+                    with_in_flight += 1;
+                }
+                // Separate reads are not a moment; counted, never asserted.
+                let naive: u64 = allocations(&budget).await.iter().sum();
+                if naive > TOTAL {
+                    naive_above += 1;
+                }
+            }
+            (cuts, with_in_flight, naive_above)
+        })
+    };
+
+    let workers: Vec<_> = (0..TASKS)
+        .map(|task| {
+            let budget = budget.clone();
+            tokio::spawn(async move {
+                let mut rng = StdRng::seed_from_u64(0x5eed_0000 + task);
+                let mut log = Vec::new();
+                for n in 0..PER_TASK {
+                    let from = rng.random_range(0..3);
+                    let to = (from + rng.random_range(1..3)) % 3;
+                    // Every 25th asks for more than any region can hold.
+                    let amount = if n % 25 == 24 {
+                        TOTAL + 1
+                    } else {
+                        rng.random_range(1..=90)
+                    };
+                    let id = TransferId::new(format!("t{task}-{n}")).unwrap();
+                    let result = budget
+                        .transfer(&id, REGIONS[from].0, REGIONS[to].0, amount)
+                        .await;
+                    match &result {
+                        Ok(TransferOutcome::Applied) => {}
+                        Err(TransferError::Insufficient {
+                            region,
+                            available,
+                            requested,
+                        }) => {
+                            assert_eq!(region, REGIONS[from].0);
+                            assert!(available < requested);
+                            assert_eq!(*requested, amount);
+                        }
+                        other => panic!("unexpected result {other:?}"),
+                    }
+                    log.push((from, to, amount, result.is_ok()));
+                }
+                log
+            })
+        })
+        .collect();
+
+    let mut log = Vec::new();
+    for w in workers {
+        log.extend(w.await.unwrap());
+    }
+    done.store(true, Ordering::Release);
+    let (cuts, with_in_flight, naive_above) = observer.await.unwrap();
+
+    let report = budget.repair_all().await;
+    assert!(report.errors().is_empty(), "{:?}", report.errors());
+    assert!(report.completed().is_empty(), "nothing was interrupted");
+
+    let applied = log.iter().filter(|t| t.3).count();
+    let refused = log.len() - applied;
+    let mut expected: Vec<i64> = REGIONS.iter().map(|r| r.1 as i64).collect();
+    let (mut out, mut into) = ([0u64; 3], [0u64; 3]);
+    for &(from, to, amount, ok) in &log {
+        if ok {
+            expected[from] -= amount as i64;
+            expected[to] += amount as i64;
+            out[from] += 1;
+            into[to] += 1;
+        }
+    }
+    let expected: Vec<u64> = expected.into_iter().map(|a| a as u64).collect();
+    let snap = budget.snapshot().await.unwrap();
+    assert_eq!(snap.sum(), TOTAL);
+    assert_eq!(snap.in_flight(), 0);
+    assert_eq!(allocations(&budget).await, expected);
+    assert!(budget.pending().await.unwrap().is_empty());
+    for (i, server) in f.servers.iter().enumerate() {
+        let region = REGIONS[i].0;
+        assert_eq!(hlen(server, region, "debits"), out[i], "{region} debits");
+        assert_eq!(hlen(server, region, "credits"), into[i], "{region} credits");
+        assert_eq!(hlen(server, region, "pending"), 0, "{region} pending");
+    }
+    assert_eq!(log.len() as u64, TASKS * PER_TASK);
+    assert!(applied > 0);
+    assert!(refused >= (TASKS * PER_TASK / 25) as usize);
+    eprintln!(
+        "{} transfers: {applied} applied, {refused} refused; final {expected:?}; \
+         {cuts} consistent cuts observed, {with_in_flight} with money in flight; \
+         {naive_above} sums of separate reads above {TOTAL}",
+        log.len()
+    );
+}
+
+/// The same id applied three times, one after another and three at once,
+/// moves the amount once; the same id with another amount is a conflict.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_id_three_times_moves_the_amount_once() {
+    let f = fleet().await;
+    let b = &f.budget;
+    let id = TransferId::new("eu-us-30").unwrap();
+    assert_eq!(
+        b.transfer(&id, "eu", "us", 30).await,
+        Ok(TransferOutcome::Applied)
+    );
+    assert_eq!(
+        b.transfer(&id, "eu", "us", 30).await,
+        Ok(TransferOutcome::AlreadyApplied)
+    );
+    assert_eq!(
+        b.transfer(&id, "eu", "us", 30).await,
+        Ok(TransferOutcome::AlreadyApplied)
+    );
+    assert_eq!(allocations(b).await, [70, 110, 60]);
+
+    let err = b.transfer(&id, "eu", "us", 31).await.unwrap_err();
+    assert_eq!(
+        err,
+        TransferError::Conflict {
+            id: id.clone(),
+            from: "eu".into(),
+            recorded_to: "us".into(),
+            recorded_amount: 30,
+        }
+    );
+    assert!(matches!(
+        b.transfer(&id, "eu", "ap", 30).await,
+        Err(TransferError::Conflict { .. })
+    ));
+    assert_eq!(allocations(b).await, [70, 110, 60]);
+
+    let id = TransferId::new("ap-eu-45").unwrap();
+    let results =
+        futures_util::future::join_all((0..3).map(|_| b.transfer(&id, "ap", "eu", 45))).await;
+    let applied = results
+        .iter()
+        .filter(|r| **r == Ok(TransferOutcome::Applied))
+        .count();
+    assert_eq!(applied, 1, "{results:?}");
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    assert_eq!(allocations(b).await, [115, 110, 15]);
+    assert_eq!(b.repair(&id).await, Ok(RepairOutcome::AlreadyComplete));
+    assert_eq!(b.snapshot().await.unwrap().sum(), TOTAL);
+    assert_eq!(hlen(&f.servers[AP], "ap", "debits"), 1);
+    assert_eq!(hlen(&f.servers[EU], "eu", "credits"), 1);
+}
+
+/// A refusal records nothing: the id stays free and the sum stays 240.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_transfer_changes_nothing() {
+    let f = fleet().await;
+    let b = &f.budget;
+    let id = TransferId::new("big").unwrap();
+    assert_eq!(
+        b.transfer(&id, "ap", "eu", 61).await,
+        Err(TransferError::Insufficient {
+            region: "ap".into(),
+            available: 60,
+            requested: 61,
+        })
+    );
+    assert_eq!(allocations(b).await, [100, 80, 60]);
+    assert_eq!(hlen(&f.servers[AP], "ap", "debits"), 0);
+    assert_eq!(b.repair(&id).await, Ok(RepairOutcome::NothingDebited));
+    // The whole share may move; the allocation reaches 0, never below.
+    assert_eq!(
+        b.transfer(&id, "ap", "eu", 60).await,
+        Ok(TransferOutcome::Applied)
+    );
+    assert_eq!(allocations(b).await, [160, 80, 0]);
+    assert!(matches!(
+        b.transfer(&TransferId::random(), "ap", "us", 1).await,
+        Err(TransferError::Insufficient { available: 0, .. })
+    ));
+    assert_eq!(b.snapshot().await.unwrap().sum(), TOTAL);
+}
+
+/// The receiver's Redis dies between the debit and the credit. The transfer
+/// fails naming the credit step, 25 is in flight (the sum is 215), and a
+/// repair while the receiver is still down changes nothing. The receiver
+/// comes back with its data; `repair` credits exactly once (240), and
+/// repairing, repairing all and retrying the transfer change nothing after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_transfer_is_repaired_exactly_once() {
+    let mut f = fleet().await;
+    let id = TransferId::new("eu-us-25").unwrap();
+    assert_eq!(f.servers[US].cli(&["SAVE"]).trim(), "OK");
+    f.servers[US].kill();
+
+    let err = f.budget.transfer(&id, "eu", "us", 25).await.unwrap_err();
+    match &err {
+        TransferError::Unreachable { region, step, .. } => {
+            assert_eq!(region, "us");
+            assert_eq!(*step, Step::Credit);
+        }
+        other => panic!("expected the credit step to fail, got {other:?}"),
+    }
+    assert!(err.needs_repair());
+    assert!(err.to_string().contains("credit"), "{err}");
+    assert_eq!(f.budget.allocation("eu").await, Ok(75));
+    assert_eq!(f.budget.allocation("ap").await, Ok(60));
+    assert!(matches!(
+        f.budget.allocation("us").await,
+        Err(RegionError::Unreachable { .. })
+    ));
+    let pending = f.budget.pending().await;
+    assert!(pending.is_err(), "us cannot be listed while down");
+
+    assert!(matches!(
+        f.budget.repair(&id).await,
+        Err(TransferError::Unreachable {
+            step: Step::Lookup,
+            ..
+        })
+    ));
+    assert_eq!(f.budget.allocation("eu").await, Ok(75));
+
+    f.servers[US].restart();
+    assert_eq!(
+        f.budget.allocation("us").await,
+        Ok(80),
+        "restored from SAVE"
+    );
+    let snap = f.budget.snapshot().await.unwrap();
+    assert_eq!(snap.sum(), TOTAL - 25);
+    assert_eq!(snap.in_flight(), 25);
+    let pending = f.budget.pending().await.unwrap();
+    assert_eq!(pending.len(), 1);
+    assert_eq!(
+        (
+            pending[0].id(),
+            pending[0].from(),
+            pending[0].to(),
+            pending[0].amount()
+        ),
+        (&id, "eu", "us", 25)
+    );
+
+    assert_eq!(f.budget.repair(&id).await, Ok(RepairOutcome::Completed));
+    assert_eq!(allocations(&f.budget).await, [75, 105, 60]);
+    let snap = f.budget.snapshot().await.unwrap();
+    assert_eq!((snap.sum(), snap.in_flight()), (TOTAL, 0));
+
+    assert_eq!(
+        f.budget.repair(&id).await,
+        Ok(RepairOutcome::AlreadyComplete)
+    );
+    let report = f.budget.repair_all().await;
+    assert!(report.completed().is_empty() && report.errors().is_empty());
+    assert_eq!(report.already_complete(), 0);
+    assert_eq!(
+        f.budget.transfer(&id, "eu", "us", 25).await,
+        Ok(TransferOutcome::AlreadyApplied)
+    );
+    assert_eq!(allocations(&f.budget).await, [75, 105, 60]);
+    assert_eq!(hlen(&f.servers[US], "us", "credits"), 1);
+    assert_eq!(hlen(&f.servers[EU], "eu", "pending"), 0);
+}
+
+/// The receiver stalls (behind a TCP proxy) with the credit sent: the call
+/// gives up at its 200 ms deadline with an unknown outcome, and until the
+/// stall ends 30 is in flight. After it ends the held credit may or may not
+/// run before the repair does; either way the amount arrives exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_credit_has_an_unknown_outcome_and_is_never_doubled() {
+    const DEADLINE: Duration = Duration::from_millis(200);
+    const MARGIN: Duration = Duration::from_millis(250);
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let proxy = StallProxy::start(servers[US].port()).await;
+    let urls = [servers[EU].url(), proxy.url(), servers[AP].url()];
+    let b = budget_on(&urls, DEADLINE);
+    assert_eq!(b.initialize().await.unwrap(), Initialized::Seeded);
+    // A first credit to us, so the held call is a script us already knows.
+    let warm = TransferId::new("ap-us-10").unwrap();
+    assert_eq!(
+        b.transfer(&warm, "ap", "us", 10).await,
+        Ok(TransferOutcome::Applied)
+    );
+
+    proxy.stall();
+    let id = TransferId::new("eu-us-30").unwrap();
+    let started = Instant::now();
+    let err = b.transfer(&id, "eu", "us", 30).await.unwrap_err();
+    let elapsed = started.elapsed();
+    match &err {
+        TransferError::Unreachable {
+            region,
+            step,
+            outcome_unknown,
+            ..
+        } => {
+            assert_eq!(
+                (region.as_str(), *step, *outcome_unknown),
+                ("us", Step::Credit, true)
+            );
+        }
+        other => panic!("expected an unknown credit, got {other:?}"),
+    }
+    assert!(elapsed >= DEADLINE, "{elapsed:?}");
+    assert!(elapsed <= DEADLINE + MARGIN, "{elapsed:?}");
+    // Read us straight from its server: the held credit has not run.
+    let us = servers[US].cli(&["HGET", &key("us", "state"), "alloc"]);
+    assert_eq!(us.trim(), "90");
+    assert_eq!(b.allocation("eu").await, Ok(70));
+    assert_eq!(b.allocation("ap").await, Ok(50));
+
+    proxy.resume();
+    let outcome = b.repair(&id).await.unwrap();
+    assert!(
+        matches!(
+            outcome,
+            RepairOutcome::Completed | RepairOutcome::AlreadyComplete
+        ),
+        "{outcome:?}"
+    );
+    assert_eq!(b.repair(&id).await, Ok(RepairOutcome::AlreadyComplete));
+    assert_eq!(allocations(&b).await, [70, 120, 50]);
+    assert_eq!(b.snapshot().await.unwrap().sum(), TOTAL);
+    assert_eq!(hlen(&servers[US], "us", "credits"), 2);
+    eprintln!("after the stall, repair answered {outcome:?}");
+}
+
+/// A receiver restarted without its data is a state loss. The credit is
+/// refused rather than re-creating the allocation from nothing, initialize
+/// refuses to re-seed it at its initial share (others have moved), and the
+/// explicit recovery sets it to 0: the sum stays at most 240 throughout and
+/// the lost share is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_region_never_raises_the_sum() {
+    let mut f = fleet().await;
+    let b = f.budget.clone();
+    let first = TransferId::new("eu-us-20").unwrap();
+    assert_eq!(
+        b.transfer(&first, "eu", "us", 20).await,
+        Ok(TransferOutcome::Applied)
+    );
+    assert_eq!(allocations(&b).await, [80, 100, 60]);
+
+    f.servers[US].restart(); // no SAVE: us comes back empty
+
+    let id = TransferId::new("eu-us-25").unwrap();
+    let err = b.transfer(&id, "eu", "us", 25).await.unwrap_err();
+    // The first call may still find the old connection dead.
+    assert!(
+        matches!(
+            &err,
+            TransferError::StateLost { region, step: Step::Credit }
+                | TransferError::Unreachable { region, step: Step::Credit, .. } if region == "us"
+        ),
+        "{err:?}"
+    );
+    assert_eq!(
+        b.repair(&id).await,
+        Err(TransferError::StateLost {
+            region: "us".into(),
+            step: Step::Credit
+        })
+    );
+    assert_eq!(b.allocation("eu").await, Ok(55));
+    assert_eq!(
+        b.allocation("us").await,
+        Err(RegionError::StateLost {
+            regions: vec!["us".into()]
+        })
+    );
+    assert_eq!(
+        b.initialize().await,
+        Err(RegionError::StateLost {
+            regions: vec!["us".into()]
+        })
+    );
+    assert!(matches!(
+        b.snapshot().await,
+        Err(RegionError::StateLost { .. })
+    ));
+    assert_eq!(
+        f.servers[US].cli(&["EXISTS", &key("us", "state")]).trim(),
+        "0",
+        "nothing re-created us behind our back"
+    );
+
+    assert_eq!(b.recover_lost("us").await, Ok(true));
+    assert_eq!(b.recover_lost("us").await, Ok(false));
+    assert_eq!(b.allocation("us").await, Ok(0));
+    assert_eq!(b.repair(&id).await, Ok(RepairOutcome::Completed));
+    assert_eq!(b.repair(&id).await, Ok(RepairOutcome::AlreadyComplete));
+    assert_eq!(allocations(&b).await, [55, 25, 60]);
+    let snap = b.snapshot().await.unwrap();
+    assert_eq!(snap.sum(), 140);
+    assert!(snap.sum() <= TOTAL);
+    assert_eq!(
+        b.transfer(&TransferId::random(), "us", "ap", 5).await,
+        Ok(TransferOutcome::Applied)
+    );
+    assert_eq!(allocations(&b).await, [55, 20, 65]);
+}
+
+/// Bad settings and bad requests are typed errors, found before any Redis
+/// call (these budgets point at ports where nothing listens).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_settings_and_requests_are_typed_errors() {
+    let url = format!("redis://127.0.0.1:{}/", support::free_port(false));
+    let field =
+        |b: tower_admission::outbound::RegionalBudgetBuilder| b.build().unwrap_err().field();
+    assert_eq!(field(RegionalBudget::builder(240)), "regions");
+    assert_eq!(
+        field(RegionalBudget::builder(0).region("eu", &url, 0)),
+        "total"
+    );
+    assert_eq!(
+        field(RegionalBudget::builder(1 << 53).region("eu", &url, 1 << 53)),
+        "total"
+    );
+    assert_eq!(
+        field(
+            RegionalBudget::builder(240)
+                .region("eu", &url, 100)
+                .region("us", &url, 80)
+        ),
+        "regions"
+    );
+    assert_eq!(
+        field(
+            RegionalBudget::builder(240)
+                .region("eu", &url, 120)
+                .region("eu", &url, 120)
+        ),
+        "region"
+    );
+    assert_eq!(
+        field(RegionalBudget::builder(240).region("e u", &url, 240)),
+        "region"
+    );
+    assert_eq!(
+        field(RegionalBudget::builder(240).region("", &url, 240)),
+        "region"
+    );
+    assert_eq!(
+        field(RegionalBudget::builder(240).region("eu", "http://x/", 240)),
+        "url"
+    );
+    assert_eq!(
+        field(
+            RegionalBudget::builder(240)
+                .name("a{b}")
+                .region("eu", &url, 240)
+        ),
+        "name"
+    );
+    assert_eq!(
+        field(
+            RegionalBudget::builder(240)
+                .region("eu", &url, 240)
+                .call_timeout(Duration::ZERO)
+        ),
+        "call_timeout"
+    );
+    assert_eq!(TransferId::new("").unwrap_err().field(), "transfer_id");
+    assert!(TransferId::new("x".repeat(129)).is_err());
+    assert!(TransferId::new("tab\there").is_err());
+
+    let urls = [url.clone(), url.clone(), url];
+    let b = budget_on(&urls, Duration::from_millis(100));
+    let id = TransferId::random();
+    assert_eq!(
+        b.transfer(&id, "eu", "us", 0).await,
+        Err(TransferError::ZeroAmount)
+    );
+    assert_eq!(
+        b.transfer(&id, "eu", "mars", 1).await,
+        Err(TransferError::UnknownRegion {
+            region: "mars".into()
+        })
+    );
+    assert_eq!(
+        b.transfer(&id, "eu", "eu", 1).await,
+        Err(TransferError::SameRegion {
+            region: "eu".into()
+        })
+    );
+    assert_eq!(
+        b.allocation("mars").await,
+        Err(RegionError::UnknownRegion {
+            region: "mars".into()
+        })
+    );
+    // Nothing listens: a real call fails as unreachable at the debit, known
+    // not applied (the connection was refused), within the deadline.
+    let started = Instant::now();
+    let err = b.transfer(&id, "eu", "us", 1).await.unwrap_err();
+    assert!(started.elapsed() <= Duration::from_millis(100 + 250));
+    assert!(
+        matches!(
+            &err,
+            TransferError::Unreachable {
+                step: Step::Debit,
+                outcome_unknown: false,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(!err.needs_repair());
+}
