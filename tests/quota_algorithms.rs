@@ -1,4 +1,4 @@
-//! The article's numbers on the pure state machines and the memory store,
+//! The sample API's numbers on the pure state machines and the memory store,
 //! all on a manual clock.
 
 use std::sync::Arc;

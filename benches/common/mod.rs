@@ -35,7 +35,7 @@ pub(crate) fn governor() -> Governor {
 }
 
 /// One quota of one policy for each algorithm, named after it, then the
-/// article's free plan: a sliding log of 100 per minute **and** a bucket of
+/// sample API's free plan: a sliding log of 100 per minute **and** a bucket of
 /// 20 refilled at 100 per minute, decided together.
 pub(crate) fn quotas() -> Vec<Quota> {
     let mut quotas: Vec<Quota> = [
