@@ -134,11 +134,15 @@ pub struct TokenBucketState {
 
 impl TokenBucketState {
     /// A state equivalent to fresh at `now` becomes the fresh state, as a
-    /// store that deletes such states would read it.
+    /// store that deletes such states would read it; `last` stays, so a
+    /// clock set back later is still seen.
     #[inline]
     pub(crate) fn read_fresh(&mut self, now: u64) {
-        if self.fresh_at() <= now && *self != TokenBucketState::default() {
-            *self = TokenBucketState::default();
+        if self.fresh_at() <= now {
+            *self = TokenBucketState {
+                last: self.last,
+                ..TokenBucketState::default()
+            };
         }
     }
 
@@ -487,7 +491,7 @@ impl TokenBucket {
     /// Check and, if admitted, record, in one pass: the memory store's path
     /// for a quota of one bucket. Same result as `check` then `record`; the
     /// hold is the default one on a refusal.
-    #[inline(never)]
+    #[inline]
     pub(crate) fn step_in_place(
         &self,
         state: &mut TokenBucketState,

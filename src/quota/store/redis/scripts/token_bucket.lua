@@ -95,8 +95,8 @@ end
 local function tb_prepare(s, now)
   if s.exists and token_bucket.fresh_at(s) <= now then
     -- Equivalent to fresh: read as a fresh state, whatever numbers wrote it,
-    -- as the memory store reads a slot that is fresh (memory.rs, `update`).
-    s.tat, s.frac, s.den, s.off, s.last = 0, 0, 0, 0, 0
+    -- keeping `last` (TokenBucketState::read_fresh).
+    s.tat, s.frac, s.den, s.off = 0, 0, 0, 0
   end
   local q = s.q
   local whole = s.den == 0 and s.frac == 0
