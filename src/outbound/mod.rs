@@ -20,6 +20,11 @@
 //!   [`BudgetError`] that carries the wait.
 //! - [`RetryAttempts`]: a `tower::retry` policy that marks each attempt's
 //!   number ([`Attempt`]) and retries 429 and 5xx with backoff and jitter.
+//! - `RateLease` (feature `redis`): an instance's lease on a rate of a
+//!   fleet-wide budget, granted by a Lua script on Redis time that never lets
+//!   unexpired grants sum above the budget, spent locally with no Redis call
+//!   per send and refreshed in the background (see `docs/leases.md` for the
+//!   bound on send starts).
 //! - `RegionalBudget` (feature `redis`): disjoint per-region allocations of
 //!   one total, each in its region's own Redis, moved between regions by
 //!   idempotent, repairable transfers that debit the donor before they
@@ -39,7 +44,14 @@ pub use budget::{BudgetStats, DependencyBudget, DependencyBudgetBuilder, Pick, R
 pub use layer::{BudgetError, DependencyBudgetLayer, DependencyBudgetService, ResponseFuture};
 
 #[cfg(feature = "redis")]
+mod lease;
+#[cfg(feature = "redis")]
 mod regions;
+#[cfg(feature = "redis")]
+pub use lease::{
+    GrantStep, GrantTable, InstanceGrant, LeaseError, LeaseMode, LeaseStatus, LeaseStore,
+    LeaseStoreBuilder, Rate, RateLease, RateLeaseBuilder,
+};
 #[cfg(feature = "redis")]
 pub use regions::{
     Initialized, PendingTransfer, RegionError, RegionalBudget, RegionalBudgetBuilder,

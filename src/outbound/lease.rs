@@ -1,0 +1,1309 @@
+//! Rate leases: a fleet shares one budget with no Redis call per send
+//! (feature `redis`).
+//!
+//! Every instance leases a *rate* from a grant script on Redis and spends it
+//! from a local token bucket. The script never lets the grants that may still
+//! be in use sum above the budget `R`, on Redis time; refreshes run in the
+//! background and shares follow the measured demand. A send attempt is one
+//! lock and a few integer operations, never a network call.
+//!
+//! # The grant rule
+//!
+//! The budget is one Redis hash (`prefix:{lease:budget}`, one hash tag, so
+//! Redis Cluster keeps it on one slot; it expires with the last grant). For
+//! every instance it keeps the reported demand and its *steps*: every grant
+//! `(rate, expiry)` the instance may still be spending. The instance's
+//! commitment at time `t` is the highest rate among its steps that expire
+//! after `t`. A refresh of instance `j` at Redis time `now`:
+//!
+//! 1. computes max-min fair targets over the live instances' demands: each
+//!    gets `min(demand, λ)`, where `λ` is the water level at which the
+//!    targets sum to `R` (leftover of small demands goes to larger ones);
+//! 2. grants `g = min(target_j, R − Σ_{i≠j} commitment_i(now))`, valid for
+//!    the lease length `L` (`expiry = now + L`);
+//! 3. adds the step `(g, now + L)` and keeps `j`'s older steps: **a lowered
+//!    grant frees its surplus only when the old grant expires**, because the
+//!    instance keeps spending the old rate until the reply reaches it (or,
+//!    if the reply is lost, until the old lease ends).
+//!
+//! Every commitment profile is non-increasing in time, so the sum of
+//! commitments is highest at the present, and the check in step 2 keeps it
+//! `≤ R` at every later Redis time. `docs/leases.md` has the proof and the
+//! bound on send starts.
+//!
+//! A new instance gets what is free at once, and its fair share as soon as
+//! the others' older grants run out: at most one lease length `L` after its
+//! first request (it is told when, and refreshes then). No sound rule can be
+//! faster without holding capacity back, since a grant issued just before
+//! the newcomer arrived may be spent until it expires. A dead instance's
+//! share returns when its last grant expires; [`RateLease::release`] returns
+//! it at once on a clean shutdown.
+//!
+//! # The client
+//!
+//! [`RateLease::try_acquire`] spends from a local token bucket whose rate is
+//! the current grant and whose capacity is `max(max_cost, grant × burst)`
+//! (defaults: 1 and 25 ms). The grant is used until
+//! `send_instant + (expiry − now_in_reply) − expiry_margin` on the local
+//! clock: durations only, so an offset between the instance's clock and
+//! Redis's changes nothing, and the instance stops no later than Redis's
+//! expiry. When the grant has expired without renewal (Redis unreachable),
+//! the bucket runs at the fallback capacity `R / expected_instances` until a
+//! refresh succeeds again; each change of mode is logged once.
+//!
+//! Demand is the rate of attempts (refused ones included) since the previous
+//! refresh, at least `min_demand`.
+
+use std::fmt;
+use std::num::NonZeroU32;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use redis::aio::MultiplexedConnection;
+use redis::{Script, Value};
+use tokio::task::JoinHandle;
+
+use crate::clock::{duration_to_micros, Clock, ManualClock, SystemClock, Timestamp};
+use crate::ConfigError;
+
+const LEASE_SCRIPT: &str = include_str!("scripts/lease.lua");
+
+/// Production clock: Redis `TIME`; the keys expire with their last grant.
+const CLOCK_REDIS: &str = "\
+if redis.replicate_commands then redis.replicate_commands() end
+local EXPIRY_PAD_MS = 0
+local function clock_now()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+";
+
+/// Test-only clock: the time is ARGV[8]. Redis's own expiry clock runs while
+/// the injected one stands still, so test keys live an hour longer.
+const CLOCK_INJECTED: &str = "\
+local EXPIRY_PAD_MS = 3600000
+local function clock_now()
+  return tonumber(ARGV[8])
+end
+";
+
+/// Nano-tokens per token: a rate in milli-units per second times a span in
+/// µs is a number of nano-tokens, exactly.
+const NANO: u128 = 1_000_000_000;
+
+/// The largest budget, in milli-units per second (about 10^9 per second),
+/// so that every sum in the script stays exact in Lua's doubles.
+const MAX_RATE_MILLI: u64 = 1 << 40;
+
+/// A rate in thousandths of a unit per second: exact in the script, fine
+/// enough for shares such as 240/s over 41 instances.
+///
+/// ```
+/// use tower_admission::outbound::Rate;
+/// assert_eq!(Rate::per_second(240).as_milli(), 240_000);
+/// assert_eq!(Rate::from_milli(5_853).to_string(), "5.853/s");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Rate(u64);
+
+impl Rate {
+    /// Zero per second.
+    pub const ZERO: Rate = Rate(0);
+
+    /// `units` per second.
+    pub const fn per_second(units: u64) -> Rate {
+        Rate(units.saturating_mul(1_000))
+    }
+
+    /// `milli` thousandths of a unit per second.
+    pub const fn from_milli(milli: u64) -> Rate {
+        Rate(milli)
+    }
+
+    /// Thousandths of a unit per second.
+    pub const fn as_milli(self) -> u64 {
+        self.0
+    }
+
+    /// Units per second, as a float (for display and metrics).
+    pub fn as_f64(self) -> f64 {
+        self.0 as f64 / 1_000.0
+    }
+}
+
+impl fmt::Display for Rate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{:03}/s", self.0 / 1_000, self.0 % 1_000)
+    }
+}
+
+/// Why a call to the grant script failed. A failed refresh is always safe:
+/// the instance keeps its current grant until it expires, and the script
+/// keeps counting every grant it may have issued.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LeaseError {
+    /// No connection to Redis: nothing was sent.
+    Unavailable {
+        /// What went wrong.
+        message: String,
+    },
+    /// The call was sent but failed (Redis answered an error, the connection
+    /// dropped, or the reply was not the script's).
+    Failed {
+        /// What went wrong.
+        message: String,
+    },
+    /// No answer before the deadline; the script may have run.
+    Timeout,
+    /// The lease was released; nothing was sent.
+    Released,
+}
+
+impl fmt::Display for LeaseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LeaseError::Unavailable { message } => write!(f, "redis unavailable: {message}"),
+            LeaseError::Failed { message } => write!(f, "lease call failed: {message}"),
+            LeaseError::Timeout => f.write_str("no answer from redis before the deadline"),
+            LeaseError::Released => f.write_str("the lease was released"),
+        }
+    }
+}
+
+impl std::error::Error for LeaseError {}
+
+/// The connection to the grant script on one Redis server (feature `redis`).
+/// Clones share the connection; many [`RateLease`]s (one per budget, or
+/// several simulated instances in a test) can share one store.
+///
+/// The store connects on first use, reconnects after a failed call, and
+/// bounds every call by its deadline. The script is sent by `EVALSHA`
+/// (loaded again on `NOSCRIPT`, e.g. after a restart).
+#[derive(Clone)]
+pub struct LeaseStore {
+    inner: Arc<StoreInner>,
+}
+
+struct StoreInner {
+    prefix: Box<str>,
+    deadline: Duration,
+    client: redis::Client,
+    script: Script,
+    clock: Option<ManualClock>,
+    conn: Mutex<Option<(u64, MultiplexedConnection)>>,
+    connecting: tokio::sync::Mutex<u64>,
+}
+
+impl fmt::Debug for LeaseStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaseStore")
+            .field("prefix", &self.inner.prefix)
+            .field("deadline", &self.inner.deadline)
+            .field("connected", &self.inner.conn.lock().is_some())
+            .field("test_clock", &self.inner.clock.is_some())
+            .finish()
+    }
+}
+
+/// Settings for a [`LeaseStore`]; [`build`](Self::build) checks them.
+#[derive(Debug, Clone)]
+pub struct LeaseStoreBuilder {
+    url: String,
+    prefix: String,
+    deadline: Duration,
+    clock: Option<ManualClock>,
+}
+
+/// The reply of a grant call, on Redis time.
+#[derive(Debug, Clone, Copy)]
+struct GrantReply {
+    rate: Rate,
+    expiry: u64,
+    now: u64,
+    recheck: u64,
+    target: Rate,
+}
+
+/// The grants of one budget as the script counts them, read by
+/// [`LeaseStore::grants`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct GrantTable {
+    /// The script's time (Redis time, µs).
+    pub now: Timestamp,
+    /// Every live instance.
+    pub instances: Vec<InstanceGrant>,
+}
+
+/// One instance's entry in a [`GrantTable`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct InstanceGrant {
+    /// The instance id.
+    pub id: String,
+    /// The demand it last reported.
+    pub demand: Rate,
+    /// The grants it may still be spending, by expiry, rates decreasing; the
+    /// last one is its latest grant.
+    pub steps: Vec<GrantStep>,
+}
+
+/// A grant counted until its expiry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct GrantStep {
+    /// The granted rate.
+    pub rate: Rate,
+    /// Its expiry on Redis time.
+    pub expires_at: Timestamp,
+}
+
+impl InstanceGrant {
+    /// The rate counted for this instance at Redis time `t`: the highest
+    /// rate among its steps that expire after `t`.
+    pub fn committed_at(&self, t: Timestamp) -> Rate {
+        self.steps
+            .iter()
+            .filter(|s| s.expires_at > t)
+            .map(|s| s.rate)
+            .max()
+            .unwrap_or(Rate::ZERO)
+    }
+
+    /// Its latest grant.
+    pub fn latest(&self) -> Option<GrantStep> {
+        self.steps.last().copied()
+    }
+}
+
+impl GrantTable {
+    /// The sum of all instances' commitments at Redis time `t`.
+    pub fn committed_at(&self, t: Timestamp) -> Rate {
+        Rate(self.instances.iter().map(|i| i.committed_at(t).0).sum())
+    }
+
+    /// The highest sum of commitments at any time from [`now`](Self::now)
+    /// on, checked at `now` and at every step's expiry.
+    pub fn peak(&self) -> Rate {
+        let times = std::iter::once(self.now).chain(
+            self.instances
+                .iter()
+                .flat_map(|i| i.steps.iter().map(|s| s.expires_at)),
+        );
+        times
+            .filter(|t| *t >= self.now)
+            .map(|t| self.committed_at(t))
+            .max()
+            .unwrap_or(Rate::ZERO)
+    }
+
+    /// The entry of instance `id`.
+    pub fn instance(&self, id: &str) -> Option<&InstanceGrant> {
+        self.instances.iter().find(|i| i.id == id)
+    }
+}
+
+fn valid_name(s: &str, max: usize) -> bool {
+    !s.is_empty()
+        && s.len() <= max
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
+}
+
+impl LeaseStore {
+    /// Settings for a store on one Redis server, e.g. `redis://127.0.0.1:6379/`.
+    pub fn builder(url: impl Into<String>) -> LeaseStoreBuilder {
+        LeaseStoreBuilder {
+            url: url.into(),
+            prefix: "admission".to_owned(),
+            deadline: Duration::from_millis(100),
+            clock: None,
+        }
+    }
+
+    /// The Redis key of `budget`: `prefix:{lease:budget}`.
+    pub fn key(&self, budget: &str) -> String {
+        format!("{}:{{lease:{budget}}}", self.inner.prefix)
+    }
+
+    /// The per-call deadline.
+    pub fn deadline(&self) -> Duration {
+        self.inner.deadline
+    }
+
+    /// The grant script as Redis runs it in production (reading `TIME`), for
+    /// loading it by hand or benchmarking it. Its arguments are documented at
+    /// the top of `scripts/lease.lua`.
+    pub fn script_source() -> String {
+        format!("{CLOCK_REDIS}{LEASE_SCRIPT}")
+    }
+
+    /// Reads the grants of `budget` as the script counts them (read only).
+    pub async fn grants(&self, budget: &str) -> Result<GrantTable, LeaseError> {
+        let reply = self
+            .call(
+                &self.key(budget),
+                "s",
+                "-",
+                Rate::ZERO,
+                Rate::ZERO,
+                0,
+                (Rate::ZERO, 0),
+            )
+            .await?;
+        parse_table(&reply).ok_or_else(|| bad_reply("snapshot"))
+    }
+
+    async fn grant(
+        &self,
+        key: &str,
+        id: &str,
+        demand: Rate,
+        budget: Rate,
+        lease_us: u64,
+        held: (Rate, u64),
+    ) -> Result<GrantReply, LeaseError> {
+        let reply = self
+            .call(key, "g", id, demand, budget, lease_us, held)
+            .await?;
+        let nums = ints(&reply).filter(|n| n.len() == 6);
+        let Some(n) = nums else {
+            return Err(bad_reply("grant"));
+        };
+        let u = |i: usize| u64::try_from(n[i]).unwrap_or(0);
+        Ok(GrantReply {
+            rate: Rate(u(0)),
+            expiry: u(1),
+            now: u(2),
+            recheck: u(3),
+            target: Rate(u(4)),
+        })
+    }
+
+    async fn release(&self, key: &str, id: &str) -> Result<(), LeaseError> {
+        self.call(key, "r", id, Rate::ZERO, Rate::ZERO, 0, (Rate::ZERO, 0))
+            .await
+            .map(drop)
+    }
+
+    /// One script call under the deadline. The arguments (and the injected
+    /// test time) are fixed before anything is awaited.
+    #[allow(clippy::too_many_arguments)]
+    async fn call(
+        &self,
+        key: &str,
+        op: &str,
+        id: &str,
+        demand: Rate,
+        budget: Rate,
+        lease_us: u64,
+        held: (Rate, u64),
+    ) -> Result<Value, LeaseError> {
+        let now = self.inner.clock.as_ref().map_or(0, |c| c.now().as_micros());
+        let mut invocation = self.inner.script.prepare_invoke();
+        invocation
+            .key(key)
+            .arg(op)
+            .arg(id)
+            .arg(demand.0)
+            .arg(budget.0)
+            .arg(lease_us)
+            .arg(held.0 .0)
+            .arg(held.1)
+            .arg(now);
+        let run = async {
+            let (gen, mut conn) = self.connection().await?;
+            invocation
+                .invoke_async::<Value>(&mut conn)
+                .await
+                .map_err(|e| {
+                    if e.code().is_none() {
+                        // The connection itself failed: the next call reconnects.
+                        self.drop_connection(Some(gen));
+                    }
+                    LeaseError::Failed {
+                        message: e.to_string(),
+                    }
+                })
+        };
+        match tokio::time::timeout(self.inner.deadline, run).await {
+            Ok(result) => result,
+            Err(_) => {
+                self.drop_connection(None);
+                Err(LeaseError::Timeout)
+            }
+        }
+    }
+
+    async fn connection(&self) -> Result<(u64, MultiplexedConnection), LeaseError> {
+        if let Some((gen, conn)) = &*self.inner.conn.lock() {
+            return Ok((*gen, conn.clone()));
+        }
+        let mut next_gen = self.inner.connecting.lock().await;
+        if let Some((gen, conn)) = &*self.inner.conn.lock() {
+            return Ok((*gen, conn.clone()));
+        }
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.inner.deadline))
+            .set_response_timeout(None);
+        let conn = self
+            .inner
+            .client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .map_err(|e| LeaseError::Unavailable {
+                message: e.to_string(),
+            })?;
+        *next_gen += 1;
+        let gen = *next_gen;
+        *self.inner.conn.lock() = Some((gen, conn.clone()));
+        Ok((gen, conn))
+    }
+
+    /// Forgets connection `gen` (any connection for `None`).
+    fn drop_connection(&self, gen: Option<u64>) {
+        let mut slot = self.inner.conn.lock();
+        if matches!((&*slot, gen), (Some((current, _)), Some(g)) if *current != g) {
+            return;
+        }
+        *slot = None;
+    }
+}
+
+impl LeaseStoreBuilder {
+    /// The key prefix, default `admission`: 1 to 64 characters of
+    /// `[A-Za-z0-9._:-]` (no braces, which would change the hash tag).
+    pub fn prefix(mut self, prefix: &str) -> Self {
+        prefix.clone_into(&mut self.prefix);
+        self
+    }
+
+    /// The deadline of each call (connecting included), default 100 ms.
+    /// Calls run in the background, never on the send path.
+    pub fn deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = deadline;
+        self
+    }
+
+    /// **Test only.** Injects the time of `clock` into a separate test
+    /// script instead of Redis `TIME`. Never use it in production: every
+    /// instance would trust its own clock.
+    #[doc(hidden)]
+    pub fn test_clock(mut self, clock: ManualClock) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// Checks the settings and creates the store; no connection is made here.
+    pub fn build(self) -> Result<LeaseStore, ConfigError> {
+        if !valid_name(&self.prefix, 64) {
+            return Err(ConfigError::new(
+                "prefix",
+                format!(
+                    "{:?} must be 1 to 64 characters of [A-Za-z0-9._:-]",
+                    self.prefix
+                ),
+            ));
+        }
+        if self.deadline.is_zero() {
+            return Err(ConfigError::new("deadline", "must be more than zero"));
+        }
+        let client = redis::Client::open(self.url.as_str())
+            .map_err(|e| ConfigError::new("url", e.to_string()))?;
+        let clock = if self.clock.is_some() {
+            CLOCK_INJECTED
+        } else {
+            CLOCK_REDIS
+        };
+        Ok(LeaseStore {
+            inner: Arc::new(StoreInner {
+                prefix: self.prefix.into(),
+                deadline: self.deadline,
+                client,
+                script: Script::new(&format!("{clock}{LEASE_SCRIPT}")),
+                clock: self.clock,
+                conn: Mutex::new(None),
+                connecting: tokio::sync::Mutex::new(0),
+            }),
+        })
+    }
+}
+
+fn bad_reply(op: &str) -> LeaseError {
+    LeaseError::Failed {
+        message: format!("unexpected reply from the lease script ({op})"),
+    }
+}
+
+fn ints(v: &Value) -> Option<Vec<i64>> {
+    match v {
+        Value::Array(items) => items
+            .iter()
+            .map(|i| match i {
+                Value::Int(n) => Some(*n),
+                _ => None,
+            })
+            .collect(),
+        _ => None,
+    }
+}
+
+fn parse_table(v: &Value) -> Option<GrantTable> {
+    let Value::Array(items) = v else {
+        return None;
+    };
+    let int = |i: usize| match items.get(i)? {
+        Value::Int(n) => u64::try_from(*n).ok(),
+        _ => None,
+    };
+    let now = int(0)?;
+    let n = int(1)?;
+    let mut at = 2;
+    let mut instances = Vec::new();
+    for _ in 0..n {
+        let id = match items.get(at)? {
+            Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+            Value::SimpleString(s) => s.clone(),
+            _ => return None,
+        };
+        let demand = int(at + 1)?;
+        let count = int(at + 2)?;
+        at += 3;
+        let mut steps = Vec::new();
+        for _ in 0..count {
+            steps.push(GrantStep {
+                rate: Rate(int(at)?),
+                expires_at: Timestamp(int(at + 1)?),
+            });
+            at += 2;
+        }
+        instances.push(InstanceGrant {
+            id,
+            demand: Rate(demand),
+            steps,
+        });
+    }
+    Some(GrantTable {
+        now: Timestamp(now),
+        instances,
+    })
+}
+
+/// What a [`RateLease`] is spending.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LeaseMode {
+    /// No refresh has finished yet: nothing is spent.
+    Starting,
+    /// A grant from the script, until its local expiry.
+    Granted,
+    /// The grant expired without renewal (Redis unreachable): the fallback
+    /// capacity `R / expected_instances`.
+    Fallback,
+    /// Released: nothing is spent, ever again.
+    Released,
+}
+
+/// A snapshot of a [`RateLease`], from [`RateLease::status`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LeaseStatus {
+    /// The mode at the time asked.
+    pub mode: LeaseMode,
+    /// The rate the local bucket fills at now.
+    pub rate: Rate,
+    /// The latest grant (zero before the first).
+    pub grant: Rate,
+    /// The local time the latest grant stops being spent (zero if none).
+    pub expires_at: Timestamp,
+    /// The max-min fair target the script computed at the last refresh.
+    pub target: Rate,
+    /// The demand reported at the last refresh.
+    pub demand: Rate,
+    /// The local bucket's capacity now, in cost units.
+    pub capacity: u64,
+    /// When the next refresh is due, local time.
+    pub next_refresh: Timestamp,
+    /// Refreshes that failed in a row.
+    pub failures: u32,
+}
+
+/// A share of a fleet-wide rate budget, leased from Redis and spent locally
+/// (feature `redis`).
+///
+/// Clones share one lease: one bucket, one grant, one demand measure. Build
+/// one per budget per process with [`RateLease::builder`], start
+/// [`spawn_refresher`](Self::spawn_refresher) (or call
+/// [`refresh`](Self::refresh) yourself), and call
+/// [`try_acquire`](Self::try_acquire) before every send attempt. See the
+/// [module docs](self) for the rule and `docs/leases.md` for the bound.
+///
+/// ```no_run
+/// use std::num::NonZeroU32;
+/// use tower_admission::outbound::{LeaseStore, Rate, RateLease};
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = LeaseStore::builder("redis://127.0.0.1:6379/").prefix("myapp").build()?;
+/// let lease = RateLease::builder(store, "billing-api", Rate::per_second(240), NonZeroU32::new(40).unwrap())
+///     .build()?;
+/// let _refresher = lease.spawn_refresher();
+/// match lease.try_acquire(1) {
+///     Ok(()) => { /* send */ }
+///     Err(wait) => println!("budget spent, retry in {wait:?}"),
+/// }
+/// # Ok(())
+/// # }
+/// ```
+pub struct RateLease<C: Clock = SystemClock> {
+    inner: Arc<Shared<C>>,
+}
+
+impl<C: Clock> Clone for RateLease<C> {
+    fn clone(&self) -> Self {
+        RateLease {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<C: Clock> fmt::Debug for RateLease<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLease")
+            .field("budget", &self.inner.budget)
+            .field("instance", &self.inner.id)
+            .field("status", &self.status())
+            .finish()
+    }
+}
+
+struct Shared<C> {
+    store: LeaseStore,
+    key: String,
+    budget: Box<str>,
+    id: Box<str>,
+    cfg: Settings,
+    clock: C,
+    state: Mutex<State>,
+    refreshing: tokio::sync::Mutex<()>,
+    /// Wakes the refresher when the lease is released.
+    wake: Arc<tokio::sync::Notify>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Settings {
+    rate: Rate,
+    fallback: Rate,
+    lease_us: u64,
+    refresh_us: u64,
+    retry_us: u64,
+    burst_us: u64,
+    margin_us: u64,
+    max_cost: u64,
+    min_demand: Rate,
+    initial_demand: Rate,
+}
+
+impl Settings {
+    /// The bucket capacity at `rate`, in nano-tokens.
+    fn capacity(&self, rate: Rate) -> u128 {
+        let by_rate = u128::from(rate.0) * u128::from(self.burst_us);
+        by_rate.max(u128::from(self.max_cost) * NANO)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Starting,
+    Active,
+    Released,
+}
+
+#[derive(Debug)]
+struct State {
+    phase: Phase,
+    grant: Rate,
+    /// Local end of `grant`; zero for none.
+    until: Timestamp,
+    /// Whether the fallback was entered (and logged).
+    fallback: bool,
+    tokens: u128,
+    last: Timestamp,
+    window_start: Timestamp,
+    attempted: u64,
+    /// A refresh has been sent (the first one reports the initial demand).
+    measured: bool,
+    demand: Rate,
+    target: Rate,
+    next_refresh: Timestamp,
+    failures: u32,
+    /// Successful refreshes so far.
+    successes: u64,
+}
+
+impl State {
+    fn rate_at(&self, x: Timestamp, cfg: &Settings) -> Rate {
+        match self.phase {
+            Phase::Starting | Phase::Released => Rate::ZERO,
+            Phase::Active if x < self.until => self.grant,
+            Phase::Active => cfg.fallback,
+        }
+    }
+
+    fn mode_at(&self, x: Timestamp) -> LeaseMode {
+        match self.phase {
+            Phase::Starting => LeaseMode::Starting,
+            Phase::Released => LeaseMode::Released,
+            Phase::Active if x < self.until => LeaseMode::Granted,
+            Phase::Active => LeaseMode::Fallback,
+        }
+    }
+
+    fn accrue(&mut self, rate: Rate, micros: u64, cfg: &Settings) {
+        let cap = cfg.capacity(rate);
+        let add = u128::from(rate.0) * u128::from(micros);
+        self.tokens = self.tokens.min(cap).saturating_add(add).min(cap);
+    }
+
+    /// Fills the bucket up to `x`: at the grant until its local expiry, at
+    /// the fallback capacity after it.
+    fn advance(&mut self, x: Timestamp, cfg: &Settings) {
+        if x <= self.last {
+            return;
+        }
+        if self.phase != Phase::Active {
+            self.tokens = 0;
+            self.last = x;
+            return;
+        }
+        if self.last < self.until {
+            let end = x.min(self.until);
+            self.accrue(self.grant, end.0 - self.last.0, cfg);
+            self.last = end;
+        }
+        if self.last < x {
+            self.accrue(cfg.fallback, x.0 - self.last.0, cfg);
+            self.last = x;
+        }
+    }
+
+    /// Logs the entry into the fallback once.
+    fn note_fallback(&mut self, x: Timestamp, cfg: &Settings, budget: &str, id: &str) {
+        if self.phase == Phase::Active && x >= self.until && !self.fallback {
+            self.fallback = true;
+            tracing::warn!(
+                budget,
+                instance = id,
+                fallback = %cfg.fallback,
+                failures = self.failures,
+                "rate lease expired without renewal; spending the fallback capacity until a refresh succeeds"
+            );
+        }
+    }
+
+    /// The demand to report at `x`: attempts per second since the window
+    /// started (a window shorter than a quarter of the refresh period is kept
+    /// open and the previous figure reported).
+    fn take_demand(&mut self, x: Timestamp, cfg: &Settings) -> Rate {
+        let measured = if !self.measured {
+            self.measured = true;
+            cfg.initial_demand
+        } else {
+            let elapsed = x.0.saturating_sub(self.window_start.0);
+            if elapsed >= cfg.refresh_us / 4 && elapsed > 0 {
+                let milli = u128::from(self.attempted) * NANO / u128::from(elapsed);
+                self.window_start = x;
+                self.attempted = 0;
+                Rate(u64::try_from(milli).unwrap_or(u64::MAX))
+            } else {
+                self.demand
+            }
+        };
+        let demand = measured.max(cfg.min_demand).min(cfg.rate);
+        self.demand = demand;
+        demand
+    }
+
+    fn status(&self, x: Timestamp, cfg: &Settings) -> LeaseStatus {
+        let rate = self.rate_at(x, cfg);
+        LeaseStatus {
+            mode: self.mode_at(x),
+            rate,
+            grant: self.grant,
+            expires_at: self.until,
+            target: self.target,
+            demand: self.demand,
+            capacity: u64::try_from(cfg.capacity(rate) / NANO).unwrap_or(u64::MAX),
+            next_refresh: self.next_refresh,
+            failures: self.failures,
+        }
+    }
+}
+
+/// Settings for a [`RateLease`]; [`build`](Self::build) checks them.
+#[derive(Debug, Clone)]
+pub struct RateLeaseBuilder<C: Clock = SystemClock> {
+    store: LeaseStore,
+    budget: String,
+    rate: Rate,
+    expected: NonZeroU32,
+    id: Option<String>,
+    lease: Duration,
+    refresh_every: Duration,
+    retry_every: Duration,
+    burst: Duration,
+    expiry_margin: Duration,
+    max_cost: NonZeroU32,
+    min_demand: Option<Rate>,
+    initial_demand: Option<Rate>,
+    clock: C,
+}
+
+impl RateLease<SystemClock> {
+    /// Settings for a lease on `budget` (1 to 64 characters of
+    /// `[A-Za-z0-9._:-]`), a fleet-wide `rate`, shared by up to
+    /// `expected_instances` instances: the fallback capacity is
+    /// `rate / expected_instances`, so it must be the largest fleet size.
+    pub fn builder(
+        store: LeaseStore,
+        budget: &str,
+        rate: Rate,
+        expected_instances: NonZeroU32,
+    ) -> RateLeaseBuilder<SystemClock> {
+        RateLeaseBuilder {
+            store,
+            budget: budget.to_owned(),
+            rate,
+            expected: expected_instances,
+            id: None,
+            lease: Duration::from_secs(5),
+            refresh_every: Duration::from_secs(4),
+            retry_every: Duration::from_millis(250),
+            burst: Duration::from_millis(25),
+            expiry_margin: Duration::from_millis(5),
+            max_cost: NonZeroU32::MIN,
+            min_demand: None,
+            initial_demand: None,
+            clock: SystemClock::new(),
+        }
+    }
+}
+
+impl<C: Clock> RateLeaseBuilder<C> {
+    /// This instance's id, unique in the fleet: 1 to 128 characters of
+    /// `[A-Za-z0-9._:-]`. Default: 16 random hex digits.
+    pub fn instance_id(mut self, id: &str) -> Self {
+        self.id = Some(id.to_owned());
+        self
+    }
+
+    /// The lease length `L` on Redis time, default 5 s: how long a grant
+    /// lasts without renewal, how late a dead instance's share returns and
+    /// how late a new instance may get its full share.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// The refresh period `P`, default 4 s, less than the lease. Redis
+    /// sees `instances / P` calls per second; at 40 instances and 240/s that
+    /// is 10 calls/s, 0.042 per admitted send.
+    pub fn refresh_every(mut self, every: Duration) -> Self {
+        self.refresh_every = every;
+        self
+    }
+
+    /// The wait after a failed refresh, default 250 ms.
+    pub fn retry_every(mut self, every: Duration) -> Self {
+        self.retry_every = every;
+        self
+    }
+
+    /// The local burst as a span of the current rate, default 25 ms: the
+    /// bucket holds `max(max_cost, rate × burst)` cost units.
+    pub fn burst(mut self, burst: Duration) -> Self {
+        self.burst = burst;
+        self
+    }
+
+    /// The largest cost of one attempt, default 1; the bucket always holds
+    /// at least this much, so every attempt up to it can pass. Costs above it
+    /// are refused with `Duration::MAX`.
+    pub fn max_cost(mut self, max_cost: NonZeroU32) -> Self {
+        self.max_cost = max_cost;
+        self
+    }
+
+    /// Taken off every grant's local lifetime, default 5 ms: covers a local
+    /// clock that runs up to `margin / lease` (1,000 ppm) slower than
+    /// Redis's.
+    pub fn expiry_margin(mut self, margin: Duration) -> Self {
+        self.expiry_margin = margin;
+        self
+    }
+
+    /// The least demand reported, default a tenth of the fallback capacity:
+    /// an idle instance keeps a small grant, so its first send after a quiet
+    /// spell does not wait for a refresh.
+    pub fn min_demand(mut self, rate: Rate) -> Self {
+        self.min_demand = Some(rate);
+        self
+    }
+
+    /// The demand of the first refresh, before anything was measured;
+    /// default the fallback capacity `rate / expected_instances`.
+    pub fn initial_demand(mut self, rate: Rate) -> Self {
+        self.initial_demand = Some(rate);
+        self
+    }
+
+    /// The local clock (default [`SystemClock`]); a
+    /// [`ManualClock`] makes the send path testable.
+    pub fn clock<C2: Clock>(self, clock: C2) -> RateLeaseBuilder<C2> {
+        RateLeaseBuilder {
+            store: self.store,
+            budget: self.budget,
+            rate: self.rate,
+            expected: self.expected,
+            id: self.id,
+            lease: self.lease,
+            refresh_every: self.refresh_every,
+            retry_every: self.retry_every,
+            burst: self.burst,
+            expiry_margin: self.expiry_margin,
+            max_cost: self.max_cost,
+            min_demand: self.min_demand,
+            initial_demand: self.initial_demand,
+            clock,
+        }
+    }
+
+    /// Checks the settings and creates the lease in [`LeaseMode::Starting`];
+    /// nothing is sent until the first refresh.
+    pub fn build(self) -> Result<RateLease<C>, ConfigError> {
+        if !valid_name(&self.budget, 64) {
+            return Err(ConfigError::new(
+                "budget",
+                format!(
+                    "{:?} must be 1 to 64 characters of [A-Za-z0-9._:-]",
+                    self.budget
+                ),
+            ));
+        }
+        if self.rate.0 == 0 || self.rate.0 > MAX_RATE_MILLI {
+            return Err(ConfigError::new(
+                "rate",
+                format!(
+                    "must be more than zero and at most {}",
+                    Rate(MAX_RATE_MILLI)
+                ),
+            ));
+        }
+        let id = match self.id {
+            Some(id) if valid_name(&id, 128) => id,
+            Some(id) => {
+                return Err(ConfigError::new(
+                    "instance_id",
+                    format!("{id:?} must be 1 to 128 characters of [A-Za-z0-9._:-]"),
+                ))
+            }
+            None => format!("{:016x}", rand::random::<u64>()),
+        };
+        let us = duration_to_micros;
+        let (lease, refresh, margin) = (
+            us(self.lease),
+            us(self.refresh_every),
+            us(self.expiry_margin),
+        );
+        if lease == 0 || lease > 86_400_000_000 {
+            return Err(ConfigError::new(
+                "lease",
+                "must be more than zero and at most a day",
+            ));
+        }
+        if refresh == 0 || refresh.saturating_add(margin) >= lease {
+            return Err(ConfigError::new(
+                "refresh_every",
+                "must be more than zero and less than the lease minus the expiry margin",
+            ));
+        }
+        if us(self.retry_every) == 0 {
+            return Err(ConfigError::new("retry_every", "must be more than zero"));
+        }
+        let fallback = Rate(self.rate.0 / u64::from(self.expected.get()));
+        let cfg = Settings {
+            rate: self.rate,
+            fallback,
+            lease_us: lease,
+            refresh_us: refresh,
+            retry_us: us(self.retry_every),
+            burst_us: us(self.burst),
+            margin_us: margin,
+            max_cost: u64::from(self.max_cost.get()),
+            min_demand: self.min_demand.unwrap_or(Rate(fallback.0 / 10)),
+            initial_demand: self.initial_demand.unwrap_or(fallback),
+        };
+        let now = self.clock.now();
+        let state = State {
+            phase: Phase::Starting,
+            grant: Rate::ZERO,
+            until: Timestamp(0),
+            fallback: false,
+            tokens: 0,
+            last: now,
+            window_start: now,
+            attempted: 0,
+            measured: false,
+            demand: Rate::ZERO,
+            target: Rate::ZERO,
+            next_refresh: now,
+            failures: 0,
+            successes: 0,
+        };
+        Ok(RateLease {
+            inner: Arc::new(Shared {
+                key: self.store.key(&self.budget),
+                store: self.store,
+                budget: self.budget.into(),
+                id: id.into(),
+                cfg,
+                clock: self.clock,
+                state: Mutex::new(state),
+                refreshing: tokio::sync::Mutex::new(()),
+                wake: Arc::new(tokio::sync::Notify::new()),
+            }),
+        })
+    }
+}
+
+impl<C: Clock> RateLease<C> {
+    /// Spends `cost` from the local bucket now; see
+    /// [`try_acquire_at`](Self::try_acquire_at).
+    #[inline]
+    pub fn try_acquire(&self, cost: u64) -> Result<(), Duration> {
+        self.try_acquire_at(cost, self.inner.clock.now())
+    }
+
+    /// Spends `cost` at local time `now`, or refuses with the wait until it
+    /// would fit at the current rate. Synchronous: one lock, no I/O.
+    ///
+    /// Every attempt, refused or not, counts toward the demand reported at
+    /// the next refresh. With no rate to spend (starting, or a zero grant)
+    /// the wait is the time to the next refresh; a cost above
+    /// [`max_cost`](RateLeaseBuilder::max_cost), or a released lease, is
+    /// refused with `Duration::MAX`. A wait that crosses the grant's expiry
+    /// is an estimate: the rate after it is not known yet.
+    pub fn try_acquire_at(&self, cost: u64, now: Timestamp) -> Result<(), Duration> {
+        let cfg = &self.inner.cfg;
+        let mut s = self.inner.state.lock();
+        if s.phase == Phase::Released {
+            return Err(Duration::MAX);
+        }
+        s.attempted = s.attempted.saturating_add(cost);
+        if cost > cfg.max_cost {
+            return Err(Duration::MAX);
+        }
+        s.advance(now, cfg);
+        s.note_fallback(now, cfg, &self.inner.budget, &self.inner.id);
+        let need = u128::from(cost) * NANO;
+        if s.tokens >= need {
+            s.tokens -= need;
+            return Ok(());
+        }
+        let rate = s.rate_at(now, cfg);
+        if rate.0 == 0 {
+            let until_refresh = s.next_refresh.0.saturating_sub(now.0);
+            let wait = if until_refresh > 0 {
+                until_refresh
+            } else {
+                cfg.retry_us
+            };
+            return Err(Duration::from_micros(wait));
+        }
+        let missing = need - s.tokens;
+        let micros = missing.div_ceil(u128::from(rate.0));
+        Err(Duration::from_micros(
+            u64::try_from(micros).unwrap_or(u64::MAX).max(1),
+        ))
+    }
+
+    /// The lease's state at the local time now.
+    pub fn status(&self) -> LeaseStatus {
+        self.status_at(self.inner.clock.now())
+    }
+
+    /// The lease's state at local time `now` (the bucket is not touched).
+    pub fn status_at(&self, now: Timestamp) -> LeaseStatus {
+        self.inner.state.lock().status(now, &self.inner.cfg)
+    }
+
+    /// This instance's id.
+    pub fn instance_id(&self) -> &str {
+        &self.inner.id
+    }
+
+    /// The budget's name.
+    pub fn budget(&self) -> &str {
+        &self.inner.budget
+    }
+
+    /// The fallback capacity, `rate / expected_instances`.
+    pub fn fallback_rate(&self) -> Rate {
+        self.inner.cfg.fallback
+    }
+
+    /// The largest cost one attempt may have.
+    pub fn max_cost(&self) -> u64 {
+        self.inner.cfg.max_cost
+    }
+
+    /// Refreshes the grant now with the measured demand, whatever the
+    /// schedule. One refresh runs at a time per lease (a second call waits).
+    ///
+    /// The local send instant is read before anything is sent; the old grant
+    /// stays in use until the reply arrives, and the new one lasts
+    /// `expiry − now_in_reply` from that send instant. On failure the
+    /// current grant is kept until it expires, then the fallback applies,
+    /// and the next refresh is due after `retry_every`.
+    pub async fn refresh(&self) -> Result<LeaseStatus, LeaseError> {
+        let inner = &*self.inner;
+        let cfg = &inner.cfg;
+        let _one = inner.refreshing.lock().await;
+        let (sent_at, demand, held) = {
+            let mut s = inner.state.lock();
+            if s.phase == Phase::Released {
+                return Err(LeaseError::Released);
+            }
+            let x = inner.clock.now();
+            s.advance(x, cfg);
+            let demand = s.take_demand(x, cfg);
+            let held = if s.phase == Phase::Active && x < s.until {
+                (s.grant, s.until.0 - x.0)
+            } else {
+                (Rate::ZERO, 0)
+            };
+            (x, demand, held)
+        };
+        let result = inner
+            .store
+            .grant(&inner.key, &inner.id, demand, cfg.rate, cfg.lease_us, held)
+            .await;
+        let recv = inner.clock.now();
+        let mut s = inner.state.lock();
+        if s.phase == Phase::Released {
+            return Err(LeaseError::Released);
+        }
+        s.advance(recv, cfg);
+        match result {
+            Ok(reply) => {
+                let life = reply.expiry.saturating_sub(reply.now);
+                s.phase = Phase::Active;
+                s.grant = reply.rate;
+                s.until = Timestamp(sent_at.0.saturating_add(life).saturating_sub(cfg.margin_us));
+                s.target = reply.target;
+                s.failures = 0;
+                let cap = cfg.capacity(s.rate_at(recv, cfg));
+                s.tokens = s.tokens.min(cap);
+                // The first refresh reports a guess; the second, a quarter
+                // period later, reports the first measured demand.
+                let period = if s.successes == 0 {
+                    cfg.refresh_us / 4
+                } else {
+                    cfg.refresh_us
+                };
+                s.successes += 1;
+                let mut next = sent_at.0.saturating_add(period);
+                if reply.recheck > reply.now {
+                    next = next.min(recv.0.saturating_add(reply.recheck - reply.now));
+                }
+                s.next_refresh = Timestamp(next);
+                if s.fallback && recv < s.until {
+                    s.fallback = false;
+                    tracing::info!(
+                        budget = &*inner.budget,
+                        instance = &*inner.id,
+                        grant = %s.grant,
+                        "rate lease renewed; the fallback capacity no longer applies"
+                    );
+                }
+                s.note_fallback(recv, cfg, &inner.budget, &inner.id);
+                Ok(s.status(recv, cfg))
+            }
+            Err(error) => {
+                if s.phase == Phase::Starting {
+                    s.phase = Phase::Active;
+                    s.until = Timestamp(0);
+                    s.last = recv;
+                }
+                s.failures = s.failures.saturating_add(1);
+                s.next_refresh = Timestamp(recv.0.saturating_add(cfg.retry_us));
+                tracing::debug!(
+                    budget = &*inner.budget,
+                    instance = &*inner.id,
+                    %error,
+                    failures = s.failures,
+                    "rate lease refresh failed; keeping the current grant until it expires"
+                );
+                s.note_fallback(recv, cfg, &inner.budget, &inner.id);
+                Err(error)
+            }
+        }
+    }
+
+    /// The time from the local now to the next refresh.
+    pub fn until_next_refresh(&self) -> Duration {
+        let now = self.inner.clock.now();
+        self.inner.state.lock().next_refresh.since(now)
+    }
+
+    /// Spawns the background refresher on the current tokio runtime: it
+    /// refreshes at once, a quarter period later with the first measured
+    /// demand, then every `refresh_every` (earlier when the script says a
+    /// larger share frees up; every `retry_every` after a failure). It
+    /// sleeps on tokio's timer and holds the lease weakly: it ends when every
+    /// clone of the lease is dropped, or at once when the lease is released.
+    /// Abort the handle to stop it sooner.
+    pub fn spawn_refresher(&self) -> JoinHandle<()> {
+        let weak: Weak<Shared<C>> = Arc::downgrade(&self.inner);
+        let wake = self.inner.wake.clone();
+        tokio::spawn(async move {
+            loop {
+                let Some(inner) = weak.upgrade() else {
+                    return;
+                };
+                let lease = RateLease { inner };
+                if matches!(lease.refresh().await, Err(LeaseError::Released)) {
+                    return;
+                }
+                let wait = lease.until_next_refresh().max(Duration::from_millis(1));
+                drop(lease);
+                tokio::select! {
+                    () = tokio::time::sleep(wait) => {}
+                    () = wake.notified() => {}
+                }
+            }
+        })
+    }
+
+    /// Stops spending (every later attempt is refused) and then deletes this
+    /// instance's grants in Redis, so its share returns at once instead of
+    /// at expiry. Call it on a clean shutdown; it is final.
+    pub async fn release(&self) -> Result<(), LeaseError> {
+        {
+            let mut s = self.inner.state.lock();
+            s.phase = Phase::Released;
+            s.grant = Rate::ZERO;
+            s.until = Timestamp(0);
+            s.tokens = 0;
+        }
+        self.inner.wake.notify_one();
+        // A refresh in flight finishes first (its reply is ignored), so the
+        // release is the last word on this instance.
+        let _one = self.inner.refreshing.lock().await;
+        self.inner
+            .store
+            .release(&self.inner.key, &self.inner.id)
+            .await
+    }
+}

@@ -1,0 +1,252 @@
+-- tower-admission: the grant server of rate leases, one atomic call.
+--
+-- The Rust side prepends a clock: `clock_now()` (Redis TIME in µs in
+-- production; ARGV[8] in the test-only script, a different SHA) and
+-- EXPIRY_PAD_MS (0 in production).
+--
+-- KEYS[1]: the budget's key, prefix:{lease:budget}, a hash:
+--   `_t`       the last time the script ran (µs): time never moves backwards;
+--   `i:<id>`   one instance: "demand,rate1,exp1,rate2,exp2,..." (milli-units
+--              per second, µs). The (rate, exp) pairs are the instance's
+--              *steps*: every grant it may still be spending, each counted
+--              until its expiry. Kept sorted by expiry with strictly
+--              decreasing rates (a step with a lower rate and an earlier
+--              expiry than another is implied by it and dropped).
+-- ARGV[1]: 'g' (grant), 'r' (release) or 's' (snapshot, read only).
+-- ARGV[2]: the instance id.
+-- ARGV[3]: its demand (milli-units/s), ARGV[4]: the budget R (milli-units/s),
+-- ARGV[5]: the lease length L (µs).
+-- ARGV[6], ARGV[7]: the grant the instance holds by its own account (rate,
+--          µs it still has), 0 0 for none. Merged as a step: after a lost
+--          state (Redis restarted empty) the grants still being spent are
+--          counted again from their holders' first call.
+--
+-- The rule. An instance's commitment at time t is the highest rate of its
+-- steps that expire after t. Every profile is non-increasing in t, so the
+-- sum over instances is highest at the present. A grant of rate g to
+-- instance j at `now` is at most R minus the others' commitments at `now`;
+-- its own older steps stay: a lowered grant frees its surplus only at the
+-- old step's expiry, because the instance keeps spending the old rate until
+-- the reply reaches it (or the old lease ends). Hence at every time t >= now
+-- the sum of commitments stays <= R (see docs/leases.md for the proof).
+--
+-- Shares: max-min fair over the demands of the live instances (those with a
+-- step not yet expired, plus the caller): every instance's target is
+-- min(demand, lambda), with lambda the water level at which the targets sum
+-- to R (no cap when the demands fit). The grant is min(target, headroom).
+--
+-- 'g' returns { grant, expiry, now, recheck, target, live }: the grant rate
+-- and its expiry (µs), the script's time, and, when the grant is below the
+-- target, the earliest time (µs) at which the target should fit, from the
+-- other instances' steps and targets (0 when it fits now or never will).
+-- 'r' deletes the instance (its holder has stopped spending) and returns
+-- { now }. 's' returns { now, n, then per instance: id, demand, #steps,
+-- rate1, exp1, ... }.
+
+local key = KEYS[1]
+local op = ARGV[1]
+local me = 'i:' .. (ARGV[2] or '')
+local demand = tonumber(ARGV[3])
+local R = tonumber(ARGV[4])
+local L = tonumber(ARGV[5])
+local held_rate = tonumber(ARGV[6])
+local held_left = tonumber(ARGV[7])
+local now = clock_now()
+if now == nil or demand == nil or R == nil or L == nil or held_rate == nil
+    or held_left == nil or (op ~= 'g' and op ~= 'r' and op ~= 's') then
+  return redis.error_reply('ERR tower-admission lease: bad arguments')
+end
+
+-- floor(a / b) for integers 0 <= a < 2^53, b >= 1, corrected for rounding.
+local function idiv(a, b)
+  local q = math.floor(a / b)
+  local r = a - q * b
+  if r < 0 then
+    q = q - 1
+  elseif r >= b then
+    q = q + 1
+  end
+  return q
+end
+
+local last = tonumber(redis.call('HGET', key, '_t') or '0') or 0
+if last > now then now = last end
+
+-- The steps of `value` that still count after `now`.
+local function parse(value)
+  local nums = {}
+  for s in string.gmatch(value, '[^,]+') do nums[#nums + 1] = tonumber(s) end
+  local steps = {}
+  for k = 2, #nums - 1, 2 do
+    if nums[k + 1] > now then steps[#steps + 1] = { nums[k], nums[k + 1] } end
+  end
+  return nums[1] or 0, steps
+end
+
+local function encode(d, steps)
+  local parts = { string.format('%d', d) }
+  for _, s in ipairs(steps) do
+    parts[#parts + 1] = string.format('%d', s[1])
+    parts[#parts + 1] = string.format('%d', s[2])
+  end
+  return table.concat(parts, ',')
+end
+
+-- The commitment at time t: the highest rate among steps expiring after t.
+local function commit(steps, t)
+  local c = 0
+  for _, s in ipairs(steps) do
+    if s[2] > t and s[1] > c then c = s[1] end
+  end
+  return c
+end
+
+-- Drops implied steps; the result is sorted by expiry, rates decreasing.
+local function prune(steps)
+  table.sort(steps, function(a, b)
+    if a[2] ~= b[2] then return a[2] < b[2] end
+    return a[1] < b[1]
+  end)
+  local kept, best = {}, -1
+  for k = #steps, 1, -1 do
+    if steps[k][1] > best then
+      table.insert(kept, 1, steps[k])
+      best = steps[k][1]
+    end
+  end
+  return kept
+end
+
+local ids, dem, steps = {}, {}, {}
+local all = redis.call('HGETALL', key)
+for k = 1, #all, 2 do
+  local f = all[k]
+  if f ~= '_t' then
+    local d, st = parse(all[k + 1])
+    if #st > 0 or f == me then
+      ids[#ids + 1] = f
+      dem[f] = d
+      steps[f] = st
+    elseif op ~= 's' then
+      -- Every grant of this instance has expired: it is gone.
+      redis.call('HDEL', key, f)
+    end
+  end
+end
+
+if op == 's' then
+  local out = { now, #ids }
+  for _, f in ipairs(ids) do
+    out[#out + 1] = string.sub(f, 3)
+    out[#out + 1] = dem[f]
+    out[#out + 1] = #steps[f]
+    for _, s in ipairs(steps[f]) do
+      out[#out + 1] = s[1]
+      out[#out + 1] = s[2]
+    end
+  end
+  return out
+end
+
+-- Sets the key's expiry to the last step's, or deletes a key with no step.
+local function save_time()
+  local horizon = now
+  for _, f in ipairs(ids) do
+    for _, s in ipairs(steps[f]) do
+      if s[2] > horizon then horizon = s[2] end
+    end
+  end
+  if horizon <= now then
+    redis.call('DEL', key)
+    return
+  end
+  redis.call('HSET', key, '_t', string.format('%d', now))
+  redis.call('PEXPIRE', key, idiv(horizon - now + 999, 1000) + EXPIRY_PAD_MS)
+end
+
+if op == 'r' then
+  if steps[me] ~= nil then
+    redis.call('HDEL', key, me)
+    local rest = {}
+    for _, f in ipairs(ids) do
+      if f ~= me then rest[#rest + 1] = f end
+    end
+    ids = rest
+  end
+  save_time()
+  return { now }
+end
+
+-- op == 'g'
+if steps[me] == nil then
+  ids[#ids + 1] = me
+  steps[me] = {}
+end
+dem[me] = demand
+if held_rate > 0 and held_left > 0 then
+  table.insert(steps[me], { held_rate, now + held_left })
+end
+
+-- Max-min fair water level over the live demands (nil: every demand fits).
+local order = {}
+for _, f in ipairs(ids) do order[#order + 1] = f end
+table.sort(order, function(a, b) return dem[a] < dem[b] end)
+local lambda = nil
+local remaining = R
+for k, f in ipairs(order) do
+  local share = idiv(remaining, #order - k + 1)
+  if dem[f] <= share then
+    remaining = remaining - dem[f]
+  else
+    lambda = share
+    break
+  end
+end
+local function target(f)
+  if lambda ~= nil and dem[f] > lambda then return lambda end
+  return dem[f]
+end
+
+local others = 0
+for _, f in ipairs(ids) do
+  if f ~= me then others = others + commit(steps[f], now) end
+end
+local want = target(me)
+local grant = R - others
+if grant > want then grant = want end
+if grant < 0 then grant = 0 end
+local expiry = now + L
+table.insert(steps[me], { grant, expiry })
+steps[me] = prune(steps[me])
+
+-- When the target does not fit yet: the first time it should, if every
+-- other instance renews at its own target and its older steps run out.
+local recheck = 0
+if grant < want then
+  local times = {}
+  for _, f in ipairs(ids) do
+    if f ~= me then
+      for _, s in ipairs(steps[f]) do times[#times + 1] = s[2] end
+    end
+  end
+  table.sort(times)
+  for _, t in ipairs(times) do
+    local sum = 0
+    for _, f in ipairs(ids) do
+      if f ~= me then
+        local c = commit(steps[f], t)
+        local tf = target(f)
+        if tf > c then c = tf end
+        sum = sum + c
+      end
+    end
+    if sum + want <= R then
+      recheck = t
+      break
+    end
+  end
+end
+
+redis.call('HSET', key, me, encode(demand, steps[me]))
+save_time()
+return { grant, expiry, now, recheck, want, #ids }
