@@ -1,58 +1,13 @@
 //! Rate leases: a fleet shares one budget with no Redis call per send
 //! (feature `redis`).
 //!
-//! Every instance leases a *rate* from a grant script on Redis and spends it
-//! from a local token bucket. The script never lets the grants that may still
-//! be in use sum above the budget `R`, on Redis time; refreshes run in the
-//! background and shares follow the measured demand. A send attempt is one
-//! lock and a few integer operations, never a network call.
+//! The user-facing description is on [`RateLease`]; the grant rule is in
+//! `scripts/lease.lua` and the proof of the bound in `docs/leases.md`.
 //!
-//! # The grant rule
-//!
-//! The budget is one Redis hash (`prefix:{lease:budget}`, one hash tag, so
-//! Redis Cluster keeps it on one slot; it expires with the last grant). For
-//! every instance it keeps the reported demand and its *steps*: every grant
-//! `(rate, expiry)` the instance may still be spending. The instance's
-//! commitment at time `t` is the highest rate among its steps that expire
-//! after `t`. A refresh of instance `j` at Redis time `now`:
-//!
-//! 1. computes max-min fair targets over the live instances' demands: each
-//!    gets `min(demand, λ)`, where `λ` is the water level at which the
-//!    targets sum to `R` (leftover of small demands goes to larger ones);
-//! 2. grants `g = min(target_j, R − Σ_{i≠j} commitment_i(now))`, valid for
-//!    the lease length `L` (`expiry = now + L`);
-//! 3. adds the step `(g, now + L)` and keeps `j`'s older steps: **a lowered
-//!    grant frees its surplus only when the old grant expires**, because the
-//!    instance keeps spending the old rate until the reply reaches it (or,
-//!    if the reply is lost, until the old lease ends).
-//!
-//! Every commitment profile is non-increasing in time, so the sum of
-//! commitments is highest at the present, and the check in step 2 keeps it
-//! `≤ R` at every later Redis time. `docs/leases.md` has the proof and the
-//! bound on send starts.
-//!
-//! A new instance gets what is free at once, and its fair share as soon as
-//! the others' older grants run out: at most one lease length `L` after its
-//! first request (it is told when, and refreshes then). No sound rule can be
-//! faster without holding capacity back, since a grant issued just before
-//! the newcomer arrived may be spent until it expires. A dead instance's
-//! share returns when its last grant expires; [`RateLease::release`] returns
-//! it at once on a clean shutdown.
-//!
-//! # The client
-//!
-//! [`RateLease::try_acquire`] spends from a local token bucket whose rate is
-//! the current grant and whose capacity is `max(max_cost, grant × burst)`
-//! (defaults: 1 and 25 ms). The grant is used until
-//! `send_instant + (expiry − now_in_reply) − expiry_margin` on the local
-//! clock: durations only, so an offset between the instance's clock and
-//! Redis's changes nothing, and the instance stops no later than Redis's
-//! expiry. When the grant has expired without renewal (Redis unreachable),
-//! the bucket runs at the fallback capacity `R / expected_instances` until a
-//! refresh succeeds again; each change of mode is logged once.
-//!
-//! Demand is the rate of attempts (refused ones included) since the previous
-//! refresh, at least `min_demand`.
+//! Layout: [`LeaseStore`] is the connection and the script (one call per
+//! refresh, under a deadline); [`RateLease`] is the client: the local token
+//! bucket in integer nano-tokens (a rate in milli-units per second times µs),
+//! the demand window, the refresh schedule and the fallback.
 
 use std::fmt;
 use std::num::NonZeroU32;
@@ -79,12 +34,12 @@ local function clock_now()
 end
 ";
 
-/// Test-only clock: the time is ARGV[8]. Redis's own expiry clock runs while
+/// Test-only clock: the time is ARGV[9]. Redis's own expiry clock runs while
 /// the injected one stands still, so test keys live an hour longer.
 const CLOCK_INJECTED: &str = "\
 local EXPIRY_PAD_MS = 3600000
 local function clock_now()
-  return tonumber(ARGV[8])
+  return tonumber(ARGV[9])
 end
 ";
 
@@ -216,6 +171,32 @@ pub struct LeaseStoreBuilder {
     clock: Option<ManualClock>,
 }
 
+/// The arguments of a script call (ARGV 1 and 3 to 8).
+#[derive(Debug, Clone, Copy)]
+struct Args {
+    op: &'static str,
+    demand: Rate,
+    /// The demand is a guess: nothing has been measured yet.
+    guess: bool,
+    budget: Rate,
+    lease_us: u64,
+    /// The grant held by the instance's own account: rate, µs left.
+    held: (Rate, u64),
+}
+
+impl Args {
+    const fn op_only(op: &'static str) -> Args {
+        Args {
+            op,
+            demand: Rate::ZERO,
+            guess: false,
+            budget: Rate::ZERO,
+            lease_us: 0,
+            held: (Rate::ZERO, 0),
+        }
+    }
+}
+
 /// The reply of a grant call, on Redis time.
 #[derive(Debug, Clone, Copy)]
 struct GrantReply {
@@ -245,6 +226,9 @@ pub struct InstanceGrant {
     pub id: String,
     /// The demand it last reported.
     pub demand: Rate,
+    /// Whether that demand was a guess (its first refresh, nothing measured
+    /// yet). Others' targets count a guessed demand as the whole budget.
+    pub guessed: bool,
     /// The grants it may still be spending, by expiry, rates decreasing; the
     /// last one is its latest grant.
     pub steps: Vec<GrantStep>,
@@ -343,31 +327,13 @@ impl LeaseStore {
     /// Reads the grants of `budget` as the script counts them (read only).
     pub async fn grants(&self, budget: &str) -> Result<GrantTable, LeaseError> {
         let reply = self
-            .call(
-                &self.key(budget),
-                "s",
-                "-",
-                Rate::ZERO,
-                Rate::ZERO,
-                0,
-                (Rate::ZERO, 0),
-            )
+            .call(&self.key(budget), "-", &Args::op_only("s"))
             .await?;
         parse_table(&reply).ok_or_else(|| bad_reply("snapshot"))
     }
 
-    async fn grant(
-        &self,
-        key: &str,
-        id: &str,
-        demand: Rate,
-        budget: Rate,
-        lease_us: u64,
-        held: (Rate, u64),
-    ) -> Result<GrantReply, LeaseError> {
-        let reply = self
-            .call(key, "g", id, demand, budget, lease_us, held)
-            .await?;
+    async fn grant(&self, key: &str, id: &str, args: &Args) -> Result<GrantReply, LeaseError> {
+        let reply = self.call(key, id, args).await?;
         let nums = ints(&reply).filter(|n| n.len() == 6);
         let Some(n) = nums else {
             return Err(bad_reply("grant"));
@@ -383,35 +349,24 @@ impl LeaseStore {
     }
 
     async fn release(&self, key: &str, id: &str) -> Result<(), LeaseError> {
-        self.call(key, "r", id, Rate::ZERO, Rate::ZERO, 0, (Rate::ZERO, 0))
-            .await
-            .map(drop)
+        self.call(key, id, &Args::op_only("r")).await.map(drop)
     }
 
     /// One script call under the deadline. The arguments (and the injected
     /// test time) are fixed before anything is awaited.
-    #[allow(clippy::too_many_arguments)]
-    async fn call(
-        &self,
-        key: &str,
-        op: &str,
-        id: &str,
-        demand: Rate,
-        budget: Rate,
-        lease_us: u64,
-        held: (Rate, u64),
-    ) -> Result<Value, LeaseError> {
+    async fn call(&self, key: &str, id: &str, args: &Args) -> Result<Value, LeaseError> {
         let now = self.inner.clock.as_ref().map_or(0, |c| c.now().as_micros());
         let mut invocation = self.inner.script.prepare_invoke();
         invocation
             .key(key)
-            .arg(op)
+            .arg(args.op)
             .arg(id)
-            .arg(demand.0)
-            .arg(budget.0)
-            .arg(lease_us)
-            .arg(held.0 .0)
-            .arg(held.1)
+            .arg(args.demand.0)
+            .arg(u8::from(args.guess))
+            .arg(args.budget.0)
+            .arg(args.lease_us)
+            .arg(args.held.0 .0)
+            .arg(args.held.1)
             .arg(now);
         let run = async {
             let (gen, mut conn) = self.connection().await?;
@@ -569,8 +524,9 @@ fn parse_table(v: &Value) -> Option<GrantTable> {
             _ => return None,
         };
         let demand = int(at + 1)?;
-        let count = int(at + 2)?;
-        at += 3;
+        let guessed = int(at + 2)? == 1;
+        let count = int(at + 3)?;
+        at += 4;
         let mut steps = Vec::new();
         for _ in 0..count {
             steps.push(GrantStep {
@@ -582,6 +538,7 @@ fn parse_table(v: &Value) -> Option<GrantTable> {
         instances.push(InstanceGrant {
             id,
             demand: Rate(demand),
+            guessed,
             steps,
         });
     }
@@ -633,12 +590,72 @@ pub struct LeaseStatus {
 /// A share of a fleet-wide rate budget, leased from Redis and spent locally
 /// (feature `redis`).
 ///
-/// Clones share one lease: one bucket, one grant, one demand measure. Build
-/// one per budget per process with [`RateLease::builder`], start
-/// [`spawn_refresher`](Self::spawn_refresher) (or call
-/// [`refresh`](Self::refresh) yourself), and call
-/// [`try_acquire`](Self::try_acquire) before every send attempt. See the
-/// [module docs](self) for the rule and `docs/leases.md` for the bound.
+/// Every instance leases a *rate* from a grant script on Redis and spends it
+/// from a local token bucket: a send attempt is one lock and a few integer
+/// operations, never a network call. Refreshes run in the background, and
+/// shares follow the measured demand. Clones share one lease: one bucket,
+/// one grant, one demand measure. Build one per budget per process with
+/// [`RateLease::builder`], start [`spawn_refresher`](Self::spawn_refresher)
+/// (or call [`refresh`](Self::refresh) yourself), and call
+/// [`try_acquire`](Self::try_acquire) before every send attempt.
+///
+/// # The grant rule (on Redis, one atomic script)
+///
+/// The budget is one Redis hash, `prefix:{lease:budget}` (one hash tag, so
+/// Redis Cluster keeps it on one slot; it expires with the last grant). For
+/// every instance it keeps the reported demand and its *steps*: every grant
+/// `(rate, expiry)` the instance may still be spending. An instance's
+/// commitment at Redis time `t` is the highest rate among its steps that
+/// expire after `t`. A refresh of instance `j` at Redis time `now`:
+///
+/// 1. computes **max-min fair** targets over the live instances' demands:
+///    each gets `min(demand, λ)`, where `λ` is the water level at which the
+///    targets sum to `R`, so what small demands leave goes to larger ones.
+///    Another instance's demand that is still a guess (its first refresh,
+///    nothing measured) counts as `R` here: a guess must not let `j` take
+///    what the other may need;
+/// 2. grants `g = min(target_j, R − Σ_{i≠j} commitment_i(now))`, valid for
+///    the lease length `L` (`expiry = now + L`, default 5 s);
+/// 3. adds the step `(g, now + L)` and keeps `j`'s older steps: **a lowered
+///    grant frees its surplus only when the old grant expires**, because the
+///    instance keeps spending the old rate until the reply reaches it (or,
+///    if the reply is lost, until the old lease ends).
+///
+/// Every commitment profile is non-increasing in time, so their sum is
+/// highest at the present, and the check in step 2 keeps it `≤ R` at every
+/// later Redis time. `docs/leases.md` has the proof and the bound on send
+/// starts: with the defaults, at most `n + R·25 ms + R·T` in any interval
+/// `T` (n instances), 286 per second for 40 instances and `R` = 240/s.
+///
+/// A new instance gets what is free at once, and its fair share as soon as
+/// the others' older grants run out: at most one lease length after the
+/// script learns its demand (the reply says when, and the instance
+/// refreshes then). No sound rule is faster without holding capacity back,
+/// since a grant issued just before the newcomer arrived may be spent until
+/// it expires. A dead instance's share returns when its last grant expires;
+/// [`release`](Self::release) returns it at once on a clean shutdown.
+///
+/// # The local side
+///
+/// The bucket's rate is the current grant and its capacity
+/// `max(max_cost, grant × burst)` (defaults 1 and 25 ms); it starts empty.
+/// A grant is used until `send_instant + (expiry − now_in_reply) −
+/// expiry_margin` on the local clock: only durations, so an offset between
+/// the instance's clock and Redis's changes nothing, and the instance stops
+/// no later than Redis's expiry. When the grant expires without renewal
+/// (Redis unreachable), the bucket runs at the fallback capacity
+/// `R / expected_instances` until a refresh succeeds again; entering and
+/// leaving the fallback are logged once each (`warn`, `info`).
+///
+/// Demand is the rate of attempts, refused ones included, over the window
+/// since the last measurement (at least a quarter of the refresh period),
+/// at least `min_demand`. The first refresh reports `initial_demand`; the
+/// second, a quarter period later, the first measurement.
+///
+/// A bucket whose capacity is one unit loses what it would accrue while it
+/// is full, so callers that retry only on their own schedule use a little
+/// less than the grant (one attempt per millisecond at 24/s: 23.8/s).
+/// Callers that wait the returned duration lose nothing.
 ///
 /// ```no_run
 /// use std::num::NonZeroU32;
@@ -689,6 +706,8 @@ struct Shared<C> {
     refreshing: tokio::sync::Mutex<()>,
     /// Wakes the refresher when the lease is released.
     wake: Arc<tokio::sync::Notify>,
+    /// True once the first refresh has finished.
+    ready: tokio::sync::watch::Sender<bool>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -733,7 +752,9 @@ struct State {
     window_start: Timestamp,
     attempted: u64,
     /// A refresh has been sent (the first one reports the initial demand).
-    measured: bool,
+    asked: bool,
+    /// No demand has been measured yet: the one reported is a guess.
+    guessing: bool,
     demand: Rate,
     target: Rate,
     next_refresh: Timestamp,
@@ -805,9 +826,10 @@ impl State {
     /// The demand to report at `x`: attempts per second since the window
     /// started (a window shorter than a quarter of the refresh period is kept
     /// open and the previous figure reported).
-    fn take_demand(&mut self, x: Timestamp, cfg: &Settings) -> Rate {
-        let measured = if !self.measured {
-            self.measured = true;
+    /// The flag says whether it is still the guess `initial_demand`.
+    fn take_demand(&mut self, x: Timestamp, cfg: &Settings) -> (Rate, bool) {
+        let measured = if !self.asked {
+            self.asked = true;
             cfg.initial_demand
         } else {
             let elapsed = x.0.saturating_sub(self.window_start.0);
@@ -815,6 +837,7 @@ impl State {
                 let milli = u128::from(self.attempted) * NANO / u128::from(elapsed);
                 self.window_start = x;
                 self.attempted = 0;
+                self.guessing = false;
                 Rate(u64::try_from(milli).unwrap_or(u64::MAX))
             } else {
                 self.demand
@@ -822,7 +845,7 @@ impl State {
         };
         let demand = measured.max(cfg.min_demand).min(cfg.rate);
         self.demand = demand;
-        demand
+        (demand, self.guessing)
     }
 
     fn status(&self, x: Timestamp, cfg: &Settings) -> LeaseStatus {
@@ -1054,7 +1077,8 @@ impl<C: Clock> RateLeaseBuilder<C> {
             last: now,
             window_start: now,
             attempted: 0,
-            measured: false,
+            asked: false,
+            guessing: true,
             demand: Rate::ZERO,
             target: Rate::ZERO,
             next_refresh: now,
@@ -1072,6 +1096,7 @@ impl<C: Clock> RateLeaseBuilder<C> {
                 state: Mutex::new(state),
                 refreshing: tokio::sync::Mutex::new(()),
                 wake: Arc::new(tokio::sync::Notify::new()),
+                ready: tokio::sync::watch::Sender::new(false),
             }),
         })
     }
@@ -1170,26 +1195,45 @@ impl<C: Clock> RateLease<C> {
         let inner = &*self.inner;
         let cfg = &inner.cfg;
         let _one = inner.refreshing.lock().await;
-        let (sent_at, demand, held) = {
+        let (sent_at, args) = {
             let mut s = inner.state.lock();
             if s.phase == Phase::Released {
                 return Err(LeaseError::Released);
             }
             let x = inner.clock.now();
             s.advance(x, cfg);
-            let demand = s.take_demand(x, cfg);
+            let (demand, guess) = s.take_demand(x, cfg);
             let held = if s.phase == Phase::Active && x < s.until {
                 (s.grant, s.until.0 - x.0)
             } else {
                 (Rate::ZERO, 0)
             };
-            (x, demand, held)
+            let args = Args {
+                op: "g",
+                demand,
+                guess,
+                budget: cfg.rate,
+                lease_us: cfg.lease_us,
+                held,
+            };
+            (x, args)
         };
-        let result = inner
-            .store
-            .grant(&inner.key, &inner.id, demand, cfg.rate, cfg.lease_us, held)
-            .await;
+        let result = inner.store.grant(&inner.key, &inner.id, &args).await;
         let recv = inner.clock.now();
+        let outcome = self.apply(sent_at, recv, result);
+        inner.ready.send_replace(true);
+        outcome
+    }
+
+    /// Takes in the outcome of a refresh sent at `sent_at`, answered at `recv`.
+    fn apply(
+        &self,
+        sent_at: Timestamp,
+        recv: Timestamp,
+        result: Result<GrantReply, LeaseError>,
+    ) -> Result<LeaseStatus, LeaseError> {
+        let inner = &*self.inner;
+        let cfg = &inner.cfg;
         let mut s = inner.state.lock();
         if s.phase == Phase::Released {
             return Err(LeaseError::Released);
@@ -1251,6 +1295,15 @@ impl<C: Clock> RateLease<C> {
         }
     }
 
+    /// Waits until the first refresh has finished, successful or not, or the
+    /// lease was released: it has left [`LeaseMode::Starting`] (for a
+    /// readiness check).
+    pub async fn ready(&self) {
+        let mut ready = self.inner.ready.subscribe();
+        // The sender lives as long as `self`, so this cannot fail.
+        let _ = ready.wait_for(|r| *r).await;
+    }
+
     /// The time from the local now to the next refresh.
     pub fn until_next_refresh(&self) -> Duration {
         let now = self.inner.clock.now();
@@ -1298,6 +1351,7 @@ impl<C: Clock> RateLease<C> {
             s.tokens = 0;
         }
         self.inner.wake.notify_one();
+        self.inner.ready.send_replace(true);
         // A refresh in flight finishes first (its reply is ignored), so the
         // release is the last word on this instance.
         let _one = self.inner.refreshing.lock().await;

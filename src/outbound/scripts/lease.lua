@@ -1,22 +1,23 @@
 -- tower-admission: the grant server of rate leases, one atomic call.
 --
 -- The Rust side prepends a clock: `clock_now()` (Redis TIME in µs in
--- production; ARGV[8] in the test-only script, a different SHA) and
+-- production; ARGV[9] in the test-only script, a different SHA) and
 -- EXPIRY_PAD_MS (0 in production).
 --
 -- KEYS[1]: the budget's key, prefix:{lease:budget}, a hash:
 --   `_t`       the last time the script ran (µs): time never moves backwards;
---   `i:<id>`   one instance: "demand,rate1,exp1,rate2,exp2,..." (milli-units
---              per second, µs). The (rate, exp) pairs are the instance's
+--   `i:<id>`   one instance: "demand,provisional,rate1,exp1,rate2,exp2,..."
+--              (milli-units per second, 0/1, µs). The (rate, exp) pairs are the instance's
 --              *steps*: every grant it may still be spending, each counted
 --              until its expiry. Kept sorted by expiry with strictly
 --              decreasing rates (a step with a lower rate and an earlier
 --              expiry than another is implied by it and dropped).
 -- ARGV[1]: 'g' (grant), 'r' (release) or 's' (snapshot, read only).
 -- ARGV[2]: the instance id.
--- ARGV[3]: its demand (milli-units/s), ARGV[4]: the budget R (milli-units/s),
--- ARGV[5]: the lease length L (µs).
--- ARGV[6], ARGV[7]: the grant the instance holds by its own account (rate,
+-- ARGV[3]: its demand (milli-units/s); ARGV[4]: 1 if that demand is a guess
+-- (nothing measured yet), else 0; ARGV[5]: the budget R (milli-units/s);
+-- ARGV[6]: the lease length L (µs).
+-- ARGV[7], ARGV[8]: the grant the instance holds by its own account (rate,
 --          µs it still has), 0 0 for none. Merged as a step: after a lost
 --          state (Redis restarted empty) the grants still being spent are
 --          counted again from their holders' first call.
@@ -34,23 +35,27 @@
 -- step not yet expired, plus the caller): every instance's target is
 -- min(demand, lambda), with lambda the water level at which the targets sum
 -- to R (no cap when the demands fit). The grant is min(target, headroom).
+-- Another instance's guessed demand counts as R when the caller's target is
+-- computed: a guess must not let the caller take what that instance may
+-- need, since capacity once granted is stranded for a lease length.
 --
 -- 'g' returns { grant, expiry, now, recheck, target, live }: the grant rate
 -- and its expiry (µs), the script's time, and, when the grant is below the
 -- target, the earliest time (µs) at which the target should fit, from the
 -- other instances' steps and targets (0 when it fits now or never will).
 -- 'r' deletes the instance (its holder has stopped spending) and returns
--- { now }. 's' returns { now, n, then per instance: id, demand, #steps,
--- rate1, exp1, ... }.
+-- { now }. 's' returns { now, n, then per instance: id, demand, guessed
+-- (0/1), #steps, rate1, exp1, ... }.
 
 local key = KEYS[1]
 local op = ARGV[1]
 local me = 'i:' .. (ARGV[2] or '')
 local demand = tonumber(ARGV[3])
-local R = tonumber(ARGV[4])
-local L = tonumber(ARGV[5])
-local held_rate = tonumber(ARGV[6])
-local held_left = tonumber(ARGV[7])
+local guess = ARGV[4] == '1'
+local R = tonumber(ARGV[5])
+local L = tonumber(ARGV[6])
+local held_rate = tonumber(ARGV[7])
+local held_left = tonumber(ARGV[8])
 local now = clock_now()
 if now == nil or demand == nil or R == nil or L == nil or held_rate == nil
     or held_left == nil or (op ~= 'g' and op ~= 'r' and op ~= 's') then
@@ -77,14 +82,14 @@ local function parse(value)
   local nums = {}
   for s in string.gmatch(value, '[^,]+') do nums[#nums + 1] = tonumber(s) end
   local steps = {}
-  for k = 2, #nums - 1, 2 do
+  for k = 3, #nums - 1, 2 do
     if nums[k + 1] > now then steps[#steps + 1] = { nums[k], nums[k + 1] } end
   end
-  return nums[1] or 0, steps
+  return nums[1] or 0, nums[2] == 1, steps
 end
 
-local function encode(d, steps)
-  local parts = { string.format('%d', d) }
+local function encode(d, g, steps)
+  local parts = { string.format('%d', d), g and '1' or '0' }
   for _, s in ipairs(steps) do
     parts[#parts + 1] = string.format('%d', s[1])
     parts[#parts + 1] = string.format('%d', s[2])
@@ -117,15 +122,16 @@ local function prune(steps)
   return kept
 end
 
-local ids, dem, steps = {}, {}, {}
+local ids, dem, guessed, steps = {}, {}, {}, {}
 local all = redis.call('HGETALL', key)
 for k = 1, #all, 2 do
   local f = all[k]
   if f ~= '_t' then
-    local d, st = parse(all[k + 1])
+    local d, g, st = parse(all[k + 1])
     if #st > 0 or f == me then
       ids[#ids + 1] = f
       dem[f] = d
+      guessed[f] = g
       steps[f] = st
     elseif op ~= 's' then
       -- Every grant of this instance has expired: it is gone.
@@ -139,6 +145,7 @@ if op == 's' then
   for _, f in ipairs(ids) do
     out[#out + 1] = string.sub(f, 3)
     out[#out + 1] = dem[f]
+    out[#out + 1] = guessed[f] and 1 or 0
     out[#out + 1] = #steps[f]
     for _, s in ipairs(steps[f]) do
       out[#out + 1] = s[1]
@@ -183,28 +190,34 @@ if steps[me] == nil then
   steps[me] = {}
 end
 dem[me] = demand
+guessed[me] = guess
 if held_rate > 0 and held_left > 0 then
   table.insert(steps[me], { held_rate, now + held_left })
 end
 
--- Max-min fair water level over the live demands (nil: every demand fits).
+-- Max-min fair water level over the live demands (nil: every demand fits),
+-- another instance's guessed demand counted as R.
+local eff = {}
+for _, f in ipairs(ids) do
+  if guessed[f] and f ~= me then eff[f] = R else eff[f] = dem[f] end
+end
 local order = {}
 for _, f in ipairs(ids) do order[#order + 1] = f end
-table.sort(order, function(a, b) return dem[a] < dem[b] end)
+table.sort(order, function(a, b) return eff[a] < eff[b] end)
 local lambda = nil
 local remaining = R
 for k, f in ipairs(order) do
   local share = idiv(remaining, #order - k + 1)
-  if dem[f] <= share then
-    remaining = remaining - dem[f]
+  if eff[f] <= share then
+    remaining = remaining - eff[f]
   else
     lambda = share
     break
   end
 end
 local function target(f)
-  if lambda ~= nil and dem[f] > lambda then return lambda end
-  return dem[f]
+  if lambda ~= nil and eff[f] > lambda then return lambda end
+  return eff[f]
 end
 
 local others = 0
@@ -247,6 +260,6 @@ if grant < want then
   end
 end
 
-redis.call('HSET', key, me, encode(demand, steps[me]))
+redis.call('HSET', key, me, encode(demand, guess, steps[me]))
 save_time()
 return { grant, expiry, now, recheck, want, #ids }
