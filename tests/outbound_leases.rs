@@ -1,0 +1,1160 @@
+//! Rate leases against redis-servers started by the tests.
+//!
+//! Simulated instances are `RateLease`s in one process, each with its own
+//! `ManualClock` (some offset from Redis time by seconds). Most tests inject
+//! the script's time from a `ManualClock` too (`test_clock`), so that every
+//! grant, expiry and send is exact; the Redis-call ratio and the refresher
+//! run the production script on Redis `TIME`.
+//!
+//! The bound checked (docs/leases.md): send starts in any closed interval of
+//! length T are at most `n · max_cost + R · burst + R · T` (n instances,
+//! `max_cost` 1, burst 25 ms), plus `k · R/N · T` while k instances spend the
+//! fallback capacity. At every moment the rates the instances are spending
+//! sum to at most R.
+#![cfg(feature = "redis")]
+
+mod support;
+
+use std::collections::HashMap;
+use std::fmt::Debug;
+use std::future::Future;
+use std::num::NonZeroU32;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::Context;
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use support::RedisServer;
+use tower_admission::clock::{Clock, ManualClock, Timestamp};
+use tower_admission::outbound::{
+    GrantTable, LeaseError, LeaseMode, LeaseStatus, LeaseStore, Rate, RateLease, RateLeaseBuilder,
+};
+use tracing_subscriber::layer::SubscriberExt;
+
+/// The budget, per second.
+const R: u64 = 240;
+const R_MILLI: u64 = R * 1_000;
+const BUDGET: &str = "dep";
+/// Redis (injected) time at the start of every test, µs.
+const START: u64 = 1_700_000_000_000_000;
+const MS: u64 = 1_000;
+const SEC: u64 = 1_000_000;
+/// Default lease, refresh period and expiry margin.
+const L: u64 = 5 * SEC;
+const MARGIN: u64 = 5 * MS;
+
+fn store(server: &RedisServer, redis_time: Option<&ManualClock>) -> LeaseStore {
+    let mut builder = LeaseStore::builder(server.url())
+        .prefix("t")
+        .deadline(Duration::from_secs(5));
+    if let Some(clock) = redis_time {
+        builder = builder.test_clock(clock.clone());
+    }
+    builder.build().expect("store settings")
+}
+
+type Builder = RateLeaseBuilder<ManualClock>;
+
+/// One simulated instance.
+struct Node {
+    id: String,
+    lease: RateLease<ManualClock>,
+    clock: ManualClock,
+    /// Local time minus fleet (Redis) time, µs.
+    offset: i64,
+    /// Send attempts per second.
+    attempts: u64,
+    /// Milli-attempts accumulated.
+    acc: u64,
+    alive: bool,
+    /// Fleet times (µs) of admitted sends.
+    sends: Vec<u64>,
+    /// Refreshes are skipped before this time (µs since the start).
+    quiet_until: u64,
+    /// The next refresh at or after this time (µs since the start) has its
+    /// reply held this long.
+    delay: Option<(u64, u64)>,
+    pending: Option<(Pending, u64)>,
+}
+
+impl Node {
+    fn local(&self, fleet: u64) -> Timestamp {
+        Timestamp(fleet.checked_add_signed(self.offset).expect("local time"))
+    }
+
+    fn fleet(&self, local: Timestamp) -> u64 {
+        local
+            .0
+            .checked_add_signed(-self.offset)
+            .expect("fleet time")
+    }
+
+    fn status(&self) -> LeaseStatus {
+        self.lease.status()
+    }
+}
+
+type Pending = Pin<Box<dyn Future<Output = Result<LeaseStatus, LeaseError>>>>;
+
+/// Starts a refresh and polls it once: the script call is queued with its
+/// arguments (send instant and injected time) fixed, and the reply is taken
+/// in only when the future is awaited later.
+fn send_only(lease: &RateLease<ManualClock>) -> Pending {
+    let lease = lease.clone();
+    let mut fut: Pending = Box::pin(async move { lease.refresh().await });
+    let mut cx = Context::from_waker(futures_util::task::noop_waker_ref());
+    assert!(
+        fut.as_mut().poll(&mut cx).is_pending(),
+        "a refresh on a live connection cannot finish in one poll"
+    );
+    fut
+}
+
+/// The fleet: instances, the Redis time they share and the checks run on
+/// every tick.
+struct Fleet {
+    redis: ManualClock,
+    /// Fleet time since START, µs.
+    t: u64,
+    nodes: Vec<Node>,
+    reader: LeaseStore,
+    expected: u32,
+    /// Ticks on which the grant table was read back and checked.
+    tables_checked: u64,
+    /// The highest sum of commitments seen in any table, milli/s.
+    peak_seen: u64,
+    /// The highest sum of rates being spent at once, milli/s.
+    spend_peak: u64,
+    refresh_errors: u64,
+    /// Read the grant table back after every tick with a refresh (off while
+    /// Redis is down, and when counting Redis calls).
+    read_tables: bool,
+}
+
+impl Fleet {
+    fn new(redis: ManualClock, reader: LeaseStore, expected: u32) -> Self {
+        Fleet {
+            redis,
+            t: 0,
+            nodes: Vec::new(),
+            reader,
+            expected,
+            tables_checked: 0,
+            peak_seen: 0,
+            spend_peak: 0,
+            refresh_errors: 0,
+            read_tables: true,
+        }
+    }
+
+    fn now(&self) -> u64 {
+        START + self.t
+    }
+
+    /// A new instance with its own local clock `offset_s` seconds off Redis.
+    fn join(
+        &mut self,
+        store: &LeaseStore,
+        id: &str,
+        attempts: u64,
+        offset_s: i64,
+        configure: impl FnOnce(Builder) -> Builder,
+    ) -> usize {
+        let offset = offset_s * 1_000_000;
+        let clock = ManualClock::new(Timestamp(self.now().checked_add_signed(offset).unwrap()));
+        let builder = RateLease::builder(
+            store.clone(),
+            BUDGET,
+            Rate::per_second(R),
+            NonZeroU32::new(self.expected).unwrap(),
+        )
+        .instance_id(id)
+        .clock(clock.clone());
+        let lease = configure(builder).build().expect("lease settings");
+        self.nodes.push(Node {
+            id: id.to_owned(),
+            lease,
+            clock,
+            offset,
+            attempts,
+            acc: 0,
+            alive: true,
+            sends: Vec::new(),
+            quiet_until: 0,
+            delay: None,
+            pending: None,
+        });
+        self.nodes.len() - 1
+    }
+
+    async fn table(&mut self) -> GrantTable {
+        let table = self.reader.grants(BUDGET).await.expect("read grants");
+        let peak = table.peak().as_milli();
+        assert!(
+            peak <= R_MILLI,
+            "sum of unexpired grants {peak} milli/s > R = {R_MILLI} at t = {} ms: {table:#?}",
+            self.t / MS
+        );
+        self.tables_checked += 1;
+        self.peak_seen = self.peak_seen.max(peak);
+        table
+    }
+
+    /// Advances every clock by `dt`, makes the attempts of that span at its
+    /// end, refreshes the instances that are due, and checks the sums.
+    async fn tick(&mut self, dt: u64) {
+        self.t += dt;
+        self.redis.advance(Duration::from_micros(dt));
+        let now = self.now();
+        for node in &mut self.nodes {
+            node.clock.advance(Duration::from_micros(dt));
+            if !node.alive {
+                continue;
+            }
+            node.acc += node.attempts * dt / 1_000;
+            while node.acc >= 1_000 {
+                node.acc -= 1_000;
+                if node.lease.try_acquire(1).is_ok() {
+                    node.sends.push(now);
+                }
+            }
+        }
+        let mut refreshed = false;
+        // Replies held back arrive first.
+        for i in 0..self.nodes.len() {
+            if matches!(&self.nodes[i].pending, Some((_, at)) if *at <= now) {
+                let (fut, _) = self.nodes[i].pending.take().unwrap();
+                if fut.await.is_err() {
+                    self.refresh_errors += 1;
+                }
+                refreshed = true;
+            }
+        }
+        let mut due = Vec::new();
+        for (i, node) in self.nodes.iter_mut().enumerate() {
+            let status = node.status();
+            if !node.alive
+                || node.pending.is_some()
+                || self.t < node.quiet_until
+                || status.mode == LeaseMode::Released
+                || node.fleet(status.next_refresh) > now
+            {
+                continue;
+            }
+            match node.delay {
+                Some((from, hold)) if self.t >= from => {
+                    node.delay = None;
+                    node.pending = Some((send_only(&node.lease), now + hold));
+                }
+                _ => due.push(i),
+            }
+        }
+        if !due.is_empty() {
+            let results = join_all(due.iter().map(|&i| self.nodes[i].lease.refresh())).await;
+            self.refresh_errors += results.iter().filter(|r| r.is_err()).count() as u64;
+            refreshed = true;
+        }
+        self.check_spending();
+        if refreshed && self.read_tables {
+            self.table().await;
+        }
+    }
+
+    /// The rates being spent right now sum to at most R, plus the fallback
+    /// capacity of every instance spending it.
+    fn check_spending(&mut self) {
+        let mut granted = 0;
+        let mut fallback = 0;
+        for node in self.nodes.iter().filter(|n| n.alive) {
+            let s = node.status();
+            match s.mode {
+                LeaseMode::Fallback => fallback += s.rate.as_milli(),
+                _ => granted += s.rate.as_milli(),
+            }
+        }
+        assert!(
+            granted <= R_MILLI,
+            "granted rates spent at once {granted} milli/s > R at t = {} ms",
+            self.t / MS
+        );
+        self.spend_peak = self.spend_peak.max(granted + fallback);
+    }
+
+    async fn run_until(&mut self, t: u64, dt: u64) {
+        while self.t + dt <= t {
+            self.tick(dt).await;
+        }
+    }
+
+    fn all_sends(&self) -> Vec<u64> {
+        let mut all: Vec<u64> = self.nodes.iter().flat_map(|n| n.sends.clone()).collect();
+        all.sort_unstable();
+        all
+    }
+}
+
+/// The most sends in any closed window `[t, t + span]`.
+fn max_in_window(sorted: &[u64], span: u64) -> usize {
+    let mut best = 0;
+    let mut i = 0;
+    for j in 0..sorted.len() {
+        while sorted[j] - sorted[i] > span {
+            i += 1;
+        }
+        best = best.max(j - i + 1);
+    }
+    best
+}
+
+/// Sends of a node in the fleet-time interval `[from, to)`.
+fn sends_between(node: &Node, from: u64, to: u64) -> usize {
+    node.sends.iter().filter(|&&t| t >= from && t < to).count()
+}
+
+/// The derived bound on send starts in a closed window of `span` µs with
+/// `n` instances: n · max_cost + R · burst + R · span (all in whole sends,
+/// rounded up).
+fn bound(n: u64, span: u64) -> u64 {
+    n + (R * 25 * MS).div_ceil(SEC) + (R * span).div_ceil(SEC)
+}
+
+/// Max-min fair shares of `budget` over `demands` (milli/s), written
+/// independently of the script: every demand that fits under the water
+/// level is met, the rest get the level.
+fn max_min(demands: &[u64], budget: u64) -> Vec<u64> {
+    let mut order: Vec<usize> = (0..demands.len()).collect();
+    order.sort_by_key(|&i| demands[i]);
+    let mut remaining = budget;
+    let mut level = None;
+    for (k, &i) in order.iter().enumerate() {
+        let share = remaining / (demands.len() - k) as u64;
+        if demands[i] <= share {
+            remaining -= demands[i];
+        } else {
+            level = Some(share);
+            break;
+        }
+    }
+    demands
+        .iter()
+        .map(|&d| level.map_or(d, |l| d.min(l)))
+        .collect()
+}
+
+fn latest(table: &GrantTable, id: &str) -> u64 {
+    table
+        .instance(id)
+        .and_then(|i| i.latest())
+        .map_or(0, |s| s.rate.as_milli())
+}
+
+// ---------------------------------------------------------------------------
+// (1) The sum of grants while instances join, refresh concurrently and leave.
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn grants_never_sum_above_r_while_10_then_40_instances_join_refresh_and_leave() {
+    let server = RedisServer::start();
+    let redis = ManualClock::new(Timestamp(START));
+    let mut fleet = Fleet::new(redis.clone(), store(&server, Some(&redis)), 40);
+    let tick = 250 * MS;
+    // Every instance has its own connection, so the refreshes of one tick
+    // reach Redis concurrently; local clocks are off by -3 s to +3 s.
+    let join = |fleet: &mut Fleet, id: String, demand: u64| {
+        let offset = (fleet.nodes.len() % 7) as i64 - 3;
+        let own = store(&server, Some(&redis));
+        fleet.join(&own, &id, demand, offset, |b| b);
+    };
+    let check_targets = |fleet: &Fleet, table: &GrantTable, phase: &str| {
+        let live: Vec<&Node> = fleet.nodes.iter().filter(|n| n.alive).collect();
+        let demands: Vec<u64> = live.iter().map(|n| n.attempts * 1_000).collect();
+        let targets = max_min(&demands, R_MILLI);
+        for (node, target) in live.iter().zip(&targets) {
+            assert_eq!(
+                latest(table, &node.id),
+                *target,
+                "{phase}: {} (demand {}/s) holds its max-min share of {R}/s",
+                node.id,
+                node.attempts
+            );
+        }
+        let sum: u64 = live.iter().map(|n| latest(table, &n.id)).sum();
+        assert!(sum <= R_MILLI, "{phase}: grants sum {sum} <= R");
+        targets
+    };
+
+    // Phase A: 10 instances.
+    let demands_a = [8, 12, 16, 20, 24, 40, 60, 100, 200, 400];
+    for (i, d) in demands_a.iter().enumerate() {
+        join(&mut fleet, format!("a{i}"), *d);
+    }
+    fleet.tick(0).await;
+    fleet.run_until(12 * SEC, tick).await;
+    let table = fleet.table().await;
+    let targets = check_targets(&fleet, &table, "10 instances");
+    assert_eq!(
+        targets.iter().sum::<u64>(),
+        R_MILLI,
+        "10 instances: 8+12+16+20+24 and five at the level 32 use all of 240/s"
+    );
+    assert_eq!(latest(&table, "a9"), 32_000, "the water level is 32/s");
+
+    // Phase B: 30 more join at t = 12 s (40 in all).
+    let demands_b = [4, 8, 20, 48, 400, 400];
+    let joined_at = fleet.t;
+    for i in 0..30 {
+        join(&mut fleet, format!("b{i}"), demands_b[i % 6]);
+    }
+    fleet.tick(0).await;
+    // Their real demand reaches the script at their second refresh (1 s);
+    // the shares the others give up are free one lease later.
+    fleet.run_until(joined_at + SEC + L, tick).await;
+    let table = fleet.table().await;
+    let targets = check_targets(&fleet, &table, "40 instances, 1 s + L after joining");
+    fleet.run_until(joined_at + 12 * SEC, tick).await;
+    let table = fleet.table().await;
+    assert_eq!(
+        check_targets(&fleet, &table, "40 instances, settled"),
+        targets
+    );
+
+    // Phase C: 10 leave cleanly (release), 10 are killed holding leases.
+    let left_at = fleet.t;
+    let mut killed = Vec::new();
+    for (k, i) in (0..40).step_by(2).enumerate() {
+        if k % 2 == 0 {
+            fleet.nodes[i].lease.release().await.expect("release");
+            fleet.nodes[i].alive = false;
+        } else {
+            fleet.nodes[i].alive = false;
+            killed.push(i);
+        }
+    }
+    let table = fleet.table().await;
+    for (k, i) in (0..40).step_by(2).enumerate() {
+        let node = &fleet.nodes[i];
+        if k % 2 == 0 {
+            assert!(
+                table.instance(&node.id).is_none(),
+                "a released instance's share returns at once"
+            );
+        } else {
+            assert!(
+                table.instance(&node.id).is_some(),
+                "a killed one still counts"
+            );
+        }
+    }
+    let expiries: HashMap<usize, u64> = killed
+        .iter()
+        .map(|&i| {
+            let s = table.instance(&fleet.nodes[i].id).unwrap();
+            (i, s.steps.iter().map(|s| s.expires_at.0).max().unwrap())
+        })
+        .collect();
+    while fleet.t < left_at + 12 * SEC {
+        fleet.tick(tick).await;
+        let table = fleet.table().await;
+        for &i in &killed {
+            let present = table.instance(&fleet.nodes[i].id).is_some();
+            assert_eq!(
+                present,
+                fleet.now() < expiries[&i],
+                "a killed instance's grant counts exactly until its expiry"
+            );
+        }
+    }
+    let table = fleet.table().await;
+    check_targets(&fleet, &table, "20 instances after 10 left and 10 died");
+    println!(
+        "grants: {} tables read back, highest sum of unexpired grants {} milli/s (R = {R_MILLI})",
+        fleet.tables_checked, fleet.peak_seen
+    );
+}
+
+// ---------------------------------------------------------------------------
+// (2) The bound on send starts.
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn a_lowered_grant_stays_counted_while_its_reply_is_in_flight() {
+    let server = RedisServer::start();
+    let redis = ManualClock::new(Timestamp(START));
+    let shared = store(&server, Some(&redis));
+    let mut fleet = Fleet::new(redis.clone(), shared.clone(), 40);
+    let all = |b: Builder| b.initial_demand(Rate::per_second(R));
+    let a = fleet.join(&shared, "a", 1_000, 0, all);
+    fleet.tick(0).await;
+    assert_eq!(
+        fleet.nodes[a].status().grant,
+        Rate::per_second(R),
+        "alone, a gets all of R"
+    );
+    fleet.run_until(2 * SEC, MS).await;
+
+    let b = fleet.join(&shared, "b", 1_000, 0, all);
+    fleet.tick(0).await;
+    let s = fleet.nodes[b].status();
+    assert_eq!(
+        (s.grant, s.target),
+        (Rate::ZERO, Rate::per_second(120)),
+        "b's fair share is 120/s, none is free"
+    );
+    // a's regular refresh at 5 s lowers it to 120/s; its reply takes 500 ms.
+    fleet.nodes[a].delay = Some((5 * SEC, 500 * MS));
+    fleet.run_until(5_200 * MS, MS).await;
+    assert_eq!(
+        fleet.nodes[a].status().grant,
+        Rate::per_second(R),
+        "a has no reply yet"
+    );
+    let table = fleet.table().await;
+    let steps: Vec<(u64, u64)> = table
+        .instance("a")
+        .unwrap()
+        .steps
+        .iter()
+        .map(|s| (s.rate.as_milli(), s.expires_at.0 - START))
+        .collect();
+    assert_eq!(
+        steps,
+        [(R_MILLI, 6 * SEC), (120_000, 10 * SEC)],
+        "the script counts a's old 240/s until the old expiry (6 s) and the new 120/s after"
+    );
+    // b asks while a's reply is in flight: nothing is free.
+    let s = fleet.nodes[b].lease.refresh().await.expect("refresh b");
+    assert_eq!(
+        s.grant,
+        Rate::ZERO,
+        "a's surplus is not handed out before a's old grant expires"
+    );
+    fleet.run_until(5_500 * MS, MS).await;
+    let sa = fleet.nodes[a].status();
+    assert_eq!(
+        (sa.grant, sa.rate),
+        (Rate::per_second(120), Rate::per_second(120)),
+        "a spends 120/s once the reply arrived"
+    );
+    let in_flight = sends_between(&fleet.nodes[a], START + 5 * SEC, START + 5_500 * MS);
+    assert!(
+        (119..=121).contains(&in_flight),
+        "a kept spending 240/s for the 500 ms in flight: {in_flight} sends, expected 120 ± 1"
+    );
+    fleet.run_until(6 * SEC, MS).await;
+    assert_eq!(
+        fleet.nodes[b].status().grant,
+        Rate::per_second(120),
+        "b gets its share at a's old expiry (6 s), told in advance"
+    );
+    fleet.run_until(10 * SEC, MS).await;
+
+    let sends = fleet.all_sends();
+    let most = max_in_window(&sends, SEC) as u64;
+    assert!(
+        most <= bound(2, SEC),
+        "sends in any 1 s window {most} <= 2 + 6 + 240 = {}",
+        bound(2, SEC)
+    );
+    let in_6_to_10 = sends
+        .iter()
+        .filter(|&&t| (START + 6 * SEC..START + 10 * SEC).contains(&t))
+        .count();
+    assert!(
+        (958..=961).contains(&in_6_to_10),
+        "6 s to 10 s: a and b at 120/s each send 960 ± 2, got {in_6_to_10}"
+    );
+    println!(
+        "in flight: a sent {in_flight} in 500 ms at its old 240/s; most in 1 s: {most} (bound {})",
+        bound(2, SEC)
+    );
+}
+
+#[tokio::test]
+async fn a_lowered_grant_whose_reply_is_lost_stays_counted_until_the_old_expiry() {
+    let server = RedisServer::start();
+    let redis = ManualClock::new(Timestamp(START));
+    let shared = store(&server, Some(&redis));
+    let mut fleet = Fleet::new(redis.clone(), shared.clone(), 40);
+    let all = |b: Builder| b.initial_demand(Rate::per_second(R));
+    let a = fleet.join(&shared, "a", 1_000, 0, all);
+    fleet.tick(0).await;
+    fleet.run_until(2 * SEC, MS).await;
+    let b = fleet.join(&shared, "b", 1_000, 0, all);
+    fleet.tick(0).await;
+    // a's grant from its refresh at 1 s lasts until 6 s on Redis, 5.995 s locally.
+    assert_eq!(
+        fleet.nodes[a].status().expires_at.0,
+        START + 6 * SEC - MARGIN
+    );
+    // At 5 s a's refresh runs in Redis but its reply is lost: a twin with
+    // a's id sends it, and a never hears of it.
+    fleet.nodes[a].quiet_until = 6 * SEC - MARGIN;
+    fleet.run_until(5 * SEC, MS).await;
+    let twin_clock = ManualClock::new(Timestamp(fleet.now()));
+    let twin = RateLease::builder(
+        shared.clone(),
+        BUDGET,
+        Rate::per_second(R),
+        NonZeroU32::new(40).unwrap(),
+    )
+    .instance_id("a")
+    .initial_demand(Rate::per_second(R))
+    .clock(twin_clock)
+    .build()
+    .unwrap();
+    assert_eq!(
+        twin.refresh().await.unwrap().grant,
+        Rate::per_second(120),
+        "the script lowered a to 120/s"
+    );
+    drop(twin);
+    let s = fleet.nodes[b].lease.refresh().await.unwrap();
+    assert_eq!(s.grant, Rate::ZERO, "a's old 240/s is still counted");
+    fleet.run_until(5_990 * MS, MS).await;
+    assert_eq!(
+        fleet.nodes[a].status().rate,
+        Rate::per_second(R),
+        "a still spends its old grant"
+    );
+    assert_eq!(
+        fleet.nodes[b].status().grant,
+        Rate::ZERO,
+        "b waits for a's old expiry"
+    );
+    fleet.run_until(8 * SEC, MS).await;
+    assert_eq!(fleet.nodes[a].status().grant, Rate::per_second(120));
+    assert_eq!(
+        fleet.nodes[b].status().grant,
+        Rate::per_second(120),
+        "b got a's surplus at 6 s"
+    );
+    let old = sends_between(&fleet.nodes[a], START + 5 * SEC, START + 5_995 * MS);
+    assert!(
+        (238..=240).contains(&old),
+        "a spent its old 240/s until its local expiry: {old} sends in 995 ms, expected 239 ± 1"
+    );
+    let sends = fleet.all_sends();
+    let most = max_in_window(&sends, SEC) as u64;
+    assert!(
+        most <= bound(2, SEC) + 1,
+        "1 s windows: {most} <= 248 + one fallback send"
+    );
+}
+
+#[tokio::test]
+async fn send_starts_stay_within_the_bound_with_lowered_killed_offset_and_new_instances() {
+    let server = RedisServer::start();
+    let redis = ManualClock::new(Timestamp(START));
+    let shared = store(&server, Some(&redis));
+    let mut fleet = Fleet::new(redis.clone(), shared.clone(), 40);
+    let a = fleet.join(&shared, "a", 400, 0, |b| b);
+    let k = fleet.join(&shared, "k", 400, 0, |b| b);
+    let o = fleet.join(&shared, "o", 400, 7, |b| b);
+    let m = fleet.join(&shared, "m", 8, -3, |b| b);
+    fleet.tick(0).await;
+    fleet.run_until(10 * SEC, MS).await;
+    let table = fleet.table().await;
+    for id in ["a", "k", "o"] {
+        assert_eq!(latest(&table, id), 77_333, "{id}: (240 - 8) / 3 = 77.333/s");
+    }
+    assert_eq!(latest(&table, "m"), 8_000, "m gets its demand of 8/s");
+
+    // Five newcomers at 10 s; a's lowering refresh at 13 s waits 400 ms for its reply.
+    let newcomers: Vec<usize> = (0..5)
+        .map(|i| fleet.join(&shared, &format!("n{i}"), 400, 0, |b| b))
+        .collect();
+    fleet.nodes[a].delay = Some((13 * SEC, 400 * MS));
+    fleet.tick(0).await;
+    fleet.run_until(13 * SEC, MS).await;
+    let table = fleet.table().await;
+    assert_eq!(
+        latest(&table, "k"),
+        29_000,
+        "k lowered to (240 - 8) / 8 = 29/s"
+    );
+    assert_eq!(
+        table
+            .instance("k")
+            .unwrap()
+            .committed_at(table.now)
+            .as_milli(),
+        77_333,
+        "k's old 77.333/s still counts until 14 s"
+    );
+    let o_status = fleet.nodes[o].status();
+    assert_eq!(
+        o_status.expires_at.0,
+        fleet.nodes[o].local(START + 13 * SEC).0 + L - MARGIN,
+        "o (local clock 7 s ahead) uses its grant for L - margin from its send instant"
+    );
+    fleet.run_until(13_400 * MS, MS).await;
+    let in_flight = sends_between(&fleet.nodes[a], START + 13 * SEC, START + 13_400 * MS);
+    assert!(
+        (30..=32).contains(&in_flight),
+        "a kept its old 77.333/s while in flight: {in_flight} sends in 400 ms, expected 31 ± 1"
+    );
+    fleet.run_until(15 * SEC, MS).await;
+    let table = fleet.table().await;
+    for &n in &newcomers {
+        assert_eq!(
+            latest(&table, &fleet.nodes[n].id),
+            29_000,
+            "a newcomer holds its fair share within 1 s + L of joining (at 14 s)"
+        );
+    }
+
+    // k dies at 15 s holding 29/s until 18 s.
+    fleet.nodes[k].alive = false;
+    let k_expiry = table.instance("k").unwrap().latest().unwrap().expires_at.0;
+    assert_eq!(k_expiry, START + 18 * SEC);
+    while fleet.t < 18 * SEC - MS {
+        fleet.tick(MS).await;
+        if fleet.t.is_multiple_of(250 * MS) {
+            let table = fleet.table().await;
+            let others: u64 = fleet
+                .nodes
+                .iter()
+                .filter(|n| n.alive)
+                .map(|n| latest(&table, &n.id))
+                .sum();
+            assert!(table.instance("k").is_some(), "k counts until 18 s");
+            assert!(
+                others <= R_MILLI - 29_000,
+                "nobody gets k's 29/s before it expires: others {others}"
+            );
+        }
+    }
+    fleet.run_until(26 * SEC, MS).await;
+    let table = fleet.table().await;
+    assert!(table.instance("k").is_none(), "k is gone after its expiry");
+    for node in fleet.nodes.iter().filter(|n| n.alive && n.id != "m") {
+        assert_eq!(
+            latest(&table, &node.id),
+            33_142,
+            "{}: (240 - 8) / 7 = 33.142/s after k's share returned",
+            node.id
+        );
+    }
+    assert_eq!(latest(&table, "m"), 8_000);
+    let _ = m;
+
+    let sends = fleet.all_sends();
+    let n = fleet.nodes.len() as u64;
+    for span in [100 * MS, SEC, 5 * SEC] {
+        let most = max_in_window(&sends, span) as u64;
+        assert!(
+            most <= bound(n, span),
+            "sends in any {} ms window: {most} <= n + R·burst + R·T = {}",
+            span / MS,
+            bound(n, span)
+        );
+        println!(
+            "window {} ms: most {most}, bound {}",
+            span / MS,
+            bound(n, span)
+        );
+    }
+    println!(
+        "spent at once at most {} milli/s; {} tables checked, highest sum {}",
+        fleet.spend_peak, fleet.tables_checked, fleet.peak_seen
+    );
+}
+
+#[tokio::test]
+async fn the_local_bucket_is_exact_and_the_expiry_ignores_clock_offset() {
+    let server = RedisServer::start();
+    let redis = ManualClock::new(Timestamp(START));
+    let shared = store(&server, Some(&redis));
+    // A local clock 42 s behind Redis.
+    let local = ManualClock::new(Timestamp(START - 42 * SEC));
+    let lease = RateLease::builder(
+        shared,
+        BUDGET,
+        Rate::per_second(R),
+        NonZeroU32::new(40).unwrap(),
+    )
+    .instance_id("solo")
+    .initial_demand(Rate::per_second(R))
+    .clock(local.clone())
+    .build()
+    .unwrap();
+    assert_eq!(lease.status().mode, LeaseMode::Starting);
+    assert!(
+        lease.try_acquire(1).is_err(),
+        "nothing is spent before the first grant"
+    );
+    let sent = local.now();
+    let s = lease.refresh().await.unwrap();
+    assert_eq!(s.mode, LeaseMode::Granted);
+    assert_eq!(
+        s.expires_at.0,
+        sent.0 + L - MARGIN,
+        "local expiry = send instant + (expiry - now) - margin"
+    );
+    assert_eq!(s.capacity, 6, "burst: 240/s × 25 ms = 6");
+    local.advance(Duration::from_millis(25));
+    for i in 0..6 {
+        assert_eq!(lease.try_acquire(1), Ok(()), "send {i} of the full bucket");
+    }
+    assert_eq!(
+        lease.try_acquire(1),
+        Err(Duration::from_micros(4_167)),
+        "the 7th waits 1/240 s, rounded up"
+    );
+    assert_eq!(
+        lease.try_acquire(2),
+        Err(Duration::MAX),
+        "a cost above max_cost never passes"
+    );
+    // Until the local expiry, exactly 240/s; then the fallback 240/40 = 6/s.
+    let mut admitted = 0;
+    while local.now().0 < sent.0 + L - MARGIN {
+        local.advance(Duration::from_millis(1));
+        while lease.try_acquire(1).is_ok() {
+            admitted += 1;
+        }
+    }
+    // 4.970 s at 240/s after the 25 ms above: 1192.8.
+    assert!(
+        (1192..=1193).contains(&admitted),
+        "admitted {admitted}, expected floor(240 × 4.970) = 1192 (+1)"
+    );
+    assert_eq!(lease.status().mode, LeaseMode::Fallback);
+    let mut fallback = 0;
+    for _ in 0..10_000 {
+        local.advance(Duration::from_millis(1));
+        while lease.try_acquire(1).is_ok() {
+            fallback += 1;
+        }
+    }
+    assert!(
+        (59..=61).contains(&fallback),
+        "fallback 6/s over 10 s: {fallback}, expected 60 ± 1"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// (3) Redis calls per admitted send at saturation.
+// ---------------------------------------------------------------------------
+
+/// Commands the clients sent, from `INFO commandstats`: the script calls
+/// (`EVALSHA`, plus `SCRIPT LOAD` after `NOSCRIPT`) and connection set-up.
+/// The commands a script runs inside Redis are listed there too, but are
+/// not round trips.
+fn command_calls(server: &RedisServer) -> u64 {
+    const CLIENT_COMMANDS: [&str; 8] = [
+        "evalsha", "eval", "script", "hello", "client", "ping", "select", "auth",
+    ];
+    server
+        .cli(&["INFO", "commandstats"])
+        .lines()
+        .filter_map(|l| {
+            let (name, stats) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+            let base = name.split('|').next()?;
+            if !CLIENT_COMMANDS.contains(&base) {
+                return None;
+            }
+            stats
+                .strip_prefix("calls=")?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+async fn calls_per_send(instances: usize) -> (u64, u64, f64) {
+    let server = RedisServer::start();
+    // Production script on Redis TIME; local clocks are manual.
+    let shared = store(&server, None);
+    let redis = ManualClock::new(Timestamp(START));
+    let mut fleet = Fleet::new(redis, shared.clone(), 40);
+    fleet.read_tables = false;
+    server.cli(&["CONFIG", "RESETSTAT"]);
+    for i in 0..instances {
+        fleet.join(&shared, &format!("i{i}"), 1_000, (i % 5) as i64, |b| b);
+    }
+    let duration = 100 * SEC;
+    fleet.tick(0).await;
+    fleet.run_until(duration, MS).await;
+    let calls = command_calls(&server);
+    let admitted = fleet.all_sends().len() as u64;
+    assert!(
+        admitted >= R * 95,
+        "{instances} instances at saturation use the budget: {admitted} sends in 100 s (≥ 240/s for 95 s)"
+    );
+    assert!(
+        admitted <= bound(instances as u64, duration),
+        "and never exceed it"
+    );
+    (calls, admitted, calls as f64 / admitted as f64)
+}
+
+#[tokio::test]
+async fn redis_calls_per_admitted_send_stay_below_5_percent_with_10_and_40_instances() {
+    for instances in [10, 40] {
+        let (calls, admitted, ratio) = calls_per_send(instances).await;
+        println!("{instances} instances: {calls} Redis calls for {admitted} admitted sends = {ratio:.4} per send");
+        assert!(
+            ratio <= 0.05,
+            "{instances} instances: {calls} calls / {admitted} sends = {ratio:.4} > 0.05 (expected about n / (P · R) = {:.4})",
+            instances as f64 / (4.0 * R as f64)
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------
+// (4) Redis killed: the grant until expiry, then the fallback, then recovery.
+// ---------------------------------------------------------------------------
+
+#[derive(Clone, Default)]
+struct Events(Arc<Mutex<Vec<(tracing::Level, String)>>>);
+
+impl Events {
+    fn count(&self, level: tracing::Level, text: &str) -> usize {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(l, m)| *l == level && m.contains(text))
+            .count()
+    }
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Events {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Message(String);
+        impl tracing::field::Visit for Message {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn Debug) {
+                if field.name() == "message" {
+                    self.0 = format!("{value:?}");
+                }
+            }
+        }
+        let mut message = Message(String::new());
+        event.record(&mut message);
+        self.0
+            .lock()
+            .unwrap()
+            .push((*event.metadata().level(), message.0));
+    }
+}
+
+#[tokio::test]
+async fn redis_killed_grants_last_until_expiry_then_the_fallback_applies_then_recovery() {
+    let events = Events::default();
+    let _log =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(events.clone()));
+    let mut server = RedisServer::start();
+    let redis = ManualClock::new(Timestamp(START));
+    let shared = LeaseStore::builder(server.url())
+        .prefix("t")
+        .deadline(Duration::from_millis(500))
+        .test_clock(redis.clone())
+        .build()
+        .unwrap();
+    // 10 instances, fallback R / 20 = 12/s each.
+    let mut fleet = Fleet::new(redis.clone(), shared.clone(), 20);
+    for i in 0..10 {
+        fleet.join(&shared, &format!("i{i}"), 1_000, (i % 4) as i64 - 1, |b| b);
+    }
+    let tick = MS;
+    fleet.tick(0).await;
+    fleet.run_until(10 * SEC, tick).await;
+    let table = fleet.table().await;
+    for node in &fleet.nodes {
+        assert_eq!(latest(&table, &node.id), 24_000, "{}: 240 / 10", node.id);
+    }
+
+    server.kill();
+    fleet.read_tables = false;
+    let killed_at = START + fleet.t;
+    let expiries: Vec<u64> = fleet
+        .nodes
+        .iter()
+        .map(|n| n.fleet(n.status().expires_at))
+        .collect();
+    let last_expiry = *expiries.iter().max().unwrap();
+    assert!(
+        last_expiry <= killed_at + L,
+        "every grant ends within L of the last refresh"
+    );
+    fleet.run_until(20 * SEC, tick).await;
+    assert!(
+        fleet.refresh_errors >= 10 * 4,
+        "refreshes failed while Redis was down: {}",
+        fleet.refresh_errors
+    );
+    let end = START + fleet.t;
+    for (node, &expiry) in fleet.nodes.iter().zip(&expiries) {
+        let granted = sends_between(node, killed_at, expiry) as u64;
+        let expect = 24 * (expiry - killed_at) / SEC;
+        assert!(
+            granted + 1 >= expect && granted <= expect + 2,
+            "{}: kept spending its 24/s until its expiry: {granted} sends, expected {expect} (+1 burst)",
+            node.id
+        );
+        let fallback = sends_between(node, last_expiry, end) as u64;
+        let expect = 12 * (end - last_expiry) / SEC;
+        assert!(
+            fallback + 1 >= expect && fallback <= expect + 2,
+            "{}: fallback 12/s after expiry: {fallback} sends, expected {expect} (+1 burst)",
+            node.id
+        );
+        assert_eq!(node.status().mode, LeaseMode::Fallback);
+    }
+    let fallback_sends: Vec<u64> = fleet
+        .all_sends()
+        .into_iter()
+        .filter(|&t| t >= last_expiry)
+        .collect();
+    let most = max_in_window(&fallback_sends, SEC) as u64;
+    assert!(
+        most <= 10 + 120,
+        "fallback: 1 s windows {most} <= n · 1 + n · R/N = 10 + 10 × 12 = 130"
+    );
+    let outage: Vec<u64> = fleet
+        .all_sends()
+        .into_iter()
+        .filter(|&t| t >= killed_at)
+        .collect();
+    let most_outage = max_in_window(&outage, SEC) as u64;
+    assert!(
+        most_outage <= bound(10, SEC),
+        "the whole outage: 1 s windows {most_outage} <= {}",
+        bound(10, SEC)
+    );
+    assert_eq!(
+        events.count(tracing::Level::WARN, "spending the fallback capacity"),
+        10,
+        "one warning per instance entering the fallback, not one per failed refresh"
+    );
+
+    server.restart();
+    fleet.read_tables = true;
+    let restarted = fleet.t;
+    fleet.refresh_errors = 0;
+    fleet.run_until(restarted + 500 * MS, tick).await;
+    for node in &fleet.nodes {
+        assert_eq!(
+            node.status().mode,
+            LeaseMode::Granted,
+            "{} renewed within two retries",
+            node.id
+        );
+    }
+    assert_eq!(
+        events.count(tracing::Level::INFO, "rate lease renewed"),
+        10,
+        "one notice per instance leaving the fallback"
+    );
+    fleet.run_until(restarted + 12 * SEC, tick).await;
+    let table = fleet.table().await;
+    for node in &fleet.nodes {
+        assert_eq!(
+            latest(&table, &node.id),
+            24_000,
+            "{}: fair shares again after the restart",
+            node.id
+        );
+    }
+    let after: Vec<u64> = fleet
+        .all_sends()
+        .into_iter()
+        .filter(|&t| t >= START + restarted)
+        .collect();
+    let most_after = max_in_window(&after, SEC) as u64;
+    assert!(
+        most_after <= bound(10, SEC) + 120,
+        "recovery (some renewed, some still in fallback): {most_after} <= n + R·burst + R + n·R/N = {}",
+        bound(10, SEC) + 120
+    );
+    println!("outage: most in 1 s {most_outage}, in fallback {most}; after restart {most_after}");
+}
+
+// ---------------------------------------------------------------------------
+// The background refresher, configuration.
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn the_refresher_grants_in_the_background_and_stops_on_release_or_drop() {
+    let server = RedisServer::start();
+    let shared = store(&server, None);
+    let fast = |id: &str| {
+        RateLease::builder(
+            shared.clone(),
+            BUDGET,
+            Rate::per_second(R),
+            NonZeroU32::new(2).unwrap(),
+        )
+        .instance_id(id)
+        .lease(Duration::from_millis(400))
+        .refresh_every(Duration::from_millis(200))
+        .build()
+        .unwrap()
+    };
+    let lease = fast("bg1");
+    let handle = lease.spawn_refresher();
+    tokio::time::timeout(Duration::from_secs(10), lease.ready())
+        .await
+        .expect("first refresh");
+    let s = lease.status();
+    assert_eq!(
+        (s.mode, s.grant),
+        (LeaseMode::Granted, Rate::per_second(120)),
+        "initial demand R / 2"
+    );
+    lease.release().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), handle)
+        .await
+        .expect("stops on release")
+        .unwrap();
+    assert_eq!(lease.try_acquire(1), Err(Duration::MAX));
+    let table = shared.grants(BUDGET).await.unwrap();
+    assert!(table.instance("bg1").is_none(), "released");
+
+    let lease = fast("bg2");
+    let handle = lease.spawn_refresher();
+    tokio::time::timeout(Duration::from_secs(10), lease.ready())
+        .await
+        .expect("first refresh");
+    drop(lease);
+    tokio::time::timeout(Duration::from_secs(5), handle)
+        .await
+        .expect("stops when dropped")
+        .unwrap();
+}
+
+#[test]
+fn bad_settings_name_their_field() {
+    let shared = LeaseStore::builder("redis://127.0.0.1:1/").build().unwrap();
+    let one = NonZeroU32::MIN;
+    let err = |b: RateLeaseBuilder| b.build().unwrap_err().field();
+    let lease = |budget: &str, rate: u64| {
+        RateLease::builder(shared.clone(), budget, Rate::per_second(rate), one)
+    };
+    assert_eq!(err(lease("a{b}", 1)), "budget");
+    assert_eq!(err(lease("dep", 0)), "rate");
+    assert_eq!(err(lease("dep", 1).instance_id("")), "instance_id");
+    assert_eq!(
+        err(lease("dep", 1).refresh_every(Duration::from_secs(5))),
+        "refresh_every"
+    );
+    assert_eq!(err(lease("dep", 1).lease(Duration::ZERO)), "lease");
+    assert_eq!(
+        LeaseStore::builder("redis://127.0.0.1:1/")
+            .prefix("x y")
+            .build()
+            .unwrap_err()
+            .field(),
+        "prefix"
+    );
+    assert_eq!(
+        LeaseStore::builder("nope").build().unwrap_err().field(),
+        "url"
+    );
+    assert_eq!(shared.key("dep"), "admission:{lease:dep}");
+    assert!(LeaseStore::script_source().contains("redis.call('TIME')"));
+}
