@@ -135,7 +135,13 @@ impl std::error::Error for LeaseError {}
 ///
 /// The store connects on first use, reconnects after a failed call, and
 /// bounds every call by its deadline. The script is sent by `EVALSHA`
-/// (loaded again on `NOSCRIPT`, e.g. after a restart).
+/// (loaded again on `NOSCRIPT`, e.g. after a restart). It talks to one
+/// server; each budget is one key with a hash tag, `prefix:{lease:budget}`,
+/// so a Redis Cluster variant needs no change of keys or script.
+///
+/// A call that fails is always safe for the budget: the script counts every
+/// grant it issued until that grant's expiry, and an instance spends only
+/// grants it has received.
 #[derive(Clone)]
 pub struct LeaseStore {
     inner: Arc<StoreInner>,
