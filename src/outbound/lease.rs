@@ -23,6 +23,8 @@ use crate::clock::{duration_to_micros, Clock, ManualClock, SystemClock, Timestam
 use crate::ConfigError;
 
 const LEASE_SCRIPT: &str = include_str!("scripts/lease.lua");
+/// The quota scripts' integer helpers (`idiv` and the rest), shared.
+const COMMON: &str = include_str!("../quota/store/redis/scripts/common.lua");
 
 /// Production clock: Redis `TIME`; the keys expire with their last grant.
 const CLOCK_REDIS: &str = "\
@@ -483,7 +485,7 @@ impl LeaseStoreBuilder {
                 prefix: self.prefix.into(),
                 deadline: self.deadline,
                 client,
-                script: Script::new(&format!("{clock}{LEASE_SCRIPT}")),
+                script: Script::new(&format!("{clock}{COMMON}\n{LEASE_SCRIPT}")),
                 clock: self.clock,
                 conn: Mutex::new(None),
                 connecting: tokio::sync::Mutex::new(0),

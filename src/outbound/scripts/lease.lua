@@ -2,7 +2,8 @@
 --
 -- The Rust side prepends a clock: `clock_now()` (Redis TIME in µs in
 -- production; ARGV[9] in the test-only script, a different SHA) and
--- EXPIRY_PAD_MS (0 in production).
+-- EXPIRY_PAD_MS (0 in production), then the integer helpers of
+-- src/quota/store/redis/scripts/common.lua (`idiv` and the rest).
 --
 -- KEYS[1]: the budget's key, prefix:{lease:budget}, a hash:
 --   `_t`       the last time the script ran (µs): time never moves backwards;
@@ -60,18 +61,6 @@ local now = clock_now()
 if now == nil or demand == nil or R == nil or L == nil or held_rate == nil
     or held_left == nil or (op ~= 'g' and op ~= 'r' and op ~= 's') then
   return redis.error_reply('ERR tower-admission lease: bad arguments')
-end
-
--- floor(a / b) for integers 0 <= a < 2^53, b >= 1, corrected for rounding.
-local function idiv(a, b)
-  local q = math.floor(a / b)
-  local r = a - q * b
-  if r < 0 then
-    q = q - 1
-  elseif r >= b then
-    q = q + 1
-  end
-  return q
 end
 
 local last = tonumber(redis.call('HGET', key, '_t') or '0') or 0
