@@ -267,8 +267,8 @@ impl<S: Store> Limiter<S> {
         result: Result<QuotaDecision, StoreError>,
     ) -> Verdict {
         let verdict = match result {
-            Ok(decision) => {
-                let holds = decision.holds.clone();
+            Ok(mut decision) => {
+                let holds = std::mem::take(&mut decision.holds);
                 let mut verdict = self.verdict(quota, decision, cost);
                 if verdict.is_admitted() {
                     verdict.recorded = Recorded::Shared(holds);
@@ -363,8 +363,8 @@ impl<S: Store> Limiter<S> {
         // The local limiter decides the shared policies; it charges the
         // request even when the store's outcome is unknown.
         match self.local.decide_now(&local_quota, key, cost) {
-            Ok(decision) => {
-                let holds = decision.holds.clone();
+            Ok(mut decision) => {
+                let holds = std::mem::take(&mut decision.holds);
                 let mut verdict = self.verdict(&local_quota, decision, cost);
                 if let Outcome::CostExceedsCapacity { .. } = verdict.outcome {
                     // Over the local share but within the real limit: a
