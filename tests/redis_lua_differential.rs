@@ -427,7 +427,8 @@ fn every_key_expires_when_its_state_becomes_fresh() {
     // Refund everything: the windows and the log are fresh again and their
     // keys are gone. The bucket is full again but keeps its refund offset
     // (so an older hold cannot claim the refunded tokens) until one refill
-    // interval, 600 ms, has passed.
+    // interval, 600 ms, after the charge: its key is gone too if that much
+    // Redis time has passed since (the checks above spawn many redis-cli).
     rt.block_on(async {
         store.settle(&quota, &keys[0], &first[0], -1).await.unwrap();
     });
@@ -436,9 +437,14 @@ fn every_key_expires_when_its_state_becomes_fresh() {
         .into_iter()
         .filter(|k| server.cli(&["exists", k]).trim() == "1")
         .collect();
-    assert_eq!(remaining, ["ttl:{all:user0}:tb:tb"]);
-    let pttl: i64 = server.cli(&["pttl", &remaining[0]]).trim().parse().unwrap();
-    assert!(pttl > 0 && pttl <= 600, "{pttl}");
+    assert!(
+        remaining.is_empty() || remaining == ["ttl:{all:user0}:tb:tb"],
+        "{remaining:?}"
+    );
+    if let Some(bucket) = remaining.first() {
+        let pttl: i64 = server.cli(&["pttl", bucket]).trim().parse().unwrap();
+        assert!(pttl > 0 && pttl <= 600, "{pttl}");
+    }
 }
 
 /// The weighted window's products beyond 2^53 (here about 2^89) go through

@@ -444,34 +444,43 @@ impl<C: Clock> MemoryStore<C> {
         let now = self.inner.clock.now();
         let hash = self.hash(quota.layout(), key);
         let mut shard = self.shard(hash).lock();
-        let mut found = E::table(&mut shard)
+        let found = E::table(&mut shard)
             .find_mut(hash, |e| e.layout() == quota.layout() && same(e.key(), key));
-        // One call of `change`, on the key's state or a fresh one, so that
-        // it inlines once.
-        let mut fresh = None;
-        let state = match found.as_mut() {
-            Some(entry) => entry.state_mut(),
-            None => fresh.insert(E::fresh_state(quota)),
+        let Some(entry) = found else {
+            return self.insert_new::<E, R>(shard, quota, key, hash, now, change);
         };
-        let result = change(state, now);
-        if let Some(entry) = found {
-            entry.refresh(quota);
-            // A refund can bring the key's expiry forward (rarely: the
-            // bounds are read first, so decisions write no shared line).
-            let fresh_at = entry.fresh_at();
-            if fresh_at < shard.next_expiry {
-                shard.next_expiry = fresh_at;
-            }
-            if fresh_at < self.inner.next_expiry.load(Ordering::Relaxed) {
-                self.inner
-                    .next_expiry
-                    .fetch_min(fresh_at, Ordering::Relaxed);
-            }
-            return Ok(result);
+        let result = change(entry.state_mut(), now);
+        entry.refresh(quota);
+        // A refund can bring the key's expiry forward (rarely: the bounds are
+        // read first, so decisions write no shared line).
+        let fresh_at = entry.fresh_at();
+        if fresh_at < shard.next_expiry {
+            shard.next_expiry = fresh_at;
         }
-        let Some(state) = fresh else {
-            return Ok(result);
-        };
+        if fresh_at < self.inner.next_expiry.load(Ordering::Relaxed) {
+            self.inner
+                .next_expiry
+                .fetch_min(fresh_at, Ordering::Relaxed);
+        }
+        Ok(result)
+    }
+
+    /// The first decision of a key, off the hot path: `change` on a fresh
+    /// state, which is stored only if it is no longer fresh, making room
+    /// under the global cap first.
+    #[cold]
+    #[inline(never)]
+    fn insert_new<'a, E: Entry, R>(
+        &'a self,
+        mut shard: parking_lot::MutexGuard<'a, Shard>,
+        quota: &Quota,
+        key: &Arc<str>,
+        hash: u64,
+        now: Timestamp,
+        mut change: impl FnMut(&mut E::State, Timestamp) -> R,
+    ) -> Result<R, StoreError> {
+        let mut state = E::fresh_state(quota);
+        let result = change(&mut state, now);
         let entry = E::new(quota, key, state);
         let now = now.as_micros();
         if entry.fresh_at() > now {
