@@ -23,24 +23,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use proptest::test_runner::TestCaseError;
 use tower_admission::clock::{ManualClock, Timestamp};
 use tower_admission::quota::{Holds, MemoryConfig, MemoryStore, Policy, Quota, Store};
 
-const START: u64 = 1_800_000_000_000_000;
+use support::runner;
 
-/// `cases` random sequences, or `PROPTEST_CASES` when set.
-fn runner(cases: u32) -> TestRunner {
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(cases);
-    TestRunner::new(Config {
-        cases,
-        failure_persistence: None,
-        ..Config::default()
-    })
-}
+const START: u64 = 1_800_000_000_000_000;
 
 #[derive(Debug, Clone, Copy)]
 enum Kind {
@@ -265,12 +254,15 @@ fn memory(clock: &ManualClock) -> MemoryStore<ManualClock> {
     MemoryStore::with_config(MemoryConfig::default(), clock.clone())
 }
 
-fn block_on<F: std::future::Future>(f: F) -> F::Output {
+fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap()
-        .block_on(f)
+}
+
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    runtime().block_on(f)
 }
 
 #[test]
@@ -316,10 +308,7 @@ mod redis {
         let clock = ManualClock::default();
         let store = store(&server, &clock);
         let keys = Keys(AtomicU64::new(0));
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = runtime();
         runner(128)
             .run(&settlement_case(), |(case, ops)| {
                 rt.block_on(settle_run(&store, &clock, keys.next(), case, ops))
@@ -333,10 +322,7 @@ mod redis {
         let clock = ManualClock::default();
         let store = store(&server, &clock);
         let keys = Keys(AtomicU64::new(0));
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = runtime();
         runner(128)
             .run(&change_case(), |steps| {
                 rt.block_on(change_run(&store, &clock, keys.next(), steps))

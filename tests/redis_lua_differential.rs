@@ -26,12 +26,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use proptest::test_runner::TestCaseError;
 use tower_admission::clock::{ManualClock, Timestamp};
 use tower_admission::quota::algorithm::Algorithm;
 use tower_admission::quota::{Holds, MemoryConfig, MemoryStore, Policy, Quota, RedisStore, Store};
 
-use support::RedisServer;
+use support::{runner, RedisServer};
 
 const START: u64 = 1_700_000_000_000_000;
 const TWO45: u64 = 1 << 45;
@@ -225,19 +225,6 @@ impl Rig {
         let case = self.case.fetch_add(1, Ordering::Relaxed);
         Arc::from(format!("case{case}"))
     }
-}
-
-/// `cases` random sequences, or `PROPTEST_CASES` when set.
-fn runner(cases: u32) -> TestRunner {
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(cases);
-    TestRunner::new(Config {
-        cases,
-        failure_persistence: None,
-        ..Config::default()
-    })
 }
 
 /// Quotas of one to three policies, some in shadow mode, changed between

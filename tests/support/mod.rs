@@ -383,3 +383,17 @@ async fn pump(
         }
     }
 }
+
+/// A proptest runner of `cases` random sequences, or `PROPTEST_CASES` when
+/// set, that keeps no regression files.
+pub fn runner(cases: u32) -> proptest::test_runner::TestRunner {
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(cases);
+    proptest::test_runner::TestRunner::new(proptest::test_runner::Config {
+        cases,
+        failure_persistence: None,
+        ..proptest::test_runner::Config::default()
+    })
+}
