@@ -123,20 +123,7 @@ impl FixedWindow {
         delta: i64,
     ) -> Hold {
         self.roll(s, now);
-        if delta >= 0 {
-            let more = delta.unsigned_abs().min(self.limit.saturating_sub(s.count));
-            s.count += more;
-            return hold;
-        }
-        if hold.mark != s.end {
-            return hold;
-        }
-        let refund = delta.unsigned_abs().min(hold.amount).min(s.count);
-        s.count -= refund;
-        Hold {
-            amount: hold.amount - refund,
-            ..hold
-        }
+        super::settle_window(&mut s.count, self.limit, s.end, hold, delta)
     }
 
     pub(crate) fn fresh_at(&self, s: &FixedWindowState) -> u64 {

@@ -223,6 +223,26 @@ impl Algorithm {
     }
 }
 
+/// Settles a charge on the count of the window ending at `end`: `delta > 0`
+/// charges more, capped at `limit`; `delta < 0` refunds at most what the
+/// charge holds, and only while its window (`hold.mark`) is still `end`.
+/// The one settlement rule of both window algorithms.
+pub(crate) fn settle_window(count: &mut u64, limit: u64, end: u64, hold: Hold, delta: i64) -> Hold {
+    if delta >= 0 {
+        *count += delta.unsigned_abs().min(limit.saturating_sub(*count));
+        return hold;
+    }
+    if hold.mark != end {
+        return hold;
+    }
+    let refund = delta.unsigned_abs().min(hold.amount).min(*count);
+    *count -= refund;
+    Hold {
+        amount: hold.amount - refund,
+        ..hold
+    }
+}
+
 /// `n`, checked to be at least 1.
 pub(crate) fn positive(field: &'static str, n: u64) -> Result<u64, ConfigError> {
     if n == 0 {

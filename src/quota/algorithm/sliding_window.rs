@@ -170,22 +170,7 @@ impl SlidingWindow {
         delta: i64,
     ) -> Hold {
         self.roll(s, now);
-        if delta >= 0 {
-            let more = delta
-                .unsigned_abs()
-                .min(self.limit.saturating_sub(s.current));
-            s.current += more;
-            return hold;
-        }
-        if hold.mark != s.end {
-            return hold;
-        }
-        let refund = delta.unsigned_abs().min(hold.amount).min(s.current);
-        s.current -= refund;
-        Hold {
-            amount: hold.amount - refund,
-            ..hold
-        }
+        super::settle_window(&mut s.current, self.limit, s.end, hold, delta)
     }
 
     pub(crate) fn fresh_at(&self, s: &SlidingWindowState) -> u64 {

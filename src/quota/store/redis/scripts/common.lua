@@ -92,3 +92,19 @@ local function ttl_ms(fresh_at, now)
   if fresh_at <= now then return nil end
   return idiv(fresh_at - now + 999, 1000) + EXPIRY_PAD_MS
 end
+
+-- Settles a charge on a window's count s.c (window end s.stop): the one
+-- settlement rule of both window scripts, as settle_window in
+-- src/quota/algorithm/mod.rs. Returns the hold after it.
+local function window_settle(s, delta, mark, frac, amount)
+  if delta >= 0 then
+    s.c = s.c + min(delta, sat_sub(s.limit, s.c))
+    s.dirty = true
+    return mark, frac, amount
+  end
+  if mark ~= s.stop then return mark, frac, amount end
+  local refund = min(min(-delta, amount), s.c)
+  s.c = s.c - refund
+  s.dirty = true
+  return mark, frac, amount - refund
+end

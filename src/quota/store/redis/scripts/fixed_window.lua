@@ -51,16 +51,7 @@ end
 
 function fixed_window.settle(s, now, delta, mark, frac, amount)
   fw_roll(s, now)
-  if delta >= 0 then
-    s.c = s.c + min(delta, sat_sub(s.limit, s.c))
-    s.dirty = true
-    return mark, frac, amount
-  end
-  if mark ~= s.stop then return mark, frac, amount end
-  local refund = min(min(-delta, amount), s.c)
-  s.c = s.c - refund
-  s.dirty = true
-  return mark, frac, amount - refund
+  return window_settle(s, delta, mark, frac, amount)
 end
 
 function fixed_window.fresh_at(s)
