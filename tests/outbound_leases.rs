@@ -26,9 +26,11 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use support::RedisServer;
+use tower::{Layer, Service, ServiceExt};
 use tower_admission::clock::{Clock, ManualClock, Timestamp};
 use tower_admission::outbound::{
-    GrantTable, LeaseError, LeaseMode, LeaseStatus, LeaseStore, Rate, RateLease, RateLeaseBuilder,
+    Attempt, BudgetError, DependencyBudgetLayer, GrantTable, LeaseError, LeaseMode, LeaseStatus,
+    LeaseStore, LeasedBudget, Rate, RateLease, RateLeaseBuilder, Refusal, RetryAttempts, Share,
 };
 use tracing_subscriber::layer::SubscriberExt;
 
@@ -1161,4 +1163,197 @@ fn bad_settings_name_their_field() {
     );
     assert_eq!(shared.key("dep"), "admission:{lease:dep}");
     assert!(LeaseStore::script_source().contains("redis.call('TIME')"));
+}
+
+// ---------------------------------------------------------------------------
+// (6) A dependency budget spent from one lease: shares within the grant.
+// ---------------------------------------------------------------------------
+
+/// A solo instance's lease on 240/s, granted in full, on a local clock.
+async fn granted_solo(
+    server: &RedisServer,
+    redis: &ManualClock,
+) -> (RateLease<ManualClock>, ManualClock) {
+    let local = ManualClock::new(Timestamp(START + 7 * SEC));
+    let lease = RateLease::builder(
+        store(server, Some(redis)),
+        BUDGET,
+        Rate::per_second(R),
+        NonZeroU32::new(40).unwrap(),
+    )
+    .instance_id("solo")
+    .initial_demand(Rate::per_second(R))
+    .clock(local.clone())
+    .build()
+    .unwrap();
+    assert_eq!(lease.refresh().await.unwrap().grant, Rate::per_second(R));
+    (lease, local)
+}
+
+/// Admissions of each of `shares` over the next `ms` when callers wait as
+/// told: the clock moves to the earliest wait a refusal returned.
+fn saturate(
+    budget: &LeasedBudget<ManualClock>,
+    clock: &ManualClock,
+    ms: u64,
+    shares: &[Share],
+) -> [u64; 2] {
+    let end = clock.now().0 + ms * MS;
+    let mut admitted = [0; 2];
+    loop {
+        let mut wait = Duration::MAX;
+        for (i, share) in [Share::Normal, Share::Retry].into_iter().enumerate() {
+            if !shares.contains(&share) {
+                continue;
+            }
+            loop {
+                match budget.try_acquire_now(share, 1) {
+                    Ok(()) => admitted[i] += 1,
+                    Err(refusal) => {
+                        wait = wait.min(refusal.wait().expect("a wait"));
+                        break;
+                    }
+                }
+            }
+        }
+        let micros = u64::try_from(wait.as_micros()).unwrap();
+        if clock.now().0 + micros > end {
+            clock.set(Timestamp(end));
+            return admitted;
+        }
+        clock.advance(wait);
+    }
+}
+
+#[tokio::test]
+async fn a_leased_budget_holds_each_share_to_its_part_of_the_grant() {
+    let server = RedisServer::start();
+    let redis = ManualClock::new(Timestamp(START));
+    let (lease, local) = granted_solo(&server, &redis).await;
+    let budget = LeasedBudget::new(lease, Rate::per_second(40)).unwrap();
+    assert_eq!(budget.share_rate(Share::Normal), Rate::per_second(200));
+    // Both shares saturated for 2 s: exactly 200/s and 40/s, 240/s in all.
+    let both = saturate(&budget, &local, 2_000, &[Share::Normal, Share::Retry]);
+    assert_eq!(both, [400, 80], "normal, retry over 2 s");
+    // Retries alone cannot take what first attempts leave: still 40/s
+    // (plus the retry bucket's burst of one, refilled while normal ran).
+    let retry_only = saturate(&budget, &local, 1_000, &[Share::Retry]);
+    assert_eq!(retry_only, [0, 40]);
+    let normal_only = saturate(&budget, &local, 1_000, &[Share::Normal]);
+    // The normal bucket is full (5 = 200/s × 25 ms), then fills at 200/s.
+    assert_eq!(normal_only, [205, 0], "the burst plus 200/s");
+    let stats = budget.stats();
+    assert_eq!((stats.normal, stats.retry), (605, 120));
+    assert_eq!(
+        budget.try_acquire_now(Share::Retry, 2),
+        Err(Refusal::CostExceedsBudget {
+            share: Share::Retry,
+            cost: 2
+        }),
+        "a cost above the lease's max_cost never passes"
+    );
+}
+
+#[tokio::test]
+async fn a_leased_budget_through_the_layer_refuses_an_exhausted_retry_share_with_its_wait() {
+    let server = RedisServer::start();
+    let redis = ManualClock::new(Timestamp(START));
+    let (lease, local) = granted_solo(&server, &redis).await;
+    let budget = LeasedBudget::new(lease, Rate::per_second(40)).unwrap();
+    local.advance(Duration::from_secs(1));
+    let client = tower::service_fn(|_req: http::Request<String>| async {
+        Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+    });
+    let mut service = DependencyBudgetLayer::new(budget.clone())
+        .fail_fast()
+        .layer(client);
+    let retry = || {
+        let mut req = http::Request::new(String::new());
+        req.extensions_mut().insert(Attempt::FIRST);
+        // The second attempt of a request, as RetryAttempts marks it.
+        let mut policy = RetryAttempts::new(3);
+        let mut failed: Result<http::Response<String>, BudgetError<std::convert::Infallible>> =
+            Ok(http::Response::builder()
+                .status(503)
+                .body(String::new())
+                .unwrap());
+        let _ = tower::retry::Policy::retry(&mut policy, &mut req, &mut failed);
+        assert!(req.extensions().get::<Attempt>().unwrap().is_retry());
+        req
+    };
+    // The retry bucket holds 1 (40/s × 25 ms), so one retry passes.
+    assert!(service.ready().await.unwrap().call(retry()).await.is_ok());
+    match service.ready().await.unwrap().call(retry()).await {
+        Err(BudgetError::Refused(Refusal::Exhausted {
+            share: Share::Retry,
+            wait,
+        })) => {
+            assert_eq!(wait, Duration::from_millis(25), "1/40 s");
+        }
+        other => panic!("expected the retry share's refusal, got {other:?}"),
+    }
+    // First attempts are untouched by the spent retry share.
+    assert!(service
+        .ready()
+        .await
+        .unwrap()
+        .call(http::Request::new(String::new()))
+        .await
+        .is_ok());
+    assert_eq!(
+        (
+            budget.stats().normal,
+            budget.stats().retry,
+            budget.stats().refused
+        ),
+        (1, 1, 1)
+    );
+}
+
+#[tokio::test]
+async fn an_unreachable_limiter_gives_the_fallback_unless_fail_open_was_chosen() {
+    let mut server = RedisServer::start();
+    let url = server.url();
+    server.kill();
+    for fail_open in [false, true] {
+        let local = ManualClock::new(Timestamp(START));
+        let store = LeaseStore::builder(url.clone())
+            .deadline(Duration::from_millis(200))
+            .build()
+            .unwrap();
+        let mut builder = RateLease::builder(
+            store,
+            BUDGET,
+            Rate::per_second(R),
+            NonZeroU32::new(40).unwrap(),
+        )
+        .clock(local.clone());
+        if fail_open {
+            builder = builder.fail_open();
+        }
+        let lease = builder.build().unwrap();
+        assert!(lease.refresh().await.is_err(), "Redis is down");
+        assert_eq!(lease.status().mode, LeaseMode::Fallback);
+        let budget = LeasedBudget::new(lease, Rate::per_second(40)).unwrap();
+        if fail_open {
+            // No limit at all: 10,000 attempts at one instant pass.
+            for share in [Share::Normal, Share::Retry] {
+                for _ in 0..5_000 {
+                    assert_eq!(budget.try_acquire_now(share, 1), Ok(()));
+                }
+            }
+            assert_eq!(
+                (budget.stats().normal, budget.stats().retry),
+                (5_000, 5_000)
+            );
+        } else {
+            let admitted = saturate(&budget, &local, 10_000, &[Share::Normal, Share::Retry]);
+            // The fallback 240/40 = 6/s for 10 s, split 5 + 1. Each bucket
+            // holds one attempt here, so while the lease's is full and both
+            // shares are still filling its accrual is lost: 52 of 60.
+            let [normal, retry] = admitted;
+            assert!(normal <= 50 && retry <= 10, "{admitted:?}");
+            assert_eq!(normal + retry, 52, "{admitted:?}");
+        }
+    }
 }

@@ -91,12 +91,63 @@ struct Inner<St> {
     stats: Counters,
 }
 
+/// The counters behind [`BudgetStats`], shared by every kind of budget.
 #[derive(Debug, Default)]
-struct Counters {
+pub(crate) struct Counters {
     normal: AtomicU64,
     retry: AtomicU64,
     refused: AtomicU64,
     waited_micros: AtomicU64,
+}
+
+impl Counters {
+    pub(crate) fn admitted(&self, share: Share) {
+        let counter = match share {
+            Share::Normal => &self.normal,
+            Share::Retry => &self.retry,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn refused(&self) {
+        self.refused.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn waited(&self, waited: Duration) {
+        let micros = u64::try_from(waited.as_micros()).unwrap_or(u64::MAX);
+        self.waited_micros.fetch_add(micros, Ordering::Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self) -> BudgetStats {
+        BudgetStats {
+            normal: self.normal.load(Ordering::Relaxed),
+            retry: self.retry.load(Ordering::Relaxed),
+            refused: self.refused.load(Ordering::Relaxed),
+            waited_micros: self.waited_micros.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// What a [`DependencyBudgetLayer`](crate::outbound::DependencyBudgetLayer)
+/// charges before each send attempt: [`DependencyBudget`] (any
+/// [`Store`]: memory, Redis) or, with feature `redis`, `LeasedBudget` (a
+/// rate lease spent locally, no Redis call per attempt).
+///
+/// Clones share one budget.
+pub trait AttemptBudget: Clone + Send + Sync + 'static {
+    /// Charges one attempt of `cost` to `share` now, or says why not. Never
+    /// waits for capacity.
+    fn try_acquire(
+        &self,
+        share: Share,
+        cost: u64,
+    ) -> impl std::future::Future<Output = Result<(), Refusal>> + Send;
+
+    /// Adds `waited`, the time an admitted attempt waited, to the counters.
+    fn record_wait(&self, waited: Duration);
+
+    /// A snapshot of the counters.
+    fn stats(&self) -> BudgetStats;
 }
 
 /// Counts of a [`DependencyBudget`]. A snapshot.
@@ -215,13 +266,7 @@ impl<St: Store> DependencyBudget<St> {
 
     /// A snapshot of the counters.
     pub fn stats(&self) -> BudgetStats {
-        let c = &self.inner.stats;
-        BudgetStats {
-            normal: c.normal.load(Ordering::Relaxed),
-            retry: c.retry.load(Ordering::Relaxed),
-            refused: c.refused.load(Ordering::Relaxed),
-            waited_micros: c.waited_micros.load(Ordering::Relaxed),
-        }
+        self.inner.stats.snapshot()
     }
 
     /// Charges one attempt of `cost` to `share` now, or says why not. Never
@@ -241,11 +286,7 @@ impl<St: Store> DependencyBudget<St> {
             let verdict = inner.limiter.check(quota, key, cost).await;
             let this = match verdict.outcome() {
                 Outcome::Admitted => {
-                    let counter = match share {
-                        Share::Normal => &inner.stats.normal,
-                        Share::Retry => &inner.stats.retry,
-                    };
-                    counter.fetch_add(1, Ordering::Relaxed);
+                    inner.stats.admitted(share);
                     return Ok(());
                 }
                 Outcome::Refused { wait, .. } => Refusal::Exhausted { share, wait: *wait },
@@ -263,18 +304,28 @@ impl<St: Store> DependencyBudget<St> {
                 (_, this) => this,
             });
         }
-        inner.stats.refused.fetch_add(1, Ordering::Relaxed);
+        inner.stats.refused();
         Err(refusal.unwrap_or(Refusal::Unavailable {
             wait: Duration::from_secs(1),
         }))
     }
+}
 
-    pub(crate) fn waited(&self, waited: Duration) {
-        let micros = u64::try_from(waited.as_micros()).unwrap_or(u64::MAX);
-        self.inner
-            .stats
-            .waited_micros
-            .fetch_add(micros, Ordering::Relaxed);
+impl<St: Store> AttemptBudget for DependencyBudget<St> {
+    fn try_acquire(
+        &self,
+        share: Share,
+        cost: u64,
+    ) -> impl std::future::Future<Output = Result<(), Refusal>> + Send {
+        DependencyBudget::try_acquire(self, share, cost)
+    }
+
+    fn record_wait(&self, waited: Duration) {
+        self.inner.stats.waited(waited);
+    }
+
+    fn stats(&self) -> BudgetStats {
+        DependencyBudget::stats(self)
     }
 }
 

@@ -9,12 +9,11 @@ use http::Request;
 use tokio::time::Instant;
 use tower::{Layer, Service};
 
-use crate::outbound::{Attempt, DependencyBudget, Refusal, Share};
-use crate::quota::Store;
+use crate::outbound::{Attempt, AttemptBudget, Refusal, Share};
 
 type CostFn<B> = Arc<dyn Fn(&Request<B>) -> u64 + Send + Sync>;
 
-/// Charges a [`DependencyBudget`] right before every send attempt of an
+/// Charges an [`AttemptBudget`] right before every send attempt of an
 /// outbound `Service<http::Request<B>>` (a hyper-util client, a tonic
 /// channel, a reqwest-based service).
 ///
@@ -31,8 +30,10 @@ type CostFn<B> = Arc<dyn Fn(&Request<B>) -> u64 + Send + Sync>;
 ///   refuses at once. Either way the caller gets
 ///   [`BudgetError::Refused`] carrying the wait, never a response.
 ///
-/// A bound on send starts is not a bound on arrivals at the receiver; see
-/// [`DependencyBudget`].
+/// The budget is a [`DependencyBudget`](crate::outbound::DependencyBudget)
+/// over any store, or a lease spent locally (`LeasedBudget`, feature
+/// `redis`). A bound on send starts is not a bound on arrivals at the
+/// receiver; see [`DependencyBudget`](crate::outbound::DependencyBudget).
 ///
 /// ```
 /// use std::time::Duration;
@@ -58,13 +59,13 @@ type CostFn<B> = Arc<dyn Fn(&Request<B>) -> u64 + Send + Sync>;
 /// # })?;
 /// # Ok::<(), tower_admission::ConfigError>(())
 /// ```
-pub struct DependencyBudgetLayer<St, B> {
-    budget: DependencyBudget<St>,
+pub struct DependencyBudgetLayer<Bu, B> {
+    budget: Bu,
     cost: Option<CostFn<B>>,
     wait: Option<Duration>,
 }
 
-impl<St, B> Clone for DependencyBudgetLayer<St, B> {
+impl<Bu: Clone, B> Clone for DependencyBudgetLayer<Bu, B> {
     fn clone(&self) -> Self {
         DependencyBudgetLayer {
             budget: self.budget.clone(),
@@ -74,7 +75,7 @@ impl<St, B> Clone for DependencyBudgetLayer<St, B> {
     }
 }
 
-impl<St, B> fmt::Debug for DependencyBudgetLayer<St, B> {
+impl<Bu, B> fmt::Debug for DependencyBudgetLayer<Bu, B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DependencyBudgetLayer")
             .field("wait", &self.wait)
@@ -82,9 +83,9 @@ impl<St, B> fmt::Debug for DependencyBudgetLayer<St, B> {
     }
 }
 
-impl<St: Store, B> DependencyBudgetLayer<St, B> {
+impl<Bu: AttemptBudget, B> DependencyBudgetLayer<Bu, B> {
     /// Charges `budget`, cost 1 per attempt, waiting up to 1 s.
-    pub fn new(budget: DependencyBudget<St>) -> Self {
+    pub fn new(budget: Bu) -> Self {
         DependencyBudgetLayer {
             budget,
             cost: None,
@@ -112,8 +113,8 @@ impl<St: Store, B> DependencyBudgetLayer<St, B> {
     }
 }
 
-impl<S, St: Store, B> Layer<S> for DependencyBudgetLayer<St, B> {
-    type Service = DependencyBudgetService<S, St, B>;
+impl<S, Bu: AttemptBudget, B> Layer<S> for DependencyBudgetLayer<Bu, B> {
+    type Service = DependencyBudgetService<S, Bu, B>;
 
     fn layer(&self, inner: S) -> Self::Service {
         DependencyBudgetService {
@@ -124,12 +125,12 @@ impl<S, St: Store, B> Layer<S> for DependencyBudgetLayer<St, B> {
 }
 
 /// The service built by [`DependencyBudgetLayer`].
-pub struct DependencyBudgetService<S, St, B> {
+pub struct DependencyBudgetService<S, Bu, B> {
     inner: S,
-    layer: DependencyBudgetLayer<St, B>,
+    layer: DependencyBudgetLayer<Bu, B>,
 }
 
-impl<S, St, B> DependencyBudgetService<S, St, B> {
+impl<S, Bu, B> DependencyBudgetService<S, Bu, B> {
     /// The inner service.
     pub fn get_ref(&self) -> &S {
         &self.inner
@@ -146,7 +147,7 @@ impl<S, St, B> DependencyBudgetService<S, St, B> {
     }
 }
 
-impl<S: Clone, St, B> Clone for DependencyBudgetService<S, St, B> {
+impl<S: Clone, Bu: Clone, B> Clone for DependencyBudgetService<S, Bu, B> {
     fn clone(&self) -> Self {
         DependencyBudgetService {
             inner: self.inner.clone(),
@@ -155,7 +156,7 @@ impl<S: Clone, St, B> Clone for DependencyBudgetService<S, St, B> {
     }
 }
 
-impl<S: fmt::Debug, St, B> fmt::Debug for DependencyBudgetService<S, St, B> {
+impl<S: fmt::Debug, Bu, B> fmt::Debug for DependencyBudgetService<S, Bu, B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DependencyBudgetService")
             .field("inner", &self.inner)
@@ -205,13 +206,13 @@ impl<E: std::error::Error + 'static> std::error::Error for BudgetError<E> {
 /// Response future of [`DependencyBudgetService`].
 pub type ResponseFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, BudgetError<E>>> + Send>>;
 
-impl<S, St, B> Service<Request<B>> for DependencyBudgetService<S, St, B>
+impl<S, Bu, B> Service<Request<B>> for DependencyBudgetService<S, Bu, B>
 where
     S: Service<Request<B>> + Clone + Send + 'static,
     S::Future: Send,
     S::Response: Send,
     S::Error: Send,
-    St: Store,
+    Bu: AttemptBudget,
     B: Send + 'static,
 {
     type Response = S::Response;
@@ -238,7 +239,7 @@ where
                 match budget.try_acquire(share, cost).await {
                     Ok(()) => break,
                     Err(refusal) => {
-                        let until = refusal.wait().map(|w| Instant::now() + w);
+                        let until = refusal.wait().and_then(|w| Instant::now().checked_add(w));
                         match (until, deadline) {
                             (Some(until), Some(deadline)) if until <= deadline => {
                                 tokio::time::sleep_until(until).await;
@@ -251,7 +252,7 @@ where
                     }
                 }
             }
-            budget.waited(started.elapsed());
+            budget.record_wait(started.elapsed());
             inner.call(req).await.map_err(BudgetError::Inner)
         })
     }

@@ -565,7 +565,8 @@ pub enum LeaseMode {
     /// A grant from the script, until its local expiry.
     Granted,
     /// The grant expired without renewal (Redis unreachable): the fallback
-    /// capacity `R / expected_instances`.
+    /// capacity `R / expected_instances`, or no limit at all after
+    /// [`fail_open`](RateLeaseBuilder::fail_open).
     Fallback,
     /// Released: nothing is spent, ever again.
     Released,
@@ -730,6 +731,7 @@ struct Settings {
     max_cost: u64,
     min_demand: Rate,
     initial_demand: Rate,
+    fail_open: bool,
 }
 
 impl Settings {
@@ -821,6 +823,15 @@ impl State {
     fn note_fallback(&mut self, x: Timestamp, cfg: &Settings, budget: &str, id: &str) {
         if self.phase == Phase::Active && x >= self.until && !self.fallback {
             self.fallback = true;
+            if cfg.fail_open {
+                tracing::warn!(
+                    budget,
+                    instance = id,
+                    failures = self.failures,
+                    "rate lease expired without renewal; FAILING OPEN: every attempt is admitted, with no limit, until a refresh succeeds"
+                );
+                return;
+            }
             tracing::warn!(
                 budget,
                 instance = id,
@@ -888,6 +899,7 @@ pub struct RateLeaseBuilder<C: Clock = SystemClock> {
     max_cost: NonZeroU32,
     min_demand: Option<Rate>,
     initial_demand: Option<Rate>,
+    fail_open: bool,
     clock: C,
 }
 
@@ -916,6 +928,7 @@ impl RateLease<SystemClock> {
             max_cost: NonZeroU32::MIN,
             min_demand: None,
             initial_demand: None,
+            fail_open: false,
             clock: SystemClock::new(),
         }
     }
@@ -989,6 +1002,18 @@ impl<C: Clock> RateLeaseBuilder<C> {
         self
     }
 
+    /// **Breaks the budget during an outage.** When the grant expires
+    /// without renewal, admit every attempt, with no limit at all, until a
+    /// refresh succeeds, instead of spending the fallback capacity
+    /// `rate / expected_instances`. A fleet that loses Redis then sends as
+    /// fast as its callers ask, which is what the budget exists to prevent;
+    /// choose it only for a dependency that protects itself. Entering this
+    /// mode is logged at `warn` each time.
+    pub fn fail_open(mut self) -> Self {
+        self.fail_open = true;
+        self
+    }
+
     /// The local clock (default [`SystemClock`]); a
     /// [`ManualClock`] makes the send path testable.
     pub fn clock<C2: Clock>(self, clock: C2) -> RateLeaseBuilder<C2> {
@@ -1006,6 +1031,7 @@ impl<C: Clock> RateLeaseBuilder<C> {
             max_cost: self.max_cost,
             min_demand: self.min_demand,
             initial_demand: self.initial_demand,
+            fail_open: self.fail_open,
             clock,
         }
     }
@@ -1074,6 +1100,7 @@ impl<C: Clock> RateLeaseBuilder<C> {
             max_cost: u64::from(self.max_cost.get()),
             min_demand: self.min_demand.unwrap_or(Rate(fallback.0 / 10)),
             initial_demand: self.initial_demand.unwrap_or(fallback),
+            fail_open: self.fail_open,
         };
         let now = self.clock.now();
         let state = State {
@@ -1139,6 +1166,9 @@ impl<C: Clock> RateLease<C> {
         }
         s.advance(now, cfg);
         s.note_fallback(now, cfg, &self.inner.budget, &self.inner.id);
+        if cfg.fail_open && s.mode_at(now) == LeaseMode::Fallback {
+            return Ok(());
+        }
         let need = u128::from(cost) * NANO;
         if s.tokens >= need {
             s.tokens -= need;
@@ -1181,9 +1211,31 @@ impl<C: Clock> RateLease<C> {
         &self.inner.budget
     }
 
+    /// The fleet-wide rate the lease is a share of.
+    pub fn rate(&self) -> Rate {
+        self.inner.cfg.rate
+    }
+
     /// The fallback capacity, `rate / expected_instances`.
     pub fn fallback_rate(&self) -> Rate {
         self.inner.cfg.fallback
+    }
+
+    /// The local time now, on the lease's clock.
+    pub(crate) fn now(&self) -> Timestamp {
+        self.inner.clock.now()
+    }
+
+    /// Whether the fallback admits without limit ([`RateLeaseBuilder::fail_open`]).
+    pub(crate) fn fails_open(&self) -> bool {
+        self.inner.cfg.fail_open
+    }
+
+    /// Counts `cost` toward the demand of an attempt that a caller refused
+    /// before it reached the bucket (a share of the lease was spent).
+    pub(crate) fn note_demand(&self, cost: u64) {
+        let mut s = self.inner.state.lock();
+        s.attempted = s.attempted.saturating_add(cost);
     }
 
     /// The largest cost one attempt may have.

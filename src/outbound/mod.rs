@@ -25,6 +25,9 @@
 //!   unexpired grants sum above the budget, spent locally with no Redis call
 //!   per send and refreshed in the background (see `docs/leases.md` for the
 //!   bound on send starts).
+//! - `LeasedBudget` (feature `redis`): the budget for a fleet, spent from
+//!   one `RateLease` on the whole budget with each share held to its part,
+//!   charged through the same layer.
 //! - `RegionalBudget` (feature `redis`): disjoint per-region allocations of
 //!   one total, each in its region's own Redis, moved between regions by
 //!   idempotent, repairable transfers that debit the donor before they
@@ -40,11 +43,15 @@ mod budget;
 mod layer;
 
 pub use attempt::{Attempt, RetryAttempts};
-pub use budget::{BudgetStats, DependencyBudget, DependencyBudgetBuilder, Pick, Refusal, Share};
+pub use budget::{
+    AttemptBudget, BudgetStats, DependencyBudget, DependencyBudgetBuilder, Pick, Refusal, Share,
+};
 pub use layer::{BudgetError, DependencyBudgetLayer, DependencyBudgetService, ResponseFuture};
 
 #[cfg(feature = "redis")]
 mod lease;
+#[cfg(feature = "redis")]
+mod leased;
 #[cfg(feature = "redis")]
 mod regions;
 #[cfg(feature = "redis")]
@@ -52,6 +59,8 @@ pub use lease::{
     GrantStep, GrantTable, InstanceGrant, LeaseError, LeaseMode, LeaseStatus, LeaseStore,
     LeaseStoreBuilder, Rate, RateLease, RateLeaseBuilder,
 };
+#[cfg(feature = "redis")]
+pub use leased::LeasedBudget;
 #[cfg(feature = "redis")]
 pub use regions::{
     Initialized, PendingTransfer, RegionError, RegionalBudget, RegionalBudgetBuilder,

@@ -1,0 +1,238 @@
+//! A dependency budget spent from one rate lease (feature `redis`).
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use crate::clock::{Clock, SystemClock, Timestamp};
+use crate::outbound::budget::Counters;
+use crate::outbound::{AttemptBudget, BudgetStats, LeaseMode, Rate, RateLease, Refusal, Share};
+use crate::ConfigError;
+
+/// Nano-tokens per token, as in the lease: a rate in milli-units per second
+/// times a span in µs.
+const NANO: u128 = 1_000_000_000;
+
+/// A [`DependencyBudget`](crate::outbound::DependencyBudget) for a fleet that
+/// keeps Redis off the send path (feature `redis`): every attempt is spent
+/// from one [`RateLease`] on the **whole** budget, locally, and each share
+/// also from a local bucket that fills at its part of the lease's current
+/// rate.
+///
+/// With a lease on 240/s and a retry share of 40/s, an instance granted
+/// 24/s spends at most 20/s on first attempts and 4/s on retries.
+///
+/// - **The total** is bounded by the lease alone: across the fleet, at most
+///   the lease's bound on send starts (`docs/leases.md`: `n + R·τ + R·T` in
+///   any interval `T` for `n` instances and the defaults). One lease, not
+///   one per share, so the `n` term is paid once.
+/// - **Each share** is held to its part of whatever the lease spends,
+///   grant or fallback: a burst of retries cannot take what first attempts
+///   need, nor the reverse. A share's bucket holds its part of the lease's
+///   burst (at least one attempt of the largest cost).
+/// - **Fail-open** leases ([`RateLeaseBuilder::fail_open`](crate::outbound::RateLeaseBuilder::fail_open))
+///   admit every attempt, share or not, while they are in the fallback.
+/// - **Demand** reported to the grant script counts every attempt, refused
+///   by a share or by the lease, so a starved share asks for more.
+///
+/// Clones share the lease, the share buckets and the counters. Start the
+/// lease's refresher ([`RateLease::spawn_refresher`]) yourself.
+///
+/// ```no_run
+/// use std::num::NonZeroU32;
+/// use tower_admission::outbound::{LeaseStore, LeasedBudget, Rate, RateLease};
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = LeaseStore::builder("redis://127.0.0.1:6379/").prefix("myapp").build()?;
+/// let expected_instances = NonZeroU32::new(40).unwrap();
+/// let lease = RateLease::builder(store, "reports-db", Rate::per_second(240), expected_instances)
+///     .build()?;
+/// let _refresher = lease.spawn_refresher();
+/// // 200/s for first attempts, 40/s for retries.
+/// let budget = LeasedBudget::new(lease, Rate::per_second(40))?;
+/// # Ok(())
+/// # }
+/// ```
+pub struct LeasedBudget<C: Clock = SystemClock> {
+    inner: Arc<Inner<C>>,
+}
+
+impl<C: Clock> Clone for LeasedBudget<C> {
+    fn clone(&self) -> Self {
+        LeasedBudget {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<C: Clock> fmt::Debug for LeasedBudget<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeasedBudget")
+            .field("lease", &self.inner.lease)
+            .field("retry", &self.inner.retry)
+            .field("stats", &self.inner.stats.snapshot())
+            .finish()
+    }
+}
+
+struct Inner<C: Clock> {
+    lease: RateLease<C>,
+    /// The retry share; the normal share is the rest of the lease's rate.
+    retry: Rate,
+    /// The share buckets, normal then retry.
+    shares: Mutex<[ShareBucket; 2]>,
+    stats: Counters,
+}
+
+/// A share's local bucket, in nano-tokens.
+#[derive(Debug, Clone, Copy)]
+struct ShareBucket {
+    tokens: u128,
+    last: Timestamp,
+}
+
+impl<C: Clock> LeasedBudget<C> {
+    /// Spends `lease` with `retry` of its rate kept for retries and the rest
+    /// for first attempts. Fails unless `0 < retry < lease.rate()`.
+    pub fn new(lease: RateLease<C>, retry: Rate) -> Result<Self, ConfigError> {
+        if retry.as_milli() == 0 || retry.as_milli() >= lease.rate().as_milli() {
+            return Err(ConfigError::new(
+                "retry",
+                format!(
+                    "{retry} must be more than zero and less than the lease's rate {}",
+                    lease.rate()
+                ),
+            ));
+        }
+        let now = lease.now();
+        let empty = ShareBucket {
+            tokens: 0,
+            last: now,
+        };
+        Ok(LeasedBudget {
+            inner: Arc::new(Inner {
+                lease,
+                retry,
+                shares: Mutex::new([empty; 2]),
+                stats: Counters::default(),
+            }),
+        })
+    }
+
+    /// The lease every attempt is spent from.
+    pub fn lease(&self) -> &RateLease<C> {
+        &self.inner.lease
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> BudgetStats {
+        self.inner.stats.snapshot()
+    }
+
+    /// A share's rate, as a part of the lease's whole rate.
+    pub fn share_rate(&self, share: Share) -> Rate {
+        let total = self.inner.lease.rate().as_milli();
+        let retry = self.inner.retry.as_milli();
+        Rate::from_milli(match share {
+            Share::Normal => total - retry,
+            Share::Retry => retry,
+        })
+    }
+
+    /// Charges one attempt of `cost` to `share` at the lease's local now.
+    pub fn try_acquire_now(&self, share: Share, cost: u64) -> Result<(), Refusal> {
+        self.try_acquire_at(share, cost, self.inner.lease.now())
+    }
+
+    /// Charges one attempt of `cost` to `share` at local time `now`: from
+    /// the share's bucket and the lease's, both or neither. Synchronous.
+    pub fn try_acquire_at(&self, share: Share, cost: u64, now: Timestamp) -> Result<(), Refusal> {
+        let inner = &*self.inner;
+        let lease = &inner.lease;
+        if cost > lease.max_cost() {
+            lease.note_demand(cost);
+            inner.stats.refused();
+            return Err(Refusal::CostExceedsBudget { share, cost });
+        }
+        let status = lease.status_at(now);
+        if lease.fails_open() && status.mode == LeaseMode::Fallback {
+            let result = lease.try_acquire_at(cost, now);
+            return match result {
+                Ok(()) => {
+                    inner.stats.admitted(share);
+                    Ok(())
+                }
+                Err(wait) => {
+                    inner.stats.refused();
+                    Err(Refusal::Unavailable { wait })
+                }
+            };
+        }
+        let total = u128::from(lease.rate().as_milli());
+        let part = u128::from(self.share_rate(share).as_milli());
+        // The share's part of the lease's rate now, milli-units per second.
+        let rate = u128::from(status.rate.as_milli()) * part / total;
+        let capacity =
+            (u128::from(status.capacity) * part / total).max(u128::from(lease.max_cost())) * NANO;
+        let need = u128::from(cost) * NANO;
+        let mut shares = inner.shares.lock();
+        let bucket = &mut shares[match share {
+            Share::Normal => 0,
+            Share::Retry => 1,
+        }];
+        let elapsed = now.0.saturating_sub(bucket.last.0);
+        bucket.last = Timestamp(bucket.last.0.max(now.0));
+        bucket.tokens = bucket
+            .tokens
+            .min(capacity)
+            .saturating_add(rate * u128::from(elapsed))
+            .min(capacity);
+        if bucket.tokens < need {
+            lease.note_demand(cost);
+            inner.stats.refused();
+            let wait = if rate == 0 {
+                lease.until_next_refresh().max(Duration::from_millis(1))
+            } else {
+                let micros = (need - bucket.tokens).div_ceil(rate);
+                Duration::from_micros(u64::try_from(micros).unwrap_or(u64::MAX).max(1))
+            };
+            return Err(Refusal::Exhausted { share, wait });
+        }
+        match lease.try_acquire_at(cost, now) {
+            Ok(()) => {
+                bucket.tokens -= need;
+                inner.stats.admitted(share);
+                Ok(())
+            }
+            Err(wait) => {
+                inner.stats.refused();
+                Err(if wait == Duration::MAX {
+                    // Released: this budget never admits again.
+                    Refusal::Unavailable { wait }
+                } else {
+                    Refusal::Exhausted { share, wait }
+                })
+            }
+        }
+    }
+}
+
+impl<C: Clock> AttemptBudget for LeasedBudget<C> {
+    fn try_acquire(
+        &self,
+        share: Share,
+        cost: u64,
+    ) -> impl std::future::Future<Output = Result<(), Refusal>> + Send {
+        std::future::ready(self.try_acquire_now(share, cost))
+    }
+
+    fn record_wait(&self, waited: Duration) {
+        self.inner.stats.waited(waited);
+    }
+
+    fn stats(&self) -> BudgetStats {
+        LeasedBudget::stats(self)
+    }
+}
