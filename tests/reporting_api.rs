@@ -6,22 +6,70 @@ mod app;
 mod config;
 #[path = "../examples/reporting_api/data.rs"]
 mod data;
+#[path = "../examples/reporting_api/dependency.rs"]
+mod dependency;
+#[path = "../examples/mock_dependency/mock.rs"]
+mod mock;
 
 use std::time::Duration;
 
 use axum::body::Body;
 use axum::Router;
+use dependency::Dependency;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use tower::ServiceExt;
 use tower_admission::clock::{ManualClock, Timestamp};
-use tower_admission::quota::{MemoryConfig, MemoryStore};
+use tower_admission::outbound::DependencyBudget;
+use tower_admission::quota::{MemoryConfig, MemoryStore, Policy};
 
 fn api() -> (Router, ManualClock) {
+    // Nothing here reaches the dependency's budget.
+    let dependency = Dependency::new("http://127.0.0.1:1", roomy_budget());
+    api_with(dependency)
+}
+
+fn api_with(dependency: Dependency) -> (Router, ManualClock) {
     let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
     let store = MemoryStore::with_config(MemoryConfig::default(), clock.clone());
-    (app::app(store).unwrap(), clock)
+    (app::app(store, dependency).unwrap(), clock)
+}
+
+/// A budget that never refuses these tests' calls.
+fn roomy_budget() -> DependencyBudget<MemoryStore> {
+    let policy = |name| Policy::token_bucket(name, 1_000_000, 1_000_000, Duration::from_secs(1));
+    DependencyBudget::builder(MemoryStore::new(), "dependency")
+        .normal(policy("normal").unwrap())
+        .retry(policy("retry").unwrap())
+        .build()
+        .unwrap()
+}
+
+/// The mock dependency (300/s) on a free loopback port.
+async fn mock_dependency(fail_every: u64) -> (String, mock::MockHandle) {
+    serve_mock(mock::MockConfig {
+        fail_every: std::num::NonZeroU64::new(fail_every),
+        ..mock::MockConfig::default()
+    })
+    .await
+}
+
+/// A mock that never answers 429, for tests that send many batches.
+async fn roomy_mock() -> (String, mock::MockHandle) {
+    serve_mock(mock::MockConfig {
+        limit: std::num::NonZeroU32::MAX,
+        ..mock::MockConfig::default()
+    })
+    .await
+}
+
+async fn serve_mock(config: mock::MockConfig) -> (String, mock::MockHandle) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (router, handle) = mock::router(config);
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    (url, handle)
 }
 
 fn get(uri: &str, key: Option<&str>) -> Request<Body> {
@@ -136,8 +184,75 @@ async fn reports_page_is_validated() {
 }
 
 #[tokio::test]
+async fn a_batch_of_100_makes_exactly_200_dependency_calls_5_items_at_a_time() {
+    let (url, mock) = mock_dependency(0).await;
+    let (app, _) = api_with(Dependency::new(&url, roomy_budget()));
+    let (status, _, body) = send(&app, post_batch("demo-pro", 100)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["dependency"], json!({"attempts": 200, "retries": 0}));
+    let stats = mock.stats();
+    assert_eq!(stats.total, 200, "two calls per item");
+    assert!(
+        (2..=5).contains(&stats.max_concurrent),
+        "at most 5 items, one call each, in flight: {}",
+        stats.max_concurrent
+    );
+}
+
+#[tokio::test]
+async fn failed_calls_are_retried_and_every_attempt_is_counted() {
+    // Every 20th accepted arrival answers 503.
+    let (url, mock) = mock_dependency(20).await;
+    let budget = roomy_budget();
+    let (app, _) = api_with(Dependency::new(&url, budget.clone()));
+    let (status, _, body) = send(&app, post_batch("demo-pro", 100)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let stats = mock.stats();
+    let (attempts, retries) = (
+        body["dependency"]["attempts"].as_u64().unwrap(),
+        body["dependency"]["retries"].as_u64().unwrap(),
+    );
+    assert_eq!(
+        attempts, stats.total,
+        "the answer counts what the dependency saw"
+    );
+    assert_eq!(
+        retries, stats.failed,
+        "every injected failure was retried once"
+    );
+    assert!(retries >= 10, "200 calls, every 20th failed: {retries}");
+    assert_eq!(attempts, 200 + retries);
+    // Retries drew on the retry share.
+    let counts = budget.stats();
+    assert_eq!((counts.normal, counts.retry), (200, retries));
+}
+
+#[tokio::test]
+async fn an_exhausted_dependency_budget_answers_503_with_retry_after() {
+    let (url, mock) = mock_dependency(0).await;
+    // One first attempt, then one an hour: far past the 2 s the example waits.
+    let hourly = |name| Policy::token_bucket(name, 1, 1, Duration::from_secs(3_600)).unwrap();
+    let budget = DependencyBudget::builder(MemoryStore::new(), "dependency")
+        .normal(hourly("normal"))
+        .retry(hourly("retry"))
+        .build()
+        .unwrap();
+    let (app, _) = api_with(Dependency::new(&url, budget));
+    let (status, headers, body) = send(&app, post_batch("demo-pro", 2)).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(headers["content-type"], "application/problem+json");
+    assert_eq!(headers["retry-after"], "3600");
+    assert_eq!(body["retry_after"], 3600);
+    // Item 1's first call went out; item 2's was refused, so no item started
+    // another call.
+    assert_eq!(body["dependency"], json!({"attempts": 1, "retries": 0}));
+    assert_eq!(mock.stats().total, 1);
+}
+
+#[tokio::test]
 async fn batches_answer_200_202_or_413_by_size() {
-    let (app, _) = api();
+    let (url, _mock) = roomy_mock().await;
+    let (app, clock) = api_with(Dependency::new(&url, roomy_budget()));
     let (status, _, body) = send(&app, post_batch("demo-pro", 100)).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(body["items"].as_array().unwrap().len(), 100);
@@ -152,9 +267,12 @@ async fn batches_answer_200_202_or_413_by_size() {
     assert_eq!(body["cap"], "items");
     assert_eq!(body["limit"], 1000);
 
-    // The job is visible to its owner only.
+    // The job is visible to its owner only. It makes 202 calls over
+    // loopback; each look at it moves the quota clock a minute on, so the
+    // looks never run out of quota.
     let mut status = json!(null);
-    for _ in 0..100 {
+    for _ in 0..100_000 {
+        clock.advance(Duration::from_secs(60));
         let (code, _, body) = send(&app, get(&location, Some("demo-pro"))).await;
         assert_eq!(code, StatusCode::OK);
         status = body;
@@ -179,7 +297,8 @@ async fn batches_answer_200_202_or_413_by_size() {
 
 #[tokio::test]
 async fn batch_items_are_charged_to_the_work_quota() {
-    let (app, _) = api();
+    let (url, _mock) = roomy_mock().await;
+    let (app, _) = api_with(Dependency::new(&url, roomy_budget()));
     // The free work quota is 2,000 units per minute, one per item: 13 batches
     // of 150 use 1,950, and the 14th (2,100) is refused by that policy alone.
     for _ in 0..13 {
@@ -232,7 +351,8 @@ mod on_redis {
                 .test_clock(clock.clone())
                 .build()
                 .unwrap();
-            app::app(store).unwrap()
+            let dependency = Dependency::new("http://127.0.0.1:1", roomy_budget());
+            app::app(store, dependency).unwrap()
         };
         let (a, b) = (instance(), instance());
         let mut admitted = 0;
@@ -261,4 +381,18 @@ mod on_redis {
             assert!(ttl > 0, "{key} has no expiry");
         }
     }
+}
+
+#[tokio::test]
+async fn the_single_instance_budget_is_200_plus_40_per_second_with_25_ms_bursts() {
+    use tower_admission::outbound::Share;
+    let budget = dependency::memory_budget().unwrap();
+    let mut admitted = [0; 2];
+    for (i, share) in [Share::Normal, Share::Retry].into_iter().enumerate() {
+        while budget.try_acquire(share, 1).await.is_ok() {
+            admitted[i] += 1;
+        }
+    }
+    // At one instant: the bursts, 200/s × 25 ms and 40/s × 25 ms.
+    assert_eq!(admitted, [5, 1]);
 }

@@ -7,8 +7,11 @@
 //!
 //! `GET /v1/reports` also charges the per-user work quota its page size and
 //! settles it to the rows actually returned. `POST /v1/reports/batch` charges
-//! the work quota one unit per item before any item runs.
+//! the work quota one unit per item before any item runs; then every item
+//! makes two calls to the dependency, through its budget
+//! ([`crate::dependency`]), at most five items at once.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Path, State};
@@ -32,6 +35,7 @@ use tower_admission::ConfigError;
 
 use crate::config;
 use crate::data;
+use crate::dependency::{CallError, Dependency, Tally};
 
 /// One item of a batch request.
 #[derive(Debug, Clone, Deserialize)]
@@ -52,14 +56,16 @@ type Jobs = JobQueue<Vec<BatchItem>, Vec<ItemResult>, String>;
 
 #[derive(Clone)]
 struct AppState<St> {
+    dependency: Dependency,
     work: Limiter<St>,
     work_free: Quota,
     work_pro: Quota,
     jobs: Jobs,
 }
 
-/// Builds the API over `store`, which holds every quota.
-pub(crate) fn app<St: Store>(store: St) -> Result<Router, ConfigError> {
+/// Builds the API over `store`, which holds every quota; batch items call
+/// `dependency`.
+pub(crate) fn app<St: Store>(store: St, dependency: Dependency) -> Result<Router, ConfigError> {
     let (requests_free, requests_pro) = config::request_quotas()?;
     let (work_free, work_pro) = config::work_quotas()?;
 
@@ -91,12 +97,22 @@ pub(crate) fn app<St: Store>(store: St) -> Result<Router, ConfigError> {
         .allow("metric")
         .build()?;
 
+    let for_jobs = dependency.clone();
     let jobs = JobQueue::builder()
         .capacity(100)
         .workers(2)
         .finished_ttl(Duration::from_secs(600))
-        .build(|items: Vec<BatchItem>| async move { run_batch(&items) })?;
+        .build(move |items: Vec<BatchItem>| {
+            let dependency = for_jobs.clone();
+            async move {
+                let tally = Arc::new(Tally::default());
+                run_batch(&dependency, &items, &tally)
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+        })?;
     let state = AppState {
+        dependency,
         work: Limiter::new(store),
         work_free,
         work_pro,
@@ -175,9 +191,28 @@ async fn batch<St: Store>(
         return rejection.into_response(false).into_response();
     }
     if items.len() <= config::SYNC_BATCH_ITEMS {
-        return match run_batch(&items) {
-            Ok(results) => Json(json!({ "items": results })).into_response(),
-            Err(e) => (StatusCode::BAD_REQUEST, e).into_response(),
+        let tally = Arc::new(Tally::default());
+        let result = run_batch(&state.dependency, &items, &tally).await;
+        let dependency = tally.snapshot();
+        return match result {
+            Ok(results) => {
+                Json(json!({ "items": results, "dependency": dependency })).into_response()
+            }
+            Err(BatchError::Item(detail)) => {
+                problem(StatusCode::BAD_REQUEST, &detail, json!({})).into_response()
+            }
+            Err(BatchError::Call(e)) => {
+                let wait = e.retry_after().as_secs_f64().ceil().max(1.0) as u64;
+                let mut response = problem(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    &e.to_string(),
+                    json!({ "retry_after": wait, "dependency": dependency }),
+                );
+                response
+                    .headers_mut()
+                    .insert(http::header::RETRY_AFTER, http::HeaderValue::from(wait));
+                response
+            }
         };
     }
     match state.jobs.submit(who.subject_arc().clone(), items) {
@@ -199,7 +234,7 @@ async fn job_status<St: Store>(
         .ok()
         .and_then(|id| state.jobs.status(who.subject(), id));
     let Some(status) = status else {
-        return (StatusCode::NOT_FOUND, Json(json!({"title": "no such job"}))).into_response();
+        return problem(StatusCode::NOT_FOUND, "no such job", json!({}));
     };
     let body = match status {
         JobStatus::Succeeded(items) => json!({"status": "succeeded", "items": items}),
@@ -209,9 +244,52 @@ async fn job_status<St: Store>(
     Json(body).into_response()
 }
 
-fn run_batch(items: &[BatchItem]) -> Result<Vec<ItemResult>, String> {
+/// An RFC 9457 problem: `application/problem+json`, with `extra` members.
+fn problem(status: StatusCode, detail: &str, extra: serde_json::Value) -> Response {
+    let mut body = json!({
+        "type": "about:blank",
+        "title": status.canonical_reason().unwrap_or("Error"),
+        "status": status.as_u16(),
+        "detail": detail,
+    });
+    if let (Some(body), serde_json::Value::Object(extra)) = (body.as_object_mut(), extra) {
+        body.extend(extra);
+    }
+    let mut response = (status, Json(body)).into_response();
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/problem+json"),
+    );
+    response
+}
+
+/// Why a batch failed.
+#[derive(Debug)]
+enum BatchError {
+    /// An item is invalid; nothing was called.
+    Item(String),
+    /// A dependency call gave no answer.
+    Call(CallError),
+}
+
+impl std::fmt::Display for BatchError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BatchError::Item(detail) => f.write_str(detail),
+            BatchError::Call(e) => e.fmt(f),
+        }
+    }
+}
+
+/// Checks every item, then makes each item's dependency calls, then reads
+/// its rows.
+async fn run_batch(
+    dependency: &Dependency,
+    items: &[BatchItem],
+    tally: &Arc<Tally>,
+) -> Result<Vec<ItemResult>, BatchError> {
     use time::format_description::well_known::Rfc3339;
-    items
+    let spans = items
         .iter()
         .enumerate()
         .map(|(i, item)| {
@@ -222,11 +300,24 @@ fn run_batch(items: &[BatchItem]) -> Result<Vec<ItemResult>, String> {
             if to <= from || (to - from) > config::MAX_SPAN {
                 return Err(format!("items[{i}]: need from < to within 31 days"));
             }
+            Ok((from, to))
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(BatchError::Item)?;
+    let metrics: Vec<&str> = items.iter().map(|item| item.metric.as_str()).collect();
+    dependency
+        .call_for_items(&metrics, tally)
+        .await
+        .map_err(BatchError::Call)?;
+    Ok(items
+        .iter()
+        .zip(spans)
+        .map(|(item, (from, to))| {
             let (rows, _) = data::page(&item.metric, from, to, config::MAX_PAGE_SIZE, 0);
-            Ok(ItemResult {
+            ItemResult {
                 metric: item.metric.clone(),
                 rows: rows.len(),
-            })
+            }
         })
-        .collect()
+        .collect())
 }

@@ -23,6 +23,19 @@ pub(crate) const SYNC_BATCH_ITEMS: usize = 100;
 /// Batches up to this many items are accepted as jobs; more get 413.
 pub(crate) const MAX_BATCH_ITEMS: usize = 1000;
 
+/// The dependency budget, first attempts per second.
+pub(crate) const DEPENDENCY_NORMAL: u64 = 200;
+/// The dependency budget, retries per second.
+pub(crate) const DEPENDENCY_RETRY: u64 = 40;
+/// Attempts per dependency call, the first included.
+pub(crate) const DEPENDENCY_ATTEMPTS: u32 = 3;
+/// The longest an attempt waits for the budget before the call fails.
+pub(crate) const DEPENDENCY_WAIT: Duration = Duration::from_secs(2);
+/// The longest one attempt waits for the dependency's answer.
+pub(crate) const DEPENDENCY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Batch items calling the dependency at once, per request.
+pub(crate) const ACTIVE_ITEMS: usize = 5;
+
 /// The demo API keys.
 pub(crate) fn api_keys() -> ApiKeys {
     ApiKeys::new()

@@ -9,6 +9,19 @@
 //! With `--redis URL` every quota lives in Redis, shared by every instance
 //! started with the same URL; without it everything stays in memory.
 //!
+//! Every item of a batch makes two calls to a shared dependency, through a
+//! budget of 240 attempts per second: 200/s for first attempts, 40/s for
+//! retries of 429 and 5xx answers.
+//!
+//! | flag | meaning |
+//! |---|---|
+//! | `--listen ADDR` | default 127.0.0.1:3000 |
+//! | `--redis URL` | quotas in Redis, and the dependency budget as one rate lease shared by the fleet |
+//! | `--budget-redis URL` | the lease in another Redis (default: the `--redis` one) |
+//! | `--dependency-url URL` | the dependency; without it a mock serves in this process |
+//! | `--instance-id ID` | this instance's name in the lease table (default random) |
+//! | `--expected-instances N` | the largest fleet: without Redis each instance spends 240/N per second (default 40) |
+//!
 //! Try it:
 //!
 //! ```text
@@ -20,44 +33,69 @@
 mod app;
 mod config;
 mod data;
+mod dependency;
+#[path = "../mock_dependency/mock.rs"]
+mod mock;
 
 use std::net::SocketAddr;
+use std::num::NonZeroU32;
 
+use dependency::Dependency;
 use tower_admission::quota::MemoryStore;
+
+const USAGE: &str = "usage: reporting_api [--listen ADDR] [--redis URL] [--budget-redis URL]
+                     [--dependency-url URL] [--instance-id ID] [--expected-instances N]";
 
 struct Args {
     listen: SocketAddr,
     redis: Option<String>,
+    budget_redis: Option<String>,
+    dependency_url: Option<String>,
+    instance_id: Option<String>,
+    expected_instances: NonZeroU32,
 }
 
 fn parse_args() -> Result<Args, String> {
-    let mut listen: SocketAddr = "127.0.0.1:3000".parse().map_err(|e| format!("{e}"))?;
-    let mut redis = None;
+    let mut parsed = Args {
+        listen: SocketAddr::from(([127, 0, 0, 1], 3000)),
+        redis: None,
+        budget_redis: None,
+        dependency_url: None,
+        instance_id: None,
+        expected_instances: NonZeroU32::new(40).unwrap_or(NonZeroU32::MIN),
+    };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
+        let mut value = |example: &str| {
+            args.next()
+                .ok_or_else(|| format!("{arg} needs a value, e.g. {arg} {example}"))
+        };
         match arg.as_str() {
             "--listen" => {
-                let value = args
-                    .next()
-                    .ok_or("--listen needs an address, e.g. 127.0.0.1:3000")?;
-                listen = value
-                    .parse()
-                    .map_err(|e| format!("--listen {value:?}: {e}"))?;
+                let v = value("127.0.0.1:3000")?;
+                parsed.listen = v.parse().map_err(|e| format!("--listen {v:?}: {e}"))?;
             }
-            "--redis" => {
-                redis = Some(
-                    args.next()
-                        .ok_or("--redis needs a URL, e.g. redis://127.0.0.1:6379/")?,
-                );
+            "--redis" => parsed.redis = Some(value("redis://127.0.0.1:6379/")?),
+            "--budget-redis" => parsed.budget_redis = Some(value("redis://127.0.0.1:6379/")?),
+            "--dependency-url" => parsed.dependency_url = Some(value("http://127.0.0.1:3300")?),
+            "--instance-id" => parsed.instance_id = Some(value("api-1")?),
+            "--expected-instances" => {
+                let v = value("40")?;
+                parsed.expected_instances = v.parse().map_err(|_| {
+                    format!("--expected-instances {v:?}: must be a whole number from 1")
+                })?;
             }
             "-h" | "--help" => {
-                println!("usage: reporting_api [--listen ADDR] [--redis URL]");
+                println!("{USAGE}");
                 std::process::exit(0);
             }
             other => return Err(format!("unknown argument {other:?}; try --help")),
         }
     }
-    Ok(Args { listen, redis })
+    if parsed.budget_redis.is_some() && parsed.redis.is_none() {
+        return Err("--budget-redis needs --redis".into());
+    }
+    Ok(parsed)
 }
 
 #[tokio::main]
@@ -71,18 +109,23 @@ async fn main() {
     let args = match parse_args() {
         Ok(args) => args,
         Err(message) => {
-            eprintln!("reporting_api: {message}");
+            eprintln!("reporting_api: {message}\n{USAGE}");
             std::process::exit(2);
         }
     };
-    let (app, store_name) = match &args.redis {
-        None => {
-            let store = MemoryStore::new();
-            // Reclaim idle keys; the sweeper stops when the store is dropped.
-            store.spawn_sweeper(std::time::Duration::from_secs(30));
-            (app::app(store), "memory")
-        }
-        Some(url) => (redis_app(url), "redis"),
+    let dependency_url = match &args.dependency_url {
+        Some(url) => url.clone(),
+        None => match start_mock().await {
+            Ok(url) => url,
+            Err(e) => {
+                eprintln!("reporting_api: cannot start the in-process mock dependency: {e}");
+                std::process::exit(1);
+            }
+        },
+    };
+    let app = match &args.redis {
+        None => memory_app(&dependency_url),
+        Some(url) => redis_app(url, &args, &dependency_url),
     };
     let app = match app {
         Ok(app) => app,
@@ -98,7 +141,17 @@ async fn main() {
             std::process::exit(1);
         }
     };
-    tracing::info!(addr = %args.listen, store = store_name, "reporting API listening; demo keys: demo-free, demo-pro, demo-globex");
+    let store = if args.redis.is_some() {
+        "redis"
+    } else {
+        "memory"
+    };
+    tracing::info!(
+        addr = %args.listen,
+        store,
+        dependency = %dependency_url,
+        "reporting API listening; demo keys: demo-free, demo-pro, demo-globex"
+    );
     let service = app.into_make_service_with_connect_info::<SocketAddr>();
     if let Err(e) = axum::serve(listener, service).await {
         eprintln!("reporting_api: server error: {e}");
@@ -106,16 +159,65 @@ async fn main() {
     }
 }
 
+/// Serves the mock dependency on a free loopback port, in this process.
+async fn start_mock() -> std::io::Result<String> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}", listener.local_addr()?);
+    let (router, _stats) = mock::router(mock::MockConfig::default());
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, router).await {
+            tracing::error!(%e, "the in-process mock dependency stopped");
+        }
+    });
+    Ok(url)
+}
+
+fn memory_app(dependency_url: &str) -> Result<axum::Router, tower_admission::ConfigError> {
+    let store = MemoryStore::new();
+    // Reclaim idle keys; the sweeper stops when the store is dropped.
+    store.spawn_sweeper(std::time::Duration::from_secs(30));
+    let dependency = Dependency::new(dependency_url, dependency::memory_budget()?);
+    app::app(store, dependency)
+}
+
+/// Quotas in Redis at `url`; the dependency budget is one rate lease on
+/// 240/s for the whole fleet, in `--budget-redis` (default: the same Redis).
 #[cfg(feature = "redis")]
-fn redis_app(url: &str) -> Result<axum::Router, tower_admission::ConfigError> {
+fn redis_app(
+    url: &str,
+    args: &Args,
+    dependency_url: &str,
+) -> Result<axum::Router, tower_admission::ConfigError> {
+    use tower_admission::outbound::{LeaseStore, LeasedBudget, Rate, RateLease};
     let store = tower_admission::quota::RedisStore::builder(url)
         .prefix("reporting-api")
         .build()?;
-    app::app(store)
+    let leases = LeaseStore::builder(args.budget_redis.as_deref().unwrap_or(url))
+        .prefix("reporting-api")
+        .build()?;
+    let total = config::DEPENDENCY_NORMAL + config::DEPENDENCY_RETRY;
+    let mut lease = RateLease::builder(
+        leases,
+        "dependency",
+        Rate::per_second(total),
+        args.expected_instances,
+    );
+    if let Some(id) = &args.instance_id {
+        lease = lease.instance_id(id);
+    }
+    let lease = lease.build()?;
+    // Runs for the life of the process.
+    drop(lease.spawn_refresher());
+    let budget = LeasedBudget::new(lease, Rate::per_second(config::DEPENDENCY_RETRY))?;
+    app::app(store, Dependency::new(dependency_url, budget))
 }
 
 #[cfg(not(feature = "redis"))]
-fn redis_app(_url: &str) -> Result<axum::Router, tower_admission::ConfigError> {
+fn redis_app(
+    _url: &str,
+    _args: &Args,
+    _dependency_url: &str,
+) -> Result<axum::Router, tower_admission::ConfigError> {
     Err(tower_admission::ConfigError::new(
         "--redis",
         "this build has no Redis support; run with `cargo run --example reporting_api --features redis -- --redis URL`",

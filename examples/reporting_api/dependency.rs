@@ -1,0 +1,223 @@
+//! The shared external service that batch items call, and the budget every
+//! call attempt passes through:
+//!
+//! ```text
+//! tower::retry (RetryAttempts: 429 and 5xx, backoff with jitter)
+//!   -> DependencyBudgetLayer (normal share for first attempts, retry share for retries)
+//!   -> HTTP client
+//! ```
+//!
+//! The budget is 240/s in all, 200/s for first attempts and 40/s for
+//! retries: in memory for one instance, or one rate lease on Redis shared by
+//! the whole fleet (`--redis`).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use http::{Request, Response, StatusCode};
+use serde::Serialize;
+use tower::util::BoxCloneSyncService;
+use tower::{ServiceBuilder, ServiceExt};
+use tower_admission::outbound::{
+    Attempt, AttemptBudget, BudgetError, DependencyBudget, DependencyBudgetLayer, RetryAttempts,
+};
+use tower_admission::quota::{MemoryStore, Policy};
+use tower_admission::ConfigError;
+
+use crate::config;
+
+type Client = BoxCloneSyncService<Request<String>, Response<Bytes>, BudgetError<reqwest::Error>>;
+
+/// The dependency's client: retries, budget, HTTP. Clones share the budget
+/// and the connection pool.
+#[derive(Clone)]
+pub(crate) struct Dependency {
+    client: Client,
+    base: Arc<str>,
+}
+
+/// The attempts one API request made, retries included: only attempts that
+/// were sent (the budget admitted them) are counted.
+#[derive(Debug, Default)]
+pub(crate) struct Tally {
+    attempts: AtomicU64,
+    retries: AtomicU64,
+}
+
+/// A snapshot of a [`Tally`], as batch answers report it.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+pub(crate) struct Attempts {
+    pub(crate) attempts: u64,
+    pub(crate) retries: u64,
+}
+
+impl Tally {
+    pub(crate) fn snapshot(&self) -> Attempts {
+        Attempts {
+            attempts: self.attempts.load(Ordering::Relaxed),
+            retries: self.retries.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Why a call gave no answer.
+#[derive(Debug)]
+pub(crate) enum CallError {
+    /// The budget refused an attempt; it may pass after the wait.
+    Budget(Option<Duration>),
+    /// The dependency kept failing, or could not be reached.
+    Failed(String),
+}
+
+impl CallError {
+    /// The wait to advertise in `Retry-After`.
+    pub(crate) fn retry_after(&self) -> Duration {
+        match self {
+            CallError::Budget(Some(wait)) => *wait,
+            _ => Duration::from_secs(1),
+        }
+    }
+}
+
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CallError::Budget(_) => f.write_str("the dependency budget is exhausted"),
+            CallError::Failed(why) => write!(f, "the dependency failed: {why}"),
+        }
+    }
+}
+
+/// The budget for one instance, in memory: 200/s + 40/s, each with a burst
+/// of 25 ms of its rate, so at most 246 attempts start in any second.
+pub(crate) fn memory_budget() -> Result<DependencyBudget<MemoryStore>, ConfigError> {
+    let second = Duration::from_secs(1);
+    let (normal, retry) = (config::DEPENDENCY_NORMAL, config::DEPENDENCY_RETRY);
+    DependencyBudget::builder(MemoryStore::new(), "dependency")
+        .normal(Policy::token_bucket(
+            "normal",
+            burst(normal),
+            normal,
+            second,
+        )?)
+        .retry(Policy::token_bucket("retry", burst(retry), retry, second)?)
+        .build()
+}
+
+fn burst(per_second: u64) -> u64 {
+    (per_second / 40).max(1)
+}
+
+impl Dependency {
+    /// Calls the service at `base_url` through `budget`.
+    pub(crate) fn new<Bu: AttemptBudget>(base_url: &str, budget: Bu) -> Self {
+        let http = reqwest::Client::builder()
+            .timeout(config::DEPENDENCY_TIMEOUT)
+            .build()
+            .unwrap_or_default();
+        let send = tower::service_fn(move |req: Request<String>| {
+            let http = http.clone();
+            async move {
+                if let Some(tally) = req.extensions().get::<Arc<Tally>>() {
+                    tally.attempts.fetch_add(1, Ordering::Relaxed);
+                    if req
+                        .extensions()
+                        .get::<Attempt>()
+                        .is_some_and(|a| a.is_retry())
+                    {
+                        tally.retries.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                let (parts, body) = req.into_parts();
+                let response = http
+                    .request(parts.method, parts.uri.to_string())
+                    .body(body)
+                    .send()
+                    .await?;
+                let status = response.status();
+                let bytes = response.bytes().await?;
+                let mut answer = Response::new(bytes);
+                *answer.status_mut() = status;
+                Ok::<_, reqwest::Error>(answer)
+            }
+        });
+        let client = ServiceBuilder::new()
+            .retry(RetryAttempts::new(config::DEPENDENCY_ATTEMPTS))
+            .layer(DependencyBudgetLayer::new(budget).wait_up_to(config::DEPENDENCY_WAIT))
+            .service(send);
+        Dependency {
+            client: BoxCloneSyncService::new(client),
+            base: base_url.trim_end_matches('/').into(),
+        }
+    }
+
+    /// One call: `GET base + path`, every attempt counted in `tally`.
+    pub(crate) async fn get(&self, path: &str, tally: &Arc<Tally>) -> Result<Bytes, CallError> {
+        let mut req = Request::new(String::new());
+        *req.uri_mut() = format!("{}{path}", self.base)
+            .parse()
+            .map_err(|e| CallError::Failed(format!("bad URL: {e}")))?;
+        req.extensions_mut().insert(tally.clone());
+        match self.client.clone().oneshot(req).await {
+            Ok(response) if response.status() == StatusCode::OK => Ok(response.into_body()),
+            Ok(response) => Err(CallError::Failed(format!(
+                "answered {} after {} attempts",
+                response.status(),
+                config::DEPENDENCY_ATTEMPTS
+            ))),
+            Err(BudgetError::Refused(refusal)) => Err(CallError::Budget(refusal.wait())),
+            Err(e) => Err(CallError::Failed(e.to_string())),
+        }
+    }
+
+    /// The calls of a batch: for every item, exactly two calls one after
+    /// the other, at most `config::ACTIVE_ITEMS` items at once. After the
+    /// first failure no item starts another call; the calls in flight
+    /// finish, so every attempt sent is counted.
+    pub(crate) async fn call_for_items(
+        &self,
+        metrics: &[&str],
+        tally: &Arc<Tally>,
+    ) -> Result<(), CallError> {
+        let stop = AtomicBool::new(false);
+        let items: Vec<_> = metrics
+            .iter()
+            .map(|metric| self.item_calls(metric, tally, &stop))
+            .collect();
+        let results: Vec<Result<(), Option<CallError>>> = futures_util::stream::iter(items)
+            .buffered(config::ACTIVE_ITEMS)
+            .collect()
+            .await;
+        // The first error is the cause; items stopped after it carry none.
+        match results.into_iter().find_map(|r| r.err().flatten()) {
+            Some(error) => Err(error),
+            None => Ok(()),
+        }
+    }
+
+    /// One item's two calls; `Err(None)` when it stopped because another
+    /// item failed.
+    async fn item_calls(
+        &self,
+        metric: &str,
+        tally: &Arc<Tally>,
+        stop: &AtomicBool,
+    ) -> Result<(), Option<CallError>> {
+        let query: String = form_urlencoded::Serializer::new(String::new())
+            .append_pair("metric", metric)
+            .finish();
+        for path in ["/v1/series", "/v1/points"] {
+            if stop.load(Ordering::Relaxed) {
+                return Err(None);
+            }
+            if let Err(e) = self.get(&format!("{path}?{query}"), tally).await {
+                stop.store(true, Ordering::Relaxed);
+                return Err(Some(e));
+            }
+        }
+        Ok(())
+    }
+}
