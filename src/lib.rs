@@ -60,7 +60,7 @@
 //! |---|---|---|
 //! | `axum` | yes | extractors for `Identity`, `ClientIp`, `ValidatedQuery`, `Batch` |
 //! | `redis` | no | the Redis and Redis Cluster store |
-//! | `tonic` | no | gRPC rejections with `google.rpc.RetryInfo` |
+//! | `tonic` | no | gRPC rejections with `google.rpc.RetryInfo`, `QuotaFailure` and `BadRequest` details |
 //! | `metrics` | no | counters through the `metrics` facade |
 #![cfg_attr(docsrs, feature(doc_auto_cfg))]
 

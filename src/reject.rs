@@ -5,24 +5,83 @@
 //! [`Rejection`] is inserted into the response extensions for logging and
 //! tests.
 //!
-//! | status | variant |
+//! | status | variant | gRPC code |
+//! |---|---|---|
+//! | 400 | [`Rejection::InvalidParameters`] | `INVALID_ARGUMENT` |
+//! | 401 | [`Rejection::Unauthenticated`] | `UNAUTHENTICATED` |
+//! | 413 | [`Rejection::PayloadTooLarge`], [`Rejection::CostExceedsCapacity`] | `RESOURCE_EXHAUSTED` |
+//! | 415 | [`Rejection::UnsupportedEncoding`] | `INVALID_ARGUMENT` |
+//! | 429 | [`Rejection::QuotaExceeded`], [`Rejection::Overloaded`] with [`OverloadScope::Identity`] | `RESOURCE_EXHAUSTED` |
+//! | 503 | [`Rejection::Overloaded`] with [`OverloadScope::Global`], [`Rejection::LimiterUnavailable`] | `UNAVAILABLE` |
+//!
+//! # HTTP: problem details
+//!
+//! HTTP bodies are `application/problem+json` problem details (RFC 9457)
+//! with the members `type`, `title`, `status` and `detail`, and these
+//! extension members:
+//!
+//! | variant | `type` | extension members |
+//! |---|---|---|
+//! | [`Rejection::QuotaExceeded`] | [`QUOTA_EXCEEDED_TYPE`] | `violated-policies`, `policies` (the same names), `retry_after` |
+//! | [`Rejection::LimiterUnavailable`] | [`TEMPORARY_REDUCED_CAPACITY_TYPE`] | `retry_after` |
+//! | [`Rejection::CostExceedsCapacity`] | own | `policies`, `cost` |
+//! | [`Rejection::PayloadTooLarge`] | own | `cap`, `limit` |
+//! | [`Rejection::InvalidParameters`] | own | `errors`: `name` and `reason` of each |
+//! | [`Rejection::Overloaded`] | own | `retry_after` |
+//! | [`Rejection::Unauthenticated`], [`Rejection::UnsupportedEncoding`] | own | |
+//!
+//! "Own" is [`PROBLEM_TYPE_BASE`] followed by `#` and [`Rejection::kind`],
+//! for example `…/reject/#payload-too-large`.
+//!
+//! The two registered rate-limit problem types are used where they fit: a
+//! quota refusal is `quota-exceeded`, whose `violated-policies` member lists
+//! the refusing policies by name, and a limiter that cannot decide while its
+//! policies fail closed is `temporary-reduced-capacity` (the server cannot
+//! serve the request now; the client did nothing wrong). The other refusals
+//! have no registered type and use this crate's own.
+//!
+//! Every refusal a wait can cure carries `Retry-After` and the `retry_after`
+//! member: the exact wait rounded **up** to whole seconds, and at least 1.
+//! [`QuotaLayer`](crate::quota::QuotaLayer) adds the `RateLimit-Policy` and
+//! `RateLimit` fields to its 429 and 503 refusals.
+//!
+//! # gRPC: statuses with details
+//!
+//! Requests whose `content-type` starts with `application/grpc` get a
+//! trailers-only gRPC response instead, with the code in the table above and
+//! the problem `detail` as `grpc-message`. Every gRPC refusal carries
+//! `grpc-retry-pushback-ms`, which gRPC clients with a retry policy obey: the
+//! same wait as `Retry-After` in milliseconds when a wait can cure the
+//! refusal, and `-1` (do not retry) when none can.
+//!
+//! With the `tonic` feature the status also carries `google.rpc` details in
+//! `grpc-status-details-bin`:
+//!
+//! | variant | details |
 //! |---|---|
-//! | 400 | [`Rejection::InvalidParameters`] |
-//! | 401 | [`Rejection::Unauthenticated`] |
-//! | 413 | [`Rejection::PayloadTooLarge`], [`Rejection::CostExceedsCapacity`] |
-//! | 415 | [`Rejection::UnsupportedEncoding`] |
-//! | 429 | [`Rejection::QuotaExceeded`], [`Rejection::Overloaded`] with [`OverloadScope::Identity`] |
-//! | 503 | [`Rejection::Overloaded`] with [`OverloadScope::Global`], [`Rejection::LimiterUnavailable`] |
+//! | [`Rejection::QuotaExceeded`] | `RetryInfo` (the wait) and `QuotaFailure`, one violation per refusing policy (its name as `subject` and `quota_id`) |
+//! | [`Rejection::CostExceedsCapacity`] | `QuotaFailure`, one violation per policy whose capacity is below the cost |
+//! | [`Rejection::Overloaded`], [`Rejection::LimiterUnavailable`] | `RetryInfo` (the wait) |
+//! | [`Rejection::InvalidParameters`] | `BadRequest`, one field violation per parameter |
 //!
-//! HTTP bodies are `application/problem+json` (RFC 9457). Requests whose
-//! `content-type` starts with `application/grpc` get a trailers-only gRPC
-//! response instead: `RESOURCE_EXHAUSTED`, `UNAUTHENTICATED`,
-//! `INVALID_ARGUMENT`, `UNAVAILABLE`. With the `tonic` feature a
-//! `RESOURCE_EXHAUSTED` or `UNAVAILABLE` status carries a `google.rpc.RetryInfo`
-//! detail.
+//! ```
+//! use std::time::Duration;
+//! use tower_admission::reject::{Rejection, QUOTA_EXCEEDED_TYPE};
 //!
-//! `Retry-After` is always the exact wait rounded **up** to whole seconds, and
-//! at least 1.
+//! let refusal = Rejection::QuotaExceeded {
+//!     policies: vec!["per-minute".into()],
+//!     retry_after: Duration::from_millis(1500),
+//! };
+//! let doc = refusal.problem();
+//! assert_eq!(doc["type"], QUOTA_EXCEEDED_TYPE);
+//! assert_eq!(doc["violated-policies"], serde_json::json!(["per-minute"]));
+//! assert_eq!(doc["retry_after"], 2);
+//!
+//! let grpc = refusal.into_response(true);
+//! assert_eq!(grpc.headers()["grpc-status"], "8");
+//! assert_eq!(grpc.headers()["grpc-retry-pushback-ms"], "2000");
+//! assert_eq!(grpc.headers()["retry-after"], "2");
+//! ```
 
 use std::fmt;
 use std::sync::Arc;
@@ -40,9 +99,26 @@ use crate::quota::Outcome;
 /// rejection's.
 pub type ResponseBody<B> = Either<B, Full<Bytes>>;
 
-/// Base of the problem `type` URIs.
+/// Base of this crate's own problem `type` URIs, for the refusals that have
+/// no registered problem type. The fragment is [`Rejection::kind`].
 pub const PROBLEM_TYPE_BASE: &str =
     "https://docs.rs/tower-admission/latest/tower_admission/reject/";
+
+/// The registered problem type of a quota refusal (429). Its extension member
+/// `violated-policies` is an array with the names of the refusing policies.
+pub const QUOTA_EXCEEDED_TYPE: &str =
+    "https://iana.org/assignments/http-problem-types#quota-exceeded";
+
+/// The registered problem type of a request the server cannot serve now
+/// because its capacity is temporarily reduced (503): here, a limiter that
+/// could not decide while its policies fail closed.
+pub const TEMPORARY_REDUCED_CAPACITY_TYPE: &str =
+    "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity";
+
+/// The gRPC response header (in a trailers-only response, the trailer) that
+/// tells a gRPC client with a retry policy how many milliseconds to wait
+/// before its next attempt; a negative value tells it not to retry.
+pub const GRPC_RETRY_PUSHBACK_MS: &str = "grpc-retry-pushback-ms";
 
 /// Why a request was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -218,7 +294,17 @@ impl Rejection {
         }
     }
 
-    /// Short kebab-case name, the last segment of the problem `type`.
+    /// Short kebab-case name of the reason, for logs and metrics. For the
+    /// refusals without a registered problem type it is also the fragment
+    /// of their `type` after [`PROBLEM_TYPE_BASE`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_admission::reject::Rejection;
+    ///
+    /// let outage = Rejection::LimiterUnavailable { retry_after: Duration::from_secs(1) };
+    /// assert_eq!(outage.kind(), "limiter-unavailable");
+    /// ```
     pub fn kind(&self) -> &'static str {
         match self {
             Rejection::Unauthenticated { .. } => "unauthenticated",
@@ -238,10 +324,10 @@ impl Rejection {
             Rejection::InvalidParameters(_) => "Invalid request parameters",
             Rejection::PayloadTooLarge { .. } => "Payload too large",
             Rejection::UnsupportedEncoding { .. } => "Unsupported content encoding",
-            Rejection::QuotaExceeded { .. } => "Quota exceeded",
+            Rejection::QuotaExceeded { .. } => "Quota Exceeded",
             Rejection::CostExceedsCapacity { .. } => "Request cost exceeds quota capacity",
             Rejection::Overloaded { .. } => "Too many requests in progress",
-            Rejection::LimiterUnavailable { .. } => "Rate limiter unavailable",
+            Rejection::LimiterUnavailable { .. } => "Temporary Reduced Capacity",
         }
     }
 
@@ -280,11 +366,44 @@ impl Rejection {
         }
     }
 
-    /// The RFC 9457 problem document.
+    /// The problem `type` URI: [`QUOTA_EXCEEDED_TYPE`],
+    /// [`TEMPORARY_REDUCED_CAPACITY_TYPE`], or this crate's own under
+    /// [`PROBLEM_TYPE_BASE`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_admission::reject::{Rejection, TEMPORARY_REDUCED_CAPACITY_TYPE};
+    ///
+    /// let outage = Rejection::LimiterUnavailable { retry_after: Duration::from_secs(1) };
+    /// assert_eq!(outage.problem_type(), TEMPORARY_REDUCED_CAPACITY_TYPE);
+    /// let anonymous = Rejection::Unauthenticated { reason: "missing credential" };
+    /// assert!(anonymous.problem_type().ends_with("/reject/#unauthenticated"));
+    /// ```
+    pub fn problem_type(&self) -> std::borrow::Cow<'static, str> {
+        match self {
+            Rejection::QuotaExceeded { .. } => QUOTA_EXCEEDED_TYPE.into(),
+            Rejection::LimiterUnavailable { .. } => TEMPORARY_REDUCED_CAPACITY_TYPE.into(),
+            _ => format!("{PROBLEM_TYPE_BASE}#{}", self.kind()).into(),
+        }
+    }
+
+    /// The problem details document (RFC 9457): `type`, `title`, `status`,
+    /// `detail` and the extension members in the [module table](self).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_admission::reject::Rejection;
+    ///
+    /// let outage = Rejection::LimiterUnavailable { retry_after: Duration::from_millis(200) };
+    /// let doc = outage.problem();
+    /// assert_eq!(doc["status"], 503);
+    /// assert_eq!(doc["title"], "Temporary Reduced Capacity");
+    /// assert_eq!(doc["retry_after"], 1);
+    /// ```
     pub fn problem(&self) -> serde_json::Value {
         let status = self.status();
         let mut doc = json!({
-            "type": format!("{PROBLEM_TYPE_BASE}#{}", self.kind()),
+            "type": self.problem_type(),
             "title": self.title(),
             "status": status.as_u16(),
             "detail": self.detail(),
@@ -296,7 +415,10 @@ impl Rejection {
             Rejection::PayloadTooLarge { cap, limit } => {
                 json!({"cap": cap.to_string(), "limit": limit})
             }
-            Rejection::QuotaExceeded { policies, .. } => json!({"policies": names(policies)}),
+            Rejection::QuotaExceeded { policies, .. } => json!({
+                "violated-policies": names(policies),
+                "policies": names(policies),
+            }),
             Rejection::CostExceedsCapacity { policies, cost } => {
                 json!({"policies": names(policies), "cost": cost})
             }
@@ -361,20 +483,84 @@ impl Rejection {
         }
     }
 
+    /// The value of [`GRPC_RETRY_PUSHBACK_MS`]: the `Retry-After` wait in
+    /// milliseconds, or `-1` (do not retry) when no wait can cure the refusal.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_admission::reject::Rejection;
+    ///
+    /// let outage = Rejection::LimiterUnavailable { retry_after: Duration::from_millis(200) };
+    /// assert_eq!(outage.grpc_retry_pushback_ms(), 1000);
+    /// let too_big = Rejection::CostExceedsCapacity { policies: vec!["burst".into()], cost: 50 };
+    /// assert_eq!(too_big.grpc_retry_pushback_ms(), -1);
+    /// ```
+    pub fn grpc_retry_pushback_ms(&self) -> i64 {
+        match self.retry_after() {
+            Some(wait) => {
+                i64::try_from(retry_after_secs(wait).saturating_mul(1000)).unwrap_or(i64::MAX)
+            }
+            None => -1,
+        }
+    }
+
     #[cfg(feature = "tonic")]
     fn grpc_response(&self) -> Response<Full<Bytes>> {
-        use tonic_types::{ErrorDetails, StatusExt};
+        use tonic_types::{ErrorDetails, FieldViolation, QuotaViolation, StatusExt};
         let code = tonic::Code::from_i32(self.grpc_code());
-        let status = match self.retry_after() {
-            Some(wait) => tonic::Status::with_error_details(
-                code,
-                self.detail(),
-                ErrorDetails::with_retry_info(Some(Duration::from_secs(retry_after_secs(wait)))),
-            ),
-            None => tonic::Status::new(code, self.detail()),
+        let mut details = ErrorDetails::new();
+        if let Some(wait) = self.retry_after() {
+            // The same whole seconds as `Retry-After`, so every signal agrees.
+            details.set_retry_info(Some(Duration::from_secs(retry_after_secs(wait))));
+        }
+        match self {
+            Rejection::QuotaExceeded { policies, .. } => {
+                details.set_quota_failure(quota_violations(policies, |name| {
+                    format!("quota policy {name} refused")
+                }));
+            }
+            Rejection::CostExceedsCapacity { policies, cost } => {
+                details.set_quota_failure(quota_violations(policies, |name| {
+                    format!("cost {cost} is more than policy {name} can ever admit")
+                }));
+            }
+            Rejection::InvalidParameters(errors) => {
+                details.set_bad_request(
+                    errors
+                        .iter()
+                        .map(|e| FieldViolation::new(e.name.clone(), e.reason.clone()))
+                        .collect::<Vec<_>>(),
+                );
+            }
+            _ => {}
+        }
+        fn quota_violations(
+            policies: &[Arc<str>],
+            description: impl Fn(&str) -> String,
+        ) -> Vec<QuotaViolation> {
+            policies
+                .iter()
+                .map(|name| QuotaViolation {
+                    quota_id: name.to_string(),
+                    ..QuotaViolation::new(name.to_string(), description(name))
+                })
+                .collect()
+        }
+        let has_details = self.retry_after().is_some()
+            || matches!(
+                self,
+                Rejection::QuotaExceeded { .. }
+                    | Rejection::CostExceedsCapacity { .. }
+                    | Rejection::InvalidParameters(_)
+            );
+        let status = if !has_details {
+            tonic::Status::new(code, self.detail())
+        } else {
+            tonic::Status::with_error_details(code, self.detail(), details)
         };
         let mut response: Response<Full<Bytes>> = status.into_http();
         response.extensions_mut().remove::<tonic::Status>();
+        self.insert_pushback(response.headers_mut());
         response
     }
 
@@ -396,7 +582,15 @@ impl Rejection {
         if let Ok(v) = HeaderValue::from_str(&message) {
             headers.insert("grpc-message", v);
         }
+        self.insert_pushback(headers);
         response
+    }
+
+    fn insert_pushback(&self, headers: &mut HeaderMap) {
+        headers.insert(
+            GRPC_RETRY_PUSHBACK_MS,
+            HeaderValue::from(self.grpc_retry_pushback_ms()),
+        );
     }
 }
 
@@ -441,9 +635,149 @@ mod tests {
         assert_eq!(response.headers()[CONTENT_TYPE], "application/problem+json");
         assert_eq!(response.extensions().get::<Rejection>(), Some(&r));
         let doc = r.problem();
+        assert_eq!(doc["type"], QUOTA_EXCEEDED_TYPE);
+        assert_eq!(doc["title"], "Quota Exceeded");
         assert_eq!(doc["status"], 429);
-        assert_eq!(doc["policies"][0], "per-minute");
+        assert_eq!(doc["violated-policies"], json!(["per-minute"]));
+        assert_eq!(doc["policies"], json!(["per-minute"]));
         assert_eq!(doc["retry_after"], 2);
+        assert_eq!(
+            doc["detail"],
+            "quota policy per-minute refused; retry after 2 s"
+        );
+    }
+
+    #[test]
+    fn limiter_outage_is_temporary_reduced_capacity_with_retry_after() {
+        let r = Rejection::LimiterUnavailable {
+            retry_after: Duration::from_millis(100),
+        };
+        let response = r.clone().into_response(false);
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(response.headers()[RETRY_AFTER], "1");
+        let doc = r.problem();
+        assert_eq!(
+            doc,
+            json!({
+                "type": TEMPORARY_REDUCED_CAPACITY_TYPE,
+                "title": "Temporary Reduced Capacity",
+                "status": 503,
+                "detail": "the rate limiter could not decide in time",
+                "retry_after": 1,
+            })
+        );
+    }
+
+    #[test]
+    fn unregistered_refusals_keep_the_crate_types() {
+        let r = Rejection::CostExceedsCapacity {
+            policies: vec!["burst".into()],
+            cost: 50,
+        };
+        assert_eq!(
+            r.problem()["type"],
+            format!("{PROBLEM_TYPE_BASE}#cost-exceeds-capacity")
+        );
+        assert_eq!(r.problem().get("violated-policies"), None);
+        let r = Rejection::Overloaded {
+            scope: OverloadScope::Global,
+            retry_after: Duration::from_secs(2),
+        };
+        assert_eq!(
+            r.problem()["type"],
+            format!("{PROBLEM_TYPE_BASE}#overloaded")
+        );
+        assert_eq!(r.into_response(false).headers()[RETRY_AFTER], "2");
+    }
+
+    #[test]
+    fn grpc_pushback_is_the_retry_after_in_ms_or_minus_one() {
+        let cases = [
+            (
+                Rejection::QuotaExceeded {
+                    policies: vec!["burst".into()],
+                    retry_after: Duration::from_millis(600),
+                },
+                "8",
+                "1000",
+            ),
+            (
+                Rejection::LimiterUnavailable {
+                    retry_after: Duration::from_millis(2500),
+                },
+                "14",
+                "3000",
+            ),
+            (
+                Rejection::Overloaded {
+                    scope: OverloadScope::Identity,
+                    retry_after: Duration::from_secs(1),
+                },
+                "8",
+                "1000",
+            ),
+            (
+                Rejection::CostExceedsCapacity {
+                    policies: vec!["burst".into()],
+                    cost: 50,
+                },
+                "8",
+                "-1",
+            ),
+            (Rejection::Unauthenticated { reason: "missing" }, "16", "-1"),
+        ];
+        for (r, code, pushback) in cases {
+            let response = r.clone().into_response(true);
+            assert_eq!(response.status(), StatusCode::OK, "{r:?}");
+            assert_eq!(response.headers()["grpc-status"], code, "{r:?}");
+            assert_eq!(
+                response.headers()[GRPC_RETRY_PUSHBACK_MS],
+                pushback,
+                "{r:?}"
+            );
+            match r.retry_after() {
+                Some(_) => assert_eq!(
+                    response.headers()[RETRY_AFTER],
+                    (pushback.parse::<u64>().unwrap() / 1000).to_string()
+                ),
+                None => assert!(!response.headers().contains_key(RETRY_AFTER)),
+            }
+        }
+    }
+
+    #[cfg(feature = "tonic")]
+    #[test]
+    fn grpc_details_carry_retry_info_and_quota_failure() {
+        use tonic_types::StatusExt;
+        let r = Rejection::QuotaExceeded {
+            policies: vec!["per-minute".into(), "burst".into()],
+            retry_after: Duration::from_millis(600),
+        };
+        let response = r.into_response(true);
+        let status = tonic::Status::from_header_map(response.headers()).unwrap();
+        assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+        let details = status.get_error_details();
+        assert_eq!(
+            details.retry_info().unwrap().retry_delay,
+            Some(Duration::from_secs(1))
+        );
+        let violations = &details.quota_failure().unwrap().violations;
+        let names: Vec<(&str, &str)> = violations
+            .iter()
+            .map(|v| (v.subject.as_str(), v.quota_id.as_str()))
+            .collect();
+        assert_eq!(names, [("per-minute", "per-minute"), ("burst", "burst")]);
+
+        let r = Rejection::InvalidParameters(vec![InvalidParameter::new("page_size", "too big")]);
+        let status = tonic::Status::from_header_map(r.into_response(true).headers()).unwrap();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        let bad = status.get_details_bad_request().unwrap();
+        assert_eq!(bad.field_violations[0].field, "page_size");
+        assert_eq!(bad.field_violations[0].description, "too big");
+
+        let r = Rejection::Unauthenticated { reason: "missing" };
+        let response = r.into_response(true);
+        assert!(!response.headers().contains_key("grpc-status-details-bin"));
     }
 
     #[test]
