@@ -9,11 +9,15 @@
 //! `q` is the quota, `w` the window in seconds (for a token bucket, the time to
 //! refill from empty), `r` the remaining quota and `t` the seconds until it is
 //! whole again, rounded up.
+//!
+//! When the store could not decide and the policies fail closed (a 503), no
+//! policy has a current state: each enforcing policy is advertised with its
+//! configured numbers, `r=0`, and `t` the refusal's `Retry-After`.
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 use std::fmt::Write;
 
-use crate::quota::{Quota, Verdict};
+use crate::quota::{Outcome, Quota, Verdict};
 
 /// `RateLimit-Policy`.
 pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -39,7 +43,26 @@ pub(crate) fn insert(headers: &mut HeaderMap, quota: &Quota, verdict: &Verdict) 
         );
     }
     if policy.is_empty() {
-        return;
+        // No policy decided: the store failed and the policies fail closed.
+        // Advertise them with nothing remaining until the refusal's wait.
+        let Outcome::Unavailable { wait } = verdict.outcome() else {
+            return;
+        };
+        let t = ceil_secs(*wait).max(1);
+        for p in quota.policies().iter().filter(|p| !p.is_shadow()) {
+            let name = p.name();
+            let window = ceil_secs(p.algorithm().window());
+            let sep = if policy.is_empty() { "" } else { ", " };
+            let _ = write!(
+                policy,
+                "{sep}\"{name}\";q={};w={window}",
+                p.algorithm().limit()
+            );
+            let _ = write!(state, "{sep}\"{name}\";r=0;t={t}");
+        }
+        if policy.is_empty() {
+            return;
+        }
     }
     for (header, value) in [(&RATELIMIT_POLICY, policy), (&RATELIMIT, state)] {
         if let Ok(value) = HeaderValue::try_from(value) {

@@ -1,0 +1,159 @@
+//! The refusals of a quota layer over HTTP, as a client sees them: the
+//! registered problem types, `Retry-After` and the RateLimit fields on every
+//! 429 and 503.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::routing::get;
+use axum::Router;
+use http::{HeaderMap, Request, StatusCode};
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use tower::ServiceExt;
+use tower_admission::clock::{ManualClock, Timestamp};
+use tower_admission::identity::Identity;
+use tower_admission::quota::{
+    Holds, MemoryConfig, MemoryStore, Policy, Quota, QuotaDecision, QuotaLayer, Store, StoreError,
+};
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+fn quota() -> Quota {
+    Quota::new(
+        "requests",
+        [
+            Policy::sliding_log("per-minute", 100, MINUTE).unwrap(),
+            Policy::token_bucket("burst", 20, 100, MINUTE).unwrap(),
+        ],
+    )
+    .unwrap()
+}
+
+fn app<St: Store>(store: St) -> Router {
+    let layer = QuotaLayer::builder(store).quota(quota()).build().unwrap();
+    Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer)
+}
+
+fn alice() -> Request<Body> {
+    let mut req = Request::builder().uri("/").body(Body::empty()).unwrap();
+    req.extensions_mut()
+        .insert(Identity::new("alice", "acme", "free"));
+    req
+}
+
+async fn send(app: &Router) -> (StatusCode, HeaderMap, Value) {
+    let response = app.clone().oneshot(alice()).await.unwrap();
+    let status = response.status();
+    let headers = response.headers().clone();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (
+        status,
+        headers,
+        serde_json::from_slice(&body).unwrap_or(Value::Null),
+    )
+}
+
+/// A store whose every decision fails: the limiter is down.
+#[derive(Clone)]
+struct Down;
+
+type Boxed<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
+
+impl Store for Down {
+    type DecideFuture = Boxed<QuotaDecision>;
+    type SettleFuture = Boxed<Holds>;
+
+    fn decide(&self, _: &Quota, _: &Arc<str>, _: u64) -> Self::DecideFuture {
+        Box::pin(async {
+            Err(StoreError::Unavailable {
+                message: "down".into(),
+            })
+        })
+    }
+
+    fn settle(&self, _: &Quota, _: &Arc<str>, holds: &Holds, _: i64) -> Self::SettleFuture {
+        let holds = holds.clone();
+        Box::pin(async move { Ok(holds) })
+    }
+}
+
+/// 20 of 25 immediate requests pass the burst; the 21st is `quota-exceeded`
+/// naming the burst policy, with the RateLimit fields and `Retry-After`.
+#[tokio::test]
+async fn quota_refusal_is_quota_exceeded_with_violated_policies() {
+    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let app = app(MemoryStore::with_config(MemoryConfig::default(), clock));
+    let mut admitted = 0;
+    let mut refusals = Vec::new();
+    for _ in 0..25 {
+        let (status, headers, doc) = send(&app).await;
+        match status {
+            StatusCode::OK => admitted += 1,
+            _ => refusals.push((status, headers, doc)),
+        }
+    }
+    assert_eq!(admitted, 20);
+    assert_eq!(refusals.len(), 5);
+    for (status, headers, doc) in refusals {
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(headers["content-type"], "application/problem+json");
+        // One token every 0.6 s, rounded up.
+        assert_eq!(headers["retry-after"], "1");
+        assert_eq!(
+            headers["ratelimit-policy"],
+            "\"per-minute\";q=100;w=60, \"burst\";q=20;w=12"
+        );
+        assert_eq!(
+            headers["ratelimit"],
+            "\"per-minute\";r=80;t=60, \"burst\";r=0;t=12"
+        );
+        assert_eq!(
+            doc,
+            json!({
+                "type": "https://iana.org/assignments/http-problem-types#quota-exceeded",
+                "title": "Quota Exceeded",
+                "status": 429,
+                "detail": "quota policy burst refused; retry after 1 s",
+                "violated-policies": ["burst"],
+                "policies": ["burst"],
+                "retry_after": 1,
+            })
+        );
+    }
+}
+
+/// A limiter that cannot decide, with policies failing closed (the default):
+/// 503 `temporary-reduced-capacity`, with `Retry-After` and the RateLimit
+/// fields advertising nothing left until then.
+#[tokio::test]
+async fn limiter_outage_is_temporary_reduced_capacity() {
+    let app = app(Down);
+    let (status, headers, doc) = send(&app).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(headers["content-type"], "application/problem+json");
+    assert_eq!(headers["retry-after"], "1");
+    assert_eq!(
+        headers["ratelimit-policy"],
+        "\"per-minute\";q=100;w=60, \"burst\";q=20;w=12"
+    );
+    assert_eq!(
+        headers["ratelimit"],
+        "\"per-minute\";r=0;t=1, \"burst\";r=0;t=1"
+    );
+    assert_eq!(
+        doc,
+        json!({
+            "type": "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity",
+            "title": "Temporary Reduced Capacity",
+            "status": 503,
+            "detail": "the rate limiter could not decide in time",
+            "retry_after": 1,
+        })
+    );
+}
