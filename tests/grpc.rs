@@ -1,5 +1,6 @@
 //! The same layers around a real tonic service (the gRPC health service):
-//! refusals are gRPC statuses, and RESOURCE_EXHAUSTED carries RetryInfo.
+//! refusals are gRPC statuses, and RESOURCE_EXHAUSTED carries RetryInfo,
+//! QuotaFailure and the `grpc-retry-pushback-ms` trailer.
 #![cfg(feature = "tonic")]
 
 use std::time::Duration;
@@ -72,6 +73,16 @@ async fn health_service_behind_auth_and_quota() {
     let delay = retry.retry_delay.expect("retry delay");
     // The hourly window ends 3500 s from now.
     assert_eq!(delay, Duration::from_secs(3500));
+    let failure = status.get_details_quota_failure().expect("QuotaFailure");
+    let violated: Vec<&str> = failure
+        .violations
+        .iter()
+        .map(|v| v.subject.as_str())
+        .collect();
+    assert_eq!(violated, ["per-hour"]);
+    let pushback = status.metadata().get("grpc-retry-pushback-ms").unwrap();
+    assert_eq!(pushback, "3500000");
+    assert_eq!(status.metadata().get("retry-after").unwrap(), "3500");
     server.abort();
 }
 
