@@ -26,7 +26,6 @@ use tower::ServiceBuilder;
 use tower_admission::bounds::{
     Batch, BodyLimitsLayer, QueryRules, UnknownParams, ValidateQueryLayer, ValidatedQuery,
 };
-use tower_admission::concurrency::ConcurrencyLayer;
 use tower_admission::identity::{AuthenticateLayer, Identity};
 use tower_admission::jobs::{accepted_response, JobId, JobQueue, JobStatus};
 use tower_admission::quota::{Limiter, Quota, QuotaLayer, Scope, Settlement, Store};
@@ -83,10 +82,7 @@ pub(crate) fn app<St: Store>(store: St, dependency: Dependency) -> Result<Router
         .plan("pro", work_pro.clone())
         .cost(ValidatedQuery::page_cost)
         .build()?;
-    let concurrency = ConcurrencyLayer::builder()
-        .global(64, 128, Duration::from_millis(500))
-        .per_identity(4, 4, Duration::from_millis(250))
-        .build()?;
+    let concurrency = config::concurrency()?;
     let rules = QueryRules::builder()
         .page_size(
             nonzero(config::DEFAULT_PAGE_SIZE),

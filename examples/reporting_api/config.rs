@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use tower_admission::concurrency::ConcurrencyLayer;
 use tower_admission::identity::{ApiKeys, Identity};
 use tower_admission::quota::{Policy, Quota};
 use tower_admission::ConfigError;
@@ -36,12 +37,29 @@ pub(crate) const DEPENDENCY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Batch items calling the dependency at once, per request.
 pub(crate) const ACTIVE_ITEMS: usize = 5;
 
-/// The demo API keys.
+/// The demo API keys, as `(key, subject, tenant, plan)`.
+pub(crate) const DEMO_KEYS: [(&str, &str, &str, &str); 3] = [
+    ("demo-free", "alice", "acme", "free"),
+    ("demo-pro", "bob", "acme", "pro"),
+    ("demo-globex", "carol", "globex", "free"),
+];
+
+/// The demo keys as an authenticator's key table.
 pub(crate) fn api_keys() -> ApiKeys {
-    ApiKeys::new()
-        .with_key("demo-free", Identity::new("alice", "acme", "free"))
-        .with_key("demo-pro", Identity::new("bob", "acme", "pro"))
-        .with_key("demo-globex", Identity::new("carol", "globex", "free"))
+    DEMO_KEYS
+        .iter()
+        .fold(ApiKeys::new(), |keys, (key, subject, tenant, plan)| {
+            keys.with_key(*key, Identity::new(*subject, *tenant, *plan))
+        })
+}
+
+/// At most 64 requests in the handlers (128 more may wait up to 500 ms),
+/// and 4 per user (4 more may wait up to 250 ms).
+pub(crate) fn concurrency() -> Result<ConcurrencyLayer, ConfigError> {
+    ConcurrencyLayer::builder()
+        .global(64, 128, Duration::from_millis(500))
+        .per_identity(4, 4, Duration::from_millis(250))
+        .build()
 }
 
 /// Requests per user: free is 100 per 60 s exactly (sliding log) and bursts
