@@ -149,7 +149,10 @@ async fn admitted_calls_reach_the_handler_as_the_caller() {
     let mut bob = client(&server, Some("demo-pro")).await;
     let response = bob.list_reports(page(0)).await.unwrap().into_inner();
     assert_eq!(response.subject, "bob");
-    assert_eq!(response.reports.len(), config::DEFAULT_PAGE_SIZE as usize);
+    assert_eq!(
+        response.reports.len(),
+        config::shared().query.default_page_size as usize
+    );
     assert_eq!(response.reports[0].metric, "requests");
 
     // A page over the maximum is the handler's INVALID_ARGUMENT, naming it.

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::Router;
+use config::Config;
 use dependency::Dependency;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
@@ -26,14 +27,23 @@ use tower_admission::quota::{MemoryConfig, MemoryStore, Policy};
 
 fn api() -> (Router, ManualClock) {
     // Nothing here reaches the dependency's budget.
-    let dependency = Dependency::new("http://127.0.0.1:1", roomy_budget());
-    api_with(dependency)
+    api_with(dependency("http://127.0.0.1:1", roomy_budget()))
 }
 
 fn api_with(dependency: Dependency) -> (Router, ManualClock) {
+    api_of(&Config::builtin(), dependency)
+}
+
+fn api_of(config: &Config, dependency: Dependency) -> (Router, ManualClock) {
     let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
     let store = MemoryStore::with_config(MemoryConfig::default(), clock.clone());
-    (app::app(store, dependency).unwrap(), clock)
+    (app::app(config, store, dependency).unwrap(), clock)
+}
+
+/// The dependency at `url` through `budget`, as the built-in config says.
+fn dependency<Bu: tower_admission::outbound::AttemptBudget>(url: &str, budget: Bu) -> Dependency {
+    let config = Config::builtin();
+    Dependency::new(url, budget, &config.dependency, config.batch.active_items)
 }
 
 /// A budget that never refuses these tests' calls.
@@ -186,7 +196,7 @@ async fn reports_page_is_validated() {
 #[tokio::test]
 async fn a_batch_of_100_makes_exactly_200_dependency_calls_5_items_at_a_time() {
     let (url, mock) = mock_dependency(0).await;
-    let (app, _) = api_with(Dependency::new(&url, roomy_budget()));
+    let (app, _) = api_with(dependency(&url, roomy_budget()));
     let (status, _, body) = send(&app, post_batch("demo-pro", 100)).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["dependency"], json!({"attempts": 200, "retries": 0}));
@@ -204,7 +214,7 @@ async fn failed_calls_are_retried_and_every_attempt_is_counted() {
     // Every 20th accepted arrival answers 503.
     let (url, mock) = mock_dependency(20).await;
     let budget = roomy_budget();
-    let (app, _) = api_with(Dependency::new(&url, budget.clone()));
+    let (app, _) = api_with(dependency(&url, budget.clone()));
     let (status, _, body) = send(&app, post_batch("demo-pro", 100)).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let stats = mock.stats();
@@ -237,7 +247,7 @@ async fn an_exhausted_dependency_budget_answers_503_with_retry_after() {
         .retry(hourly("retry"))
         .build()
         .unwrap();
-    let (app, _) = api_with(Dependency::new(&url, budget));
+    let (app, _) = api_with(dependency(&url, budget));
     let (status, headers, body) = send(&app, post_batch("demo-pro", 2)).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
     assert_eq!(headers["content-type"], "application/problem+json");
@@ -252,7 +262,7 @@ async fn an_exhausted_dependency_budget_answers_503_with_retry_after() {
 #[tokio::test]
 async fn batches_answer_200_202_or_413_by_size() {
     let (url, _mock) = roomy_mock().await;
-    let (app, clock) = api_with(Dependency::new(&url, roomy_budget()));
+    let (app, clock) = api_with(dependency(&url, roomy_budget()));
     let (status, _, body) = send(&app, post_batch("demo-pro", 100)).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(body["items"].as_array().unwrap().len(), 100);
@@ -298,7 +308,7 @@ async fn batches_answer_200_202_or_413_by_size() {
 #[tokio::test]
 async fn batch_items_are_charged_to_the_work_quota() {
     let (url, _mock) = roomy_mock().await;
-    let (app, _) = api_with(Dependency::new(&url, roomy_budget()));
+    let (app, _) = api_with(dependency(&url, roomy_budget()));
     // The free work quota is 2,000 units per minute, one per item: 13 batches
     // of 150 use 1,950, and the 14th (2,100) is refused by that policy alone.
     for _ in 0..13 {
@@ -351,8 +361,8 @@ mod on_redis {
                 .test_clock(clock.clone())
                 .build()
                 .unwrap();
-            let dependency = Dependency::new("http://127.0.0.1:1", roomy_budget());
-            app::app(store, dependency).unwrap()
+            let dependency = dependency("http://127.0.0.1:1", roomy_budget());
+            app::app(&Config::builtin(), store, dependency).unwrap()
         };
         let (a, b) = (instance(), instance());
         let mut admitted = 0;
@@ -386,7 +396,7 @@ mod on_redis {
 #[tokio::test]
 async fn the_single_instance_budget_is_200_plus_40_per_second_with_25_ms_bursts() {
     use tower_admission::outbound::Share;
-    let budget = dependency::memory_budget().unwrap();
+    let budget = dependency::memory_budget(&Config::builtin().dependency).unwrap();
     let mut admitted = [0; 2];
     for (i, share) in [Share::Normal, Share::Retry].into_iter().enumerate() {
         while budget.try_acquire(share, 1).await.is_ok() {
@@ -395,4 +405,131 @@ async fn the_single_instance_budget_is_200_plus_40_per_second_with_25_ms_bursts(
     }
     // At one instant: the bursts, 200/s × 25 ms and 40/s × 25 ms.
     assert_eq!(admitted, [5, 1]);
+}
+
+// ---------------------------------------------------------------------------
+// The config file.
+// ---------------------------------------------------------------------------
+
+const SHIPPED: &str = "examples/reporting_api/reporting.toml";
+
+#[test]
+fn the_built_in_defaults_are_the_shipped_file() {
+    let shipped = Config::load(std::path::Path::new(SHIPPED)).unwrap();
+    assert_eq!(Config::builtin(), shipped);
+    // The article's numbers: 100 per minute, bursts of 20.
+    let free = &shipped.plans["free"].policies;
+    assert_eq!(
+        free[0],
+        config::PolicySpec::SlidingLog {
+            name: "per-minute".into(),
+            limit: 100,
+            window: config::Span(Duration::from_secs(60)),
+        }
+    );
+    assert_eq!(
+        free[1],
+        config::PolicySpec::TokenBucket {
+            name: "burst".into(),
+            capacity: 20,
+            refill: 100,
+            period: config::Span(Duration::from_secs(60)),
+        }
+    );
+    assert_eq!(
+        (
+            shipped.dependency.normal_per_second,
+            shipped.dependency.retry_per_second
+        ),
+        (200, 40)
+    );
+    assert_eq!(shipped.batch.active_items, 5);
+}
+
+/// The shipped file with `from` replaced by `to` (exactly once).
+fn edited(from: &str, to: &str) -> String {
+    let text = std::fs::read_to_string(SHIPPED).unwrap();
+    assert_eq!(text.matches(from).count(), 1, "{from:?} must occur once");
+    text.replace(from, to)
+}
+
+#[test]
+fn a_broken_file_is_refused_with_its_key_path_and_reason() {
+    let cases = [
+        (
+            ("capacity = 20, refill = 100", "capacity = 20, refill = 0"),
+            "plans.free.policies[1].refill: must be at least 1",
+        ),
+        (
+            (
+                "\"sliding_log\", limit = 100,",
+                "\"leaky_bucket\", limit = 100,",
+            ),
+            "plans.free.policies[0].algorithm: unknown variant `leaky_bucket`, expected one of",
+        ),
+        (
+            ("max_page_size = 100", "max_page_size = \"lots\""),
+            "query.max_page_size: invalid type: string \"lots\", expected u32",
+        ),
+        (
+            ("job_retention = \"10m\"", "job_retention = \"10 minutes\""),
+            "batch.job_retention: \"10 minutes\": the unit must be ms, s, m, h or d",
+        ),
+        (
+            ("plan = \"pro\"", "plan = \"gold\""),
+            "keys[1].plan: no plan named \"gold\"",
+        ),
+        (
+            (
+                "default_plan = \"free\"",
+                "default_plan = \"free\"\nlisten = 1",
+            ),
+            "listen: unknown field `listen`, expected one of `default_plan`",
+        ),
+        (
+            ("per_identity = { limit = 4,", "per_identity = { limit = 0,"),
+            "concurrency.per_identity",
+        ),
+    ];
+    for ((from, to), expected) in cases {
+        let error = Config::parse(&edited(from, to)).unwrap_err().to_string();
+        assert!(
+            error.starts_with(expected),
+            "{from:?} -> {to:?}: got {error:?}, expected it to start with {expected:?}"
+        );
+    }
+    // From a file, the message starts with the file's name.
+    let dir = std::env::temp_dir().join(format!("reporting-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("broken.toml");
+    std::fs::write(
+        &path,
+        edited("capacity = 20, refill = 100", "capacity = 20, refill = 0"),
+    )
+    .unwrap();
+    let error = Config::load(&path).unwrap_err();
+    assert_eq!(
+        error,
+        format!(
+            "{}: plans.free.policies[1].refill: must be at least 1",
+            path.display()
+        )
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test]
+async fn a_changed_free_burst_changes_the_burst_admitted() {
+    let config = Config::parse(&edited(
+        "capacity = 20, refill = 100",
+        "capacity = 7, refill = 100",
+    ))
+    .unwrap();
+    let (app, _) = api_of(&config, dependency("http://127.0.0.1:1", roomy_budget()));
+    let mut admitted = 0;
+    for _ in 0..25 {
+        let (status, _, _) = send(&app, get("/v1/reports?page_size=1", Some("demo-free"))).await;
+        admitted += usize::from(status == StatusCode::OK);
+    }
+    assert_eq!(admitted, 7);
 }

@@ -120,8 +120,11 @@ async fn serve(listen: SocketAddr, redis: Option<String>) -> Result<(), server::
         .await
         .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
     println!("reports.v1.Reports listening on {listen}; demo keys:");
-    for (key, subject, tenant, plan) in config::DEMO_KEYS {
-        println!("  authorization: Bearer {key:<12} -> {subject}, {tenant}, {plan}");
+    for k in &config::shared().keys {
+        println!(
+            "  authorization: Bearer {:<12} -> {}, {}, {}",
+            k.key, k.subject, k.tenant, k.plan
+        );
     }
     let shutdown = async {
         let _ = tokio::signal::ctrl_c().await;

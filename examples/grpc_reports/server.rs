@@ -39,15 +39,23 @@ pub(crate) async fn serve<St: Store>(
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), Error> {
-    let (free, pro) = config::request_quotas()?;
-    let per_user = QuotaLayer::builder(store)
-        .quota(free)
-        .plan("pro", pro)
+    let shared = config::shared();
+    let quotas = shared.quotas().map_err(|e| e.to_string())?;
+    let per_user = quotas
+        .requests
+        .iter()
+        .fold(QuotaLayer::builder(store), |layer, (plan, quota)| {
+            if *plan == shared.default_plan {
+                layer.quota(quota.clone())
+            } else {
+                layer.plan(plan, quota.clone())
+            }
+        })
         .build()?;
     let layers = ServiceBuilder::new()
-        .layer(AuthenticateLayer::new(config::api_keys()))
+        .layer(AuthenticateLayer::new(shared.api_keys()))
         .layer(per_user)
-        .layer(config::concurrency()?);
+        .layer(shared.concurrency_layer()?);
     Server::builder()
         .layer(layers)
         .add_service(ReportsServer)
@@ -117,15 +125,18 @@ fn list_reports(
         .ok_or_else(|| Status::unauthenticated("no identity"))?;
     let message = request.into_inner();
     let page_size = match message.page_size {
-        0 => config::DEFAULT_PAGE_SIZE,
-        n if n <= config::MAX_PAGE_SIZE => n,
+        0 => config::shared().query.default_page_size,
+        n if n <= config::shared().query.max_page_size => n,
         n => {
             return Err(Status::with_error_details(
                 Code::InvalidArgument,
-                format!("page_size {n} is more than {}", config::MAX_PAGE_SIZE),
+                format!(
+                    "page_size {n} is more than {}",
+                    config::shared().query.max_page_size
+                ),
                 ErrorDetails::with_bad_request_violation(
                     "page_size",
-                    format!("must be at most {}", config::MAX_PAGE_SIZE),
+                    format!("must be at most {}", config::shared().query.max_page_size),
                 ),
             ))
         }

@@ -11,9 +11,11 @@
 //! makes two calls to the dependency, through its budget
 //! ([`crate::dependency`]), at most five items at once.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -24,15 +26,17 @@ use serde_json::json;
 use time::OffsetDateTime;
 use tower::ServiceBuilder;
 use tower_admission::bounds::{
-    Batch, BodyLimitsLayer, QueryRules, UnknownParams, ValidateQueryLayer, ValidatedQuery,
+    parse_batch, BodyLimitsLayer, QueryRules, UnknownParams, ValidateQueryLayer, ValidatedQuery,
 };
 use tower_admission::identity::{AuthenticateLayer, Identity};
 use tower_admission::jobs::{accepted_response, JobId, JobQueue, JobStatus};
-use tower_admission::quota::{Limiter, Quota, QuotaLayer, Scope, Settlement, Store};
+use tower_admission::quota::{
+    Limiter, Quota, QuotaLayer, QuotaLayerBuilder, Scope, Settlement, Store,
+};
 use tower_admission::reject::Rejection;
 use tower_admission::ConfigError;
 
-use crate::config;
+use crate::config::Config;
 use crate::data;
 use crate::dependency::{CallError, Dependency, Tally};
 
@@ -57,52 +61,75 @@ type Jobs = JobQueue<Vec<BatchItem>, Vec<ItemResult>, String>;
 struct AppState<St> {
     dependency: Dependency,
     work: Limiter<St>,
-    work_free: Quota,
-    work_pro: Quota,
+    /// Work quotas by plan, and the default plan's name.
+    work_quotas: Arc<BTreeMap<String, Quota>>,
+    default_plan: Arc<str>,
+    limits: Arc<Limits>,
     jobs: Jobs,
 }
 
-/// Builds the API over `store`, which holds every quota; batch items call
-/// `dependency`.
-pub(crate) fn app<St: Store>(store: St, dependency: Dependency) -> Result<Router, ConfigError> {
-    let (requests_free, requests_pro) = config::request_quotas()?;
-    let (work_free, work_pro) = config::work_quotas()?;
+/// What the handlers check themselves.
+#[derive(Debug)]
+struct Limits {
+    sync_items: usize,
+    max_items: usize,
+    max_span: Duration,
+    max_page_size: u32,
+}
 
-    let per_user = QuotaLayer::builder(store.clone())
-        .quota(requests_free)
-        .plan("pro", requests_pro)
+/// Builds the API of `config` over `store`, which holds every quota; batch
+/// items call `dependency`.
+pub(crate) fn app<St: Store>(
+    config: &Config,
+    store: St,
+    dependency: Dependency,
+) -> Result<Router, ConfigError> {
+    let quotas = config
+        .quotas()
+        .map_err(|e| ConfigError::new("config", e.to_string()))?;
+    let for_plans = |layer: QuotaLayerBuilder<St>, by_plan: &BTreeMap<String, Quota>| {
+        by_plan.iter().fold(layer, |layer, (plan, quota)| {
+            if *plan == config.default_plan {
+                layer.quota(quota.clone())
+            } else {
+                layer.plan(plan, quota.clone())
+            }
+        })
+    };
+    let per_user = for_plans(QuotaLayer::builder(store.clone()), &quotas.requests)
         .headers_on_success(true)
         .build()?;
     let aggregate = QuotaLayer::builder(store.clone())
-        .quota(config::aggregate_quota()?)
+        .quota(quotas.aggregate.clone())
         .scope(Scope::Aggregate)
         .build()?;
-    let rows = QuotaLayer::builder(store.clone())
-        .quota(work_free.clone())
-        .plan("pro", work_pro.clone())
+    let rows = for_plans(QuotaLayer::builder(store.clone()), &quotas.work)
         .cost(ValidatedQuery::page_cost)
         .build()?;
-    let concurrency = config::concurrency()?;
+    let (default_page, max_page) = config.page_sizes();
     let rules = QueryRules::builder()
-        .page_size(
-            nonzero(config::DEFAULT_PAGE_SIZE),
-            nonzero(config::MAX_PAGE_SIZE),
-        )
-        .max_span(config::MAX_SPAN)
+        .page_size(default_page, max_page)
+        .max_span(config.query.max_span.0)
         .unknown_params(UnknownParams::Reject)
         .allow("metric")
         .build()?;
+    let limits = Arc::new(Limits {
+        sync_items: config.batch.sync_items,
+        max_items: config.batch.max_items,
+        max_span: config.query.max_span.0,
+        max_page_size: config.query.max_page_size,
+    });
 
-    let for_jobs = dependency.clone();
+    let for_jobs = (dependency.clone(), limits.clone());
     let jobs = JobQueue::builder()
-        .capacity(100)
-        .workers(2)
-        .finished_ttl(Duration::from_secs(600))
+        .capacity(config.batch.job_queue)
+        .workers(config.batch.job_workers)
+        .finished_ttl(config.batch.job_retention.0)
         .build(move |items: Vec<BatchItem>| {
-            let dependency = for_jobs.clone();
+            let (dependency, limits) = for_jobs.clone();
             async move {
                 let tally = Arc::new(Tally::default());
-                run_batch(&dependency, &items, &tally)
+                run_batch(&dependency, &limits, &items, &tally)
                     .await
                     .map_err(|e| e.to_string())
             }
@@ -110,8 +137,9 @@ pub(crate) fn app<St: Store>(store: St, dependency: Dependency) -> Result<Router
     let state = AppState {
         dependency,
         work: Limiter::new(store),
-        work_free,
-        work_pro,
+        work_quotas: Arc::new(quotas.work),
+        default_plan: config.default_plan.as_str().into(),
+        limits,
         jobs,
     };
 
@@ -122,23 +150,19 @@ pub(crate) fn app<St: Store>(store: St, dependency: Dependency) -> Result<Router
         .with_state(state)
         .route_layer(
             ServiceBuilder::new()
-                .layer(AuthenticateLayer::new(config::api_keys()))
+                .layer(AuthenticateLayer::new(config.api_keys()))
                 .layer(BodyLimitsLayer::new(
-                    config::MAX_WIRE_BYTES,
-                    config::MAX_DECODED_BYTES,
+                    config.body.max_wire_bytes,
+                    config.body.max_decoded_bytes,
                 ))
                 .layer(ValidateQueryLayer::new(rules))
                 .layer(per_user)
                 .layer(aggregate)
-                .layer(concurrency),
+                .layer(config.concurrency_layer()?),
         );
     Ok(Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .merge(protected))
-}
-
-fn nonzero(n: u32) -> std::num::NonZeroU32 {
-    std::num::NonZeroU32::new(n).unwrap_or(std::num::NonZeroU32::MIN)
 }
 
 async fn list_reports(
@@ -171,12 +195,22 @@ async fn list_reports(
 async fn batch<St: Store>(
     who: Identity,
     State(state): State<AppState<St>>,
-    Batch(items): Batch<BatchItem, { config::MAX_BATCH_ITEMS }>,
+    body: Bytes,
 ) -> Response {
-    let quota = if who.plan() == "pro" {
-        &state.work_pro
-    } else {
-        &state.work_free
+    let items: Vec<BatchItem> = match parse_batch(&body, state.limits.max_items) {
+        Ok(items) => items,
+        Err(e) => return e.into_rejection().into_response(false).into_response(),
+    };
+    let Some(quota) = state
+        .work_quotas
+        .get(who.plan())
+        .or_else(|| state.work_quotas.get(&*state.default_plan))
+    else {
+        return problem(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "no work quota",
+            json!({}),
+        );
     };
     // Every item is work: charge them all before any runs.
     let verdict = state
@@ -186,9 +220,9 @@ async fn batch<St: Store>(
     if let Some(rejection) = Rejection::from_outcome(verdict.outcome(), items.len() as u64) {
         return rejection.into_response(false).into_response();
     }
-    if items.len() <= config::SYNC_BATCH_ITEMS {
+    if items.len() <= state.limits.sync_items {
         let tally = Arc::new(Tally::default());
-        let result = run_batch(&state.dependency, &items, &tally).await;
+        let result = run_batch(&state.dependency, &state.limits, &items, &tally).await;
         let dependency = tally.snapshot();
         return match result {
             Ok(results) => {
@@ -281,6 +315,7 @@ impl std::fmt::Display for BatchError {
 /// its rows.
 async fn run_batch(
     dependency: &Dependency,
+    limits: &Limits,
     items: &[BatchItem],
     tally: &Arc<Tally>,
 ) -> Result<Vec<ItemResult>, BatchError> {
@@ -293,8 +328,11 @@ async fn run_batch(
                 .map_err(|e| format!("items[{i}].from: {e}"))?;
             let to = OffsetDateTime::parse(&item.to, &Rfc3339)
                 .map_err(|e| format!("items[{i}].to: {e}"))?;
-            if to <= from || (to - from) > config::MAX_SPAN {
-                return Err(format!("items[{i}]: need from < to within 31 days"));
+            if to <= from || (to - from) > limits.max_span {
+                return Err(format!(
+                    "items[{i}]: need from < to within {} s",
+                    limits.max_span.as_secs()
+                ));
             }
             Ok((from, to))
         })
@@ -309,7 +347,7 @@ async fn run_batch(
         .iter()
         .zip(spans)
         .map(|(item, (from, to))| {
-            let (rows, _) = data::page(&item.metric, from, to, config::MAX_PAGE_SIZE, 0);
+            let (rows, _) = data::page(&item.metric, from, to, limits.max_page_size, 0);
             ItemResult {
                 metric: item.metric.clone(),
                 rows: rows.len(),

@@ -1,109 +1,398 @@
-//! Demo keys, plans and limits.
+//! Every knob of the reporting API, read from a TOML file.
+//!
+//! The built-in defaults are `reporting.toml` beside this file, compiled in;
+//! `--config PATH` reads another. A bad file is refused with the file, the
+//! key path and the reason, for example
+//! `reporting.toml: plans.free.policies[1].refill: must be at least 1`.
 
+use std::collections::BTreeMap;
+use std::num::NonZeroU32;
 use std::time::Duration;
 
+use serde::Deserialize;
 use tower_admission::concurrency::ConcurrencyLayer;
 use tower_admission::identity::{ApiKeys, Identity};
 use tower_admission::quota::{Policy, Quota};
 use tower_admission::ConfigError;
 
-const MINUTE: Duration = Duration::from_secs(60);
+/// The shipped file, which is also the built-in default.
+pub(crate) const BUILTIN: &str = include_str!("reporting.toml");
 
-/// Wire-byte cap.
-pub(crate) const MAX_WIRE_BYTES: usize = 1 << 20;
-/// Decoded-byte cap.
-pub(crate) const MAX_DECODED_BYTES: usize = 8 << 20;
-/// Largest page.
-pub(crate) const MAX_PAGE_SIZE: u32 = 100;
-/// Page size when none is given.
-pub(crate) const DEFAULT_PAGE_SIZE: u32 = 20;
-/// Longest `from`..`to` span.
-pub(crate) const MAX_SPAN: Duration = Duration::from_secs(31 * 24 * 3600);
-/// Batches up to this many items are answered at once.
-pub(crate) const SYNC_BATCH_ITEMS: usize = 100;
-/// Batches up to this many items are accepted as jobs; more get 413.
-pub(crate) const MAX_BATCH_ITEMS: usize = 1000;
+/// The whole configuration, as the file spells it.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Config {
+    /// The plan of identities whose plan has no entry of its own.
+    pub(crate) default_plan: String,
+    pub(crate) keys: Vec<DemoKey>,
+    pub(crate) plans: BTreeMap<String, Plan>,
+    pub(crate) aggregate: Policies,
+    pub(crate) body: Body,
+    pub(crate) query: Query,
+    pub(crate) batch: Batch,
+    pub(crate) concurrency: Concurrency,
+    pub(crate) dependency: Dependency,
+}
 
-/// The dependency budget, first attempts per second.
-pub(crate) const DEPENDENCY_NORMAL: u64 = 200;
-/// The dependency budget, retries per second.
-pub(crate) const DEPENDENCY_RETRY: u64 = 40;
-/// Attempts per dependency call, the first included.
-pub(crate) const DEPENDENCY_ATTEMPTS: u32 = 3;
-/// The longest an attempt waits for the budget before the call fails.
-pub(crate) const DEPENDENCY_WAIT: Duration = Duration::from_secs(2);
-/// The longest one attempt waits for the dependency's answer.
-pub(crate) const DEPENDENCY_TIMEOUT: Duration = Duration::from_secs(10);
-/// Batch items calling the dependency at once, per request.
-pub(crate) const ACTIVE_ITEMS: usize = 5;
+/// One API key and the identity it authenticates.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct DemoKey {
+    pub(crate) key: String,
+    pub(crate) subject: String,
+    pub(crate) tenant: String,
+    pub(crate) plan: String,
+}
 
-/// The demo API keys, as `(key, subject, tenant, plan)`.
-pub(crate) const DEMO_KEYS: [(&str, &str, &str, &str); 3] = [
-    ("demo-free", "alice", "acme", "free"),
-    ("demo-pro", "bob", "acme", "pro"),
-    ("demo-globex", "carol", "globex", "free"),
-];
+/// A plan: requests per user, and work (rows read, batch items) per user.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Plan {
+    pub(crate) policies: Vec<PolicySpec>,
+    pub(crate) work: Vec<PolicySpec>,
+}
 
-/// The demo keys as an authenticator's key table.
-pub(crate) fn api_keys() -> ApiKeys {
-    DEMO_KEYS
-        .iter()
-        .fold(ApiKeys::new(), |keys, (key, subject, tenant, plan)| {
-            keys.with_key(*key, Identity::new(*subject, *tenant, *plan))
+/// A list of policies.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Policies {
+    pub(crate) policies: Vec<PolicySpec>,
+}
+
+/// One policy, named by its algorithm.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(tag = "algorithm", rename_all = "snake_case", deny_unknown_fields)]
+pub(crate) enum PolicySpec {
+    FixedWindow {
+        name: String,
+        limit: u64,
+        window: Span,
+    },
+    SlidingLog {
+        name: String,
+        limit: u64,
+        window: Span,
+    },
+    SlidingWindow {
+        name: String,
+        limit: u64,
+        window: Span,
+    },
+    TokenBucket {
+        name: String,
+        capacity: u64,
+        refill: u64,
+        period: Span,
+    },
+}
+
+/// Body caps, in bytes.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Body {
+    pub(crate) max_wire_bytes: usize,
+    pub(crate) max_decoded_bytes: usize,
+}
+
+/// Page and range limits of `GET /v1/reports`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Query {
+    pub(crate) default_page_size: u32,
+    pub(crate) max_page_size: u32,
+    pub(crate) max_span: Span,
+}
+
+/// Batch limits of `POST /v1/reports/batch`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Batch {
+    /// Batches up to this many items are answered at once.
+    pub(crate) sync_items: usize,
+    /// Batches up to this many items are accepted as jobs; more get 413.
+    pub(crate) max_items: usize,
+    /// Items calling the dependency at once, per request.
+    pub(crate) active_items: usize,
+    /// Jobs queued at most.
+    pub(crate) job_queue: usize,
+    /// Jobs run at once.
+    pub(crate) job_workers: usize,
+    /// How long a finished job can be read.
+    pub(crate) job_retention: Span,
+}
+
+/// Concurrency caps.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Concurrency {
+    pub(crate) global: Cap,
+    pub(crate) per_identity: Cap,
+}
+
+/// In flight at most `limit`, `queue` more waiting up to `deadline`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Cap {
+    pub(crate) limit: usize,
+    pub(crate) queue: usize,
+    pub(crate) deadline: Span,
+}
+
+/// The dependency budget and client.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Dependency {
+    /// First attempts per second, fleet-wide.
+    pub(crate) normal_per_second: u64,
+    /// Retries per second, fleet-wide.
+    pub(crate) retry_per_second: u64,
+    /// Attempts per call, the first included.
+    pub(crate) attempts: u32,
+    /// The longest an attempt waits for the budget.
+    pub(crate) budget_wait: Span,
+    /// The longest one attempt waits for an answer.
+    pub(crate) timeout: Span,
+}
+
+/// A duration written with a unit: `250ms`, `2s`, `60s`, `5m`, `1h`, `31d`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Span(pub(crate) Duration);
+
+impl<'de> Deserialize<'de> for Span {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        parse_span(&text)
+            .map(Span)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+fn parse_span(text: &str) -> Result<Duration, String> {
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration such as \"250ms\", \"60s\" or \"31d\""))?;
+    let unit_ms: u64 = match unit {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return Err(format!("{text:?}: the unit must be ms, s, m, h or d")),
+    };
+    n.checked_mul(unit_ms)
+        .map(Duration::from_millis)
+        .ok_or_else(|| format!("{text:?} is too long"))
+}
+
+/// A bad configuration: where and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct BadConfig {
+    pub(crate) path: String,
+    pub(crate) reason: String,
+}
+
+impl std::fmt::Display for BadConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.path, self.reason)
+    }
+}
+
+fn bad(path: impl Into<String>, reason: impl Into<String>) -> BadConfig {
+    BadConfig {
+        path: path.into(),
+        reason: reason.into(),
+    }
+}
+
+/// The quotas a config builds, checked.
+#[derive(Debug, Clone)]
+pub(crate) struct Quotas {
+    /// Requests per user, by plan; the default plan's is `requests_default`.
+    pub(crate) requests: BTreeMap<String, Quota>,
+    /// Work per user, by plan.
+    pub(crate) work: BTreeMap<String, Quota>,
+    pub(crate) aggregate: Quota,
+}
+
+impl Config {
+    /// The built-in configuration (`reporting.toml`).
+    pub(crate) fn builtin() -> Config {
+        // The shipped file is checked by a test; a broken one cannot ship.
+        Config::parse(BUILTIN).unwrap_or_else(|e| panic!("reporting.toml: {e}"))
+    }
+
+    /// Reads and checks the file at `path`.
+    pub(crate) fn load(path: &std::path::Path) -> Result<Config, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
+        Config::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    /// Parses and checks a whole file.
+    pub(crate) fn parse(text: &str) -> Result<Config, BadConfig> {
+        let de = toml::Deserializer::parse(text).map_err(|e| bad("(file)", e.to_string()))?;
+        let config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
+            let path = e.path().to_string();
+            let reason = e.into_inner().message().to_owned();
+            bad(if path == "." { "(file)".into() } else { path }, reason)
+        })?;
+        config.check()?;
+        Ok(config)
+    }
+
+    /// Every rule the types cannot say; each names its key path.
+    fn check(&self) -> Result<(), BadConfig> {
+        if !self.plans.contains_key(&self.default_plan) {
+            return Err(bad(
+                "default_plan",
+                format!("no plan named {:?}", self.default_plan),
+            ));
+        }
+        for (i, key) in self.keys.iter().enumerate() {
+            if !self.plans.contains_key(&key.plan) {
+                return Err(bad(
+                    format!("keys[{i}].plan"),
+                    format!("no plan named {:?}", key.plan),
+                ));
+            }
+        }
+        self.quotas()?;
+        let at_least_one = |path: &str, n: u64| {
+            if n == 0 {
+                Err(bad(path, "must be at least 1"))
+            } else {
+                Ok(())
+            }
+        };
+        at_least_one("body.max_wire_bytes", self.body.max_wire_bytes as u64)?;
+        at_least_one("body.max_decoded_bytes", self.body.max_decoded_bytes as u64)?;
+        at_least_one(
+            "query.default_page_size",
+            u64::from(self.query.default_page_size),
+        )?;
+        if self.query.max_page_size < self.query.default_page_size {
+            return Err(bad(
+                "query.max_page_size",
+                "must be at least query.default_page_size",
+            ));
+        }
+        at_least_one("batch.sync_items", self.batch.sync_items as u64)?;
+        if self.batch.max_items < self.batch.sync_items {
+            return Err(bad("batch.max_items", "must be at least batch.sync_items"));
+        }
+        at_least_one("batch.active_items", self.batch.active_items as u64)?;
+        at_least_one(
+            "dependency.normal_per_second",
+            self.dependency.normal_per_second,
+        )?;
+        at_least_one(
+            "dependency.retry_per_second",
+            self.dependency.retry_per_second,
+        )?;
+        at_least_one("dependency.attempts", u64::from(self.dependency.attempts))?;
+        self.concurrency_layer()
+            .map_err(|e| bad(format!("concurrency.{}", e.field()), e.to_string()))?;
+        Ok(())
+    }
+
+    /// Every quota, built and checked.
+    pub(crate) fn quotas(&self) -> Result<Quotas, BadConfig> {
+        let mut requests = BTreeMap::new();
+        let mut work = BTreeMap::new();
+        for (plan, spec) in &self.plans {
+            let at = format!("plans.{plan}");
+            requests.insert(
+                plan.clone(),
+                quota(
+                    &format!("requests-{plan}"),
+                    &spec.policies,
+                    &format!("{at}.policies"),
+                )?,
+            );
+            work.insert(
+                plan.clone(),
+                quota(&format!("work-{plan}"), &spec.work, &format!("{at}.work"))?,
+            );
+        }
+        let aggregate = quota(
+            "all-callers",
+            &self.aggregate.policies,
+            "aggregate.policies",
+        )?;
+        Ok(Quotas {
+            requests,
+            work,
+            aggregate,
         })
+    }
+
+    /// The demo keys as an authenticator's key table.
+    pub(crate) fn api_keys(&self) -> ApiKeys {
+        self.keys.iter().fold(ApiKeys::new(), |keys, k| {
+            keys.with_key(&k.key, Identity::new(&*k.subject, &*k.tenant, &*k.plan))
+        })
+    }
+
+    /// The concurrency caps.
+    pub(crate) fn concurrency_layer(&self) -> Result<ConcurrencyLayer, ConfigError> {
+        let (g, p) = (&self.concurrency.global, &self.concurrency.per_identity);
+        ConcurrencyLayer::builder()
+            .global(g.limit, g.queue, g.deadline.0)
+            .per_identity(p.limit, p.queue, p.deadline.0)
+            .build()
+    }
+
+    /// The page sizes, checked to be at least 1.
+    pub(crate) fn page_sizes(&self) -> (NonZeroU32, NonZeroU32) {
+        let nonzero = |n| NonZeroU32::new(n).unwrap_or(NonZeroU32::MIN);
+        (
+            nonzero(self.query.default_page_size),
+            nonzero(self.query.max_page_size),
+        )
+    }
 }
 
-/// At most 64 requests in the handlers (128 more may wait up to 500 ms),
-/// and 4 per user (4 more may wait up to 250 ms).
-pub(crate) fn concurrency() -> Result<ConcurrencyLayer, ConfigError> {
-    ConcurrencyLayer::builder()
-        .global(64, 128, Duration::from_millis(500))
-        .per_identity(4, 4, Duration::from_millis(250))
-        .build()
+/// A quota named `name` of `specs`, whose key path is `at`.
+fn quota(name: &str, specs: &[PolicySpec], at: &str) -> Result<Quota, BadConfig> {
+    let policies = specs
+        .iter()
+        .enumerate()
+        .map(|(i, spec)| {
+            spec.policy()
+                .map_err(|e| bad(format!("{at}[{i}].{}", e.field()), e.reason()))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Quota::new(name, policies).map_err(|e| bad(at, e.to_string()))
 }
 
-/// Requests per user: free is 100 per 60 s exactly (sliding log) and bursts
-/// of at most 20 refilled at 100 per minute (token bucket).
-pub(crate) fn request_quotas() -> Result<(Quota, Quota), ConfigError> {
-    let free = Quota::new(
-        "requests-free",
-        [
-            Policy::sliding_log("per-minute", 100, MINUTE)?,
-            Policy::token_bucket("burst", 20, 100, MINUTE)?,
-        ],
-    )?;
-    let pro = Quota::new(
-        "requests-pro",
-        [
-            Policy::sliding_log("per-minute", 1_000, MINUTE)?,
-            Policy::token_bucket("burst", 100, 1_000, MINUTE)?,
-        ],
-    )?;
-    Ok((free, pro))
-}
-
-/// Work per user: rows read (cost = page size) and batch items, per minute.
-pub(crate) fn work_quotas() -> Result<(Quota, Quota), ConfigError> {
-    let free = Quota::new(
-        "work-free",
-        [Policy::sliding_window("units-per-minute", 2_000, MINUTE)?],
-    )?;
-    let pro = Quota::new(
-        "work-pro",
-        [Policy::sliding_window("units-per-minute", 20_000, MINUTE)?],
-    )?;
-    Ok((free, pro))
-}
-
-/// The whole service: an aggregate cap shared by every caller.
-pub(crate) fn aggregate_quota() -> Result<Quota, ConfigError> {
-    Quota::new(
-        "all-callers",
-        [Policy::token_bucket(
-            "per-second",
-            500,
-            250,
-            Duration::from_secs(1),
-        )?],
-    )
+impl PolicySpec {
+    fn policy(&self) -> Result<Policy, ConfigError> {
+        match self {
+            PolicySpec::FixedWindow {
+                name,
+                limit,
+                window,
+            } => Policy::fixed_window(name, *limit, window.0),
+            PolicySpec::SlidingLog {
+                name,
+                limit,
+                window,
+            } => Policy::sliding_log(name, *limit, window.0),
+            PolicySpec::SlidingWindow {
+                name,
+                limit,
+                window,
+            } => Policy::sliding_window(name, *limit, window.0),
+            PolicySpec::TokenBucket {
+                name,
+                capacity,
+                refill,
+                period,
+            } => Policy::token_bucket(name, *capacity, *refill, period.0),
+        }
+    }
 }

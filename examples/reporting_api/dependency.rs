@@ -37,6 +37,8 @@ type Client = BoxCloneSyncService<Request<String>, Response<Bytes>, BudgetError<
 pub(crate) struct Dependency {
     client: Client,
     base: Arc<str>,
+    attempts: u32,
+    active_items: usize,
 }
 
 /// The attempts one API request made, retries included: only attempts that
@@ -91,11 +93,14 @@ impl std::fmt::Display for CallError {
     }
 }
 
-/// The budget for one instance, in memory: 200/s + 40/s, each with a burst
-/// of 25 ms of its rate, so at most 246 attempts start in any second.
-pub(crate) fn memory_budget() -> Result<DependencyBudget<MemoryStore>, ConfigError> {
+/// The budget for one instance, in memory: with the defaults 200/s + 40/s,
+/// each with a burst of 25 ms of its rate, so at most 246 attempts start in
+/// any second.
+pub(crate) fn memory_budget(
+    settings: &config::Dependency,
+) -> Result<DependencyBudget<MemoryStore>, ConfigError> {
     let second = Duration::from_secs(1);
-    let (normal, retry) = (config::DEPENDENCY_NORMAL, config::DEPENDENCY_RETRY);
+    let (normal, retry) = (settings.normal_per_second, settings.retry_per_second);
     DependencyBudget::builder(MemoryStore::new(), "dependency")
         .normal(Policy::token_bucket(
             "normal",
@@ -112,10 +117,16 @@ fn burst(per_second: u64) -> u64 {
 }
 
 impl Dependency {
-    /// Calls the service at `base_url` through `budget`.
-    pub(crate) fn new<Bu: AttemptBudget>(base_url: &str, budget: Bu) -> Self {
+    /// Calls the service at `base_url` through `budget`, as `settings` say,
+    /// at most `active_items` items of a batch at once.
+    pub(crate) fn new<Bu: AttemptBudget>(
+        base_url: &str,
+        budget: Bu,
+        settings: &config::Dependency,
+        active_items: usize,
+    ) -> Self {
         let http = reqwest::Client::builder()
-            .timeout(config::DEPENDENCY_TIMEOUT)
+            .timeout(settings.timeout.0)
             .build()
             .unwrap_or_default();
         let send = tower::service_fn(move |req: Request<String>| {
@@ -145,12 +156,14 @@ impl Dependency {
             }
         });
         let client = ServiceBuilder::new()
-            .retry(RetryAttempts::new(config::DEPENDENCY_ATTEMPTS))
-            .layer(DependencyBudgetLayer::new(budget).wait_up_to(config::DEPENDENCY_WAIT))
+            .retry(RetryAttempts::new(settings.attempts))
+            .layer(DependencyBudgetLayer::new(budget).wait_up_to(settings.budget_wait.0))
             .service(send);
         Dependency {
             client: BoxCloneSyncService::new(client),
             base: base_url.trim_end_matches('/').into(),
+            attempts: settings.attempts,
+            active_items: active_items.max(1),
         }
     }
 
@@ -166,7 +179,7 @@ impl Dependency {
             Ok(response) => Err(CallError::Failed(format!(
                 "answered {} after {} attempts",
                 response.status(),
-                config::DEPENDENCY_ATTEMPTS
+                self.attempts
             ))),
             Err(BudgetError::Refused(refusal)) => Err(CallError::Budget(refusal.wait())),
             Err(e) => Err(CallError::Failed(e.to_string())),
@@ -174,7 +187,7 @@ impl Dependency {
     }
 
     /// The calls of a batch: for every item, exactly two calls one after
-    /// the other, at most `config::ACTIVE_ITEMS` items at once. After the
+    /// the other, at most `active_items` items at once. After the
     /// first failure no item starts another call; the calls in flight
     /// finish, so every attempt sent is counted.
     pub(crate) async fn call_for_items(
@@ -188,7 +201,7 @@ impl Dependency {
             .map(|metric| self.item_calls(metric, tally, &stop))
             .collect();
         let results: Vec<Result<(), Option<CallError>>> = futures_util::stream::iter(items)
-            .buffered(config::ACTIVE_ITEMS)
+            .buffered(self.active_items)
             .collect()
             .await;
         // The first error is the cause; items stopped after it carry none.

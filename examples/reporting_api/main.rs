@@ -15,6 +15,7 @@
 //!
 //! | flag | meaning |
 //! |---|---|
+//! | `--config PATH` | every other knob, as in `reporting.toml` beside this file (the built-in default) |
 //! | `--listen ADDR` | default 127.0.0.1:3000 |
 //! | `--redis URL` | quotas in Redis, and the dependency budget as one rate lease shared by the fleet |
 //! | `--budget-redis URL` | the lease in another Redis (default: the `--redis` one) |
@@ -40,13 +41,16 @@ mod mock;
 use std::net::SocketAddr;
 use std::num::NonZeroU32;
 
+use config::Config;
 use dependency::Dependency;
 use tower_admission::quota::MemoryStore;
 
-const USAGE: &str = "usage: reporting_api [--listen ADDR] [--redis URL] [--budget-redis URL]
-                     [--dependency-url URL] [--instance-id ID] [--expected-instances N]";
+const USAGE: &str = "usage: reporting_api [--config PATH] [--listen ADDR] [--redis URL]
+                     [--budget-redis URL] [--dependency-url URL] [--instance-id ID]
+                     [--expected-instances N]";
 
 struct Args {
+    config: Option<std::path::PathBuf>,
     listen: SocketAddr,
     redis: Option<String>,
     budget_redis: Option<String>,
@@ -57,6 +61,7 @@ struct Args {
 
 fn parse_args() -> Result<Args, String> {
     let mut parsed = Args {
+        config: None,
         listen: SocketAddr::from(([127, 0, 0, 1], 3000)),
         redis: None,
         budget_redis: None,
@@ -71,6 +76,9 @@ fn parse_args() -> Result<Args, String> {
                 .ok_or_else(|| format!("{arg} needs a value, e.g. {arg} {example}"))
         };
         match arg.as_str() {
+            "--config" => {
+                parsed.config = Some(value("examples/reporting_api/reporting.toml")?.into())
+            }
             "--listen" => {
                 let v = value("127.0.0.1:3000")?;
                 parsed.listen = v.parse().map_err(|e| format!("--listen {v:?}: {e}"))?;
@@ -113,6 +121,16 @@ async fn main() {
             std::process::exit(2);
         }
     };
+    let config = match &args.config {
+        None => Config::builtin(),
+        Some(path) => match Config::load(path) {
+            Ok(config) => config,
+            Err(message) => {
+                eprintln!("reporting_api: bad configuration: {message}");
+                std::process::exit(2);
+            }
+        },
+    };
     let dependency_url = match &args.dependency_url {
         Some(url) => url.clone(),
         None => match start_mock().await {
@@ -124,8 +142,8 @@ async fn main() {
         },
     };
     let app = match &args.redis {
-        None => memory_app(&dependency_url),
-        Some(url) => redis_app(url, &args, &dependency_url),
+        None => memory_app(&config, &dependency_url),
+        Some(url) => redis_app(&config, url, &args, &dependency_url),
     };
     let app = match app {
         Ok(app) => app,
@@ -172,18 +190,28 @@ async fn start_mock() -> std::io::Result<String> {
     Ok(url)
 }
 
-fn memory_app(dependency_url: &str) -> Result<axum::Router, tower_admission::ConfigError> {
+fn memory_app(
+    config: &Config,
+    dependency_url: &str,
+) -> Result<axum::Router, tower_admission::ConfigError> {
     let store = MemoryStore::new();
     // Reclaim idle keys; the sweeper stops when the store is dropped.
     store.spawn_sweeper(std::time::Duration::from_secs(30));
-    let dependency = Dependency::new(dependency_url, dependency::memory_budget()?);
-    app::app(store, dependency)
+    let budget = dependency::memory_budget(&config.dependency)?;
+    let dependency = Dependency::new(
+        dependency_url,
+        budget,
+        &config.dependency,
+        config.batch.active_items,
+    );
+    app::app(config, store, dependency)
 }
 
 /// Quotas in Redis at `url`; the dependency budget is one rate lease on
 /// 240/s for the whole fleet, in `--budget-redis` (default: the same Redis).
 #[cfg(feature = "redis")]
 fn redis_app(
+    config: &Config,
     url: &str,
     args: &Args,
     dependency_url: &str,
@@ -195,7 +223,8 @@ fn redis_app(
     let leases = LeaseStore::builder(args.budget_redis.as_deref().unwrap_or(url))
         .prefix("reporting-api")
         .build()?;
-    let total = config::DEPENDENCY_NORMAL + config::DEPENDENCY_RETRY;
+    let settings = &config.dependency;
+    let total = settings.normal_per_second + settings.retry_per_second;
     let mut lease = RateLease::builder(
         leases,
         "dependency",
@@ -208,12 +237,14 @@ fn redis_app(
     let lease = lease.build()?;
     // Runs for the life of the process.
     drop(lease.spawn_refresher());
-    let budget = LeasedBudget::new(lease, Rate::per_second(config::DEPENDENCY_RETRY))?;
-    app::app(store, Dependency::new(dependency_url, budget))
+    let budget = LeasedBudget::new(lease, Rate::per_second(settings.retry_per_second))?;
+    let dependency = Dependency::new(dependency_url, budget, settings, config.batch.active_items);
+    app::app(config, store, dependency)
 }
 
 #[cfg(not(feature = "redis"))]
 fn redis_app(
+    _config: &Config,
     _url: &str,
     _args: &Args,
     _dependency_url: &str,
