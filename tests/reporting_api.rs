@@ -37,7 +37,7 @@ fn api_with(dependency: Dependency) -> (Router, ManualClock) {
 fn api_of(config: &Config, dependency: Dependency) -> (Router, ManualClock) {
     let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
     let store = MemoryStore::with_config(MemoryConfig::default(), clock.clone());
-    (app::app(config, store, dependency).unwrap(), clock)
+    (app::app(config, store, dependency).unwrap().router, clock)
 }
 
 /// The dependency at `url` through `budget`, as the built-in config says.
@@ -362,7 +362,9 @@ mod on_redis {
                 .build()
                 .unwrap();
             let dependency = dependency("http://127.0.0.1:1", roomy_budget());
-            app::app(&Config::builtin(), store, dependency).unwrap()
+            app::app(&Config::builtin(), store, dependency)
+                .unwrap()
+                .router
         };
         let (a, b) = (instance(), instance());
         let mut admitted = 0;
@@ -532,4 +534,65 @@ async fn a_changed_free_burst_changes_the_burst_admitted() {
         admitted += usize::from(status == StatusCode::OK);
     }
     assert_eq!(admitted, 7);
+}
+
+#[tokio::test]
+async fn a_drain_waits_for_every_accepted_job_and_takes_no_more() {
+    let (url, mock) = roomy_mock().await;
+    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let store = MemoryStore::with_config(MemoryConfig::default(), clock.clone());
+    let api = app::app(&Config::builtin(), store, dependency(&url, roomy_budget())).unwrap();
+    let (status, headers, _) = send(&api.router, post_batch("demo-pro", 150)).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    let location = headers["location"].to_str().unwrap().to_owned();
+    api.drain().await;
+    assert_eq!(
+        mock.stats().total,
+        300,
+        "the job made all its calls before the drain ended"
+    );
+    let (status, _, body) = send(&api.router, get(&location, Some("demo-pro"))).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["status"], "succeeded");
+    let (status, headers, _) = send(&api.router, post_batch("demo-pro", 150)).await;
+    assert_eq!(
+        status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "no job is taken after a drain"
+    );
+    assert!(headers.contains_key("retry-after"));
+}
+
+#[tokio::test]
+async fn unknown_routes_methods_and_media_types_are_problems() {
+    let (app, _) = api();
+    let (status, headers, body) = send(&app, get("/nope", Some("demo-pro"))).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(headers["content-type"], "application/problem+json");
+    assert_eq!(body["status"], 404);
+    let req = Request::delete("/v1/reports")
+        .header("authorization", "Bearer demo-pro")
+        .body(Body::empty())
+        .unwrap();
+    let (status, headers, body) = send(&app, req).await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(headers["content-type"], "application/problem+json");
+    assert_eq!(body["status"], 405);
+    let req = Request::post("/v1/reports/batch")
+        .header("authorization", "Bearer demo-pro")
+        .header("content-type", "text/plain")
+        .body(Body::from("{\"items\":[]}"))
+        .unwrap();
+    let (status, headers, body) = send(&app, req).await;
+    assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    assert_eq!(headers["content-type"], "application/problem+json");
+    assert_eq!(body["status"], 415);
+    let req = Request::post("/v1/reports/batch")
+        .header("authorization", "Bearer demo-pro")
+        .header("content-type", "application/json")
+        .body(Body::from("{\"items\": [1,"))
+        .unwrap();
+    let (status, headers, _) = send(&app, req).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(headers["content-type"], "application/problem+json");
 }

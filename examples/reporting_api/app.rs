@@ -77,13 +77,27 @@ struct Limits {
     max_page_size: u32,
 }
 
+/// The API's router and what a graceful shutdown waits for.
+pub(crate) struct Api {
+    pub(crate) router: Router,
+    /// The batch jobs; [`Api::drain`] waits for the accepted ones.
+    jobs: Jobs,
+}
+
+impl Api {
+    /// Stops taking jobs and waits until every accepted job has finished.
+    pub(crate) async fn drain(&self) {
+        self.jobs.shutdown().await;
+    }
+}
+
 /// Builds the API of `config` over `store`, which holds every quota; batch
 /// items call `dependency`.
 pub(crate) fn app<St: Store>(
     config: &Config,
     store: St,
     dependency: Dependency,
-) -> Result<Router, ConfigError> {
+) -> Result<Api, ConfigError> {
     let quotas = config
         .quotas()
         .map_err(|e| ConfigError::new("config", e.to_string()))?;
@@ -140,7 +154,7 @@ pub(crate) fn app<St: Store>(
         work_quotas: Arc::new(quotas.work),
         default_plan: config.default_plan.as_str().into(),
         limits,
-        jobs,
+        jobs: jobs.clone(),
     };
 
     let protected = Router::new()
@@ -160,9 +174,18 @@ pub(crate) fn app<St: Store>(
                 .layer(aggregate)
                 .layer(config.concurrency_layer()?),
         );
-    Ok(Router::new()
+    let router = Router::new()
         .route("/healthz", get(|| async { "ok" }))
-        .merge(protected))
+        .merge(protected)
+        .fallback(|| async { problem(StatusCode::NOT_FOUND, "no such route", json!({})) })
+        .method_not_allowed_fallback(|| async {
+            problem(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "this route does not take that method",
+                json!({}),
+            )
+        });
+    Ok(Api { router, jobs })
 }
 
 async fn list_reports(
@@ -195,8 +218,21 @@ async fn list_reports(
 async fn batch<St: Store>(
     who: Identity,
     State(state): State<AppState<St>>,
+    headers: http::HeaderMap,
     body: Bytes,
 ) -> Response {
+    let json = headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"));
+    if !json {
+        return problem(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "a batch is a JSON body: send content-type: application/json",
+            json!({}),
+        );
+    }
     let items: Vec<BatchItem> = match parse_batch(&body, state.limits.max_items) {
         Ok(items) => items,
         Err(e) => return e.into_rejection().into_response(false).into_response(),

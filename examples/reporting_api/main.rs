@@ -168,13 +168,79 @@ async fn main() {
         addr = %args.listen,
         store,
         dependency = %dependency_url,
-        "reporting API listening; demo keys: demo-free, demo-pro, demo-globex"
+        "reporting API listening"
     );
-    let service = app.into_make_service_with_connect_info::<SocketAddr>();
-    if let Err(e) = axum::serve(listener, service).await {
+    print_banner(&config, args.listen);
+    let service = app
+        .router
+        .clone()
+        .into_make_service_with_connect_info::<SocketAddr>();
+    // In-flight requests finish after the signal; then accepted jobs drain.
+    let served = axum::serve(listener, service)
+        .with_graceful_shutdown(shutdown_signal())
+        .await;
+    if let Err(e) = served {
         eprintln!("reporting_api: server error: {e}");
         std::process::exit(1);
     }
+    tracing::info!("stopped taking requests; draining accepted jobs");
+    if tokio::time::timeout(DRAIN_LIMIT, app.drain())
+        .await
+        .is_err()
+    {
+        tracing::warn!(limit = ?DRAIN_LIMIT, "jobs still running after the drain limit; exiting");
+        std::process::exit(1);
+    }
+    tracing::info!("all accepted jobs finished; bye");
+}
+
+/// The longest a shutdown waits for accepted jobs.
+const DRAIN_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// SIGINT (Ctrl-C) or SIGTERM.
+async fn shutdown_signal() {
+    let interrupt = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                term.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = interrupt => {}
+        () = terminate => {}
+    }
+    tracing::info!("shutdown signal received; finishing in-flight requests");
+}
+
+/// The demo keys and three requests to try.
+fn print_banner(config: &Config, listen: SocketAddr) {
+    println!("reporting API on http://{listen}");
+    println!("demo keys:");
+    for k in &config.keys {
+        println!(
+            "  {:<12} user {}, tenant {}, plan {}",
+            k.key, k.subject, k.tenant, k.plan
+        );
+    }
+    let item = r#"{"metric":"latency","from":"2026-01-01T00:00:00Z","to":"2026-01-02T00:00:00Z"}"#;
+    println!("try:");
+    println!(
+        "  curl -i -H 'Authorization: Bearer demo-free' 'http://{listen}/v1/reports?page_size=10'"
+    );
+    println!(
+        "  for i in $(seq 25); do curl -s -o /dev/null -w '%{{http_code}} ' -H 'Authorization: Bearer demo-free' 'http://{listen}/v1/reports?page_size=1'; done; echo"
+    );
+    println!(
+        "  curl -i -H 'Authorization: Bearer demo-pro' -H 'content-type: application/json' -d '{{\"items\":[{item},{item}]}}' http://{listen}/v1/reports/batch"
+    );
 }
 
 /// Serves the mock dependency on a free loopback port, in this process.
@@ -193,7 +259,7 @@ async fn start_mock() -> std::io::Result<String> {
 fn memory_app(
     config: &Config,
     dependency_url: &str,
-) -> Result<axum::Router, tower_admission::ConfigError> {
+) -> Result<app::Api, tower_admission::ConfigError> {
     let store = MemoryStore::new();
     // Reclaim idle keys; the sweeper stops when the store is dropped.
     store.spawn_sweeper(std::time::Duration::from_secs(30));
@@ -215,7 +281,7 @@ fn redis_app(
     url: &str,
     args: &Args,
     dependency_url: &str,
-) -> Result<axum::Router, tower_admission::ConfigError> {
+) -> Result<app::Api, tower_admission::ConfigError> {
     use tower_admission::outbound::{LeaseStore, LeasedBudget, Rate, RateLease};
     let store = tower_admission::quota::RedisStore::builder(url)
         .prefix("reporting-api")
@@ -248,7 +314,7 @@ fn redis_app(
     _url: &str,
     _args: &Args,
     _dependency_url: &str,
-) -> Result<axum::Router, tower_admission::ConfigError> {
+) -> Result<app::Api, tower_admission::ConfigError> {
     Err(tower_admission::ConfigError::new(
         "--redis",
         "this build has no Redis support; run with `cargo run --example reporting_api --features redis -- --redis URL`",
