@@ -3,6 +3,9 @@
 //! pushback a gRPC client sees when it is refused.
 #![cfg(feature = "tonic")]
 
+#[path = "support/down_store.rs"]
+mod down_store;
+
 #[path = "../examples/grpc_reports/client.rs"]
 mod client;
 #[path = "../examples/grpc_reports/config.rs"]
@@ -12,20 +15,16 @@ mod proto;
 #[path = "../examples/grpc_reports/server.rs"]
 mod server;
 
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::Arc;
 use std::time::Duration;
 
 use client::ReportsClient;
+use down_store::Down;
 use proto::ListReportsRequest;
 use tokio::sync::oneshot;
 use tonic::{Code, Status};
 use tonic_types::StatusExt;
 use tower_admission::clock::{ManualClock, Timestamp};
-use tower_admission::quota::{
-    Holds, MemoryConfig, MemoryStore, Quota, QuotaDecision, Store, StoreError,
-};
+use tower_admission::quota::{MemoryConfig, MemoryStore, Store};
 
 /// The server on a free port; dropping it shuts the server down.
 struct Running {
@@ -174,30 +173,6 @@ async fn without_a_known_key_calls_are_unauthenticated() {
         // No wait helps: a client with a retry policy must not retry.
         assert_eq!(metadata(&status, "grpc-retry-pushback-ms"), "-1");
         assert!(status.metadata().get("retry-after").is_none());
-    }
-}
-
-/// A store whose every decision fails: the limiter is down.
-#[derive(Clone)]
-struct Down;
-
-type Boxed<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
-
-impl Store for Down {
-    type DecideFuture = Boxed<QuotaDecision>;
-    type SettleFuture = Boxed<Holds>;
-
-    fn decide(&self, _: &Quota, _: &Arc<str>, _: u64) -> Self::DecideFuture {
-        Box::pin(async {
-            Err(StoreError::Unavailable {
-                message: "down".into(),
-            })
-        })
-    }
-
-    fn settle(&self, _: &Quota, _: &Arc<str>, holds: &Holds, _: i64) -> Self::SettleFuture {
-        let holds = holds.clone();
-        Box::pin(async move { Ok(holds) })
     }
 }
 

@@ -58,6 +58,21 @@ fn store(server: &RedisServer, redis_time: Option<&ManualClock>) -> LeaseStore {
 
 type Builder = RateLeaseBuilder<ManualClock>;
 
+/// The only instance, asking for the whole budget, on `local` time.
+fn solo(store: LeaseStore, local: &ManualClock) -> RateLease<ManualClock> {
+    RateLease::builder(
+        store,
+        BUDGET,
+        Rate::per_second(R),
+        NonZeroU32::new(40).unwrap(),
+    )
+    .instance_id("solo")
+    .initial_demand(Rate::per_second(R))
+    .clock(local.clone())
+    .build()
+    .unwrap()
+}
+
 /// One simulated instance.
 struct Node {
     id: String,
@@ -770,17 +785,7 @@ async fn the_local_bucket_is_exact_and_the_expiry_ignores_clock_offset() {
     let shared = store(&server, Some(&redis));
     // A local clock 42 s behind Redis.
     let local = ManualClock::new(Timestamp(START - 42 * SEC));
-    let lease = RateLease::builder(
-        shared,
-        BUDGET,
-        Rate::per_second(R),
-        NonZeroU32::new(40).unwrap(),
-    )
-    .instance_id("solo")
-    .initial_demand(Rate::per_second(R))
-    .clock(local.clone())
-    .build()
-    .unwrap();
+    let lease = solo(shared, &local);
     assert_eq!(lease.status().mode, LeaseMode::Starting);
     assert!(
         lease.try_acquire(1).is_err(),
@@ -1175,17 +1180,7 @@ async fn granted_solo(
     redis: &ManualClock,
 ) -> (RateLease<ManualClock>, ManualClock) {
     let local = ManualClock::new(Timestamp(START + 7 * SEC));
-    let lease = RateLease::builder(
-        store(server, Some(redis)),
-        BUDGET,
-        Rate::per_second(R),
-        NonZeroU32::new(40).unwrap(),
-    )
-    .instance_id("solo")
-    .initial_demand(Rate::per_second(R))
-    .clock(local.clone())
-    .build()
-    .unwrap();
+    let lease = solo(store(server, Some(redis)), &local);
     assert_eq!(lease.refresh().await.unwrap().grant, Rate::per_second(R));
     (lease, local)
 }

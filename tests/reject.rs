@@ -2,8 +2,10 @@
 //! registered problem types, `Retry-After` and the RateLimit fields on every
 //! 429 and 503.
 
-use std::future::Future;
-use std::pin::Pin;
+#[path = "support/down_store.rs"]
+mod down_store;
+
+use down_store::Down;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -12,13 +14,10 @@ use axum::Router;
 use http::{HeaderMap, Request, StatusCode};
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
-use std::sync::Arc;
 use tower::ServiceExt;
 use tower_admission::clock::{ManualClock, Timestamp};
 use tower_admission::identity::Identity;
-use tower_admission::quota::{
-    Holds, MemoryConfig, MemoryStore, Policy, Quota, QuotaDecision, QuotaLayer, Store, StoreError,
-};
+use tower_admission::quota::{MemoryConfig, MemoryStore, Policy, Quota, QuotaLayer, Store};
 
 const MINUTE: Duration = Duration::from_secs(60);
 
@@ -57,30 +56,6 @@ async fn send(app: &Router) -> (StatusCode, HeaderMap, Value) {
         headers,
         serde_json::from_slice(&body).unwrap_or(Value::Null),
     )
-}
-
-/// A store whose every decision fails: the limiter is down.
-#[derive(Clone)]
-struct Down;
-
-type Boxed<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
-
-impl Store for Down {
-    type DecideFuture = Boxed<QuotaDecision>;
-    type SettleFuture = Boxed<Holds>;
-
-    fn decide(&self, _: &Quota, _: &Arc<str>, _: u64) -> Self::DecideFuture {
-        Box::pin(async {
-            Err(StoreError::Unavailable {
-                message: "down".into(),
-            })
-        })
-    }
-
-    fn settle(&self, _: &Quota, _: &Arc<str>, holds: &Holds, _: i64) -> Self::SettleFuture {
-        let holds = holds.clone();
-        Box::pin(async move { Ok(holds) })
-    }
 }
 
 /// 20 of 25 immediate requests pass the burst; the 21st is `quota-exceeded`

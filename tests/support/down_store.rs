@@ -1,0 +1,31 @@
+//! A store whose every decision fails: the limiter is down.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use tower_admission::quota::{Holds, Quota, QuotaDecision, Store, StoreError};
+
+/// Every `decide` fails with `StoreError::Unavailable`; `settle` keeps the holds.
+#[derive(Debug, Clone)]
+pub(crate) struct Down;
+
+type Boxed<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
+
+impl Store for Down {
+    type DecideFuture = Boxed<QuotaDecision>;
+    type SettleFuture = Boxed<Holds>;
+
+    fn decide(&self, _: &Quota, _: &Arc<str>, _: u64) -> Self::DecideFuture {
+        Box::pin(async {
+            Err(StoreError::Unavailable {
+                message: "down".into(),
+            })
+        })
+    }
+
+    fn settle(&self, _: &Quota, _: &Arc<str>, holds: &Holds, _: i64) -> Self::SettleFuture {
+        let holds = holds.clone();
+        Box::pin(async move { Ok(holds) })
+    }
+}
