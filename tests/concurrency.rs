@@ -78,6 +78,8 @@ struct Outcome {
     retry_after: Option<String>,
     reason: Option<String>,
     scope: Option<String>,
+    /// `RateLimit-Policy`, then `RateLimit`, joined by ` | `.
+    ratelimit: Option<String>,
 }
 
 async fn send(app: Router, req: Request<Body>) -> Outcome {
@@ -104,6 +106,15 @@ async fn send(app: Router, req: Request<Body>) -> Outcome {
         } => "identity".to_owned(),
         other => format!("{other:?}"),
     });
+    let ratelimit = {
+        let header = |name: &str| {
+            response
+                .headers()
+                .get(name)
+                .map(|v| v.to_str().unwrap().to_owned())
+        };
+        header("ratelimit-policy").map(|p| format!("{p} | {}", header("ratelimit").unwrap()))
+    };
     // Drain the body so the permit is released.
     let _ = response.into_body().collect().await.unwrap();
     Outcome {
@@ -112,6 +123,7 @@ async fn send(app: Router, req: Request<Body>) -> Outcome {
         retry_after,
         reason,
         scope,
+        ratelimit,
     }
 }
 
@@ -166,6 +178,8 @@ async fn global_cap_5_queue_10_deadline_100ms_slow_handler() {
     for o in outcomes.iter().filter(|o| o.status == 503) {
         // Retry-After is the queue deadline rounded up: 1 s.
         assert_eq!(o.retry_after.as_deref(), Some("1"));
+        // The service-wide cap is no quota of the caller's.
+        assert_eq!(o.ratelimit, None);
         assert_eq!(o.scope.as_deref(), Some("global"));
     }
     let stats = layer.stats();
@@ -388,6 +402,11 @@ async fn per_identity_cap_refuses_a_with_429_while_b_passes() {
     for o in a.iter().filter(|o| o.status == 429) {
         assert_eq!(o.scope.as_deref(), Some("identity"));
         assert_eq!(o.retry_after.as_deref(), Some("1"));
+        // The caller's cap is advertised as a quota of concurrent requests.
+        assert_eq!(
+            o.ratelimit.as_deref(),
+            Some(r#""concurrency";q=2;qu="concurrent-requests" | "concurrency";r=0;t=1"#)
+        );
     }
     assert_eq!(tally(b), BTreeMap::from([(key(200, 1000, None), 2)]));
     // No identity: only the global cap applies.

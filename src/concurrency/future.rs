@@ -9,7 +9,7 @@ use pin_project_lite::pin_project;
 
 use super::body::PermitBody;
 use super::state::{AcquireFuture, Guard, Refusal};
-use crate::reject::ResponseBody;
+use crate::reject::{OverloadScope, Rejection, ResponseBody};
 
 pub(crate) type CallInner<F> = Box<dyn FnOnce() -> F + Send>;
 
@@ -75,7 +75,18 @@ impl<F> ResponseFuture<F> {
 }
 
 fn refusal_response<B>(refusal: Refusal, grpc: bool) -> Response<ResponseBody<PermitBody<B>>> {
+    let identity_cap = match refusal.rejection {
+        Rejection::Overloaded {
+            scope: OverloadScope::Identity,
+            retry_after,
+        } if !grpc => Some(retry_after),
+        _ => None,
+    };
     let mut response = refusal.rejection.into_layer_response(grpc);
+    if let Some(wait) = identity_cap {
+        // The caller's own cap is a quota of concurrent requests.
+        crate::quota::headers::insert_concurrency(response.headers_mut(), refusal.cap, wait);
+    }
     response.extensions_mut().insert(refusal.reason);
     response
 }

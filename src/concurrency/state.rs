@@ -255,6 +255,8 @@ impl fmt::Debug for Guard {
 pub(crate) struct Refusal {
     pub(crate) rejection: Rejection,
     pub(crate) reason: OverloadReason,
+    /// The cap that refused, in requests.
+    pub(crate) cap: usize,
 }
 
 pub(crate) type AcquireFuture = Pin<Box<dyn Future<Output = Result<Guard, Refusal>> + Send>>;
@@ -342,6 +344,7 @@ impl Shared {
                 retry_after: limits.retry_after,
             },
             reason,
+            cap: limits.limit,
         }
     }
 
