@@ -317,8 +317,21 @@ async fn batch_items_are_charged_to_the_work_quota() {
             StatusCode::ACCEPTED
         );
     }
-    let (status, _, body) = send(&app, post_batch("demo-free", 150)).await;
+    let (status, headers, body) = send(&app, post_batch("demo-free", 150)).await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    // The work quota's fields, and the request quota's added by its layer.
+    let policies: Vec<&str> = headers
+        .get_all("ratelimit-policy")
+        .iter()
+        .map(|v| v.to_str().unwrap())
+        .collect();
+    assert_eq!(
+        policies,
+        [
+            "\"units-per-minute\";q=2000;w=60",
+            "\"per-minute\";q=100;w=60, \"burst\";q=20;w=12"
+        ]
+    );
     assert_eq!(body["policies"], json!(["units-per-minute"]));
     // 50 units are left: a batch of 50 still fits.
     assert_eq!(

@@ -31,7 +31,7 @@ use tower_admission::bounds::{
 use tower_admission::identity::{AuthenticateLayer, Identity};
 use tower_admission::jobs::{accepted_response, JobId, JobQueue, JobStatus};
 use tower_admission::quota::{
-    Limiter, Quota, QuotaLayer, QuotaLayerBuilder, Scope, Settlement, Store,
+    headers, Limiter, Quota, QuotaLayer, QuotaLayerBuilder, Scope, Settlement, Store,
 };
 use tower_admission::reject::Rejection;
 use tower_admission::ConfigError;
@@ -254,7 +254,9 @@ async fn batch<St: Store>(
         .check(quota, who.subject_arc(), items.len() as u64)
         .await;
     if let Some(rejection) = Rejection::from_outcome(verdict.outcome(), items.len() as u64) {
-        return rejection.into_response(false).into_response();
+        let mut response = rejection.into_response(false);
+        headers::insert(response.headers_mut(), quota, &verdict);
+        return response.into_response();
     }
     if items.len() <= state.limits.sync_items {
         let tally = Arc::new(Tally::default());

@@ -25,8 +25,26 @@ pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-pol
 pub static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
 /// Appends both fields for a verdict on `quota`: its enforcing policies
-/// only, since shadow policies never shape the answer.
-pub(crate) fn insert(headers: &mut HeaderMap, quota: &Quota, verdict: &Verdict) {
+/// only, since shadow policies never shape the answer. [`QuotaLayer`](crate::quota::QuotaLayer)
+/// calls it; a handler that checks a [`Limiter`](crate::quota::Limiter)
+/// itself calls it on its own refusal.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_admission::quota::{headers, Limiter, MemoryStore, Policy, Quota};
+///
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// let quota = Quota::new("items", [Policy::fixed_window("per-minute", 10, Duration::from_secs(60))?])?;
+/// let limiter = Limiter::new(MemoryStore::new());
+/// let verdict = limiter.check(&quota, &"alice".into(), 11).await;
+/// let mut fields = http::HeaderMap::new();
+/// headers::insert(&mut fields, &quota, &verdict);
+/// assert!(fields[&headers::RATELIMIT_POLICY].to_str().unwrap().starts_with("\"per-minute\";q=10"));
+/// # Ok::<(), tower_admission::ConfigError>(())
+/// # })?;
+/// # Ok::<(), tower_admission::ConfigError>(())
+/// ```
+pub fn insert(headers: &mut HeaderMap, quota: &Quota, verdict: &Verdict) {
     let mut policy = String::new();
     let mut state = String::new();
     for (p, d) in verdict.named(quota) {

@@ -99,7 +99,7 @@ where
             StateProj::Inner { future, headers } => {
                 let mut response = ready!(future.poll(cx))?;
                 if let Some(extra) = headers.take() {
-                    response.headers_mut().extend(extra);
+                    append_all(response.headers_mut(), extra);
                 }
                 Poll::Ready(Ok(response.map(Either::Left)))
             }
@@ -176,7 +176,7 @@ where
                         Admission::Admitted(headers) => {
                             let mut response =
                                 service.call(Request::from_parts(parts, body)).await?;
-                            response.headers_mut().extend(headers.unwrap_or_default());
+                            append_all(response.headers_mut(), headers.unwrap_or_default());
                             Ok(response.map(Either::Left))
                         }
                         Admission::Refused(response) => Ok(response),
@@ -228,6 +228,18 @@ fn admit<St: Store, B>(
     let mut response = rejection.into_layer_response(is_grpc(&parts.headers));
     headers::insert(response.headers_mut(), quota, &verdict);
     Admission::Refused(response)
+}
+
+/// Adds `extra` to `headers`, keeping what is there: the fields of a quota
+/// further in (or of the handler) stay beside this layer's own.
+fn append_all(headers: &mut HeaderMap, extra: HeaderMap) {
+    let mut name = None;
+    for (next, value) in extra {
+        name = next.or(name);
+        if let Some(name) = &name {
+            headers.append(name.clone(), value);
+        }
+    }
 }
 
 /// What [`admit`] decided.
