@@ -397,3 +397,37 @@ pub fn runner(cases: u32) -> proptest::test_runner::TestRunner {
         ..proptest::test_runner::Config::default()
     })
 }
+
+/// The commands clients sent to the server on `port`, from `INFO
+/// commandstats`: script calls (`EVALSHA`, `EVAL`, `SCRIPT`) and connection
+/// set-up (`HELLO`, `CLIENT`, `PING`, `SELECT`, `AUTH`). The commands a script
+/// runs inside Redis are listed there too, but are not round trips, so they
+/// are left out. `CONFIG RESETSTAT` starts the count again.
+pub fn client_command_calls(server: &RedisServer) -> u64 {
+    const CLIENT_COMMANDS: [&str; 8] = [
+        "evalsha", "eval", "script", "hello", "client", "ping", "select", "auth",
+    ];
+    command_calls(server, &CLIENT_COMMANDS)
+}
+
+/// The calls of the named commands (lower case, e.g. `evalsha`, or `client`
+/// for every `client|...` subcommand) in `INFO commandstats`.
+pub fn command_calls(server: &RedisServer, commands: &[&str]) -> u64 {
+    server
+        .cli(&["INFO", "commandstats"])
+        .lines()
+        .filter_map(|l| {
+            let (name, stats) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+            let base = name.split('|').next()?;
+            if !commands.contains(&base) {
+                return None;
+            }
+            stats
+                .strip_prefix("calls=")?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
