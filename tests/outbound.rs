@@ -303,3 +303,56 @@ fn bad_budgets_name_the_field() {
         .unwrap_err();
     assert_eq!(missing.field(), "retry");
 }
+
+/// Waiting attempts are served in arrival order: one that arrives while
+/// another waits goes behind it, even at the instant capacity frees.
+#[tokio::test(start_paused = true)]
+async fn a_waiting_attempt_is_not_overtaken_by_a_later_one() {
+    let start = tokio::time::Instant::now();
+    // 5/s, a burst of one: a token every 200 ms.
+    let budget = DependencyBudget::builder(store(), "dep")
+        .normal(Policy::token_bucket("normal", 1, 5, SECOND).unwrap())
+        .retry(Policy::token_bucket("retry", 1, 5, SECOND).unwrap())
+        .build()
+        .unwrap();
+    let sent = Arc::new(Mutex::new(Vec::new()));
+    let client = {
+        let sent = sent.clone();
+        tower::service_fn(move |req: Request<String>| {
+            let sent = sent.clone();
+            async move {
+                let at = u64::try_from(start.elapsed().as_millis()).unwrap();
+                sent.lock().unwrap().push((req.into_body(), at));
+                Ok::<_, Infallible>(Response::new(String::new()))
+            }
+        })
+    };
+    let service = DependencyBudgetLayer::new(budget).layer(client);
+    let call = |name: &str| {
+        let service = service.clone();
+        let req = Request::new(name.to_owned());
+        async move { service.oneshot(req).await.map(|_| ()) }
+    };
+    // `late` wakes at 200 ms, the instant the second token frees and before
+    // `waiter` (asleep since 0 ms for that same token) is woken.
+    let late = tokio::spawn({
+        let call = call("late");
+        async move {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            call.await
+        }
+    });
+    tokio::task::yield_now().await;
+    call("first").await.unwrap();
+    let waiter = tokio::spawn(call("waiter"));
+    waiter.await.unwrap().unwrap();
+    late.await.unwrap().unwrap();
+    assert_eq!(
+        *sent.lock().unwrap(),
+        [
+            ("first".to_owned(), 0),
+            ("waiter".to_owned(), 200),
+            ("late".to_owned(), 400)
+        ]
+    );
+}

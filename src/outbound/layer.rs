@@ -1,6 +1,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -26,8 +27,9 @@ type CostFn<B> = Arc<dyn Fn(&Request<B>) -> u64 + Send + Sync>;
 /// - **Cost.** A function of the request, default 1; a batch call can cost
 ///   its item count.
 /// - **Exhausted budget.** By default the attempt waits for capacity up to
-///   [`wait_up_to`](Self::wait_up_to) (1 s); [`fail_fast`](Self::fail_fast)
-///   refuses at once. Either way the caller gets
+///   [`wait_up_to`](Self::wait_up_to) (1 s), in arrival order per share (a
+///   later attempt never takes capacity an earlier one is waiting for);
+///   [`fail_fast`](Self::fail_fast) refuses at once. Either way the caller gets
 ///   [`BudgetError::Refused`] carrying the wait, never a response.
 ///
 /// The budget is a [`DependencyBudget`](crate::outbound::DependencyBudget)
@@ -63,6 +65,88 @@ pub struct DependencyBudgetLayer<Bu, B> {
     budget: Bu,
     cost: Option<CostFn<B>>,
     wait: Option<Duration>,
+    queues: Arc<Queues>,
+}
+
+/// The attempts waiting for the budget, served in arrival order: the head
+/// waits for capacity while the others wait for the head, and an attempt
+/// that arrives while any wait goes to the back instead of taking capacity
+/// the head was told to wait for. Without it, waiters that wake together
+/// race for one token, and an unlucky one can lose until its deadline.
+#[derive(Debug, Default)]
+struct Queue {
+    head: tokio::sync::Mutex<()>,
+    waiting: AtomicUsize,
+}
+
+/// One queue per share, so a retry waiting for the retry share never holds
+/// up first attempts.
+type Queues = [Queue; 2];
+
+/// Counts an attempt as waiting while it lives.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl<'a> Waiting<'a> {
+    fn enter(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::AcqRel);
+        Waiting(count)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Charges `budget` for one attempt: at once when no attempt of the share is
+/// waiting and capacity is free; otherwise in arrival order, sleeping the
+/// waits the budget gives, until `deadline`. No deadline: never waits.
+async fn acquire<Bu: AttemptBudget>(
+    budget: &Bu,
+    queues: &Queues,
+    share: Share,
+    cost: u64,
+    deadline: Option<Instant>,
+) -> Result<(), Refusal> {
+    let queue = &queues[match share {
+        Share::Normal => 0,
+        Share::Retry => 1,
+    }];
+    let Some(deadline) = deadline else {
+        return budget.try_acquire(share, cost).await;
+    };
+    if queue.waiting.load(Ordering::Acquire) == 0 {
+        let refusal = match budget.try_acquire(share, cost).await {
+            Ok(()) => return Ok(()),
+            Err(refusal) => refusal,
+        };
+        if !fits(&refusal, deadline) {
+            return Err(refusal);
+        }
+    }
+    let _waiting = Waiting::enter(&queue.waiting);
+    let Ok(_head) = tokio::time::timeout_at(deadline, queue.head.lock()).await else {
+        // The deadline passed behind other waiters: one last look.
+        return budget.try_acquire(share, cost).await;
+    };
+    loop {
+        match budget.try_acquire(share, cost).await {
+            Ok(()) => return Ok(()),
+            Err(refusal) => match refusal.wait().and_then(|w| Instant::now().checked_add(w)) {
+                Some(until) if until <= deadline => tokio::time::sleep_until(until).await,
+                _ => return Err(refusal),
+            },
+        }
+    }
+}
+
+/// Whether the wait a refusal gives ends by `deadline`.
+fn fits(refusal: &Refusal, deadline: Instant) -> bool {
+    refusal
+        .wait()
+        .and_then(|w| Instant::now().checked_add(w))
+        .is_some_and(|until| until <= deadline)
 }
 
 impl<Bu: Clone, B> Clone for DependencyBudgetLayer<Bu, B> {
@@ -71,6 +155,7 @@ impl<Bu: Clone, B> Clone for DependencyBudgetLayer<Bu, B> {
             budget: self.budget.clone(),
             cost: self.cost.clone(),
             wait: self.wait,
+            queues: self.queues.clone(),
         }
     }
 }
@@ -90,6 +175,7 @@ impl<Bu: AttemptBudget, B> DependencyBudgetLayer<Bu, B> {
             budget,
             cost: None,
             wait: Some(Duration::from_secs(1)),
+            queues: Arc::default(),
         }
     }
 
@@ -230,27 +316,15 @@ where
         };
         let cost = self.layer.cost.as_ref().map_or(1, |f| f(&req));
         let budget = self.layer.budget.clone();
+        let queues = self.layer.queues.clone();
         let deadline = self.layer.wait.map(|d| Instant::now() + d);
         let ready = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, ready);
         Box::pin(async move {
             let started = Instant::now();
-            loop {
-                match budget.try_acquire(share, cost).await {
-                    Ok(()) => break,
-                    Err(refusal) => {
-                        let until = refusal.wait().and_then(|w| Instant::now().checked_add(w));
-                        match (until, deadline) {
-                            (Some(until), Some(deadline)) if until <= deadline => {
-                                tokio::time::sleep_until(until).await;
-                            }
-                            _ => {
-                                tracing::debug!(%refusal, "dependency budget refused an attempt");
-                                return Err(BudgetError::Refused(refusal));
-                            }
-                        }
-                    }
-                }
+            if let Err(refusal) = acquire(&budget, &queues, share, cost, deadline).await {
+                tracing::debug!(%refusal, "dependency budget refused an attempt");
+                return Err(BudgetError::Refused(refusal));
             }
             budget.record_wait(started.elapsed());
             inner.call(req).await.map_err(BudgetError::Inner)
