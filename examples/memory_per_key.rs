@@ -32,7 +32,13 @@ fn rss_bytes() -> u64 {
     status
         .lines()
         .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .and_then(|rest| {
+            rest.trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
         .map_or(0, |kib| kib * 1024)
 }
 
@@ -76,7 +82,11 @@ fn row(algorithm: &str, keys: usize, entries: u64) -> f64 {
         .args([algorithm, &keys.to_string(), &entries.to_string()])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
 }
 
@@ -90,7 +100,12 @@ fn main() {
     const MILLION: usize = 1_000_000;
     println!("| quota (one policy) | keys | decisions per key | bytes per key (RSS) |");
     println!("|---|---:|---:|---:|");
-    for algorithm in ["token_bucket", "fixed_window", "sliding_window", "sliding_log"] {
+    for algorithm in [
+        "token_bucket",
+        "fixed_window",
+        "sliding_window",
+        "sliding_log",
+    ] {
         let per_key = row(algorithm, MILLION, 1);
         println!("| {algorithm} | {MILLION} | 1 | {per_key:.0} |");
     }

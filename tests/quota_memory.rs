@@ -306,3 +306,36 @@ fn a_shadow_bucket_counts_but_never_refuses() {
     );
     assert_eq!(decisions[2].decisions[0].retry_after, Some(MINUTE));
 }
+
+#[test]
+fn keys_alike_up_to_any_length_keep_their_own_state() {
+    // Short keys are kept inline and long ones shared: keys that differ only
+    // in their length, or in their last byte, on either side of that line,
+    // are distinct keys in every quota shape.
+    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let store = MemoryStore::with_config(MemoryConfig::default(), clock);
+    let mut keys: Vec<Arc<str>> = Vec::new();
+    for len in [1, 3, 4, 7, 8, 9, 16, 17, 21, 22, 23, 24, 40] {
+        keys.push("k".repeat(len).into());
+        keys.push(format!("{}j", "k".repeat(len - 1)).into());
+    }
+    let mut shapes = quotas(1);
+    let pair = [
+        Policy::fixed_window("fixed", 1, MINUTE).unwrap(),
+        Policy::token_bucket("bucket", 1, 1, MINUTE).unwrap(),
+    ];
+    shapes.push(Quota::new("pair", pair).unwrap());
+    for quota in &shapes {
+        for key in &keys {
+            let first = store.decide(quota, key, 1).into_inner().unwrap();
+            assert!(first.admitted, "{}: {key} refused", quota.name());
+        }
+        for key in &keys {
+            // The very same string in another allocation.
+            let again: Arc<str> = key.to_string().into();
+            let second = store.decide(quota, &again, 1).into_inner().unwrap();
+            assert!(!second.admitted, "{}: {key} admitted twice", quota.name());
+        }
+    }
+    assert_eq!(store.len(), shapes.len() * keys.len());
+}

@@ -223,6 +223,54 @@ impl Algorithm {
     }
 }
 
+/// An algorithm with its own state type, for a store that keeps a quota of
+/// that one algorithm in that type rather than in a [`State`].
+pub(crate) trait Machine {
+    type State: Default;
+    /// The algorithm, when `algorithm` is of this kind.
+    fn of(algorithm: &Algorithm) -> Option<&Self>;
+    fn check(&self, state: &mut Self::State, now: u64, cost: u64) -> Decision;
+    fn record(&self, state: &mut Self::State, now: u64, cost: u64) -> Hold;
+    fn settle(&self, state: &mut Self::State, now: u64, hold: Hold, delta: i64) -> Hold;
+    fn fresh_at(&self, state: &Self::State) -> u64;
+}
+
+macro_rules! machine {
+    ($($kind:ident: $alg:ident, $state:ident;)*) => {$(
+        impl Machine for $alg {
+            type State = $state;
+            #[inline]
+            fn of(algorithm: &Algorithm) -> Option<&Self> {
+                match algorithm {
+                    Algorithm::$kind(a) => Some(a),
+                    _ => None,
+                }
+            }
+            #[inline]
+            fn check(&self, state: &mut $state, now: u64, cost: u64) -> Decision {
+                $alg::check(self, state, now, cost)
+            }
+            #[inline]
+            fn record(&self, state: &mut $state, now: u64, cost: u64) -> Hold {
+                $alg::record(self, state, now, cost)
+            }
+            fn settle(&self, state: &mut $state, now: u64, hold: Hold, delta: i64) -> Hold {
+                $alg::settle(self, state, now, hold, delta)
+            }
+            #[inline]
+            fn fresh_at(&self, state: &$state) -> u64 {
+                $alg::fresh_at(self, state)
+            }
+        }
+    )*};
+}
+
+machine! {
+    FixedWindow: FixedWindow, FixedWindowState;
+    SlidingLog: SlidingLog, SlidingLogState;
+    SlidingWindow: SlidingWindow, SlidingWindowState;
+}
+
 /// Settles a charge on the count of the window ending at `end`: `delta > 0`
 /// charges more, capped at `limit`; `delta < 0` refunds at most what the
 /// charge holds, and only while its window (`hold.mark`) is still `end`.

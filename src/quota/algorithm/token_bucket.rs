@@ -146,6 +146,24 @@ impl TokenBucketState {
         }
     }
 
+    /// `(tat, last)` when the TAT is whole µs and there is no offset: then
+    /// they are all of the state, and [`from_whole`](Self::from_whole) gives
+    /// it back.
+    #[inline]
+    pub(crate) fn whole(&self) -> Option<(u64, u64)> {
+        ((u64::from(self.frac | self.den) | self.off) == 0).then_some((self.tat, self.last))
+    }
+
+    /// The state of a whole-µs `tat` with no offset, written last at `last`.
+    #[inline]
+    pub(crate) fn from_whole(tat: u64, last: u64) -> Self {
+        TokenBucketState {
+            tat,
+            last,
+            ..TokenBucketState::default()
+        }
+    }
+
     /// From this time (µs) the state is equivalent to a fresh one: the bucket
     /// is full and every hold of it is spent.
     pub fn fresh_at(&self) -> u64 {

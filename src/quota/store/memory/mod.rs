@@ -1,15 +1,20 @@
+mod key;
+mod table;
+
 use std::hash::{BuildHasher, RandomState};
 use std::num::NonZeroUsize;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use hashbrown::HashTable;
 use parking_lot::Mutex;
 
+use self::key::StoredKey;
+use self::table::{Keyed, Table};
 use crate::clock::{Clock, SystemClock, Timestamp};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-
-use crate::quota::algorithm::{Algorithm, Hold, State, TokenBucket, TokenBucketState};
+use crate::quota::algorithm::{
+    Algorithm, FixedWindow, Hold, Machine, SlidingLog, SlidingWindow, State, TokenBucketState,
+};
 use crate::quota::store::{Store, StoreError};
 use crate::quota::{Decisions, Holds, Quota, QuotaDecision};
 use crate::ConfigError;
@@ -76,10 +81,15 @@ impl Default for MemoryConfig {
 ///   identities cannot reset or lock out existing ones.
 /// - **Idle keys** are reclaimed lazily when a shard fills, and by
 ///   [`sweep`](Self::sweep) / [`spawn_sweeper`](Self::spawn_sweeper).
-/// - **Memory per key**, besides the key's string (shared with the caller):
-///   56 bytes for a quota of one token bucket, the most common shape, which
-///   has a table of its own; 168 bytes for any other quota of up to two
-///   policies, plus 16 bytes per entry of a sliding log.
+/// - **Memory per key.** Each quota has a table per shard: its slots packed
+///   in a vector, found through a hash index of 5 bytes a bucket. A key of
+///   up to 22 bytes is kept inline; a longer one shares the caller's
+///   `Arc<str>`. A slot is 40 bytes for a quota of one token bucket (plus a
+///   32-byte box while the state has a fraction of a µs, a refund's offset
+///   or more than 2^32 µs between its TAT and its last write), 56 for one
+///   fixed window, 64 for one weighted window, 96 for one sliding log (plus
+///   16 bytes per entry), and 168 for any other quota of up to two policies.
+///   `examples/memory_per_key.rs` measures it.
 ///
 /// Clones share state.
 ///
@@ -120,21 +130,21 @@ struct Inner<C> {
     shards: Box<[Padded<Mutex<Shard>>]>,
 }
 
-/// Equal strings, comparing pointers first: callers usually pass the very
-/// `Arc` the slot holds.
-#[inline]
-fn same(a: &Arc<str>, b: &Arc<str>) -> bool {
-    Arc::ptr_eq(a, b) || a == b
-}
-
 /// A key hashed as its bytes in one write.
-struct KeyBytes<'a>(&'a str);
+struct KeyBytes<'a>(&'a [u8]);
 
 impl std::hash::Hash for KeyBytes<'_> {
     #[inline]
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        state.write(self.0.as_bytes());
+        state.write(self.0);
     }
+}
+
+/// The store's keyed (SipHash) hash of a key's bytes, mixed with the quota
+/// [layout](Quota::layout) hash: one hasher pass per decision.
+#[inline]
+fn key_hash(hasher: &RandomState, layout: u64, key: &[u8]) -> u64 {
+    hasher.hash_one(KeyBytes(key)) ^ layout
 }
 
 /// Keeps each shard on its own cache lines, so threads working on
@@ -145,14 +155,44 @@ struct Padded<T>(T);
 
 #[derive(Debug, Default)]
 struct Shard {
-    /// Keys of quotas that are one token bucket: 56 bytes each, since this
-    /// is the most common quota.
-    buckets: HashTable<BucketSlot>,
-    /// Keys of every other quota.
-    slots: HashTable<Slot>,
+    /// The keys of each quota layout met in this shard, one table each.
+    tables: Vec<Tables>,
     /// No key can be dropped before this time: a lower bound of every
     /// key's `fresh_at`.
     next_expiry: u64,
+}
+
+/// A shard's keys of one quota layout, in the slot type of the quota's
+/// shape: a layout hash fixes the policies' algorithm kinds.
+#[derive(Debug)]
+struct Tables {
+    layout: u64,
+    kind: Kind,
+}
+
+#[derive(Debug)]
+enum Kind {
+    /// One token bucket, the most common quota: 40-byte slots.
+    Bucket(Table<BucketSlot>),
+    /// One policy of another algorithm: the state alone beside the key.
+    FixedWindow(Table<Lone<FixedWindow>>),
+    SlidingWindow(Table<Lone<SlidingWindow>>),
+    SlidingLog(Table<Lone<SlidingLog>>),
+    /// Any other quota.
+    General(Table<Slot>),
+}
+
+/// Applies `$body` to the table, whatever its slot type.
+macro_rules! each_table {
+    ($kind:expr, |$t:ident| $body:expr) => {
+        match $kind {
+            Kind::Bucket($t) => $body,
+            Kind::FixedWindow($t) => $body,
+            Kind::SlidingWindow($t) => $body,
+            Kind::SlidingLog($t) => $body,
+            Kind::General($t) => $body,
+        }
+    };
 }
 
 /// A key's states, one per policy, inline for up to two policies so a
@@ -161,11 +201,18 @@ type States = smallvec::SmallVec<[State; 2]>;
 
 #[derive(Debug)]
 struct Slot {
-    /// The quota's [`layout`](Quota::layout): same name, same algorithm kinds.
-    layout: u64,
-    key: Arc<str>,
+    key: StoredKey,
     states: States,
     /// From this time every state is equivalent to fresh.
+    fresh_at: u64,
+}
+
+/// The slot of a quota of one policy other than a token bucket.
+#[derive(Debug)]
+struct Lone<M: Machine> {
+    key: StoredKey,
+    state: M::State,
+    /// From this time the state is equivalent to fresh.
     fresh_at: u64,
 }
 
@@ -173,37 +220,127 @@ struct Slot {
 /// which it is equivalent to fresh (a full bucket).
 #[derive(Debug)]
 struct BucketSlot {
-    layout: u64,
-    key: Arc<str>,
-    state: TokenBucketState,
+    key: StoredKey,
+    state: Bucket,
+}
+
+/// A bucket's state in 16 bytes when its TAT is whole µs with no offset
+/// (every state of a whole-µs rate without refunds), else boxed.
+#[derive(Debug)]
+enum Bucket {
+    /// The TAT `at` (whole µs, no offset), last written at `at - lag`; or,
+    /// when `lag` is [`FRESH`](Bucket::FRESH), a TAT of 0 last written at `at`.
+    Whole {
+        lag: u32,
+        at: u64,
+    },
+    Full(Box<TokenBucketState>),
+}
+
+impl Default for Bucket {
+    fn default() -> Self {
+        Bucket::Whole { lag: 0, at: 0 }
+    }
+}
+
+impl Bucket {
+    const FRESH: u32 = u32::MAX;
+
+    #[inline]
+    fn get(&self) -> TokenBucketState {
+        match *self {
+            Bucket::Whole {
+                lag: Self::FRESH,
+                at,
+            } => TokenBucketState::from_whole(0, at),
+            Bucket::Whole { lag, at } => TokenBucketState::from_whole(at, at - u64::from(lag)),
+            Bucket::Full(ref state) => (**state).clone(),
+        }
+    }
+
+    #[inline]
+    fn set(&mut self, state: TokenBucketState) {
+        if let Some((tat, last)) = state.whole() {
+            // A TAT before `last` wraps to a lag too large to keep.
+            let lag = tat.wrapping_sub(last);
+            if lag < u64::from(Self::FRESH) {
+                *self = Bucket::Whole {
+                    lag: lag as u32,
+                    at: tat,
+                };
+                return;
+            }
+            if tat == 0 {
+                *self = Bucket::Whole {
+                    lag: Self::FRESH,
+                    at: last,
+                };
+                return;
+            }
+        }
+        self.set_full(state);
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn set_full(&mut self, state: TokenBucketState) {
+        match self {
+            Bucket::Full(boxed) => **boxed = state,
+            this => *this = Bucket::Full(Box::new(state)),
+        }
+    }
+
+    #[inline]
+    fn fresh_at(&self) -> u64 {
+        match *self {
+            Bucket::Whole {
+                lag: Self::FRESH, ..
+            } => 0,
+            Bucket::Whole { at, .. } => at,
+            Bucket::Full(ref state) => state.fresh_at(),
+        }
+    }
 }
 
 /// One key of one quota in one of a shard's tables.
-trait Entry: Sized {
+trait Entry: Keyed + Sized {
     /// What a decision changes.
     type State;
-    fn table(shard: &mut Shard) -> &mut HashTable<Self>;
-    fn new(quota: &Quota, key: &Arc<str>, state: Self::State) -> Self;
+    /// The table of this slot type, if `kind` is one.
+    fn table(kind: &mut Kind) -> Option<&mut Table<Self>>;
+    /// An empty table of this slot type.
+    fn new_table() -> Kind;
+    fn new(quota: &Quota, key: StoredKey, state: Self::State) -> Self;
     fn fresh_state(quota: &Quota) -> Self::State;
-    fn layout(&self) -> u64;
-    fn key(&self) -> &Arc<str>;
     fn state_mut(&mut self) -> &mut Self::State;
     /// Keeps [`fresh_at`](Entry::fresh_at) up to date after a change.
     fn refresh(&mut self, quota: &Quota);
     fn fresh_at(&self) -> u64;
 }
 
+impl Keyed for Slot {
+    fn key(&self) -> &StoredKey {
+        &self.key
+    }
+}
+
 impl Entry for Slot {
     type State = States;
 
-    fn table(shard: &mut Shard) -> &mut HashTable<Self> {
-        &mut shard.slots
+    fn table(kind: &mut Kind) -> Option<&mut Table<Self>> {
+        match kind {
+            Kind::General(table) => Some(table),
+            _ => None,
+        }
     }
 
-    fn new(quota: &Quota, key: &Arc<str>, states: States) -> Self {
+    fn new_table() -> Kind {
+        Kind::General(Table::default())
+    }
+
+    fn new(quota: &Quota, key: StoredKey, states: States) -> Self {
         Slot {
-            layout: quota.layout(),
-            key: key.clone(),
+            key,
             fresh_at: fresh_at(quota, &states),
             states,
         }
@@ -215,14 +352,6 @@ impl Entry for Slot {
             .iter()
             .map(|p| p.algorithm().fresh_state())
             .collect()
-    }
-
-    fn layout(&self) -> u64 {
-        self.layout
-    }
-
-    fn key(&self) -> &Arc<str> {
-        &self.key
     }
 
     fn state_mut(&mut self) -> &mut States {
@@ -240,54 +369,127 @@ impl Entry for Slot {
     }
 }
 
-impl Entry for BucketSlot {
-    type State = TokenBucketState;
+/// The algorithms a [`Lone`] slot holds, each with its table.
+trait LoneKind: Machine + Sized {
+    fn table(kind: &mut Kind) -> Option<&mut Table<Lone<Self>>>;
+    fn new_table() -> Kind;
+}
 
-    fn table(shard: &mut Shard) -> &mut HashTable<Self> {
-        &mut shard.buckets
+macro_rules! lone_kind {
+    ($($alg:ident),*) => {$(
+        impl LoneKind for $alg {
+            #[inline]
+            fn table(kind: &mut Kind) -> Option<&mut Table<Lone<Self>>> {
+                match kind {
+                    Kind::$alg(table) => Some(table),
+                    _ => None,
+                }
+            }
+
+            fn new_table() -> Kind {
+                Kind::$alg(Table::default())
+            }
+        }
+    )*};
+}
+
+lone_kind!(FixedWindow, SlidingWindow, SlidingLog);
+
+/// The quota's one policy as an `M`: the quota of a [`Lone<M>`] slot.
+#[inline]
+fn lone<M: Machine>(quota: &Quota) -> Option<&M> {
+    match quota.policies() {
+        [policy] => M::of(policy.algorithm()),
+        _ => None,
+    }
+}
+
+impl<M: Machine> Keyed for Lone<M> {
+    fn key(&self) -> &StoredKey {
+        &self.key
+    }
+}
+
+impl<M: LoneKind> Entry for Lone<M> {
+    type State = M::State;
+
+    #[inline]
+    fn table(kind: &mut Kind) -> Option<&mut Table<Self>> {
+        M::table(kind)
     }
 
-    fn new(quota: &Quota, key: &Arc<str>, state: TokenBucketState) -> Self {
-        BucketSlot {
-            layout: quota.layout(),
-            key: key.clone(),
+    fn new_table() -> Kind {
+        M::new_table()
+    }
+
+    fn new(quota: &Quota, key: StoredKey, state: M::State) -> Self {
+        let mut slot = Lone {
+            key,
             state,
+            fresh_at: 0,
+        };
+        slot.refresh(quota);
+        slot
+    }
+
+    fn fresh_state(_: &Quota) -> M::State {
+        M::State::default()
+    }
+
+    fn state_mut(&mut self) -> &mut M::State {
+        &mut self.state
+    }
+
+    #[inline]
+    fn refresh(&mut self, quota: &Quota) {
+        if let Some(algorithm) = lone::<M>(quota) {
+            self.fresh_at = algorithm.fresh_at(&self.state);
         }
     }
 
-    fn fresh_state(_: &Quota) -> TokenBucketState {
-        TokenBucketState::default()
+    fn fresh_at(&self) -> u64 {
+        self.fresh_at
     }
+}
 
-    fn layout(&self) -> u64 {
-        self.layout
-    }
-
-    fn key(&self) -> &Arc<str> {
+impl Keyed for BucketSlot {
+    fn key(&self) -> &StoredKey {
         &self.key
     }
+}
 
-    fn state_mut(&mut self) -> &mut TokenBucketState {
+impl Entry for BucketSlot {
+    type State = Bucket;
+
+    #[inline]
+    fn table(kind: &mut Kind) -> Option<&mut Table<Self>> {
+        match kind {
+            Kind::Bucket(table) => Some(table),
+            _ => None,
+        }
+    }
+
+    fn new_table() -> Kind {
+        Kind::Bucket(Table::default())
+    }
+
+    fn new(_: &Quota, key: StoredKey, state: Bucket) -> Self {
+        BucketSlot { key, state }
+    }
+
+    fn fresh_state(_: &Quota) -> Bucket {
+        Bucket::default()
+    }
+
+    fn state_mut(&mut self) -> &mut Bucket {
         &mut self.state
     }
 
     fn refresh(&mut self, _: &Quota) {}
 
+    #[inline]
     fn fresh_at(&self) -> u64 {
         self.state.fresh_at()
-    }
-}
-
-/// The quota's token bucket and whether it only watches, when the quota is
-/// exactly one token bucket.
-#[inline]
-fn lone_bucket(quota: &Quota) -> Option<(&TokenBucket, bool)> {
-    match quota.policies() {
-        [policy] => match policy.algorithm() {
-            Algorithm::TokenBucket(bucket) => Some((bucket, policy.is_shadow())),
-            _ => None,
-        },
-        _ => None,
     }
 }
 
@@ -352,7 +554,7 @@ impl<C: Clock> MemoryStore<C> {
         let mut swept = 0;
         for shard in self.inner.shards.iter() {
             let mut shard = shard.0.lock();
-            swept += shard.sweep(now);
+            swept += shard.sweep(now, &self.inner.hasher);
             next = next.min(shard.next_expiry);
         }
         self.inner.len.fetch_sub(swept, Ordering::Relaxed);
@@ -384,15 +586,48 @@ impl<C: Clock> MemoryStore<C> {
         key: &Arc<str>,
         cost: u64,
     ) -> Result<QuotaDecision, StoreError> {
-        if let Some((bucket, shadow)) = lone_bucket(quota) {
-            return self.update::<BucketSlot, _>(quota, key, |state, now| {
-                state.read_fresh(now.as_micros());
-                let (decision, hold) = bucket.step_in_place(state, now.as_micros(), cost);
-                let hold = decision.admitted.then_some(hold);
-                QuotaDecision::single(decision, shadow, hold)
-            });
+        let [policy] = quota.policies() else {
+            return self
+                .update::<Slot, _>(quota, key, |states, now| decide(quota, states, now, cost));
+        };
+        let shadow = policy.is_shadow();
+        match policy.algorithm() {
+            Algorithm::TokenBucket(bucket) => {
+                self.update::<BucketSlot, _>(quota, key, |slot, now| {
+                    let mut state = slot.get();
+                    state.read_fresh(now.as_micros());
+                    let (decision, hold) = bucket.step_in_place(&mut state, now.as_micros(), cost);
+                    slot.set(state);
+                    let hold = decision.admitted.then_some(hold);
+                    QuotaDecision::single(decision, shadow, hold)
+                })
+            }
+            Algorithm::FixedWindow(window) => self.decide_lone(quota, window, shadow, key, cost),
+            Algorithm::SlidingWindow(window) => self.decide_lone(quota, window, shadow, key, cost),
+            Algorithm::SlidingLog(log) => self.decide_lone(quota, log, shadow, key, cost),
         }
-        self.update::<Slot, _>(quota, key, |states, now| decide(quota, states, now, cost))
+    }
+
+    /// A decision of a quota of the one policy `algorithm`, as [`decide`]
+    /// makes it for one policy.
+    #[inline]
+    fn decide_lone<M: LoneKind>(
+        &self,
+        quota: &Quota,
+        algorithm: &M,
+        shadow: bool,
+        key: &Arc<str>,
+        cost: u64,
+    ) -> Result<QuotaDecision, StoreError> {
+        self.update::<Lone<M>, _>(quota, key, |state, now| {
+            let now = now.as_micros();
+            read_fresh_lone(algorithm, state, now);
+            let decision = algorithm.check(state, now, cost);
+            let hold = decision
+                .admitted
+                .then(|| algorithm.record(state, now, cost));
+            QuotaDecision::single(decision, shadow, hold)
+        })
     }
 
     /// The synchronous settlement behind [`Store::settle`]. Settling a key
@@ -405,27 +640,55 @@ impl<C: Clock> MemoryStore<C> {
         delta: i64,
     ) -> Result<Holds, StoreError> {
         let hold = |i: usize| holds.0.get(i).copied().unwrap_or(Hold::default());
-        if let Some((bucket, _)) = lone_bucket(quota) {
-            return self.update::<BucketSlot, _>(quota, key, |state, now| {
-                state.read_fresh(now.as_micros());
+        let [policy] = quota.policies() else {
+            return self.update::<Slot, _>(quota, key, |states, now| {
                 Holds(
-                    [bucket.settle(state, now.as_micros(), hold(0), delta)]
-                        .into_iter()
+                    quota
+                        .policies()
+                        .iter()
+                        .zip(states.iter_mut())
+                        .enumerate()
+                        .map(|(i, (policy, state))| {
+                            read_fresh(policy.algorithm(), state, now);
+                            policy.algorithm().settle(state, now, hold(i), delta)
+                        })
                         .collect(),
                 )
             });
+        };
+        match policy.algorithm() {
+            Algorithm::TokenBucket(bucket) => {
+                self.update::<BucketSlot, _>(quota, key, |slot, now| {
+                    let mut state = slot.get();
+                    state.read_fresh(now.as_micros());
+                    let hold = bucket.settle(&mut state, now.as_micros(), hold(0), delta);
+                    slot.set(state);
+                    Holds([hold].into_iter().collect())
+                })
+            }
+            Algorithm::FixedWindow(window) => self.settle_lone(quota, window, key, hold(0), delta),
+            Algorithm::SlidingWindow(window) => {
+                self.settle_lone(quota, window, key, hold(0), delta)
+            }
+            Algorithm::SlidingLog(log) => self.settle_lone(quota, log, key, hold(0), delta),
         }
-        self.update::<Slot, _>(quota, key, |states, now| {
+    }
+
+    /// A settlement of a quota of the one policy `algorithm`.
+    fn settle_lone<M: LoneKind>(
+        &self,
+        quota: &Quota,
+        algorithm: &M,
+        key: &Arc<str>,
+        hold: Hold,
+        delta: i64,
+    ) -> Result<Holds, StoreError> {
+        self.update::<Lone<M>, _>(quota, key, |state, now| {
+            let now = now.as_micros();
+            read_fresh_lone(algorithm, state, now);
             Holds(
-                quota
-                    .policies()
-                    .iter()
-                    .zip(states.iter_mut())
-                    .enumerate()
-                    .map(|(i, (policy, state))| {
-                        read_fresh(policy.algorithm(), state, now);
-                        policy.algorithm().settle(state, now, hold(i), delta)
-                    })
+                [algorithm.settle(state, now, hold, delta)]
+                    .into_iter()
                     .collect(),
             )
         })
@@ -442,10 +705,11 @@ impl<C: Clock> MemoryStore<C> {
         mut change: impl FnMut(&mut E::State, Timestamp) -> R,
     ) -> Result<R, StoreError> {
         let now = self.inner.clock.now();
-        let hash = self.hash(quota.layout(), key);
+        let hash = key_hash(&self.inner.hasher, quota.layout(), key.as_bytes());
         let mut shard = self.shard(hash).lock();
-        let found = E::table(&mut shard)
-            .find_mut(hash, |e| e.layout() == quota.layout() && same(e.key(), key));
+        let found = shard
+            .table::<E>(quota.layout())
+            .and_then(|table| table.find_mut(hash, key));
         let Some(entry) = found else {
             return self.insert_new::<E, R>(shard, quota, key, hash, now, change);
         };
@@ -481,13 +745,18 @@ impl<C: Clock> MemoryStore<C> {
     ) -> Result<R, StoreError> {
         let mut state = E::fresh_state(quota);
         let result = change(&mut state, now);
-        let entry = E::new(quota, key, state);
+        let entry = E::new(quota, StoredKey::new(key), state);
         let now = now.as_micros();
         if entry.fresh_at() > now {
+            let full = |store: &Self| {
+                let next = store.inner.next_expiry.load(Ordering::Relaxed);
+                let retry_after = Duration::from_micros(next.saturating_sub(now));
+                Err(StoreError::Full { retry_after })
+            };
             if !self.reserve() {
                 // Full: drop what has become fresh, here first, then everywhere.
                 let swept = if now >= shard.next_expiry {
-                    shard.sweep(now)
+                    shard.sweep(now, &self.inner.hasher)
                 } else {
                     0
                 };
@@ -498,9 +767,7 @@ impl<C: Clock> MemoryStore<C> {
                         self.sweep_at(now);
                     }
                     if !self.reserve() {
-                        let next = self.inner.next_expiry.load(Ordering::Relaxed);
-                        let retry_after = Duration::from_micros(next.saturating_sub(now));
-                        return Err(StoreError::Full { retry_after });
+                        return full(self);
                     }
                     shard = self.shard(hash).lock();
                 }
@@ -511,18 +778,19 @@ impl<C: Clock> MemoryStore<C> {
                     .next_expiry
                     .fetch_min(entry.fresh_at(), Ordering::Relaxed);
             }
-            let table = E::table(&mut shard);
+            let layout = quota.layout();
+            let table = shard.table_or_new::<E>(layout);
             // Another thread may have inserted the key while the lock was dropped.
-            if table
-                .find(hash, |e| e.layout() == quota.layout() && same(e.key(), key))
-                .is_some()
-            {
+            if table.find_mut(hash, key).is_some() || !table.has_room() {
                 self.inner.len.fetch_sub(1, Ordering::Relaxed);
+                if !table.has_room() {
+                    return full(self);
+                }
                 drop(shard);
                 return self.update::<E, R>(quota, key, change);
             }
-            let hasher = |e: &E| self.hash(e.layout(), e.key());
-            table.insert_unique(hash, entry, hasher);
+            let hasher = &self.inner.hasher;
+            table.insert(hash, entry, |e| key_hash(hasher, layout, e.key().bytes()));
         }
         Ok(result)
     }
@@ -536,13 +804,6 @@ impl<C: Clock> MemoryStore<C> {
                 (n < self.inner.max_keys).then_some(n + 1)
             })
             .is_ok()
-    }
-
-    /// The store's keyed (SipHash) hash of the key, mixed with the quota
-    /// [layout](Quota::layout) hash: one hasher pass per decision.
-    #[inline]
-    fn hash(&self, layout: u64, key: &Arc<str>) -> u64 {
-        self.inner.hasher.hash_one(KeyBytes(key)) ^ layout
     }
 
     fn shard(&self, hash: u64) -> &Mutex<Shard> {
@@ -559,26 +820,71 @@ impl<C: Clock> MemoryStore<C> {
 }
 
 impl Shard {
-    fn len(&self) -> usize {
-        self.buckets.len() + self.slots.len()
+    /// The table of `layout` in slot type `E`, if this shard has one.
+    #[inline]
+    fn table<E: Entry>(&mut self, layout: u64) -> Option<&mut Table<E>> {
+        self.tables.iter_mut().find_map(|t| {
+            if t.layout == layout {
+                E::table(&mut t.kind)
+            } else {
+                None
+            }
+        })
     }
 
-    fn sweep(&mut self, now: u64) -> usize {
-        fn retain_live<E: Entry>(table: &mut HashTable<E>, now: u64, next: &mut u64) {
-            table.retain(|e| {
-                let live = e.fresh_at() > now;
-                if live {
-                    *next = (*next).min(e.fresh_at());
-                }
-                live
+    fn table_or_new<E: Entry>(&mut self, layout: u64) -> &mut Table<E> {
+        let at = self
+            .tables
+            .iter_mut()
+            .position(|t| t.layout == layout && E::table(&mut t.kind).is_some());
+        let at = at.unwrap_or_else(|| {
+            self.tables.push(Tables {
+                layout,
+                kind: E::new_table(),
             });
+            self.tables.len() - 1
+        });
+        let table = E::table(&mut self.tables[at].kind);
+        table.expect("the table of this layout and slot type")
+    }
+
+    fn sweep(&mut self, now: u64, hasher: &RandomState) -> usize {
+        fn retain_live<E: Entry>(
+            table: &mut Table<E>,
+            layout: u64,
+            now: u64,
+            next: &mut u64,
+            hasher: &RandomState,
+        ) -> usize {
+            table.retain(
+                |e| {
+                    let live = e.fresh_at() > now;
+                    if live {
+                        *next = (*next).min(e.fresh_at());
+                    }
+                    live
+                },
+                |e| key_hash(hasher, layout, e.key().bytes()),
+            )
         }
-        let before = self.len();
         let mut next = u64::MAX;
-        retain_live(&mut self.buckets, now, &mut next);
-        retain_live(&mut self.slots, now, &mut next);
+        let mut swept = 0;
+        for t in &mut self.tables {
+            swept += each_table!(&mut t.kind, |table| retain_live(
+                table, t.layout, now, &mut next, hasher
+            ));
+        }
         self.next_expiry = next;
-        before - self.len()
+        swept
+    }
+}
+
+/// A state of `algorithm` that is equivalent to fresh, read as fresh, as
+/// [`read_fresh`] does for a [`State`].
+#[inline]
+fn read_fresh_lone<M: Machine>(algorithm: &M, state: &mut M::State, now: u64) {
+    if algorithm.fresh_at(state) <= now {
+        *state = M::State::default();
     }
 }
 
@@ -679,14 +985,46 @@ impl<C: Clock> Store for MemoryStore<C> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::quota::algorithm::TokenBucket;
 
     #[test]
     fn slot_sizes() {
-        // The compact bucket slot: layout, key, and the exact-rate TAT with
-        // its settlement offset.
-        assert_eq!(std::mem::size_of::<BucketSlot>(), 56);
+        // The bucket slot: the key, then a whole-µs TAT and its lag.
+        assert_eq!(std::mem::size_of::<BucketSlot>(), 40);
+        assert_eq!(std::mem::size_of::<Lone<FixedWindow>>(), 56);
+        assert_eq!(std::mem::size_of::<Lone<SlidingWindow>>(), 64);
+        assert_eq!(std::mem::size_of::<Lone<SlidingLog>>(), 96);
         // Two states inline, the largest being a sliding log's.
         assert_eq!(std::mem::size_of::<Slot>(), 168);
+    }
+
+    proptest::proptest! {
+        /// Every state a bucket reaches (clock set back, long intervals,
+        /// fractional rates, refunds, states read as fresh) is kept exactly,
+        /// inline or boxed.
+        #[test]
+        fn a_bucket_slot_keeps_every_state(
+            capacity in 1u64..40,
+            refill in 1u64..8,
+            period in proptest::prop_oneof![1u64..3_000_000, 1u64 << 32..1u64 << 40],
+            steps in proptest::collection::vec((0u8..4, 0u64..5_000_000, 0u64..6, -4i64..3), 1..80),
+        ) {
+            let bucket = TokenBucket::new(capacity, refill, period).unwrap();
+            let mut state = TokenBucketState::default();
+            let mut slot = Bucket::default();
+            let mut now = 1_800_000_000_000_000u64;
+            for (kind, step, cost, delta) in steps {
+                now = if kind == 0 { now - step } else { now + step };
+                state.read_fresh(now);
+                let (decision, hold) = bucket.step_in_place(&mut state, now, cost);
+                if decision.admitted && delta != 0 {
+                    bucket.settle(&mut state, now, hold, delta);
+                }
+                slot.set(state.clone());
+                proptest::prop_assert_eq!(slot.get(), state.clone());
+                proptest::prop_assert_eq!(slot.fresh_at(), state.fresh_at());
+            }
+        }
     }
 
     #[test]
@@ -698,7 +1036,8 @@ mod tests {
         let store = MemoryStore::with_config(config, SystemClock::new());
         let mut hit = vec![false; shards];
         for i in 0..(shards as u64 * 16) {
-            hit[store.shard_index(store.hash(0, &Arc::from(i.to_string())))] = true;
+            let hash = key_hash(&store.inner.hasher, 0, i.to_string().as_bytes());
+            hit[store.shard_index(hash)] = true;
         }
         // 16 keys per shard on average: a shard misses with probability
         // e^-16, so about 0.03 of them do; a 16-bit index would miss 3/4.
