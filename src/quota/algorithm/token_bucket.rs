@@ -516,46 +516,79 @@ impl TokenBucket {
         now: u64,
         cost: u64,
     ) -> (Decision, Hold) {
-        let horizon = now.saturating_add(self.window);
-        let tat = state.tat;
-        // The plain case: whole µs, no offset, within the horizon, a cost
-        // that fits. Anything else takes the general path.
-        if self.den == 1
-            && (u64::from(state.frac | state.den) | state.off) == 0
-            && tat <= horizon
-            && cost <= self.capacity
-        {
-            let start = tat.max(now);
-            let interval = self.num;
-            // cost <= capacity, so cost * interval <= window.
-            let next = start.saturating_add(cost * interval);
-            if next <= horizon {
-                state.tat = next;
-                state.last = state.last.max(now);
-                let decision = Decision {
-                    admitted: true,
-                    limit: self.capacity,
-                    remaining: (horizon - next) / interval,
-                    retry_after: None,
-                    reset: micros(next - now),
-                };
-                let hold = Hold {
-                    mark: next,
-                    frac: 0,
-                    amount: cost,
-                };
-                return (decision, hold);
+        if (u64::from(state.frac | state.den) | state.off) == 0 {
+            if let Some(step) = self.step_plain(&mut state.tat, &mut state.last, now, cost) {
+                return step;
             }
-            let decision = Decision {
-                admitted: false,
-                limit: self.capacity,
-                remaining: (horizon - start) / interval,
-                retry_after: Some(micros(next - horizon)),
-                reset: micros(start - now),
-            };
-            return (decision, Hold::default());
         }
         self.step_general(state, now, cost)
+    }
+
+    /// [`read_fresh`](TokenBucketState::read_fresh) then
+    /// [`step_in_place`](Self::step_in_place) on the state
+    /// [`from_whole(tat, last)`](TokenBucketState::from_whole), in place, in
+    /// the plain case; `None`, with nothing changed, otherwise.
+    #[inline]
+    pub(crate) fn step_whole(
+        &self,
+        tat: &mut u64,
+        last: &mut u64,
+        now: u64,
+        cost: u64,
+    ) -> Option<(Decision, Hold)> {
+        // Such a state is fresh from its TAT on (see `fresh_at`).
+        let mut next = if *tat <= now { 0 } else { *tat };
+        let mut written = *last;
+        let step = self.step_plain(&mut next, &mut written, now, cost)?;
+        (*tat, *last) = (next, written);
+        Some(step)
+    }
+
+    /// The plain case of [`step_in_place`](Self::step_in_place) for a state
+    /// of whole µs with no offset, given as its TAT and last write: a whole-µs
+    /// interval, a TAT within the horizon and a cost that fits. `None`, with
+    /// nothing changed, for anything else.
+    #[inline(always)]
+    fn step_plain(
+        &self,
+        tat: &mut u64,
+        last: &mut u64,
+        now: u64,
+        cost: u64,
+    ) -> Option<(Decision, Hold)> {
+        let horizon = now.saturating_add(self.window);
+        if self.den != 1 || *tat > horizon || cost > self.capacity {
+            return None;
+        }
+        let start = (*tat).max(now);
+        let interval = self.num;
+        // cost <= capacity, so cost * interval <= window.
+        let next = start.saturating_add(cost * interval);
+        if next <= horizon {
+            *tat = next;
+            *last = (*last).max(now);
+            let decision = Decision {
+                admitted: true,
+                limit: self.capacity,
+                remaining: (horizon - next) / interval,
+                retry_after: None,
+                reset: micros(next - now),
+            };
+            let hold = Hold {
+                mark: next,
+                frac: 0,
+                amount: cost,
+            };
+            return Some((decision, hold));
+        }
+        let decision = Decision {
+            admitted: false,
+            limit: self.capacity,
+            remaining: (horizon - start) / interval,
+            retry_after: Some(micros(next - horizon)),
+            reset: micros(start - now),
+        };
+        Some((decision, Hold::default()))
     }
 
     #[cold]
