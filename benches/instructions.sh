@@ -6,7 +6,16 @@ command -v valgrind >/dev/null || { echo "valgrind is required: apt-get install 
 cargo build --release --bench instructions >/dev/null 2>&1
 bin=$(ls -t target/release/deps/instructions-* | grep -v '\.d$' | head -1)
 measured=100000
-count() { valgrind --tool=callgrind --callgrind-out-file=/dev/null "$bin" "$1" "$2" 2>&1 | awk '/Collected/ {print $4}'; }
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+# Every instruction but those of quanta's clock calibration (a OnceCell
+# initialiser on first use), which alone moves a run by up to 40 per decision.
+count() {
+  valgrind --tool=callgrind --callgrind-out-file="$out" "$bin" "$1" "$2" >/dev/null 2>&1
+  callgrind_annotate --inclusive=no --threshold=100 --auto=no "$out" \
+    | grep -E '^ *[0-9,]+ \(' | grep -v 'PROGRAM TOTALS' | grep -v 'OnceCell<T>::initialize' \
+    | awk '{gsub(",", "", $1); s += $1} END {print s}'
+}
 echo "| variant | instructions per decision | ratio to governor |"
 echo "|---|---:|---:|"
 base=""

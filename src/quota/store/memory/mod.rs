@@ -681,15 +681,16 @@ impl<C: Clock> MemoryStore<C> {
         key: &Arc<str>,
         cost: u64,
     ) -> Result<QuotaDecision, StoreError> {
-        self.update::<Lone<M>, _>(quota, key, |state, now| {
+        let step = self.update::<Lone<M>, _>(quota, key, |state, now| {
             let now = now.as_micros();
             read_fresh_lone(algorithm, state, now);
             let decision = algorithm.check(state, now, cost);
             let hold = decision
                 .admitted
                 .then(|| algorithm.record(state, now, cost));
-            QuotaDecision::single(decision, shadow, hold)
-        })
+            (decision, hold)
+        });
+        step.map(|(decision, hold)| QuotaDecision::single(decision, shadow, hold))
     }
 
     /// The synchronous settlement behind [`Store::settle`]. Settling a key
