@@ -20,20 +20,23 @@ const SEQ_START_MAX: u64 = u64::MAX >> 1;
 /// # State
 ///
 /// Every admission is its own entry, so admissions with identical timestamps
-/// are distinct. An entry is 16 bytes, `(time in µs, cumulative cost)`,
-/// packed in a ring buffer oldest first; the cumulative cost is the running
-/// total of every cost recorded in the log up to and including the entry
-/// (wrapping at 2^64: only differences are used, and every difference is at
-/// most the cost the log holds). Beside the entries the state keeps the
-/// sequence number of the front entry, the cost held, and the times of the
-/// oldest and newest entries (64 bytes with the ring buffer's header). Entry
-/// `s` sits at index `s - front_seq`. The front entry always holds cost
-/// (entries refunded to nothing leave once they reach the front), so the
-/// oldest entry alone frees at least 1.
+/// are distinct. An entry is `(time in µs, cumulative cost)`, oldest first;
+/// the cumulative cost is the running total of every cost recorded in the
+/// log up to and including the entry (wrapping at 2^64: only differences
+/// are used, and every difference is at most the cost the log holds). A
+/// single entry is kept inline; more are kept in a ring buffer of 8 bytes an
+/// entry, as 32-bit offsets from the front entry's time and cumulative cost,
+/// re-based on the front when an offset outgrows 32 bits, and of 16 bytes an
+/// entry only while the entries span 2^32 µs (about 71 minutes) or 2^32 of
+/// cost. Beside the entries the state keeps the sequence number of the front
+/// entry, the cost held, and the times of the oldest and newest entries (80
+/// bytes in all). Entry `s` sits at index `s - front_seq`. The front entry
+/// always holds cost (entries refunded to nothing leave once they reach the
+/// front), so the oldest entry alone frees at least 1.
 ///
 /// Memory per key: at most one entry per charge in the last window, so at
 /// most `limit` entries without refunds. An entry refunded to nothing stays
-/// (16 bytes) until it leaves the window or reaches the front.
+/// until it leaves the window or reaches the front.
 ///
 /// # Work per decision
 ///
@@ -86,7 +89,7 @@ pub struct SlidingLog {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SlidingLogState {
     /// `(time in µs, cumulative cost)` of each admission, oldest first.
-    entries: VecDeque<(u64, u64)>,
+    entries: Entries,
     /// Sequence number of the front entry; of the next entry when empty.
     front_seq: u64,
     /// Cost held by the entries.
@@ -95,6 +98,133 @@ pub struct SlidingLogState {
     oldest: u64,
     /// Time of the newest entry (0 when empty).
     newest: u64,
+}
+
+/// The entries `(time in µs, cumulative cost)` of a log, oldest first: one
+/// entry inline, more in a ring buffer of 8 bytes an entry (times and
+/// cumulative costs as 32-bit offsets from a base) while they fit, else of
+/// 16 bytes an entry.
+#[derive(Debug, Clone, Default)]
+enum Entries {
+    #[default]
+    Empty,
+    One(u64, u64),
+    /// Entry `i` is `(time + ring[i].0, cum + ring[i].1)`.
+    Packed {
+        time: u64,
+        cum: u64,
+        ring: VecDeque<(u32, u32)>,
+    },
+    Wide(VecDeque<(u64, u64)>),
+}
+
+/// Equal entries, whatever their layout.
+impl PartialEq for Entries {
+    fn eq(&self, other: &Self) -> bool {
+        self.len() == other.len() && (0..self.len()).all(|i| self.get(i) == other.get(i))
+    }
+}
+
+impl Eq for Entries {}
+
+impl Entries {
+    fn len(&self) -> usize {
+        match self {
+            Entries::Empty => 0,
+            Entries::One(..) => 1,
+            Entries::Packed { ring, .. } => ring.len(),
+            Entries::Wide(ring) => ring.len(),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    #[inline]
+    fn get(&self, i: usize) -> Option<(u64, u64)> {
+        match self {
+            Entries::Empty => None,
+            Entries::One(t, c) => (i == 0).then_some((*t, *c)),
+            Entries::Packed { time, cum, ring } => ring
+                .get(i)
+                .map(|&(t, c)| (time + u64::from(t), cum.wrapping_add(u64::from(c)))),
+            Entries::Wide(ring) => ring.get(i).copied(),
+        }
+    }
+
+    /// `(t, c)` as offsets from `(time, cum)`, if they fit.
+    fn offsets(time: u64, cum: u64, (t, c): (u64, u64)) -> Option<(u32, u32)> {
+        let t = u32::try_from(t.checked_sub(time)?).ok()?;
+        let c = u32::try_from(c.wrapping_sub(cum)).ok()?;
+        Some((t, c))
+    }
+
+    /// Every entry and then `last`, packed from the front entry, if they fit.
+    fn packed(&self, last: (u64, u64)) -> Option<Entries> {
+        let (time, cum) = self.get(0).unwrap_or(last);
+        let ring = (0..self.len())
+            .filter_map(|i| self.get(i))
+            .chain([last])
+            .map(|entry| Self::offsets(time, cum, entry))
+            .collect::<Option<VecDeque<_>>>()?;
+        Some(Entries::Packed { time, cum, ring })
+    }
+
+    /// Appends an entry not older than the newest.
+    fn push(&mut self, entry: (u64, u64)) {
+        match self {
+            Entries::Empty => *self = Entries::One(entry.0, entry.1),
+            Entries::Packed { time, cum, ring } => match Self::offsets(*time, *cum, entry) {
+                Some(offsets) => ring.push_back(offsets),
+                None => self.repack(entry),
+            },
+            Entries::Wide(ring) => ring.push_back(entry),
+            Entries::One(..) => self.repack(entry),
+        }
+    }
+
+    /// Appends `last`, packed again from the front entry if it fits so,
+    /// else with every entry widened.
+    fn repack(&mut self, last: (u64, u64)) {
+        *self = self.packed(last).unwrap_or_else(|| {
+            let mut ring: VecDeque<_> = (0..self.len()).filter_map(|i| self.get(i)).collect();
+            ring.push_back(last);
+            Entries::Wide(ring)
+        });
+    }
+
+    /// Drops the first `k < len` entries.
+    fn drain_front(&mut self, k: usize) {
+        match self {
+            Entries::Packed { ring, .. } => drop(ring.drain(..k)),
+            Entries::Wide(ring) => drop(ring.drain(..k)),
+            Entries::Empty | Entries::One(..) => {}
+        }
+    }
+
+    /// Lowers the cumulative cost of every entry from `i` on by `take`, no
+    /// more than entry `i` holds.
+    fn lower_from(&mut self, i: usize, take: u64) {
+        match self {
+            Entries::One(_, c) => *c = c.wrapping_sub(take),
+            // From the front: the base moves, the offsets stay.
+            Entries::Packed { cum, .. } if i == 0 => *cum = cum.wrapping_sub(take),
+            // Entry `i` holds `take`, so no offset from `i` on goes below
+            // the one before `i`.
+            Entries::Packed { ring, .. } => {
+                for entry in ring.range_mut(i..) {
+                    entry.1 -= take as u32;
+                }
+            }
+            Entries::Wide(ring) => {
+                for entry in ring.range_mut(i..) {
+                    entry.1 = entry.1.wrapping_sub(take);
+                }
+            }
+            Entries::Empty => {}
+        }
+    }
 }
 
 /// A refund rewrites the cumulative costs of the entries after its charge;
@@ -116,16 +246,16 @@ fn touch(_n: usize) {
 
 /// Entry `i`, which exists.
 #[inline]
-fn read(entries: &VecDeque<(u64, u64)>, i: usize) -> (u64, u64) {
+fn read(entries: &Entries, i: usize) -> (u64, u64) {
     touch(1);
-    entries.get(i).copied().unwrap_or((u64::MAX, u64::MAX))
+    entries.get(i).unwrap_or((u64::MAX, u64::MAX))
 }
 
 /// The first index in `lo..len` where `pred` holds, for a `pred` that is
 /// false and then true along the log; `len` if none. Gallops from `lo`
 /// (indices `lo`, `lo + 1`, `lo + 3`, `lo + 7`, ...), then halves the last
 /// gap: `O(log d)` reads for an answer `d` entries after `lo`.
-fn search(entries: &VecDeque<(u64, u64)>, lo: usize, pred: impl Fn((u64, u64)) -> bool) -> usize {
+fn search(entries: &Entries, lo: usize, pred: impl Fn((u64, u64)) -> bool) -> usize {
     let len = entries.len();
     let (mut low, mut high, mut step) = (lo, lo, 1usize);
     while high < len {
@@ -189,7 +319,7 @@ impl SlidingLogState {
     /// Removes every entry, keeping the numbering.
     fn clear(&mut self) {
         self.front_seq = self.next_seq();
-        self.entries.clear();
+        self.entries = Entries::Empty;
         self.total = 0;
         self.oldest = 0;
         self.newest = 0;
@@ -207,7 +337,7 @@ impl SlidingLogState {
             self.clear();
             return;
         }
-        self.entries.drain(..first);
+        self.entries.drain_front(first);
         self.front_seq = self
             .front_seq
             .saturating_add(u64::try_from(first).unwrap_or(u64::MAX));
@@ -227,7 +357,7 @@ impl SlidingLogState {
         let seq = self.next_seq();
         let cum = self.cum().wrapping_add(cost);
         touch(1);
-        self.entries.push_back((now, cum));
+        self.entries.push((now, cum));
         self.total = self.total.saturating_add(cost);
         self.newest = now;
         seq
@@ -427,9 +557,7 @@ impl SlidingLog {
             return hold;
         }
         touch(state.entries.len() - i);
-        for entry in state.entries.range_mut(i..) {
-            entry.1 = entry.1.wrapping_sub(take);
-        }
+        state.entries.lower_from(i, take);
         state.total = state.total.saturating_sub(take);
         if i == 0 && take == held {
             state.pop_front(1);
@@ -483,8 +611,59 @@ mod tests {
     #[cfg(target_pointer_width = "64")]
     #[test]
     fn state_layout_is_packed() {
-        assert_eq!(std::mem::size_of::<(u64, u64)>(), 16);
-        assert_eq!(std::mem::size_of::<SlidingLogState>(), 64);
+        assert_eq!(std::mem::size_of::<(u32, u32)>(), 8);
+        assert_eq!(std::mem::size_of::<Entries>(), 48);
+        assert_eq!(std::mem::size_of::<SlidingLogState>(), 80);
+    }
+
+    proptest! {
+        /// Entries read back as a plain ring of `(u64, u64)` whatever they
+        /// went through: one entry, packed, packed again from a later front
+        /// (times more than 2^32 µs apart, costs over 2^32), widened.
+        #[test]
+        fn entries_read_as_a_plain_ring(
+            ops in proptest::collection::vec(
+                (0u8..4, prop_oneof![0u64..1000, 0u64..1 << 33], prop_oneof![0u64..10, 0u64..1 << 33]),
+                1..120,
+            ),
+        ) {
+            let mut entries = Entries::default();
+            let mut model: VecDeque<(u64, u64)> = VecDeque::new();
+            let (mut now, mut cum) = (1u64 << 50, u64::MAX - 20);
+            for (op, a, b) in ops {
+                match op {
+                    0 | 1 => {
+                        now += a;
+                        cum = cum.wrapping_add(b);
+                        entries.push((now, cum));
+                        model.push_back((now, cum));
+                    }
+                    2 if model.len() > 1 => {
+                        let k = (a as usize) % model.len();
+                        entries.drain_front(k);
+                        model.drain(..k);
+                    }
+                    3 if !model.is_empty() => {
+                        let i = (a as usize) % model.len();
+                        let before = match i.checked_sub(1) {
+                            Some(p) => model[p].1,
+                            None => model[0].1.wrapping_sub(b.min(1000)),
+                        };
+                        let take = b.min(model[i].1.wrapping_sub(before));
+                        entries.lower_from(i, take);
+                        for entry in model.range_mut(i..) {
+                            entry.1 = entry.1.wrapping_sub(take);
+                        }
+                        cum = model.back().map_or(cum, |e| e.1);
+                    }
+                    _ => {}
+                }
+                prop_assert_eq!(entries.len(), model.len());
+                for (i, entry) in model.iter().enumerate() {
+                    prop_assert_eq!(entries.get(i), Some(*entry));
+                }
+            }
+        }
     }
 
     #[test]

@@ -88,8 +88,10 @@ impl Default for MemoryConfig {
 ///   `Arc<str>`. A slot is 40 bytes for a quota of one token bucket (plus a
 ///   32-byte box while the state has a fraction of a µs, a refund's offset
 ///   or more than 2^32 µs between its TAT and its last write), 56 for one
-///   fixed window, 64 for one weighted window, 96 for one sliding log (plus
-///   16 bytes per entry), and 168 for any other quota of up to two policies.
+///   fixed window, 64 for one weighted window, 112 for one sliding log, and
+///   200 for any other quota of up to two policies. A sliding log keeps
+///   one entry inline and more in a buffer of 8 bytes an entry (16 when
+///   its entries span 2^32 µs or 2^32 of cost).
 ///   `examples/memory_per_key.rs` measures it.
 ///
 /// Clones share state.
@@ -1055,9 +1057,9 @@ mod tests {
         assert_eq!(std::mem::size_of::<BucketSlot>(), 40);
         assert_eq!(std::mem::size_of::<Lone<FixedWindow>>(), 56);
         assert_eq!(std::mem::size_of::<Lone<SlidingWindow>>(), 64);
-        assert_eq!(std::mem::size_of::<Lone<SlidingLog>>(), 96);
+        assert_eq!(std::mem::size_of::<Lone<SlidingLog>>(), 112);
         // Two states inline, the largest being a sliding log's.
-        assert_eq!(std::mem::size_of::<Slot>(), 168);
+        assert_eq!(std::mem::size_of::<Slot>(), 200);
     }
 
     proptest::proptest! {
