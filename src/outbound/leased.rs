@@ -31,7 +31,8 @@ const NANO: u128 = 1_000_000_000;
 /// - **Each share** is held to its part of whatever the lease spends,
 ///   grant or fallback: a burst of retries cannot take what first attempts
 ///   need, nor the reverse. A share's bucket holds its part of the lease's
-///   burst (at least one attempt of the largest cost).
+///   burst, and at least two attempts of the largest cost, so that a share
+///   waiting while the other emptied the lease's bucket loses nothing.
 /// - **Fail-open** leases ([`RateLeaseBuilder::fail_open`](crate::outbound::RateLeaseBuilder::fail_open))
 ///   admit every attempt, share or not, while they are in the fallback.
 /// - **Demand** reported to the grant script counts every attempt, refused
@@ -174,8 +175,11 @@ impl<C: Clock> LeasedBudget<C> {
         let part = u128::from(self.share_rate(share).as_milli());
         // The share's part of the lease's rate now, milli-units per second.
         let rate = u128::from(status.rate.as_milli()) * part / total;
-        let capacity =
-            (u128::from(status.capacity) * part / total).max(u128::from(lease.max_cost())) * NANO;
+        // Two attempts at least: a share that is full while the other share
+        // has just emptied the lease's bucket keeps what it accrues meanwhile.
+        let capacity = (u128::from(status.capacity) * part / total)
+            .max(2 * u128::from(lease.max_cost()))
+            * NANO;
         let need = u128::from(cost) * NANO;
         let mut shares = inner.shares.lock();
         let bucket = &mut shares[match share {
