@@ -8,7 +8,7 @@ use std::time::Duration;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use metrics_util::{CompositeKey, MetricKind};
 use tower_admission::quota::{
-    FailureMode, Holds, Limiter, Policy, Quota, QuotaDecision, Store, StoreError,
+    FailureMode, Holds, Limiter, MemoryStore, Policy, Quota, QuotaDecision, Store, StoreError,
 };
 
 /// A store whose every call was sent and timed out: the outcome is unknown.
@@ -139,4 +139,59 @@ fn decisions_failure_modes_and_unknown_outcomes_are_counted() {
         ),
         2
     );
+}
+
+#[test]
+fn refusals_are_counted_per_policy_and_shadow_refusals_apart() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let stats = metrics::with_local_recorder(&recorder, || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let hour = Duration::from_secs(3_600);
+            let limiter = Limiter::new(MemoryStore::new());
+            let quota = Quota::new(
+                "reports",
+                [
+                    Policy::token_bucket("burst", 2, 2, hour).unwrap(),
+                    Policy::fixed_window("watch", 1, hour).unwrap().shadow(),
+                ],
+            )
+            .unwrap();
+            let key: Arc<str> = "alice".into();
+            let admitted: Vec<bool> = [1, 1, 1, 1, 5]
+                .iter()
+                .map(|&cost| limiter.check(&quota, &key, cost))
+                .collect::<futures_util::future::JoinAll<_>>()
+                .await
+                .iter()
+                .map(|v| v.is_admitted())
+                .collect();
+            assert_eq!(admitted, [true, true, false, false, false]);
+            limiter.stats()
+        })
+    });
+    let snapshot = snapshotter.snapshot().into_vec();
+    let name = "tower_admission_policy_refused_total";
+    assert_eq!(
+        counter(&snapshot, name, ("reason", "exhausted")),
+        2,
+        "the 3rd and 4th requests, by burst"
+    );
+    assert_eq!(
+        counter(&snapshot, name, ("reason", "cost-exceeds-capacity")),
+        1,
+        "cost 5 is over burst's 2"
+    );
+    assert_eq!(counter(&snapshot, name, ("policy", "watch")), 0);
+    assert_eq!(counter(&snapshot, name, ("policy", "burst")), 3);
+    let shadow = counter(
+        &snapshot,
+        "tower_admission_shadow_refusals_total",
+        ("policy", "watch"),
+    );
+    assert_eq!(shadow, stats.shadow_refusals);
+    assert_eq!(shadow, 4, "every request after the first");
 }

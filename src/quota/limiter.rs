@@ -298,6 +298,8 @@ impl<S: Store> Limiter<S> {
             "result" => if admitted { "admitted" } else { "refused" }
         )
         .increment(1);
+        #[cfg(feature = "metrics")]
+        count_policy_refusals(quota, &verdict);
         verdict
     }
 
@@ -408,6 +410,13 @@ impl<S: Store> Limiter<S> {
         for (p, d) in quota.policies().iter().zip(&decision.decisions) {
             if p.is_shadow() && !d.admitted {
                 self.stats.shadow_refusals.fetch_add(1, Ordering::Relaxed);
+                #[cfg(feature = "metrics")]
+                metrics::counter!(
+                    "tower_admission_shadow_refusals_total",
+                    "quota" => quota.name_arc().clone(),
+                    "policy" => p.name_arc().clone()
+                )
+                .increment(1);
                 tracing::info!(
                     quota = quota.name(),
                     policy = p.name(),
@@ -456,5 +465,27 @@ impl<S: Store> Limiter<S> {
         delta: i64,
     ) -> Result<Holds, StoreError> {
         self.store.settle(quota, key, holds, delta).await
+    }
+}
+
+/// Counts each enforcing policy behind a refusal once, with why it refused:
+/// `exhausted` (a wait helps) or `cost-exceeds-capacity` (no wait helps).
+/// A refusal by the failure modes names no policy and is counted in
+/// `tower_admission_failure_mode_total` instead.
+#[cfg(feature = "metrics")]
+fn count_policy_refusals(quota: &Quota, verdict: &Verdict) {
+    let (policies, reason) = match verdict.outcome() {
+        Outcome::Refused { policies, .. } => (policies, "exhausted"),
+        Outcome::CostExceedsCapacity { policies } => (policies, "cost-exceeds-capacity"),
+        Outcome::Admitted | Outcome::Unavailable { .. } => return,
+    };
+    for policy in policies {
+        metrics::counter!(
+            "tower_admission_policy_refused_total",
+            "quota" => quota.name_arc().clone(),
+            "policy" => policy.clone(),
+            "reason" => reason
+        )
+        .increment(1);
     }
 }
