@@ -141,6 +141,31 @@ fn decisions_failure_modes_and_unknown_outcomes_are_counted() {
     );
 }
 
+fn gauge(
+    snapshot: &[(
+        CompositeKey,
+        Option<metrics::Unit>,
+        Option<metrics::SharedString>,
+        DebugValue,
+    )],
+    name: &str,
+    labels: &[(&str, &str)],
+) -> f64 {
+    snapshot
+        .iter()
+        .filter(|(key, ..)| key.kind() == MetricKind::Gauge && key.key().name() == name)
+        .filter(|(key, ..)| {
+            let have: Vec<(&str, &str)> =
+                key.key().labels().map(|l| (l.key(), l.value())).collect();
+            have == labels
+        })
+        .map(|(.., value)| match value {
+            DebugValue::Gauge(n) => n.into_inner(),
+            _ => 0.0,
+        })
+        .sum()
+}
+
 #[test]
 fn refusals_are_counted_per_policy_and_shadow_refusals_apart() {
     let recorder = DebuggingRecorder::new();
@@ -194,4 +219,82 @@ fn refusals_are_counted_per_policy_and_shadow_refusals_apart() {
     );
     assert_eq!(shadow, stats.shadow_refusals);
     assert_eq!(shadow, 4, "every request after the first");
+}
+
+#[test]
+fn concurrency_gauges_follow_in_flight_and_queued_requests() {
+    use tower::{Layer, Service};
+    use tower_admission::concurrency::ConcurrencyLayer;
+    use tower_admission::identity::Identity;
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let gauges = |snapshot: &[_]| {
+        [
+            ("tower_admission_concurrency_in_flight", "global"),
+            ("tower_admission_concurrency_in_flight", "identity"),
+            ("tower_admission_concurrency_queued", "global"),
+            ("tower_admission_concurrency_queued", "identity"),
+        ]
+        .map(|(name, scope)| gauge(snapshot, name, &[("scope", scope)]))
+    };
+    metrics::with_local_recorder(&recorder, || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let layer = ConcurrencyLayer::builder()
+                .global(2, 1, Duration::from_secs(1))
+                .per_identity(1, 1, Duration::from_secs(1))
+                .build()
+                .unwrap();
+            // Never answers: the permits stay held while the futures live.
+            let inner = tower::service_fn(|_: http::Request<()>| {
+                std::future::pending::<Result<http::Response<String>, std::convert::Infallible>>()
+            });
+            let mut service = layer.layer(inner);
+            let request = |subject: &str| {
+                let mut req = http::Request::new(());
+                req.extensions_mut()
+                    .insert(Identity::new(subject.to_owned(), "acme", "free"));
+                req
+            };
+            // Permits are taken in `call`, before any poll.
+            let alice = service.call(request("alice"));
+            let alice_queued = service.call(request("alice"));
+            let alice_refused = service.call(request("alice"));
+            let bob = service.call(request("bob"));
+            // Carol holds her own permit and waits for a global one.
+            let carol = service.call(request("carol"));
+            let dave_refused = service.call(request("dave"));
+            let snapshot = snapshotter.snapshot().into_vec();
+            assert_eq!(gauges(&snapshot), [2.0, 3.0, 1.0, 1.0]);
+            assert_eq!(
+                gauge(
+                    &snapshot,
+                    "tower_admission_concurrency_tracked_identities",
+                    &[]
+                ),
+                3.0
+            );
+            let refused = "tower_admission_concurrency_refused_total";
+            assert_eq!(counter(&snapshot, refused, ("scope", "identity")), 1);
+            assert_eq!(counter(&snapshot, refused, ("scope", "global")), 1);
+            drop((alice, alice_queued, alice_refused, bob, carol, dave_refused));
+        });
+    });
+    // A debugging snapshot resets what it read, so this one holds the moves
+    // since the last: dropping the requests took every gauge back to 0.
+    let snapshot = snapshotter.snapshot().into_vec();
+    assert_eq!(gauges(&snapshot), [-2.0, -3.0, -1.0, -1.0]);
+    assert_eq!(
+        gauge(
+            &snapshot,
+            "tower_admission_concurrency_tracked_identities",
+            &[]
+        ),
+        -3.0
+    );
 }

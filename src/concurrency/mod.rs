@@ -51,6 +51,22 @@
 //! `tower_admission_concurrency_refused_total` counter labelled by scope and
 //! reason).
 //!
+//! # Gauges
+//!
+//! With the `metrics` feature the layer also keeps three gauges, moved as
+//! permits and queue places are taken and given back:
+//!
+//! | gauge | labels | what |
+//! |---|---|---|
+//! | `tower_admission_concurrency_in_flight` | `scope` = `global` or `identity` | requests holding a permit of that cap; `identity` sums over every subject |
+//! | `tower_admission_concurrency_queued` | `scope` | requests waiting in that cap's queue |
+//! | `tower_admission_concurrency_tracked_identities` | | subjects with a request queued or in flight |
+//!
+//! A request waiting for a global permit already holds its identity permit,
+//! so it counts in `in_flight{scope="identity"}` and `queued{scope="global"}`
+//! at once. Several concurrency layers in one process add into the same
+//! series.
+//!
 //! **`Retry-After`** is the refusing cap's queue deadline, rounded up to
 //! whole seconds and at least 1 s (so 1 s for the load-shedding form). The
 //! reasoning: a request that could not get a permit within the deadline is

@@ -66,15 +66,41 @@ pub(crate) struct Cap {
     sem: Arc<Semaphore>,
     in_flight: AtomicUsize,
     waiters: AtomicUsize,
+    /// The `scope` label of this cap's gauges: `global` or `identity`.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    scope: &'static str,
 }
 
 impl Cap {
-    fn new(limit: usize) -> Arc<Self> {
+    fn new(limit: usize, scope: &'static str) -> Arc<Self> {
         Arc::new(Cap {
             sem: Arc::new(Semaphore::new(limit)),
             in_flight: AtomicUsize::new(0),
             waiters: AtomicUsize::new(0),
+            scope,
         })
+    }
+
+    /// Moves the `tower_admission_concurrency_in_flight` gauge of this cap's
+    /// scope by `delta`.
+    #[inline]
+    fn gauge_in_flight(&self, delta: f64) {
+        #[cfg(feature = "metrics")]
+        metrics::gauge!("tower_admission_concurrency_in_flight", "scope" => self.scope)
+            .increment(delta);
+        #[cfg(not(feature = "metrics"))]
+        let _ = delta;
+    }
+
+    /// Moves the `tower_admission_concurrency_queued` gauge of this cap's
+    /// scope by `delta`.
+    #[inline]
+    fn gauge_queued(&self, delta: f64) {
+        #[cfg(feature = "metrics")]
+        metrics::gauge!("tower_admission_concurrency_queued", "scope" => self.scope)
+            .increment(delta);
+        #[cfg(not(feature = "metrics"))]
+        let _ = delta;
     }
 
     pub(crate) fn in_flight(&self) -> usize {
@@ -87,6 +113,7 @@ impl Cap {
 
     fn hold(self: &Arc<Self>, permit: OwnedSemaphorePermit) -> HeldPermit {
         self.in_flight.fetch_add(1, Ordering::AcqRel);
+        self.gauge_in_flight(1.0);
         HeldPermit {
             cap: Arc::clone(self),
             _permit: permit,
@@ -109,8 +136,11 @@ impl Cap {
                 (w < queue).then_some(w + 1)
             })
             .ok()
-            .map(|_| QueueSlot {
-                cap: Arc::clone(self),
+            .map(|_| {
+                self.gauge_queued(1.0);
+                QueueSlot {
+                    cap: Arc::clone(self),
+                }
             })
     }
 
@@ -136,6 +166,7 @@ struct QueueSlot {
 impl Drop for QueueSlot {
     fn drop(&mut self) {
         self.cap.waiters.fetch_sub(1, Ordering::AcqRel);
+        self.cap.gauge_queued(-1.0);
     }
 }
 
@@ -148,6 +179,7 @@ struct HeldPermit {
 impl Drop for HeldPermit {
     fn drop(&mut self) {
         self.cap.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.cap.gauge_in_flight(-1.0);
     }
 }
 
@@ -182,7 +214,7 @@ impl PerIdentity {
                 if map.len() >= self.max_identities {
                     return None;
                 }
-                let cap = Cap::new(self.limits.limit);
+                let cap = Cap::new(self.limits.limit, "identity");
                 map.insert(
                     Arc::clone(subject),
                     Slot {
@@ -190,6 +222,7 @@ impl PerIdentity {
                         refs: 1,
                     },
                 );
+                gauge_tracked_identities(1.0);
                 cap
             }
         };
@@ -209,6 +242,16 @@ impl PerIdentity {
     }
 }
 
+/// Moves the `tower_admission_concurrency_tracked_identities` gauge by
+/// `delta`.
+#[inline]
+fn gauge_tracked_identities(delta: f64) {
+    #[cfg(feature = "metrics")]
+    metrics::gauge!("tower_admission_concurrency_tracked_identities").increment(delta);
+    #[cfg(not(feature = "metrics"))]
+    let _ = delta;
+}
+
 /// Keeps a subject's map entry alive; the last lease to go removes it, so
 /// the map only holds subjects with work queued or in flight.
 struct Lease {
@@ -224,6 +267,7 @@ impl Drop for Lease {
             slot.refs -= 1;
             if slot.refs == 0 {
                 map.remove(&self.key);
+                gauge_tracked_identities(-1.0);
             }
         }
     }
@@ -296,7 +340,7 @@ impl Shared {
         max_identities: usize,
     ) -> Arc<Self> {
         Arc::new(Shared {
-            global: global.map(|l| (l, Cap::new(l.limit))),
+            global: global.map(|l| (l, Cap::new(l.limit, "global"))),
             per_identity: per_identity.map(|limits| {
                 Arc::new(PerIdentity {
                     limits,
