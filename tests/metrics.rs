@@ -298,3 +298,71 @@ fn concurrency_gauges_follow_in_flight_and_queued_requests() {
         -3.0
     );
 }
+
+#[test]
+fn dependency_attempts_refusals_and_waits_are_counted_per_budget() {
+    use tower_admission::outbound::{AttemptBudget, DependencyBudget, Share};
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let hour = Duration::from_secs(3_600);
+            let budget = DependencyBudget::builder(MemoryStore::new(), "reports-db")
+                .normal(Policy::token_bucket("normal", 2, 2, hour).unwrap())
+                .retry(Policy::token_bucket("retry", 1, 1, hour).unwrap())
+                .build()
+                .unwrap();
+            for _ in 0..3 {
+                let _ = budget.try_acquire(Share::Normal, 1).await;
+            }
+            assert_eq!(budget.try_acquire(Share::Retry, 1).await, Ok(()));
+            budget.record_wait(Duration::from_millis(250));
+            budget.record_wait(Duration::ZERO);
+            let stats = budget.stats();
+            assert_eq!((stats.normal, stats.retry, stats.refused), (2, 1, 1));
+        });
+    });
+    let snapshot = snapshotter.snapshot().into_vec();
+    let attempts = |share: &str| -> u64 {
+        snapshot
+            .iter()
+            .filter(|(key, ..)| {
+                key.key().name() == "tower_admission_dependency_attempts_total"
+                    && key
+                        .key()
+                        .labels()
+                        .map(|l| (l.key(), l.value()))
+                        .eq([("budget", "reports-db"), ("share", share)])
+            })
+            .map(|(.., value)| match value {
+                DebugValue::Counter(n) => *n,
+                _ => 0,
+            })
+            .sum()
+    };
+    assert_eq!((attempts("normal"), attempts("retry")), (2, 1));
+    assert_eq!(
+        counter(
+            &snapshot,
+            "tower_admission_dependency_refused_total",
+            ("budget", "reports-db")
+        ),
+        1
+    );
+    let waits: Vec<f64> = snapshot
+        .iter()
+        .filter(|(key, ..)| {
+            key.kind() == MetricKind::Histogram
+                && key.key().name() == "tower_admission_dependency_wait_seconds"
+        })
+        .flat_map(|(.., value)| match value {
+            DebugValue::Histogram(values) => values.iter().map(|v| v.into_inner()).collect(),
+            _ => Vec::new(),
+        })
+        .collect();
+    assert_eq!(waits, [0.25, 0.0]);
+}

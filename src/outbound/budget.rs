@@ -92,30 +92,66 @@ struct Inner<St> {
 }
 
 /// The counters behind [`BudgetStats`], shared by every kind of budget.
-#[derive(Debug, Default)]
+///
+/// With feature `metrics` each count is also emitted through the `metrics`
+/// facade, labelled with the budget's name:
+/// `tower_admission_dependency_attempts_total{budget,share}`,
+/// `tower_admission_dependency_refused_total{budget}` and the histogram
+/// `tower_admission_dependency_wait_seconds{budget}`.
+#[derive(Debug)]
 pub(crate) struct Counters {
     normal: AtomicU64,
     retry: AtomicU64,
     refused: AtomicU64,
     waited_micros: AtomicU64,
+    /// The `budget` label.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    budget: Arc<str>,
 }
 
 impl Counters {
+    /// Zeroed counters of the budget named `budget`.
+    pub(crate) fn new(budget: &str) -> Self {
+        Counters {
+            normal: AtomicU64::new(0),
+            retry: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            waited_micros: AtomicU64::new(0),
+            budget: Arc::from(budget),
+        }
+    }
+
     pub(crate) fn admitted(&self, share: Share) {
         let counter = match share {
             Share::Normal => &self.normal,
             Share::Retry => &self.retry,
         };
         counter.fetch_add(1, Ordering::Relaxed);
+        #[cfg(feature = "metrics")]
+        metrics::counter!(
+            "tower_admission_dependency_attempts_total",
+            "budget" => self.budget.clone(),
+            "share" => match share {
+                Share::Normal => "normal",
+                Share::Retry => "retry",
+            }
+        )
+        .increment(1);
     }
 
     pub(crate) fn refused(&self) {
         self.refused.fetch_add(1, Ordering::Relaxed);
+        #[cfg(feature = "metrics")]
+        metrics::counter!("tower_admission_dependency_refused_total", "budget" => self.budget.clone())
+            .increment(1);
     }
 
     pub(crate) fn waited(&self, waited: Duration) {
         let micros = u64::try_from(waited.as_micros()).unwrap_or(u64::MAX);
         self.waited_micros.fetch_add(micros, Ordering::Relaxed);
+        #[cfg(feature = "metrics")]
+        metrics::histogram!("tower_admission_dependency_wait_seconds", "budget" => self.budget.clone())
+            .record(waited.as_secs_f64());
     }
 
     pub(crate) fn snapshot(&self) -> BudgetStats {
@@ -374,7 +410,7 @@ impl<St: Store> DependencyBudgetBuilder<St> {
                 retry,
                 keys,
                 pick: self.pick,
-                stats: Counters::default(),
+                stats: Counters::new(&self.name),
             }),
         })
     }

@@ -108,6 +108,7 @@ impl<C: Clock> LeasedBudget<C> {
             ));
         }
         let now = lease.now();
+        let stats = Counters::new(lease.budget());
         let empty = ShareBucket {
             tokens: 0,
             last: now,
@@ -117,7 +118,7 @@ impl<C: Clock> LeasedBudget<C> {
                 lease,
                 retry,
                 shares: Mutex::new([empty; 2]),
-                stats: Counters::default(),
+                stats,
             }),
         })
     }
