@@ -27,6 +27,7 @@
 //!
 //! ```text
 //! curl -i localhost:3000/healthz
+//! curl -s localhost:3000/metrics      # Prometheus text format, no key needed
 //! curl -i -H 'Authorization: Bearer demo-free' 'localhost:3000/v1/reports?page_size=10'
 //! for i in $(seq 25); do curl -s -o /dev/null -w '%{http_code} ' -H 'Authorization: Bearer demo-free' localhost:3000/v1/reports; done
 //! ```
@@ -35,6 +36,7 @@ mod app;
 mod config;
 mod data;
 mod dependency;
+mod metrics;
 #[path = "../mock_dependency/mock.rs"]
 mod mock;
 
@@ -141,9 +143,16 @@ async fn main() {
             }
         },
     };
+    let exporter = match metrics::Exporter::install() {
+        Ok(exporter) => exporter,
+        Err(e) => {
+            eprintln!("reporting_api: cannot install the Prometheus recorder: {e}");
+            std::process::exit(1);
+        }
+    };
     let app = match &args.redis {
-        None => memory_app(&config, &dependency_url),
-        Some(url) => redis_app(&config, url, &args, &dependency_url),
+        None => memory_app(&config, &dependency_url, exporter),
+        Some(url) => redis_app(&config, url, &args, &dependency_url, exporter),
     };
     let app = match app {
         Ok(app) => app,
@@ -259,18 +268,24 @@ async fn start_mock() -> std::io::Result<String> {
 fn memory_app(
     config: &Config,
     dependency_url: &str,
+    exporter: metrics::Exporter,
 ) -> Result<app::Api, tower_admission::ConfigError> {
     let store = MemoryStore::new();
     // Reclaim idle keys; the sweeper stops when the store is dropped.
     store.spawn_sweeper(std::time::Duration::from_secs(30));
     let budget = dependency::memory_budget(&config.dependency)?;
+    let exporter = exporter
+        .memory_store("quotas", &store)
+        .memory_store("dependency-budget", budget.limiter().store());
     let dependency = Dependency::new(
         dependency_url,
         budget,
         &config.dependency,
         config.batch.active_items,
     );
-    app::app(config, store, dependency)
+    let mut api = app::app(config, store, dependency)?;
+    api.router = api.router.merge(exporter.router());
+    Ok(api)
 }
 
 /// Quotas in Redis at `url`; the dependency budget is one rate lease on
@@ -281,6 +296,7 @@ fn redis_app(
     url: &str,
     args: &Args,
     dependency_url: &str,
+    exporter: metrics::Exporter,
 ) -> Result<app::Api, tower_admission::ConfigError> {
     use tower_admission::outbound::{LeaseStore, LeasedBudget, Rate, RateLease};
     let store = tower_admission::quota::RedisStore::builder(url)
@@ -305,7 +321,10 @@ fn redis_app(
     drop(lease.spawn_refresher());
     let budget = LeasedBudget::new(lease, Rate::per_second(settings.retry_per_second))?;
     let dependency = Dependency::new(dependency_url, budget, settings, config.batch.active_items);
-    app::app(config, store, dependency)
+    // Redis keys expire on their own; no key count is read from Redis.
+    let mut api = app::app(config, store, dependency)?;
+    api.router = api.router.merge(exporter.router());
+    Ok(api)
 }
 
 #[cfg(not(feature = "redis"))]
@@ -314,6 +333,7 @@ fn redis_app(
     _url: &str,
     _args: &Args,
     _dependency_url: &str,
+    _exporter: metrics::Exporter,
 ) -> Result<app::Api, tower_admission::ConfigError> {
     Err(tower_admission::ConfigError::new(
         "--redis",
