@@ -6,6 +6,8 @@
 //! fails the test with install instructions; these tests never skip.
 #![allow(dead_code, unreachable_pub, missing_docs)]
 
+pub mod process;
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
