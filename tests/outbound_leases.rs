@@ -845,33 +845,6 @@ async fn the_local_bucket_is_exact_and_the_expiry_ignores_clock_offset() {
 // (3) Redis calls per admitted send at saturation.
 // ---------------------------------------------------------------------------
 
-/// Commands the clients sent, from `INFO commandstats`: the script calls
-/// (`EVALSHA`, plus `SCRIPT LOAD` after `NOSCRIPT`) and connection set-up.
-/// The commands a script runs inside Redis are listed there too, but are
-/// not round trips.
-fn command_calls(server: &RedisServer) -> u64 {
-    const CLIENT_COMMANDS: [&str; 8] = [
-        "evalsha", "eval", "script", "hello", "client", "ping", "select", "auth",
-    ];
-    server
-        .cli(&["INFO", "commandstats"])
-        .lines()
-        .filter_map(|l| {
-            let (name, stats) = l.strip_prefix("cmdstat_")?.split_once(':')?;
-            let base = name.split('|').next()?;
-            if !CLIENT_COMMANDS.contains(&base) {
-                return None;
-            }
-            stats
-                .strip_prefix("calls=")?
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
-}
-
 async fn calls_per_send(instances: usize) -> (u64, u64, f64) {
     let server = RedisServer::start();
     // Production script on Redis TIME; local clocks are manual.
@@ -886,7 +859,7 @@ async fn calls_per_send(instances: usize) -> (u64, u64, f64) {
     let duration = 100 * SEC;
     fleet.tick(0).await;
     fleet.run_until(duration, MS).await;
-    let calls = command_calls(&server);
+    let calls = support::client_command_calls(&server);
     let admitted = fleet.all_sends().len() as u64;
     assert!(
         admitted >= R * 95,

@@ -443,6 +443,36 @@ async fn a_batch_of_100_items_makes_exactly_200_dependency_calls() {
     assert_eq!(seen["failed"], 0, "{seen}");
     let concurrent = seen["max_concurrent"].as_u64().unwrap_or(u64::MAX);
     assert!((1..=5).contains(&concurrent), "{seen}");
+    // The process's own /metrics counts the same attempts.
+    let text = client
+        .get(format!("{}/metrics", api.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let sample = |name: &str, labels: &[&str]| -> Option<f64> {
+        text.lines()
+            .filter(|l| l.starts_with(name) && labels.iter().all(|label| l.contains(label)))
+            .find_map(|l| l.rsplit(' ').next()?.parse().ok())
+    };
+    assert_eq!(
+        sample(
+            "tower_admission_dependency_attempts_total{",
+            &["share=\"normal\""]
+        ),
+        Some(200.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(
+            "tower_admission_quota_decisions_total{",
+            &["quota=\"requests-pro\"", "result=\"admitted\""]
+        ),
+        Some(1.0),
+        "{text}"
+    );
 }
 
 /// Item 6: with every 10th arrival failing, every failure is retried once
