@@ -178,8 +178,13 @@ async fn global_cap_5_queue_10_deadline_100ms_slow_handler() {
     for o in outcomes.iter().filter(|o| o.status == 503) {
         // Retry-After is the queue deadline rounded up: 1 s.
         assert_eq!(o.retry_after.as_deref(), Some("1"));
-        // The service-wide cap is no quota of the caller's.
-        assert_eq!(o.ratelimit, None);
+        // The service-wide cap, advertised under its own name.
+        assert_eq!(
+            o.ratelimit.as_deref(),
+            Some(
+                r#""global-concurrency";q=5;qu="concurrent-requests" | "global-concurrency";r=0;t=1"#
+            )
+        );
         assert_eq!(o.scope.as_deref(), Some("global"));
     }
     let stats = layer.stats();

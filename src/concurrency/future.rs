@@ -75,17 +75,21 @@ impl<F> ResponseFuture<F> {
 }
 
 fn refusal_response<B>(refusal: Refusal, grpc: bool) -> Response<ResponseBody<PermitBody<B>>> {
-    let identity_cap = match refusal.rejection {
-        Rejection::Overloaded {
-            scope: OverloadScope::Identity,
+    // Each cap is advertised as a quota of concurrent requests: the
+    // caller's own ("concurrency") or the service's ("global-concurrency").
+    let cap = match refusal.rejection {
+        Rejection::Overloaded { scope, retry_after } if !grpc => Some((
+            match scope {
+                OverloadScope::Identity => "concurrency",
+                _ => "global-concurrency",
+            },
             retry_after,
-        } if !grpc => Some(retry_after),
+        )),
         _ => None,
     };
     let mut response = refusal.rejection.into_layer_response(grpc);
-    if let Some(wait) = identity_cap {
-        // The caller's own cap is a quota of concurrent requests.
-        crate::quota::headers::insert_concurrency(response.headers_mut(), refusal.cap, wait);
+    if let Some((name, wait)) = cap {
+        crate::quota::headers::insert_concurrency(response.headers_mut(), name, refusal.cap, wait);
     }
     response.extensions_mut().insert(refusal.reason);
     response

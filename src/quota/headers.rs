@@ -89,12 +89,17 @@ pub fn insert(headers: &mut HeaderMap, quota: &Quota, verdict: &Verdict) {
     }
 }
 
-/// Both fields for a refusal by a per-identity concurrency cap of `cap`
-/// requests: `"concurrency";q=CAP;qu="concurrent-requests"`, none remaining
-/// until the refusal's wait.
-pub(crate) fn insert_concurrency(headers: &mut HeaderMap, cap: usize, wait: std::time::Duration) {
-    let policy = format!("\"concurrency\";q={cap};qu=\"concurrent-requests\"");
-    let state = format!("\"concurrency\";r=0;t={}", ceil_secs(wait).max(1));
+/// Both fields for a refusal by a concurrency cap of `cap` requests named
+/// `name`: `"NAME";q=CAP;qu="concurrent-requests"`, none remaining until the
+/// refusal's wait.
+pub(crate) fn insert_concurrency(
+    headers: &mut HeaderMap,
+    name: &str,
+    cap: usize,
+    wait: std::time::Duration,
+) {
+    let policy = format!("\"{name}\";q={cap};qu=\"concurrent-requests\"");
+    let state = format!("\"{name}\";r=0;t={}", ceil_secs(wait).max(1));
     for (header, value) in [(&RATELIMIT_POLICY, policy), (&RATELIMIT, state)] {
         if let Ok(value) = HeaderValue::try_from(value) {
             headers.append(header.clone(), value);
