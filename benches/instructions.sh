@@ -19,7 +19,7 @@ count() {
 echo "| variant | instructions per decision | ratio to governor |"
 echo "|---|---:|---:|"
 base=""
-for v in governor token_bucket sliding_log fixed_window sliding_window free_plan; do
+for v in ${VARIANTS:-governor token_bucket sliding_log fixed_window sliding_window free_plan}; do
   full=$(count "$v" "$measured"); none=$(count "$v" 0)
   per=$(( (full - none) / measured ))
   [ -z "$base" ] && base=$per

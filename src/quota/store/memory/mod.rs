@@ -1,7 +1,7 @@
 mod key;
 mod table;
 
-use std::hash::{BuildHasher, RandomState};
+use ahash::RandomState;
 use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -143,8 +143,10 @@ impl std::hash::Hash for KeyBytes<'_> {
     }
 }
 
-/// The store's keyed (SipHash) hash of a key's bytes, mixed with the quota
-/// [layout](Quota::layout) hash: one hasher pass per decision.
+/// The store's keyed hash of a key's bytes, mixed with the quota
+/// [layout](Quota::layout) hash: one hasher pass per decision. The hash is
+/// aHash under random keys drawn for each store, so a client cannot choose
+/// keys that collide in its tables.
 #[inline]
 fn key_hash(hasher: &RandomState, layout: u64, key: &[u8]) -> u64 {
     hasher.hash_one(KeyBytes(key)) ^ layout
@@ -158,8 +160,9 @@ struct Padded<T>(T);
 
 #[derive(Debug, Default)]
 struct Shard {
-    /// The keys of each quota layout met in this shard, one table each.
-    tables: Vec<Tables>,
+    /// The keys of each quota layout met in this shard, one table each;
+    /// the first inline, on the lock's cache lines.
+    tables: smallvec::SmallVec<[Tables; 1]>,
     /// No key can be dropped before this time: a lower bound of every
     /// key's `fresh_at`.
     next_expiry: u64,
@@ -1060,6 +1063,8 @@ mod tests {
         assert_eq!(std::mem::size_of::<Lone<SlidingLog>>(), 112);
         // Two states inline, the largest being a sliding log's.
         assert_eq!(std::mem::size_of::<Slot>(), 200);
+        // A shard's lock and its first table share its two cache lines.
+        assert_eq!(std::mem::size_of::<Padded<Mutex<Shard>>>(), 128);
     }
 
     proptest::proptest! {
@@ -1091,6 +1096,21 @@ mod tests {
                 proptest::prop_assert_eq!(slot.fresh_at(), state.fresh_at());
             }
         }
+    }
+
+    /// Each store draws its own hash keys: which keys collide in one store
+    /// says nothing of another, and cannot be worked out from the key bytes.
+    #[test]
+    fn each_store_hashes_keys_under_keys_of_its_own() {
+        let (a, b) = (MemoryStore::new(), MemoryStore::new());
+        let same = (0..64u32)
+            .filter(|i| {
+                let key = format!("key-{i}");
+                key_hash(&a.inner.hasher, 0, key.as_bytes())
+                    == key_hash(&b.inner.hasher, 0, key.as_bytes())
+            })
+            .count();
+        assert_eq!(same, 0);
     }
 
     #[test]
