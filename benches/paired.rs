@@ -14,6 +14,9 @@
 //!   rounds.
 //!
 //! Each table gives the median of the per-round ratios and their quartiles.
+//!
+//! `PAIRED_ONLY=token_bucket,free_plan` keeps the decision rows of those
+//! quotas and skips the HTTP part, to rerun a few rows.
 
 mod common;
 
@@ -36,9 +39,12 @@ fn main() {
         // `cargo test --benches` asks for a list of tests: there are none.
         return;
     }
-    decisions();
-    println!();
-    http();
+    let only = std::env::var("PAIRED_ONLY").ok();
+    decisions(only.as_deref());
+    if only.is_none() {
+        println!();
+        http();
+    }
 }
 
 /// Median and quartiles of `ratios`, as table cells.
@@ -48,12 +54,15 @@ fn summary(mut ratios: Vec<f64>) -> String {
     format!("{:.2} | {:.2}-{:.2}", at(2), at(1), at(3))
 }
 
-fn decisions() {
+fn decisions(only: Option<&str>) {
     let keys = common::keys();
     println!("| algorithm | threads | ours / governor (median) | quartiles |");
     println!("|---|---:|---:|---|");
     for threads in [1usize, 2] {
-        for quota in common::quotas() {
+        let quotas = common::quotas().into_iter().filter(|quota| {
+            only.is_none_or(|only| only.split(',').any(|name| name == quota.name()))
+        });
+        for quota in quotas {
             let governor = common::governor();
             let store = MemoryStore::new();
             let theirs = || {
