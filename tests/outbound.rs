@@ -197,6 +197,8 @@ async fn waiting_ends_at_the_deadline() {
         .await
         .unwrap();
     assert_eq!(start.elapsed(), SECOND);
+    // Waiting and then sent: no refusal counted, however often it looked.
+    assert_eq!(budget.stats().refused, 0);
     // A wait past the deadline is refused at once.
     let short = DependencyBudgetLayer::new(budget.clone())
         .wait_up_to(Duration::from_millis(500))
@@ -208,6 +210,7 @@ async fn waiting_ends_at_the_deadline() {
     assert_eq!(refused.wait(), Some(SECOND));
     assert_eq!(start.elapsed(), SECOND);
     assert_eq!(budget.stats().waited_micros, 1_000_000);
+    assert_eq!(budget.stats().refused, 1);
 }
 
 /// A budget of 100 per minute, in a store that stands still.

@@ -172,12 +172,17 @@ impl Counters {
 /// Clones share one budget.
 pub trait AttemptBudget: Clone + Send + Sync + 'static {
     /// Charges one attempt of `cost` to `share` now, or says why not. Never
-    /// waits for capacity.
-    fn try_acquire(
+    /// waits for capacity. Counts an admission but not a refusal: a caller
+    /// that looks again after a refusal reports the attempt's final refusal
+    /// once, with [`record_refusal`](Self::record_refusal).
+    fn charge(
         &self,
         share: Share,
         cost: u64,
     ) -> impl std::future::Future<Output = Result<(), Refusal>> + Send;
+
+    /// Counts one attempt refused for good.
+    fn record_refusal(&self);
 
     /// Adds `waited`, the time an admitted attempt waited, to the counters.
     fn record_wait(&self, waited: Duration);
@@ -194,7 +199,7 @@ pub struct BudgetStats {
     pub normal: u64,
     /// Retries admitted.
     pub retry: u64,
-    /// Attempts refused (each refusal once, waiting or not).
+    /// Attempts refused, each once however often it looked while waiting.
     pub refused: u64,
     /// Total time attempts spent waiting for the budget, in µs.
     pub waited_micros: u64,
@@ -309,6 +314,15 @@ impl<St: Store> DependencyBudget<St> {
     /// waits; see [`DependencyBudgetLayer`](crate::outbound::DependencyBudgetLayer)
     /// for waiting up to a deadline.
     pub async fn try_acquire(&self, share: Share, cost: u64) -> Result<(), Refusal> {
+        let result = self.charge_uncounted(share, cost).await;
+        if result.is_err() {
+            self.inner.stats.refused();
+        }
+        result
+    }
+
+    /// [`try_acquire`](Self::try_acquire) without counting a refusal.
+    async fn charge_uncounted(&self, share: Share, cost: u64) -> Result<(), Refusal> {
         let inner = &*self.inner;
         let quota = self.quota(share);
         let n = inner.keys.len();
@@ -340,7 +354,6 @@ impl<St: Store> DependencyBudget<St> {
                 (_, this) => this,
             });
         }
-        inner.stats.refused();
         Err(refusal.unwrap_or(Refusal::Unavailable {
             wait: Duration::from_secs(1),
         }))
@@ -348,12 +361,16 @@ impl<St: Store> DependencyBudget<St> {
 }
 
 impl<St: Store> AttemptBudget for DependencyBudget<St> {
-    fn try_acquire(
+    fn charge(
         &self,
         share: Share,
         cost: u64,
     ) -> impl std::future::Future<Output = Result<(), Refusal>> + Send {
-        DependencyBudget::try_acquire(self, share, cost)
+        self.charge_uncounted(share, cost)
+    }
+
+    fn record_refusal(&self) {
+        self.inner.stats.refused();
     }
 
     fn record_wait(&self, waited: Duration) {

@@ -114,10 +114,10 @@ async fn acquire<Bu: AttemptBudget>(
         Share::Retry => 1,
     }];
     let Some(deadline) = deadline else {
-        return budget.try_acquire(share, cost).await;
+        return budget.charge(share, cost).await;
     };
     if queue.waiting.load(Ordering::Acquire) == 0 {
-        let refusal = match budget.try_acquire(share, cost).await {
+        let refusal = match budget.charge(share, cost).await {
             Ok(()) => return Ok(()),
             Err(refusal) => refusal,
         };
@@ -128,10 +128,10 @@ async fn acquire<Bu: AttemptBudget>(
     let _waiting = Waiting::enter(&queue.waiting);
     let Ok(_head) = tokio::time::timeout_at(deadline, queue.head.lock()).await else {
         // The deadline passed behind other waiters: one last look.
-        return budget.try_acquire(share, cost).await;
+        return budget.charge(share, cost).await;
     };
     loop {
-        match budget.try_acquire(share, cost).await {
+        match budget.charge(share, cost).await {
             Ok(()) => return Ok(()),
             Err(refusal) => match refusal.wait().and_then(|w| Instant::now().checked_add(w)) {
                 Some(until) if until <= deadline => tokio::time::sleep_until(until).await,
@@ -323,6 +323,7 @@ where
         Box::pin(async move {
             let started = Instant::now();
             if let Err(refusal) = acquire(&budget, &queues, share, cost, deadline).await {
+                budget.record_refusal();
                 tracing::debug!(%refusal, "dependency budget refused an attempt");
                 return Err(BudgetError::Refused(refusal));
             }

@@ -151,11 +151,19 @@ impl<C: Clock> LeasedBudget<C> {
     /// Charges one attempt of `cost` to `share` at local time `now`: from
     /// the share's bucket and the lease's, both or neither. Synchronous.
     pub fn try_acquire_at(&self, share: Share, cost: u64, now: Timestamp) -> Result<(), Refusal> {
+        let result = self.charge_at(share, cost, now);
+        if result.is_err() {
+            self.inner.stats.refused();
+        }
+        result
+    }
+
+    /// [`try_acquire_at`](Self::try_acquire_at) without counting a refusal.
+    fn charge_at(&self, share: Share, cost: u64, now: Timestamp) -> Result<(), Refusal> {
         let inner = &*self.inner;
         let lease = &inner.lease;
         if cost > lease.max_cost() {
             lease.note_demand(cost);
-            inner.stats.refused();
             return Err(Refusal::CostExceedsBudget { share, cost });
         }
         let status = lease.status_at(now);
@@ -166,10 +174,7 @@ impl<C: Clock> LeasedBudget<C> {
                     inner.stats.admitted(share);
                     Ok(())
                 }
-                Err(wait) => {
-                    inner.stats.refused();
-                    Err(Refusal::Unavailable { wait })
-                }
+                Err(wait) => Err(Refusal::Unavailable { wait }),
             };
         }
         let total = u128::from(lease.rate().as_milli());
@@ -196,7 +201,6 @@ impl<C: Clock> LeasedBudget<C> {
             .min(capacity);
         if bucket.tokens < need {
             lease.note_demand(cost);
-            inner.stats.refused();
             let wait = if rate == 0 {
                 lease.until_next_refresh().max(Duration::from_millis(1))
             } else {
@@ -211,26 +215,26 @@ impl<C: Clock> LeasedBudget<C> {
                 inner.stats.admitted(share);
                 Ok(())
             }
-            Err(wait) => {
-                inner.stats.refused();
-                Err(if wait == Duration::MAX {
-                    // Released: this budget never admits again.
-                    Refusal::Unavailable { wait }
-                } else {
-                    Refusal::Exhausted { share, wait }
-                })
-            }
+            // Duration::MAX: released, this budget never admits again.
+            Err(Duration::MAX) => Err(Refusal::Unavailable {
+                wait: Duration::MAX,
+            }),
+            Err(wait) => Err(Refusal::Exhausted { share, wait }),
         }
     }
 }
 
 impl<C: Clock> AttemptBudget for LeasedBudget<C> {
-    fn try_acquire(
+    fn charge(
         &self,
         share: Share,
         cost: u64,
     ) -> impl std::future::Future<Output = Result<(), Refusal>> + Send {
-        std::future::ready(self.try_acquire_now(share, cost))
+        std::future::ready(self.charge_at(share, cost, self.inner.lease.now()))
+    }
+
+    fn record_refusal(&self) {
+        self.inner.stats.refused();
     }
 
     fn record_wait(&self, waited: Duration) {
