@@ -255,6 +255,77 @@ async fn reset_clears_everything_and_answers_204() {
     );
 }
 
+#[tokio::test(start_paused = true)]
+async fn the_series_counts_arrivals_per_second_since_the_reset() {
+    let (app, handle) = mock(10, 5, 0);
+    let start = Instant::now();
+    let at = |ms: u64| start + Duration::from_millis(ms);
+    // Second 0: a burst of 15 (5 refused, still arrivals); second 2: 3;
+    // second 1 has none.
+    burst(&app, 15).await;
+    tokio::time::advance(at(2_500) - Instant::now()).await;
+    burst(&app, 3).await;
+    assert_eq!(
+        json_body(send(&app, Method::GET, "/stats/series").await).await,
+        json!({"first_second": 0, "arrivals": [15, 0, 3]})
+    );
+    // Reading it is no arrival, and the seconds without arrivals up to now
+    // are zeros; the last entry is the second in progress.
+    tokio::time::advance(at(4_000) - Instant::now()).await;
+    assert_eq!(handle.stats().total, 18);
+    assert_eq!(
+        handle.series(),
+        mock::Series {
+            first_second: 0,
+            arrivals: vec![15, 0, 3, 0, 0]
+        }
+    );
+
+    // A reset starts the seconds again from its own instant.
+    tokio::time::advance(Duration::from_millis(700)).await;
+    assert_eq!(
+        send(&app, Method::POST, "/stats/reset").await.status(),
+        StatusCode::NO_CONTENT
+    );
+    tokio::time::advance(Duration::from_millis(999)).await;
+    hit(&app).await;
+    tokio::time::advance(Duration::from_millis(1)).await;
+    hit(&app).await;
+    assert_eq!(
+        json_body(send(&app, Method::GET, "/stats/series").await).await,
+        json!({"first_second": 0, "arrivals": [1, 1]})
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_series_keeps_the_last_hour() {
+    let (app, handle) = mock(10, 0, 0);
+    let start = Instant::now();
+    hit(&app).await;
+    tokio::time::advance(Duration::from_secs(mock::SERIES_SECONDS + 10) - start.elapsed()).await;
+    hit(&app).await;
+    hit(&app).await;
+    let series = handle.series();
+    assert_eq!(series.first_second, 11);
+    assert_eq!(series.arrivals.len() as u64, mock::SERIES_SECONDS);
+    assert_eq!(
+        series.arrivals.iter().sum::<u64>(),
+        2,
+        "second 0 was dropped"
+    );
+    assert_eq!(series.arrivals.last(), Some(&2));
+
+    // Long after: only zeros, still one hour of them.
+    tokio::time::advance(Duration::from_secs(5 * mock::SERIES_SECONDS)).await;
+    let series = handle.series();
+    assert_eq!(series.arrivals.len() as u64, mock::SERIES_SECONDS);
+    assert_eq!(series.arrivals.iter().sum::<u64>(), 0);
+    assert_eq!(
+        series.first_second + mock::SERIES_SECONDS - 1,
+        6 * mock::SERIES_SECONDS + 10
+    );
+}
+
 #[test]
 fn the_parser_reads_every_flag_and_has_defaults() {
     let none: [&str; 0] = [];

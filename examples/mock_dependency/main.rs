@@ -6,8 +6,8 @@
 //! cargo run --example mock_dependency -- --listen ADDR --limit N --latency-ms MS [--fail-every K]
 //! ```
 //!
-//! Every path except `/stats` is an *arrival*, counted the moment it arrives and
-//! answered after `--latency-ms`:
+//! Every path except `/stats`, `/stats/series` and `/stats/reset` is an
+//! *arrival*, counted the moment it arrives and answered after `--latency-ms`:
 //!
 //! - 429 with `Retry-After: 1` when the arrivals in the last second, the window
 //!   `(t - 1 s, t]` with this one included, exceed `--limit`;
@@ -26,11 +26,23 @@
 //!
 //! `max_in_any_1s` counts what reached the dependency, not what it accepted: a
 //! fleet that kept within its budget shows `max_in_any_1s <= limit` and
-//! `rejected == 0`. `POST /stats/reset` clears everything and answers 204.
+//! `rejected == 0`.
+//!
+//! `GET /stats/series` reports the arrivals per whole second, since start or
+//! the last reset too (the last hour of them):
+//!
+//! | field | meaning |
+//! |---|---|
+//! | `first_second` | the second `arrivals[0]` counts, in whole seconds since start or the last reset (0 for the first hour) |
+//! | `arrivals` | `arrivals[i]`: the arrivals, refused ones included, in the second `[first_second + i, first_second + i + 1)`; the last entry is the second in progress |
+//!
+//! A second's count is never more than `max_in_any_1s`. `POST /stats/reset`
+//! clears everything, the series included, and answers 204.
 //!
 //! ```text
 //! curl -s localhost:3300/v1/anything
 //! curl -s localhost:3300/stats
+//! curl -s localhost:3300/stats/series
 //! curl -s -X POST -o /dev/null -w '%{http_code}\n' localhost:3300/stats/reset
 //! ```
 //!

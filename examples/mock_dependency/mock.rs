@@ -9,7 +9,8 @@
 //! let (router, handle) = mock_dependency::router(mock_dependency::MockConfig::default());
 //! ```
 //!
-//! Every request to a path other than `/stats` and `/stats/reset` is an *arrival*,
+//! Every request to a path other than `/stats`, `/stats/series` and
+//! `/stats/reset` is an *arrival*,
 //! counted at the moment it arrives, before the latency. The mock keeps the
 //! arrivals of the last second, the window `(t - 1 s, t]` including the one at
 //! `t`. An arrival that makes that count exceed the limit is refused with 429 and
@@ -17,7 +18,9 @@
 //! arrivals, as a real dependency sees them, and not only the requests it
 //! accepted. With `fail_every = K`, every K-th accepted arrival answers 503. The
 //! others answer 200 with `{"ok":true}`. Every arrival, refused or not, answers
-//! after the configured latency.
+//! after the configured latency. The arrivals are also counted per whole second
+//! since start or the last reset (the last [`SERIES_SECONDS`] seconds are kept),
+//! for `GET /stats/series`.
 //!
 //! Time is tokio's [`Instant`], so tests can drive it with `tokio::time::pause`.
 
@@ -42,6 +45,10 @@ use tokio::time::Instant;
 
 /// The length of the window the limit applies to.
 pub(crate) const WINDOW: Duration = Duration::from_secs(1);
+
+/// How many seconds of arrivals per second `GET /stats/series` keeps: the
+/// last hour.
+pub(crate) const SERIES_SECONDS: u64 = 3_600;
 
 /// How the mock behaves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,6 +87,19 @@ pub(crate) struct Stats {
     pub(crate) failed: u64,
 }
 
+/// What `GET /stats/series` reports: arrivals per whole second since start or
+/// the last reset.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub(crate) struct Series {
+    /// The second `arrivals[0]` counts, in whole seconds since start or the
+    /// last reset: 0 until more than [`SERIES_SECONDS`] have passed.
+    pub(crate) first_second: u64,
+    /// `arrivals[i]`: the arrivals, refused ones included, in the second
+    /// `[first_second + i, first_second + i + 1)`. The last entry is the
+    /// second in progress.
+    pub(crate) arrivals: Vec<u64>,
+}
+
 /// Reads and clears the counters of a mounted mock. Clones share the same counters.
 #[derive(Debug, Clone)]
 pub(crate) struct MockHandle {
@@ -90,6 +110,11 @@ impl MockHandle {
     /// The counters now; the same numbers as `GET /stats`.
     pub(crate) fn stats(&self) -> Stats {
         self.shared.counters.lock().stats
+    }
+
+    /// Arrivals per second until now; the same numbers as `GET /stats/series`.
+    pub(crate) fn series(&self) -> Series {
+        self.shared.counters.lock().series(Instant::now())
     }
 
     /// Clears the counters and the arrival log, as `POST /stats/reset` does.
@@ -103,15 +128,16 @@ impl MockHandle {
 
 /// Builds the mock's router and a handle on its counters.
 ///
-/// Routes: `GET /stats`, `POST /stats/reset` (204), and every other path and
-/// method as an arrival.
+/// Routes: `GET /stats`, `GET /stats/series`, `POST /stats/reset` (204), and
+/// every other path and method as an arrival.
 pub(crate) fn router(config: MockConfig) -> (Router, MockHandle) {
     let shared = Arc::new(Shared {
         config,
-        counters: Mutex::new(Counters::default()),
+        counters: Mutex::new(Counters::new(Instant::now())),
     });
     let router = Router::new()
         .route("/stats", get(stats))
+        .route("/stats/series", get(series))
         .route("/stats/reset", post(reset))
         .fallback(arrival)
         .with_state(shared.clone());
@@ -124,9 +150,15 @@ struct Shared {
     counters: Mutex<Counters>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Counters {
     stats: Stats,
+    /// When the counters started: the start or the last reset.
+    origin: Instant,
+    /// Arrivals per whole second since `origin`, the oldest counting the
+    /// second `series_first`; at most [`SERIES_SECONDS`] entries.
+    series: VecDeque<u64>,
+    series_first: u64,
     /// Arrivals of the last second, oldest first, equal instants merged into one count.
     window: VecDeque<(Instant, u64)>,
     /// The sum of the counts in `window`.
@@ -137,12 +169,56 @@ struct Counters {
 }
 
 impl Counters {
+    fn new(origin: Instant) -> Self {
+        Counters {
+            stats: Stats::default(),
+            origin,
+            series: VecDeque::new(),
+            series_first: 0,
+            window: VecDeque::new(),
+            in_window: 0,
+            accepted: 0,
+            in_flight: 0,
+        }
+    }
+
     fn reset(&mut self) {
         let in_flight = self.in_flight;
         *self = Self {
             in_flight,
-            ..Self::default()
+            ..Self::new(Instant::now())
         };
+    }
+
+    /// Extends the series with zeros up to the second that holds `now`,
+    /// dropping the oldest beyond [`SERIES_SECONDS`]; returns that second's
+    /// index in `series`.
+    fn series_to(&mut self, now: Instant) -> usize {
+        let second = now.duration_since(self.origin).as_secs();
+        let end = self.series_first + self.series.len() as u64;
+        if second >= end {
+            let mut missing = second + 1 - end;
+            if missing > SERIES_SECONDS {
+                self.series.clear();
+                self.series_first = second + 1 - SERIES_SECONDS;
+                missing = SERIES_SECONDS;
+            }
+            self.series.extend(std::iter::repeat_n(0, missing as usize));
+            while self.series.len() as u64 > SERIES_SECONDS {
+                self.series.pop_front();
+                self.series_first += 1;
+            }
+        }
+        // The clock is read under the lock, so `second` never goes back.
+        (second.max(self.series_first) - self.series_first) as usize
+    }
+
+    fn series(&mut self, now: Instant) -> Series {
+        self.series_to(now);
+        Series {
+            first_second: self.series_first,
+            arrivals: self.series.iter().copied().collect(),
+        }
     }
 }
 
@@ -174,6 +250,8 @@ impl Shared {
             _ => c.window.push_back((now, 1)),
         }
         c.in_window += 1;
+        let second = c.series_to(now);
+        c.series[second] += 1;
         c.stats.total += 1;
         c.stats.max_in_any_1s = c.stats.max_in_any_1s.max(c.in_window);
         c.in_flight += 1;
@@ -237,6 +315,10 @@ async fn arrival(State(shared): State<Arc<Shared>>) -> Response {
 
 async fn stats(State(shared): State<Arc<Shared>>) -> Json<Stats> {
     Json(shared.counters.lock().stats)
+}
+
+async fn series(State(shared): State<Arc<Shared>>) -> Json<Series> {
+    Json(shared.counters.lock().series(Instant::now()))
 }
 
 async fn reset(State(shared): State<Arc<Shared>>) -> StatusCode {
