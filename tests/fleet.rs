@@ -44,6 +44,13 @@
 //! FLEET_SECONDS=60 cargo test --release --all-features --test fleet -- --nocapture --test-threads 1
 //! ```
 //!
+//! Each saturated run also writes the dependency's arrivals per second
+//! (`GET /stats/series`, from the load's start to the end of the measured
+//! window) to `arrivals-10.csv` and `arrivals-40.csv` in `$FLEET_CSV_DIR`,
+//! default `target/fleet`: columns `second,arrivals,measured`, `measured` 1
+//! for the whole seconds inside the measured window. `scripts/plots --fleet`
+//! draws them (`docs/img/fleet.png`).
+//!
 //! The examples must be built in the same profile as this test:
 //! `cargo test --all-features` builds them; `cargo test --test fleet` alone
 //! does not, and the test then fails with the command to run.
@@ -437,6 +444,32 @@ impl Fleet {
         response.json().await.expect("stats JSON")
     }
 
+    /// The mock's `GET /stats/series`: arrivals per whole second since the
+    /// last reset, without the second in progress.
+    async fn series(&self) -> Vec<u64> {
+        #[derive(Deserialize)]
+        struct Series {
+            first_second: u64,
+            arrivals: Vec<u64>,
+        }
+        let url = format!("{}/stats/series", self.mock_url);
+        let response = self
+            .client
+            .get(&url)
+            .send()
+            .await
+            .expect("GET /stats/series");
+        assert!(response.status().is_success(), "GET /stats/series");
+        let series: Series = response.json().await.expect("series JSON");
+        assert_eq!(
+            series.first_second, 0,
+            "a run is shorter than the series' hour"
+        );
+        let mut arrivals = series.arrivals;
+        arrivals.pop();
+        arrivals
+    }
+
     async fn reset_stats(&self) {
         let url = format!("{}/stats/reset", self.mock_url);
         let response = self.client.post(&url).send().await.expect("POST reset");
@@ -454,6 +487,34 @@ impl Fleet {
     fn pids(&self) -> Vec<u32> {
         self.apis.iter().map(Proc::pid).collect()
     }
+}
+
+/// Writes `arrivals` (per second since the load started) as
+/// `arrivals-{n}.csv` in `$FLEET_CSV_DIR`, default `target/fleet`; the
+/// seconds wholly inside `measured` (seconds since the load started) are
+/// marked. Returns the path.
+fn write_arrivals(n: usize, arrivals: &[u64], measured: std::ops::Range<f64>) -> PathBuf {
+    let dir = std::env::var_os("FLEET_CSV_DIR").map_or_else(
+        || {
+            // target/<profile>/deps/fleet-HASH
+            std::env::current_exe()
+                .expect("current exe")
+                .ancestors()
+                .nth(3)
+                .expect("the test binary lives in target/<profile>/deps")
+                .join("fleet")
+        },
+        PathBuf::from,
+    );
+    std::fs::create_dir_all(&dir).expect("create the CSV dir");
+    let mut csv = String::from("second,arrivals,measured\n");
+    for (second, count) in arrivals.iter().enumerate() {
+        let inside = measured.start <= second as f64 && (second + 1) as f64 <= measured.end;
+        csv.push_str(&format!("{second},{count},{}\n", u8::from(inside)));
+    }
+    let path = dir.join(format!("arrivals-{n}.csv"));
+    std::fs::write(&path, csv).expect("write the arrivals CSV");
+    path
 }
 
 /// The rate leases on the budget Redis as its grant script counts them,
@@ -813,6 +874,13 @@ async fn saturated(n: usize) {
     tokio::time::sleep(measured).await;
     let after = fleet.stats().await;
     let elapsed = t1.elapsed();
+    let arrivals = fleet.series().await;
+    let csv = write_arrivals(
+        n,
+        &arrivals,
+        t1.duration_since(started).as_secs_f64()
+            ..(t1 + elapsed).duration_since(started).as_secs_f64(),
+    );
     let redis_calls = client_command_calls(&fleet.budget);
     let evalsha = command_calls(&fleet.budget, &["evalsha"]);
     let quota_calls = client_command_calls(&fleet.quotas);
@@ -842,7 +910,8 @@ async fn saturated(n: usize) {
          this load may use), budget Redis {redis_calls} calls \
          ({evalsha} EVALSHA) = {per_send:.4} per send; quota Redis {quota_calls} calls; \
          leases: {grants}; dependency {end:?}; answers {:?}; 200: {} batches, {} items, {} attempts, {} retries; \
-         503 with calls {}; shed 503 {}; API 429 {} {:?}; run {:.1} s",
+         503 with calls {}; shed 503 {}; API 429 {} {:?}; run {:.1} s; arrivals per second \
+         (most {}) in {}",
         end.max_in_any_1s,
         end.max_concurrent,
         secs,
@@ -858,6 +927,8 @@ async fn saturated(n: usize) {
         tally.refused_429,
         tally.refusals,
         started.elapsed().as_secs_f64(),
+        arrivals.iter().max().unwrap_or(&0),
+        csv.display(),
     );
 
     assert!(
