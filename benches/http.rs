@@ -1,6 +1,6 @@
 //! The cost of the stack per HTTP request, in process (no sockets): bare
-//! axum, axum + tower_governor, axum + our quota layer, and the full
-//! reporting stack (auth + quota + concurrency).
+//! axum, axum + tower_governor, axum + our quota layer, and the whole
+//! inbound stack (`benches/common/inbound.rs`).
 //!
 //! ```text
 //! cargo bench --bench http

@@ -15,6 +15,7 @@
 //!
 //! Each table gives the median of the per-round ratios and their quartiles.
 //!
+//! `PAIRED=decisions` or `PAIRED=http` runs only that part;
 //! `PAIRED_ONLY=token_bucket,free_plan` keeps the decision rows of those
 //! quotas and skips the HTTP part, to rerun a few rows.
 
@@ -40,9 +41,12 @@ fn main() {
         return;
     }
     let only = std::env::var("PAIRED_ONLY").ok();
-    decisions(only.as_deref());
-    if only.is_none() {
+    let part = std::env::var("PAIRED").unwrap_or_default();
+    if part != "http" {
+        decisions(only.as_deref());
         println!();
+    }
+    if part != "decisions" && only.is_none() {
         http();
     }
 }
@@ -135,11 +139,31 @@ fn http() {
         t.sort_by(f64::total_cmp);
         t[t.len() / 2] / HTTP_BATCH as f64 * 1e9
     };
+    println!("| whole_stack / tower_governor | {} |", ratio(3, 1));
+    let added = |i: usize| {
+        // Per round, the time a stack adds over bare axum against what
+        // tower_governor adds, so that drift falls on both.
+        summary(
+            rounds
+                .iter()
+                .map(|t| (t[i] - t[0]) / (t[1] - t[0]))
+                .collect(),
+        )
+    };
     println!(
-        "| added ns: quota_layer / tower_governor | {:.2} | (medians: bare {:.0} ns, governor {:.0}, quota {:.0}) |",
-        (per_request(2) - per_request(0)) / (per_request(1) - per_request(0)),
+        "| added time: quota_layer / tower_governor | {} |",
+        added(2)
+    );
+    println!(
+        "| added time: whole_stack / tower_governor | {} |",
+        added(3)
+    );
+    println!();
+    println!(
+        "medians per request: bare {:.0} ns, governor {:.0}, quota {:.0}, whole stack {:.0}",
         per_request(0),
         per_request(1),
-        per_request(2)
+        per_request(2),
+        per_request(3)
     );
 }

@@ -1,5 +1,5 @@
 //! A tiny HTTP server for the over-the-socket load comparison in
-//! `benches/wrk/run.sh`: `GET /` answers `ok` behind one of four stacks.
+//! `benches/wrk/run.sh`: `GET /` answers `ok` behind one of five stacks.
 //!
 //! ```text
 //! cargo run --release --example bench_server -- --mode quota --listen 127.0.0.1:8080
@@ -12,10 +12,21 @@
 //! - `governor`: axum + `tower_governor` with a global key and a huge quota;
 //! - `quota`: axum + [`QuotaLayer`] over a [`MemoryStore`], [`Scope::Aggregate`],
 //!   a huge token bucket;
-//! - `stack`: the full inbound stack of the reporting API: authenticate
-//!   (API key `bench`, so requests need `Authorization: Bearer bench`), body
-//!   limits, query validation, per-user quota, aggregate quota and
-//!   concurrency caps.
+//! - `stack`: the whole inbound stack of the reporting API, defined once in
+//!   `benches/common/inbound.rs` (included here): authenticate (API key
+//!   `bench`, so requests need `Authorization: Bearer bench`), body limits,
+//!   query validation (requests need `from`, `to` and `page_size`, as
+//!   `benches/wrk/auth.lua` sends them), a per-user quota of a sliding log and
+//!   a token bucket, an aggregate quota and concurrency caps, all in a
+//!   [`MemoryStore`];
+//! - `stack-redis`: the same stack with both quotas on a `RedisStore`
+//!   (`--redis redis://127.0.0.1:PORT`; needs the `redis` feature). Each
+//!   request makes one round trip per quota, two in all.
+//!
+//! `bench_server --redis-commands` prints, one line per quota, the
+//! `EVALSHA` command (SHA, keys and arguments) that `stack-redis` sends to
+//! Redis for every request, for `redis-benchmark` to run as the Redis
+//! ceiling; `benches/wrk/run.sh` does that.
 //!
 //! Every quota and cap admits every request at the load the script offers, so
 //! this measures the admitted path, which every served request pays.
@@ -24,30 +35,33 @@
 //! that on a 2-core machine the load generator (wrk, one thread) gets the
 //! other core. Every mode runs on the same runtime and the same listener code.
 
+#[allow(dead_code)]
+#[path = "../benches/common/inbound.rs"]
+mod inbound;
+
 use std::net::SocketAddr;
 use std::num::NonZeroU32;
 use std::sync::Arc;
-use std::time::Duration;
 
-use axum::routing::get;
 use axum::Router;
-use tower::ServiceBuilder;
-use tower_admission::bounds::{BodyLimitsLayer, QueryRules, ValidateQueryLayer};
-use tower_admission::concurrency::ConcurrencyLayer;
-use tower_admission::identity::{ApiKeys, AuthenticateLayer, Identity};
-use tower_admission::quota::{MemoryStore, Policy, Quota, QuotaLayer, Scope};
+use tower_admission::quota::{MemoryStore, Quota, QuotaLayer, Scope};
 use tower_admission::ConfigError;
 use tower_governor::governor::GovernorConfigBuilder;
 use tower_governor::key_extractor::GlobalKeyExtractor;
 use tower_governor::GovernorLayer;
 
+use inbound::{base, huge_bucket};
+
+const MODES: &str = "bare, governor, quota, stack or stack-redis";
+
 /// Which stack serves `GET /`.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Mode {
     Bare,
     Governor,
     Quota,
     Stack,
+    StackRedis,
 }
 
 impl Mode {
@@ -57,9 +71,8 @@ impl Mode {
             "governor" => Ok(Mode::Governor),
             "quota" => Ok(Mode::Quota),
             "stack" => Ok(Mode::Stack),
-            other => Err(format!(
-                "--mode {other:?}: expected bare, governor, quota or stack"
-            )),
+            "stack-redis" => Ok(Mode::StackRedis),
+            other => Err(format!("--mode {other:?}: expected {MODES}")),
         }
     }
 }
@@ -68,18 +81,22 @@ impl Mode {
 struct Args {
     mode: Mode,
     listen: SocketAddr,
+    redis: Option<String>,
 }
 
 fn parse_args() -> Result<Args, String> {
     let mut mode = None;
+    let mut redis = None;
     let mut listen: SocketAddr = "127.0.0.1:8080".parse().map_err(|e| format!("{e}"))?;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
+            "--redis-commands" => {
+                print_redis_commands();
+                std::process::exit(0);
+            }
             "--mode" => {
-                let value = args
-                    .next()
-                    .ok_or("--mode needs bare, governor, quota or stack")?;
+                let value = args.next().ok_or_else(|| format!("--mode needs {MODES}"))?;
                 mode = Some(Mode::parse(&value)?);
             }
             "--listen" => {
@@ -90,37 +107,91 @@ fn parse_args() -> Result<Args, String> {
                     .parse()
                     .map_err(|e| format!("--listen {value:?}: {e}"))?;
             }
+            "--redis" => {
+                redis = Some(
+                    args.next()
+                        .ok_or("--redis needs a URL, e.g. redis://127.0.0.1:6390/")?,
+                );
+            }
             "-h" | "--help" => {
-                println!("usage: bench_server --mode bare|governor|quota|stack [--listen ADDR]");
+                println!(
+                    "usage: bench_server --mode bare|governor|quota|stack|stack-redis [--listen ADDR] [--redis URL]\n       bench_server --redis-commands"
+                );
                 std::process::exit(0);
             }
             other => return Err(format!("unknown argument {other:?}; try --help")),
         }
     }
-    let mode = mode.ok_or("--mode is required: bare, governor, quota or stack")?;
-    Ok(Args { mode, listen })
+    let mode = mode.ok_or_else(|| format!("--mode is required: {MODES}"))?;
+    if (mode == Mode::StackRedis) != redis.is_some() {
+        return Err("--redis URL goes with --mode stack-redis, and only with it".to_owned());
+    }
+    Ok(Args {
+        mode,
+        listen,
+        redis,
+    })
 }
 
-fn base() -> Router {
-    Router::new().route("/", get(|| async { "ok" }))
+/// The stack on Redis. Built inside the runtime: the store's connection
+/// manager spawns its tasks there.
+#[cfg(feature = "redis")]
+fn redis_stack(url: &str) -> Result<Router, ConfigError> {
+    let store = tower_admission::quota::RedisStore::builder(url)
+        .prefix("bench")
+        .build()?;
+    inbound::whole_stack(store)
 }
 
-/// A token bucket that never runs dry at any load one machine can offer:
-/// a burst of 10^9 refilled at 10^6 per second.
-fn huge_bucket() -> Result<Quota, ConfigError> {
-    Quota::new(
-        "bench",
-        [Policy::token_bucket(
-            "bucket",
-            1_000_000_000,
-            1_000_000,
-            Duration::from_secs(1),
-        )?],
-    )
+/// Prints the `EVALSHA` command of each quota of the stack, as
+/// `stack-redis` sends it for the user `alice` (the identity of the API key).
+#[cfg(feature = "redis")]
+fn print_redis_commands() {
+    use tower_admission::quota::RedisStore;
+    let built = RedisStore::builder("redis://127.0.0.1:1/")
+        .prefix("bench")
+        .build()
+        .and_then(|store| {
+            let quotas = [
+                (inbound::per_user_quota()?, "alice"),
+                (inbound::aggregate_quota()?, "*"),
+            ];
+            Ok((store, quotas))
+        });
+    let (store, quotas) = match built {
+        Ok(built) => built,
+        Err(e) => {
+            eprintln!("bench_server: {e}");
+            std::process::exit(2);
+        }
+    };
+    for (quota, key) in quotas {
+        let keys = store.keys(&quota, key);
+        let mut words = vec!["EVALSHA".to_owned(), store.script_sha().to_owned()];
+        words.push(keys.len().to_string());
+        words.extend(keys);
+        words.extend(RedisStore::decision_args(&quota, 1));
+        println!("{}", words.join(" "));
+    }
 }
 
-fn app(mode: Mode) -> Result<Router, ConfigError> {
-    Ok(match mode {
+#[cfg(not(feature = "redis"))]
+fn print_redis_commands() {
+    eprintln!("bench_server: --redis-commands needs the redis feature");
+    std::process::exit(2);
+}
+
+#[cfg(not(feature = "redis"))]
+fn redis_stack(_url: &str) -> Result<Router, ConfigError> {
+    Err(ConfigError::new(
+        "mode",
+        "stack-redis needs the redis feature: cargo build --release --features redis --example bench_server",
+    ))
+}
+
+fn app(args: &Args) -> Result<Router, ConfigError> {
+    let bucket = || Quota::new("bench", [huge_bucket("bucket")?]);
+    Ok(match args.mode {
         Mode::Bare => base(),
         Mode::Governor => {
             let config = GovernorConfigBuilder::default()
@@ -133,35 +204,12 @@ fn app(mode: Mode) -> Result<Router, ConfigError> {
         }
         Mode::Quota => base().layer(
             QuotaLayer::builder(MemoryStore::new())
-                .quota(huge_bucket()?)
+                .quota(bucket()?)
                 .scope(Scope::Aggregate)
                 .build()?,
         ),
-        Mode::Stack => {
-            let store = MemoryStore::new();
-            let keys = ApiKeys::new().with_key("bench", Identity::new("bench", "bench", "free"));
-            let per_user = QuotaLayer::builder(store.clone())
-                .quota(huge_bucket()?)
-                .build()?;
-            let aggregate = QuotaLayer::builder(store)
-                .quota(huge_bucket()?)
-                .scope(Scope::Aggregate)
-                .build()?;
-            let concurrency = ConcurrencyLayer::builder()
-                .global(1024, 1024, Duration::from_secs(1))
-                .per_identity(1024, 0, Duration::from_secs(1))
-                .build()?;
-            let rules = QueryRules::builder().build()?;
-            base().layer(
-                ServiceBuilder::new()
-                    .layer(AuthenticateLayer::new(keys))
-                    .layer(BodyLimitsLayer::new(1 << 20, 8 << 20))
-                    .layer(ValidateQueryLayer::new(rules))
-                    .layer(per_user)
-                    .layer(aggregate)
-                    .layer(concurrency),
-            )
-        }
+        Mode::Stack => inbound::whole_stack(MemoryStore::new())?,
+        Mode::StackRedis => redis_stack(args.redis.as_deref().unwrap_or_default())?,
     })
 }
 
@@ -170,13 +218,6 @@ fn main() {
         Ok(args) => args,
         Err(message) => {
             eprintln!("bench_server: {message}");
-            std::process::exit(2);
-        }
-    };
-    let app = match app(args.mode) {
-        Ok(app) => app,
-        Err(e) => {
-            eprintln!("bench_server: bad configuration: {e}");
             std::process::exit(2);
         }
     };
@@ -193,6 +234,13 @@ fn main() {
         }
     };
     runtime.block_on(async move {
+        let app = match app(&args) {
+            Ok(app) => app,
+            Err(e) => {
+                eprintln!("bench_server: bad configuration: {e}");
+                std::process::exit(2);
+            }
+        };
         let listener = match tokio::net::TcpListener::bind(args.listen).await {
             Ok(l) => l,
             Err(e) => {

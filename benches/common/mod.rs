@@ -7,6 +7,7 @@
 
 #![allow(dead_code)]
 
+pub(crate) mod inbound;
 pub(crate) mod stacks;
 
 use std::num::NonZeroU32;

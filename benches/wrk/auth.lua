@@ -1,5 +1,8 @@
--- The `stack` mode authenticates every request with the API key `bench`.
+-- The `stack` and `stack-redis` modes run the whole inbound stack
+-- (benches/common/inbound.rs): the request authenticates with the API key
+-- `bench` and carries the query parameters the stack validates.
 wrk.headers["Authorization"] = "Bearer bench"
+wrk.path = "/?from=2026-11-01T00:00:00Z&to=2026-11-02T00:00:00Z&page_size=20"
 
 -- Same result line as report.lua (wrk runs one script per run).
 local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"

@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
 # Over-the-socket HTTP load comparison, side by side in one run:
-# bare axum, axum + tower_governor, axum + QuotaLayer, and the full inbound
-# stack (examples/bench_server.rs), each loaded by `wrk -t1 -c50 -d10s` on
-# 127.0.0.1.
+# bare axum, axum + tower_governor, axum + QuotaLayer, the whole inbound
+# stack in memory and the same stack on Redis (examples/bench_server.rs),
+# each loaded by `wrk -t1 -c50 -d10s` on 127.0.0.1.
 #
 #   benches/wrk/run.sh            # from the repository root or anywhere
+#   SMOKE=1 benches/wrk/run.sh    # CI: 1 round of 2 s per mode, checks the table
+#
+# The stack-redis mode runs on a redis-server this script starts on a free
+# port (and stops); it is left out, with a note, when redis-server or
+# redis-benchmark is missing. After the rounds, redis-benchmark runs on that
+# server the two EVALSHA commands the stack sends per request (one per
+# quota), for the Redis ceiling.
 #
 # Every quota admits every request, so this measures the admitted path.
 # Two rounds, the second in reverse order; the table shows the median of the
@@ -13,17 +20,43 @@
 # About 100 s once the example is built.
 #
 # Environment: DURATION (default 10s), CONNECTIONS (default 50),
-# ROUNDS (default 2), PIN (default 1: the server runs on CPU 0 and wrk on
-# CPU 1, through taskset, which keeps the two from migrating onto one core;
-# PIN=0 lets the scheduler place both).
+# ROUNDS (default 2), MODES (default "bare governor quota stack
+# stack-redis"; bare is always run, since the ratios are to it), REDIS_N
+# (requests per redis-benchmark run, default 200000), PIN (default 1: the
+# server runs on CPU 0 and wrk on CPU 1, through taskset, which keeps the two
+# from migrating onto one core; PIN=0 lets the scheduler place both).
+# SMOKE=1 sets ROUNDS=1, DURATION=2s, REDIS_N=20000 unless they are given,
+# and checks that the table is well formed; it never checks a figure. About
+# 30 s once the example is built.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
-duration="${DURATION:-10s}"
+smoke="${SMOKE:-0}"
+if [ "$smoke" = 1 ]; then
+    duration="${DURATION:-2s}"
+    rounds="${ROUNDS:-1}"
+    redis_n="${REDIS_N:-20000}"
+else
+    duration="${DURATION:-10s}"
+    rounds="${ROUNDS:-2}"
+    redis_n="${REDIS_N:-200000}"
+fi
 connections="${CONNECTIONS:-50}"
-rounds="${ROUNDS:-2}"
-modes=(bare governor quota stack)
+read -r -a modes <<<"${MODES:-bare governor quota stack stack-redis}"
+if [ "${modes[0]}" != bare ]; then
+    modes=(bare "${modes[@]/bare/}")
+    read -r -a modes <<<"${modes[*]}"
+fi
+use_redis=0
+for mode in "${modes[@]}"; do
+    [ "$mode" = stack-redis ] && use_redis=1
+done
+if [ "$use_redis" = 1 ] && { ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-benchmark >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; }; then
+    echo "redis-server, redis-cli or redis-benchmark not found: leaving out stack-redis" >&2
+    use_redis=0
+    read -r -a modes <<<"${modes[*]/stack-redis/}"
+fi
 pin_server=()
 pin_wrk=()
 pin="${PIN:-1}"
@@ -45,8 +78,8 @@ if ! command -v wrk >/dev/null 2>&1; then
     fi
 fi
 
-echo "building examples/bench_server.rs (release)" >&2
-(cd "$root" && cargo build --release --quiet --example bench_server)
+echo "building examples/bench_server.rs (release, feature redis)" >&2
+(cd "$root" && cargo build --release --quiet --features redis --example bench_server)
 server="$root/target/release/examples/bench_server"
 
 free_port() {
@@ -61,7 +94,41 @@ stop_server() {
         server_pid=""
     fi
 }
-trap stop_server EXIT
+redis_pid=""
+redis_dir=""
+stop_redis() {
+    if [ -n "$redis_pid" ]; then
+        kill "$redis_pid" 2>/dev/null || true
+        wait "$redis_pid" 2>/dev/null || true
+        redis_pid=""
+    fi
+    if [ -n "$redis_dir" ]; then
+        rm -rf "$redis_dir"
+        redis_dir=""
+    fi
+}
+trap 'stop_server; stop_redis' EXIT
+
+# A redis-server of our own on a free port, without persistence, on the
+# wrk CPU (Redis and wrk share it; the server under test keeps its own).
+redis_port=""
+if [ "$use_redis" = 1 ]; then
+    redis_port="$(free_port)"
+    redis_dir="$(mktemp -d)"
+    "${pin_wrk[@]}" redis-server --port "$redis_port" --bind 127.0.0.1 --save '' \
+        --appendonly no --dir "$redis_dir" >"$redis_dir/log" 2>&1 &
+    redis_pid=$!
+    for _ in $(seq 100); do
+        redis-cli -p "$redis_port" ping >/dev/null 2>&1 && break
+        sleep 0.05
+    done
+    if ! redis-cli -p "$redis_port" ping >/dev/null 2>&1; then
+        echo "redis-server did not start on port $redis_port:" >&2
+        cat "$redis_dir/log" >&2
+        exit 1
+    fi
+    echo "redis-server $(redis-server --version | sed -E 's/.*v=([^ ]+).*/\1/') on port $redis_port" >&2
+fi
 
 wait_for_port() {
     local port="$1"
@@ -85,11 +152,15 @@ declare -A results
 run_mode() {
     local mode="$1" port script out line
     port="$(free_port)"
-    "${pin_server[@]}" "$server" --mode "$mode" --listen "127.0.0.1:$port" 2>/dev/null &
+    local redis_args=()
+    if [ "$mode" = stack-redis ]; then
+        redis_args=(--redis "redis://127.0.0.1:$redis_port/")
+    fi
+    "${pin_server[@]}" "$server" --mode "$mode" --listen "127.0.0.1:$port" "${redis_args[@]}" 2>/dev/null &
     server_pid=$!
     wait_for_port "$port"
     script="$here/report.lua"
-    if [ "$mode" = stack ]; then
+    if [ "$mode" = stack ] || [ "$mode" = stack-redis ]; then
         script="$here/auth.lua"
     fi
     "${pin_wrk[@]}" wrk -t1 -c"$connections" -d1s -s "$script" "http://127.0.0.1:$port/" >/dev/null
@@ -144,19 +215,104 @@ for mode in "${modes[@]}"; do
     med_rps[$mode]="$(column_of "$mode" 1 | median)"
 done
 
-echo
-echo "wrk -t1 -c$connections -d$duration, $rounds rounds (order alternated), median per mode; server: 1 tokio worker; source: $commit; pinned: $pin"
-echo
-echo "| mode | req/s (median) | req/s per run | p50 latency (median) | p99 latency (median) | req/s vs bare |"
-echo "|---|---:|---|---:|---:|---:|"
+# The Redis ceiling: redis-benchmark running the stack's two EVALSHA
+# commands (one per quota, as stack-redis sends them for every request) on
+# the same server, 50 connections, plain and with 16 pipelined per
+# connection (the store's multiplexed connection pipelines too). A request
+# needs one of each, so the ceiling in requests/s is 1 / (1/a + 1/b).
+redis_bench() { # pipeline, command words...
+    local pipeline="$1"
+    shift
+    "${pin_wrk[@]}" redis-benchmark -h 127.0.0.1 -p "$redis_port" -n "$redis_n" -c 50 \
+        -P "$pipeline" --csv "$@" | awk -F'","' '/^"EVALSHA/ { gsub(/"/, "", $2); printf "%.0f", $2 }'
+}
+declare -A ceiling
+if [ "$use_redis" = 1 ]; then
+    echo "redis-benchmark: the stack's EVALSHA commands, $redis_n each" >&2
+    mapfile -t commands < <("$server" --redis-commands)
+    # The stack-redis runs loaded the script; each command must succeed.
+    for command in "${commands[@]}"; do
+        read -r -a words <<<"$command"
+        reply="$(redis-cli -p "$redis_port" "${words[@]}" 2>&1)"
+        if ! head -1 <<<"$reply" | grep -Eq '^-?[0-9]+$'; then
+            echo "redis-benchmark command fails: $reply" >&2
+            exit 1
+        fi
+    done
+    for pipeline in 1 16; do
+        rates=()
+        for command in "${commands[@]}"; do
+            read -r -a words <<<"$command"
+            rates+=("$(redis_bench "$pipeline" "${words[@]}")")
+        done
+        ceiling[$pipeline]="${rates[*]}"
+    done
+fi
+
+# median of a list of numbers (mean of the two middle ones when even)
+median() {
+    tr ' ' '\n' | sort -n | awk '{ v[NR] = $1 } END {
+        if (NR % 2) printf "%.0f", v[(NR + 1) / 2];
+        else printf "%.0f", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+column_of() { # mode, field (1 rps, 2 p50, 3 p99)
+    tr ';' '\n' <<<"${results[$1]}" | awk -v f="$2" 'NF { print $f }' | paste -sd' '
+}
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a / b }'; }
+
+declare -A med_rps
 for mode in "${modes[@]}"; do
-    p50="$(column_of "$mode" 2 | median)"
-    p99="$(column_of "$mode" 3 | median)"
-    runs="$(column_of "$mode" 1 | sed 's/ /, /g')"
-    ratio="$(awk -v a="${med_rps[$mode]}" -v b="${med_rps[bare]}" 'BEGIN { printf "%.3f", a / b }')"
-    printf '| %s | %s | %s | %s µs | %s µs | %s |\n' \
-        "$mode" "${med_rps[$mode]}" "$runs" "$p50" "$p99" "$ratio"
+    med_rps[$mode]="$(column_of "$mode" 1 | median)"
 done
+
+table="$(
+    echo "wrk -t1 -c$connections -d$duration, $rounds rounds (order alternated), median per mode; server: 1 tokio worker; source: $commit; pinned: $pin"
+    echo
+    echo "| mode | req/s (median) | req/s per run | p50 latency (median) | p99 latency (median) | req/s vs bare |"
+    echo "|---|---:|---|---:|---:|---:|"
+    for mode in "${modes[@]}"; do
+        p50="$(column_of "$mode" 2 | median)"
+        p99="$(column_of "$mode" 3 | median)"
+        runs="$(column_of "$mode" 1 | sed 's/ /, /g')"
+        printf '| %s | %s | %s | %s µs | %s µs | %s |\n' \
+            "$mode" "${med_rps[$mode]}" "$runs" "$p50" "$p99" "$(ratio "${med_rps[$mode]}" "${med_rps[bare]}")"
+    done
+    echo
+    if [ -n "${med_rps[governor]:-}" ] && [ -n "${med_rps[quota]:-}" ]; then
+        printf 'quota / governor req/s: %s\n' "$(ratio "${med_rps[quota]}" "${med_rps[governor]}")"
+    fi
+    if [ -n "${med_rps[stack]:-}" ]; then
+        printf 'stack / bare req/s: %s\n' "$(ratio "${med_rps[stack]}" "${med_rps[bare]}")"
+    fi
+    if [ "$use_redis" = 1 ]; then
+        echo
+        echo "Redis ceiling: redis-benchmark -c 50 -n $redis_n on the same redis-server, the stack's EVALSHA per quota"
+        echo
+        echo "| pipeline | per-user EVALSHA/s | aggregate EVALSHA/s | requests/s (one of each) | stack-redis / ceiling |"
+        echo "|---|---:|---:|---:|---:|"
+        for pipeline in 1 16; do
+            read -r a b <<<"${ceiling[$pipeline]}"
+            both="$(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.0f", 1 / (1 / a + 1 / b) }')"
+            printf '| -P %s | %s | %s | %s | %s |\n' "$pipeline" "$a" "$b" "$both" "$(ratio "${med_rps[stack-redis]}" "$both")"
+        done
+    fi
+)"
 echo
-printf 'quota / governor req/s: %s\n' \
-    "$(awk -v a="${med_rps[quota]}" -v b="${med_rps[governor]}" 'BEGIN { printf "%.3f", a / b }')"
+echo "$table"
+
+if [ "$smoke" = 1 ]; then
+    # Well formed: one row per mode, each with a positive req/s and a ratio;
+    # with Redis, two ceiling rows of positive figures. No figure is judged.
+    number='[0-9]+(\.[0-9]+)?'
+    for mode in "${modes[@]}"; do
+        if ! grep -Eq "^\| $mode \| [1-9][0-9]* \| [0-9, ]+ \| [0-9]+ µs \| [0-9]+ µs \| $number \|$" <<<"$table"; then
+            echo "smoke: no well-formed row for mode $mode" >&2
+            exit 1
+        fi
+    done
+    if [ "$use_redis" = 1 ] && [ "$(grep -Ec "^\| -P (1|16) \| [1-9][0-9]* \| [1-9][0-9]* \| [1-9][0-9]* \| $number \|$" <<<"$table")" != 2 ]; then
+        echo "smoke: the Redis ceiling table is not well formed" >&2
+        exit 1
+    fi
+    echo "smoke: table well formed (${#modes[@]} modes$([ "$use_redis" = 1 ] && echo ", Redis ceiling"))" >&2
+fi
