@@ -14,8 +14,9 @@
 //! policy has a current state: each enforcing policy is advertised with its
 //! configured numbers, `r=0`, and `t` the refusal's `Retry-After`.
 
+use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue};
-use std::fmt::Write;
+use smallvec::SmallVec;
 
 use crate::quota::{Outcome, Quota, Verdict};
 
@@ -45,47 +46,91 @@ pub static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 /// # Ok::<(), tower_admission::ConfigError>(())
 /// ```
 pub fn insert(headers: &mut HeaderMap, quota: &Quota, verdict: &Verdict) {
-    let mut policy = String::new();
-    let mut state = String::new();
+    if let Some([policy, state]) = values(quota, verdict) {
+        headers.append(RATELIMIT_POLICY.clone(), policy);
+        headers.append(RATELIMIT.clone(), state);
+    }
+}
+
+/// The values of `RateLimit-Policy` and `RateLimit` for a verdict on
+/// `quota`, as [`insert`] appends them; `None` when there is nothing to
+/// advertise. Written into a buffer on the stack with no formatting
+/// machinery: one allocation per value, the value's own.
+pub(crate) fn values(quota: &Quota, verdict: &Verdict) -> Option<[HeaderValue; 2]> {
+    let mut policy = Field::default();
+    let mut state = Field::default();
     for (p, d) in verdict.named(quota) {
         let name = p.name();
         let window = ceil_secs(p.algorithm().window());
-        let sep = if policy.is_empty() { "" } else { ", " };
         // Policy names are [A-Za-z0-9._-], safe inside an sf-string.
-        let _ = write!(policy, "{sep}\"{name}\";q={};w={window}", d.limit);
-        let _ = write!(
-            state,
-            "{sep}\"{name}\";r={};t={}",
-            d.remaining,
-            ceil_secs(d.reset)
-        );
+        policy.member(name);
+        policy.param(b";q=", d.limit);
+        policy.param(b";w=", window);
+        state.member(name);
+        state.param(b";r=", d.remaining);
+        state.param(b";t=", ceil_secs(d.reset));
     }
     if policy.is_empty() {
         // No policy decided: the store failed and the policies fail closed.
         // Advertise them with nothing remaining until the refusal's wait.
         let Outcome::Unavailable { wait } = verdict.outcome() else {
-            return;
+            return None;
         };
         let t = ceil_secs(*wait).max(1);
         for p in quota.policies().iter().filter(|p| !p.is_shadow()) {
             let name = p.name();
-            let window = ceil_secs(p.algorithm().window());
-            let sep = if policy.is_empty() { "" } else { ", " };
-            let _ = write!(
-                policy,
-                "{sep}\"{name}\";q={};w={window}",
-                p.algorithm().limit()
-            );
-            let _ = write!(state, "{sep}\"{name}\";r=0;t={t}");
+            policy.member(name);
+            policy.param(b";q=", p.algorithm().limit());
+            policy.param(b";w=", ceil_secs(p.algorithm().window()));
+            state.member(name);
+            state.param(b";r=", 0);
+            state.param(b";t=", t);
         }
         if policy.is_empty() {
-            return;
+            return None;
         }
     }
-    for (header, value) in [(&RATELIMIT_POLICY, policy), (&RATELIMIT, state)] {
-        if let Ok(value) = HeaderValue::try_from(value) {
-            headers.append(header.clone(), value);
+    Some([policy.value()?, state.value()?])
+}
+
+/// A structured field list being written: `"name";k=v;k=v, "name";...`.
+#[derive(Default)]
+struct Field(SmallVec<[u8; 128]>);
+
+impl Field {
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Starts a list member named `name`.
+    fn member(&mut self, name: &str) {
+        if !self.0.is_empty() {
+            self.0.extend_from_slice(b", ");
         }
+        self.0.push(b'"');
+        self.0.extend_from_slice(name.as_bytes());
+        self.0.push(b'"');
+    }
+
+    /// Appends `key` (such as `;q=`) and `n` in decimal.
+    fn param(&mut self, key: &[u8], n: u64) {
+        self.0.extend_from_slice(key);
+        let mut digits = [0u8; 20];
+        let mut at = digits.len();
+        let mut n = n;
+        loop {
+            at -= 1;
+            digits[at] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        self.0.extend_from_slice(&digits[at..]);
+    }
+
+    fn value(&self) -> Option<HeaderValue> {
+        HeaderValue::from_maybe_shared(Bytes::copy_from_slice(&self.0)).ok()
     }
 }
 

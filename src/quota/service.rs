@@ -3,7 +3,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll, Waker};
 
-use http::{HeaderMap, Request, Response};
+use http::{HeaderMap, HeaderValue, Request, Response};
 use http_body_util::Either;
 use pin_project_lite::pin_project;
 use tower::Service;
@@ -77,7 +77,7 @@ pin_project! {
             #[pin]
             future: F,
             // RateLimit headers to add to the response, when configured.
-            headers: Option<HeaderMap>,
+            headers: Option<[HeaderValue; 2]>,
         },
         Refused {
             response: Option<Response<ResponseBody<B>>>,
@@ -98,9 +98,7 @@ where
         match self.project().state.project() {
             StateProj::Inner { future, headers } => {
                 let mut response = ready!(future.poll(cx))?;
-                if let Some(extra) = headers.take() {
-                    append_all(response.headers_mut(), extra);
-                }
+                append_all(response.headers_mut(), headers.take());
                 Poll::Ready(Ok(response.map(Either::Left)))
             }
             StateProj::Refused { response } => Poll::Ready(Ok(response
@@ -176,7 +174,7 @@ where
                         Admission::Admitted(headers) => {
                             let mut response =
                                 service.call(Request::from_parts(parts, body)).await?;
-                            append_all(response.headers_mut(), headers.unwrap_or_default());
+                            append_all(response.headers_mut(), headers);
                             Ok(response.map(Either::Left))
                         }
                         Admission::Refused(response) => Ok(response),
@@ -187,7 +185,7 @@ where
     }
 }
 
-fn inner<F, B, E>(future: F, headers: Option<HeaderMap>) -> ResponseFuture<F, B, E> {
+fn inner<F, B, E>(future: F, headers: Option<[HeaderValue; 2]>) -> ResponseFuture<F, B, E> {
     ResponseFuture {
         state: State::Inner { future, headers },
     }
@@ -212,11 +210,11 @@ fn admit<St: Store, B>(
     parts: &mut http::request::Parts,
 ) -> Admission<B> {
     let Some(rejection) = Rejection::from_outcome(verdict.outcome(), cost) else {
-        let headers = config.headers_on_success.then(|| {
-            let mut extra = HeaderMap::new();
-            headers::insert(&mut extra, quota, &verdict);
-            extra
-        });
+        let headers = if config.headers_on_success {
+            headers::values(quota, &verdict)
+        } else {
+            None
+        };
         if config.cost.is_some() {
             let mut settlement = parts.extensions.remove::<Settlement>().unwrap_or_default();
             settlement.push(&config.limiter, quota, key, cost, verdict.recorded);
@@ -230,22 +228,21 @@ fn admit<St: Store, B>(
     Admission::Refused(response)
 }
 
-/// Adds `extra` to `headers`, keeping what is there: the fields of a quota
-/// further in (or of the handler) stay beside this layer's own.
-fn append_all(headers: &mut HeaderMap, extra: HeaderMap) {
-    let mut name = None;
-    for (next, value) in extra {
-        name = next.or(name);
-        if let Some(name) = &name {
-            headers.append(name.clone(), value);
-        }
+/// Adds this layer's `RateLimit-Policy` and `RateLimit` values to
+/// `headers`, keeping what is there: the fields of a quota further in (or of
+/// the handler) stay beside this layer's own.
+fn append_all(headers: &mut HeaderMap, extra: Option<[HeaderValue; 2]>) {
+    if let Some([policy, state]) = extra {
+        headers.append(headers::RATELIMIT_POLICY.clone(), policy);
+        headers.append(headers::RATELIMIT.clone(), state);
     }
 }
 
 /// What [`admit`] decided.
 enum Admission<B> {
-    /// Go on, adding these headers to the response.
-    Admitted(Option<HeaderMap>),
+    /// Go on, adding these `RateLimit-Policy` and `RateLimit` values to the
+    /// response.
+    Admitted(Option<[HeaderValue; 2]>),
     /// Answer with this refusal.
     Refused(Response<ResponseBody<B>>),
 }
