@@ -263,6 +263,49 @@ impl Authenticator for Counting {
     }
 }
 
+/// Claims to be ready at once but waits: the service must still answer,
+/// through its boxed path.
+struct ClaimsReady {
+    calls: Arc<AtomicUsize>,
+}
+
+impl Authenticator for ClaimsReady {
+    const READY: bool = true;
+
+    async fn authenticate(&self, _parts: &Parts) -> Result<Identity, AuthError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        tokio::task::yield_now().await;
+        Ok(Identity::new("late", "internal", "service"))
+    }
+}
+
+#[tokio::test]
+async fn an_authenticator_claiming_ready_that_waits_is_awaited() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let layer = AuthenticateLayer::new(ClaimsReady {
+        calls: Arc::clone(&calls),
+    });
+    let handler = tower::service_fn(|req: Request<Body>| async move {
+        let who = req
+            .extensions()
+            .get::<Identity>()
+            .unwrap()
+            .subject()
+            .to_owned();
+        Ok::<_, Infallible>(Response::new(Body::from(who)))
+    });
+    let response = layer
+        .layer(handler)
+        .oneshot(Request::new(Body::empty()))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body, "late");
+    // The first future was dropped after its one poll; the second answered.
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
 #[tokio::test]
 async fn custom_async_authenticator_and_clones_share_it() {
     let calls = Arc::new(AtomicUsize::new(0));

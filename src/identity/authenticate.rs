@@ -2,7 +2,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{ready, Context, Poll};
+use std::task::{ready, Context, Poll, Waker};
 
 use http::request::Parts;
 use http::{Request, Response};
@@ -18,8 +18,10 @@ use crate::reject::{is_grpc, Rejection, ResponseBody};
 /// The method returns `impl Future + Send` (a return-position `impl Trait` in
 /// a trait), so implementations may be written as `async fn` when their body
 /// is `Send`, and a synchronous implementation such as [`ApiKeys`] returns
-/// [`std::future::Ready`] without allocating. [`AuthenticateService`] boxes
-/// the future once per request so that its own future type stays nameable.
+/// [`std::future::Ready`]. [`AuthenticateService`] boxes the future once per
+/// request so that its own future type stays nameable, unless the
+/// authenticator sets [`READY`](Self::READY): then it polls the future once,
+/// in `call`, and allocates nothing.
 ///
 /// Implementations read only what the transport or an earlier trusted layer
 /// established (an `Authorization` header checked against a secret, a TLS
@@ -42,6 +44,18 @@ use crate::reject::{is_grpc, Rejection, ResponseBody};
 ///
 /// [`ApiKeys`]: super::ApiKeys
 pub trait Authenticator {
+    /// True when the future of [`authenticate`](Self::authenticate) is
+    /// always ready on its first poll: the authenticator never waits, as
+    /// [`ApiKeys`] never does. [`AuthenticateService`] then authenticates in
+    /// `call`, in place, without boxing a future. Default `false`.
+    ///
+    /// Set it only for an authenticator that never waits: if its future is
+    /// pending on that first poll anyway, the service drops it and calls
+    /// `authenticate` once more in a boxed future, which it awaits.
+    ///
+    /// [`ApiKeys`]: super::ApiKeys
+    const READY: bool = false;
+
     /// Returns the caller's identity, or why there is none.
     fn authenticate(
         &self,
@@ -50,6 +64,8 @@ pub trait Authenticator {
 }
 
 impl<A: Authenticator + ?Sized> Authenticator for Arc<A> {
+    const READY: bool = A::READY;
+
     fn authenticate(
         &self,
         parts: &Parts,
@@ -167,11 +183,34 @@ where
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+        let (mut parts, body) = req.into_parts();
+        if A::READY {
+            // Decided here, in place: no future to box, and the inner
+            // service that `poll_ready` prepared is called at once.
+            let ready = {
+                let future = std::pin::pin!(self.authenticator.authenticate(&parts));
+                future.poll(&mut Context::from_waker(Waker::noop()))
+            };
+            if let Poll::Ready(result) = ready {
+                let state = match result {
+                    Ok(identity) => {
+                        parts.extensions.insert(identity);
+                        State::Calling {
+                            future: self.inner.call(Request::from_parts(parts, body)),
+                        }
+                    }
+                    Err(err) => State::Refused {
+                        reason: err.reason(),
+                        grpc: is_grpc(&parts.headers),
+                    },
+                };
+                return ResponseFuture { state };
+            }
+        }
         // `call` awaits authentication before it calls the inner service, so
         // it takes the service that `poll_ready` prepared and leaves a clone.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        let (parts, body) = req.into_parts();
         let authenticator = Arc::clone(&self.authenticator);
         let auth: AuthFuture = Box::pin(async move {
             let result = authenticator.authenticate(&parts).await;
@@ -216,6 +255,10 @@ pin_project! {
             #[pin]
             future: S::Future,
         },
+        Refused {
+            reason: &'static str,
+            grpc: bool,
+        },
         Done,
     }
 }
@@ -228,6 +271,7 @@ where
         let state = match &self.state {
             State::Authenticating { .. } => "authenticating",
             State::Calling { .. } => "calling",
+            State::Refused { .. } => "refused",
             State::Done => "done",
         };
         f.debug_struct("ResponseFuture")
@@ -258,14 +302,10 @@ where
                             this.state.set(State::Calling { future });
                         }
                         Err(err) => {
-                            tracing::debug!(reason = err.reason(), "request not authenticated");
-                            this.state.set(State::Done);
-                            let rejection = Rejection::Unauthenticated {
+                            this.state.set(State::Refused {
                                 reason: err.reason(),
-                            };
-                            return Poll::Ready(Ok(
-                                rejection.into_layer_response(is_grpc(&parts.headers))
-                            ));
+                                grpc: is_grpc(&parts.headers),
+                            });
                         }
                     }
                 }
@@ -273,6 +313,13 @@ where
                     let response = ready!(future.poll(cx))?;
                     this.state.set(State::Done);
                     return Poll::Ready(Ok(response.map(Either::Left)));
+                }
+                StateProj::Refused { reason, grpc } => {
+                    let (reason, grpc) = (*reason, *grpc);
+                    tracing::debug!(reason, "request not authenticated");
+                    this.state.set(State::Done);
+                    let rejection = Rejection::Unauthenticated { reason };
+                    return Poll::Ready(Ok(rejection.into_layer_response(grpc)));
                 }
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
             }
