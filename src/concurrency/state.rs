@@ -83,11 +83,20 @@ impl Cap {
 
     /// Moves the `tower_admission_concurrency_in_flight` gauge of this cap's
     /// scope by `delta`.
+    ///
+    /// Each scope's label is a literal, so the macro keeps the key in a
+    /// `static` and builds nothing per call.
     #[inline]
     fn gauge_in_flight(&self, delta: f64) {
         #[cfg(feature = "metrics")]
-        metrics::gauge!("tower_admission_concurrency_in_flight", "scope" => self.scope)
-            .increment(delta);
+        match self.scope {
+            "global" => {
+                metrics::gauge!("tower_admission_concurrency_in_flight", "scope" => "global")
+                    .increment(delta)
+            }
+            _ => metrics::gauge!("tower_admission_concurrency_in_flight", "scope" => "identity")
+                .increment(delta),
+        }
         #[cfg(not(feature = "metrics"))]
         let _ = delta;
     }
@@ -97,8 +106,12 @@ impl Cap {
     #[inline]
     fn gauge_queued(&self, delta: f64) {
         #[cfg(feature = "metrics")]
-        metrics::gauge!("tower_admission_concurrency_queued", "scope" => self.scope)
-            .increment(delta);
+        match self.scope {
+            "global" => metrics::gauge!("tower_admission_concurrency_queued", "scope" => "global")
+                .increment(delta),
+            _ => metrics::gauge!("tower_admission_concurrency_queued", "scope" => "identity")
+                .increment(delta),
+        }
         #[cfg(not(feature = "metrics"))]
         let _ = delta;
     }
