@@ -8,11 +8,21 @@
 //! Each run makes `WARMUP` decisions over 10k keys, then `MEASURED` more; the
 //! script runs it twice per variant (with `MEASURED` and with 0) and divides
 //! the difference, so setup and warm-up cancel out.
+//!
+//! A variant named after one of the HTTP stacks of `benches/common/stacks.rs`
+//! (`bare_axum`, `tower_governor`, `quota_layer`, `whole_stack`) counts
+//! requests instead, one per 100 decisions, each through `Router::oneshot`
+//! on a current-thread runtime:
+//!
+//! ```text
+//! VARIANTS="bare_axum tower_governor quota_layer whole_stack" benches/instructions.sh
+//! ```
 
 mod common;
 
 use std::hint::black_box;
 
+use tower::ServiceExt;
 use tower_admission::quota::MemoryStore;
 
 use common::KEYS;
@@ -32,6 +42,12 @@ fn main() {
         }
         return;
     }
+    if let Some(stack) = common::stacks::stacks()
+        .into_iter()
+        .find(|s| s.name == variant)
+    {
+        return requests(&stack, total / 100);
+    }
     let quota = common::quotas()
         .into_iter()
         .find(|q| q.name() == variant)
@@ -40,4 +56,18 @@ fn main() {
     for i in 0..total {
         black_box(common::decide(&store, &quota, &keys[i % KEYS]));
     }
+}
+
+/// `n` requests to `stack`, one after another.
+fn requests(stack: &common::stacks::Stack, n: usize) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        for _ in 0..n {
+            let response = stack.app.clone().oneshot(stack.request()).await.unwrap();
+            assert_eq!(response.status(), 200);
+        }
+    });
 }
