@@ -14,20 +14,20 @@
 # quota), for the Redis ceiling.
 #
 # Every quota admits every request, so this measures the admitted path.
-# Two rounds, the second in reverse order; the table shows the median of the
-# two runs per mode (with two runs, their mean) and both raw figures.
-# Each mode gets a 1 s warm-up before its measured 10 s run. Loopback only.
-# About 100 s once the example is built.
+# Five rounds, every other one in reverse order; the table shows the median
+# of the runs per mode and every raw figure. Each mode gets a 1 s warm-up
+# before its measured 10 s run. Loopback only. About 6 minutes once the
+# example is built.
 #
 # Environment: DURATION (default 10s), CONNECTIONS (default 50),
-# ROUNDS (default 2), MODES (default "bare governor quota stack
+# ROUNDS (default 5), MODES (default "bare governor quota stack
 # stack-redis"; bare is always run, since the ratios are to it), REDIS_N
 # (requests per redis-benchmark run, default 200000), PIN (default 1: the
 # server runs on CPU 0 and wrk on CPU 1, through taskset, which keeps the two
 # from migrating onto one core; PIN=0 lets the scheduler place both).
 # SMOKE=1 sets ROUNDS=1, DURATION=2s, REDIS_N=20000 unless they are given,
-# and checks that the table is well formed; it never checks a figure. About
-# 30 s once the example is built.
+# runs the debug build, and checks that the table is well formed; it never
+# checks a figure. About 30 s once the example is built.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -39,7 +39,7 @@ if [ "$smoke" = 1 ]; then
     redis_n="${REDIS_N:-20000}"
 else
     duration="${DURATION:-10s}"
-    rounds="${ROUNDS:-2}"
+    rounds="${ROUNDS:-5}"
     redis_n="${REDIS_N:-200000}"
 fi
 connections="${CONNECTIONS:-50}"
@@ -78,9 +78,17 @@ if ! command -v wrk >/dev/null 2>&1; then
     fi
 fi
 
-echo "building examples/bench_server.rs (release, feature redis)" >&2
-(cd "$root" && cargo build --release --quiet --features redis --example bench_server)
-server="$root/target/release/examples/bench_server"
+if [ "$smoke" = 1 ]; then
+    # The debug build `cargo test --all-features` already made: the smoke
+    # checks the script, not the figures.
+    echo "building examples/bench_server.rs (debug, all features)" >&2
+    (cd "$root" && cargo build --quiet --all-features --example bench_server)
+    server="$root/target/debug/examples/bench_server"
+else
+    echo "building examples/bench_server.rs (release, feature redis)" >&2
+    (cd "$root" && cargo build --release --quiet --features redis --example bench_server)
+    server="$root/target/release/examples/bench_server"
+fi
 
 free_port() {
     python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
@@ -209,6 +217,7 @@ median() {
 column_of() { # mode, field (1 rps, 2 p50, 3 p99)
     tr ';' '\n' <<<"${results[$1]}" | awk -v f="$2" 'NF { print $f }' | paste -sd' '
 }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a / b }'; }
 
 declare -A med_rps
 for mode in "${modes[@]}"; do
@@ -248,22 +257,6 @@ if [ "$use_redis" = 1 ]; then
         ceiling[$pipeline]="${rates[*]}"
     done
 fi
-
-# median of a list of numbers (mean of the two middle ones when even)
-median() {
-    tr ' ' '\n' | sort -n | awk '{ v[NR] = $1 } END {
-        if (NR % 2) printf "%.0f", v[(NR + 1) / 2];
-        else printf "%.0f", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
-}
-column_of() { # mode, field (1 rps, 2 p50, 3 p99)
-    tr ';' '\n' <<<"${results[$1]}" | awk -v f="$2" 'NF { print $f }' | paste -sd' '
-}
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a / b }'; }
-
-declare -A med_rps
-for mode in "${modes[@]}"; do
-    med_rps[$mode]="$(column_of "$mode" 1 | median)"
-done
 
 table="$(
     echo "wrk -t1 -c$connections -d$duration, $rounds rounds (order alternated), median per mode; server: 1 tokio worker; source: $commit; pinned: $pin"
