@@ -11,7 +11,7 @@
 //!
 //! A variant named after one of the HTTP stacks of `benches/common/stacks.rs`
 //! (`bare_axum`, `tower_governor`, `quota_layer`, `whole_stack`) counts
-//! requests instead, one per 100 decisions, each through `Router::oneshot`
+//! requests instead, one per 10 decisions, each through `Router::oneshot`
 //! on a current-thread runtime:
 //!
 //! ```text
@@ -27,6 +27,8 @@ use tower_admission::quota::MemoryStore;
 
 use common::KEYS;
 
+/// Decisions before the measured ones; `WARMUP` in the environment
+/// overrides it (the smoke form uses a small one).
 const WARMUP: usize = 200_000;
 
 fn main() {
@@ -34,7 +36,11 @@ fn main() {
     let variant = args.next().unwrap_or_else(|| "governor".into());
     let measured: usize = args.next().and_then(|n| n.parse().ok()).unwrap_or(100_000);
     let keys = common::keys();
-    let total = WARMUP + measured;
+    let warmup = std::env::var("WARMUP")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(WARMUP);
+    let total = warmup + measured;
     if variant == "governor" {
         let limiter = common::governor();
         for i in 0..total {
@@ -46,7 +52,7 @@ fn main() {
         .into_iter()
         .find(|s| s.name == variant)
     {
-        return requests(&stack, total / 100);
+        return requests(&stack, total / 10);
     }
     let quota = common::quotas()
         .into_iter()
