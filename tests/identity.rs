@@ -263,6 +263,17 @@ impl Authenticator for Counting {
     }
 }
 
+/// Answers with the subject of the request's identity.
+async fn answer_subject(req: Request<Body>) -> Result<Response<Body>, Infallible> {
+    let who = req
+        .extensions()
+        .get::<Identity>()
+        .unwrap()
+        .subject()
+        .to_owned();
+    Ok(Response::new(Body::from(who)))
+}
+
 /// Claims to be ready at once but waits: the service must still answer,
 /// through its boxed path.
 struct ClaimsReady {
@@ -285,15 +296,7 @@ async fn an_authenticator_claiming_ready_that_waits_is_awaited() {
     let layer = AuthenticateLayer::new(ClaimsReady {
         calls: Arc::clone(&calls),
     });
-    let handler = tower::service_fn(|req: Request<Body>| async move {
-        let who = req
-            .extensions()
-            .get::<Identity>()
-            .unwrap()
-            .subject()
-            .to_owned();
-        Ok::<_, Infallible>(Response::new(Body::from(who)))
-    });
+    let handler = tower::service_fn(answer_subject);
     let response = layer
         .layer(handler)
         .oneshot(Request::new(Body::empty()))
@@ -312,15 +315,7 @@ async fn custom_async_authenticator_and_clones_share_it() {
     let layer = AuthenticateLayer::new(Counting {
         calls: Arc::clone(&calls),
     });
-    let handler = tower::service_fn(|req: Request<Body>| async move {
-        let who = req
-            .extensions()
-            .get::<Identity>()
-            .unwrap()
-            .subject()
-            .to_owned();
-        Ok::<_, Infallible>(Response::new(Body::from(who)))
-    });
+    let handler = tower::service_fn(answer_subject);
     let mut a = layer.clone().layer(handler);
     let mut b = a.clone();
     assert!(std::ptr::eq(a.authenticator(), b.authenticator()));

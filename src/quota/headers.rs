@@ -46,7 +46,14 @@ pub static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 /// # Ok::<(), tower_admission::ConfigError>(())
 /// ```
 pub fn insert(headers: &mut HeaderMap, quota: &Quota, verdict: &Verdict) {
-    if let Some([policy, state]) = values(quota, verdict) {
+    append(headers, values(quota, verdict));
+}
+
+/// Appends the `RateLimit-Policy` and `RateLimit` values that [`values`]
+/// made, keeping the fields already there: those of a quota further in, or
+/// of the handler, stay beside them.
+pub(crate) fn append(headers: &mut HeaderMap, values: Option<[HeaderValue; 2]>) {
+    if let Some([policy, state]) = values {
         headers.append(RATELIMIT_POLICY.clone(), policy);
         headers.append(RATELIMIT.clone(), state);
     }

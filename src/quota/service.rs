@@ -3,7 +3,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll, Waker};
 
-use http::{HeaderMap, HeaderValue, Request, Response};
+use http::{HeaderValue, Request, Response};
 use http_body_util::Either;
 use pin_project_lite::pin_project;
 use tower::Service;
@@ -98,7 +98,7 @@ where
         match self.project().state.project() {
             StateProj::Inner { future, headers } => {
                 let mut response = ready!(future.poll(cx))?;
-                append_all(response.headers_mut(), headers.take());
+                headers::append(response.headers_mut(), headers.take());
                 Poll::Ready(Ok(response.map(Either::Left)))
             }
             StateProj::Refused { response } => Poll::Ready(Ok(response
@@ -174,7 +174,7 @@ where
                         Admission::Admitted(headers) => {
                             let mut response =
                                 service.call(Request::from_parts(parts, body)).await?;
-                            append_all(response.headers_mut(), headers);
+                            headers::append(response.headers_mut(), headers);
                             Ok(response.map(Either::Left))
                         }
                         Admission::Refused(response) => Ok(response),
@@ -226,16 +226,6 @@ fn admit<St: Store, B>(
     let mut response = rejection.into_layer_response(is_grpc(&parts.headers));
     headers::insert(response.headers_mut(), quota, &verdict);
     Admission::Refused(response)
-}
-
-/// Adds this layer's `RateLimit-Policy` and `RateLimit` values to
-/// `headers`, keeping what is there: the fields of a quota further in (or of
-/// the handler) stay beside this layer's own.
-fn append_all(headers: &mut HeaderMap, extra: Option<[HeaderValue; 2]>) {
-    if let Some([policy, state]) = extra {
-        headers.append(headers::RATELIMIT_POLICY.clone(), policy);
-        headers.append(headers::RATELIMIT.clone(), state);
-    }
 }
 
 /// What [`admit`] decided.
