@@ -291,13 +291,15 @@ impl<S: Store> Limiter<S> {
             admitted,
             "quota decision"
         );
+        // The key is the quota's own, built once: no labels to build, hash
+        // or free per decision.
         #[cfg(feature = "metrics")]
-        metrics::counter!(
-            "tower_admission_quota_decisions_total",
-            "quota" => quota.name_arc().clone(),
-            "result" => if admitted { "admitted" } else { "refused" }
-        )
-        .increment(1);
+        {
+            static METADATA: metrics::Metadata<'static> =
+                metrics::Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
+            metrics::with_recorder(|r| r.register_counter(quota.decision_key(admitted), &METADATA))
+                .increment(1);
+        }
         #[cfg(feature = "metrics")]
         count_policy_refusals(quota, &verdict);
         verdict

@@ -196,6 +196,10 @@ pub struct Quota {
     /// once: it identifies the quota's state layout in stores.
     layout: u64,
     policies: Arc<[Policy]>,
+    /// The keys of `tower_admission_quota_decisions_total` for this quota,
+    /// admitted then refused: built once, not at every decision.
+    #[cfg(feature = "metrics")]
+    decision_keys: Arc<[metrics::Key; 2]>,
 }
 
 /// A fixed hash of a quota's name and its policies' algorithm kinds. Two
@@ -242,6 +246,14 @@ impl Quota {
         }
         Ok(Quota {
             layout: layout_hash(&name, &policies),
+            #[cfg(feature = "metrics")]
+            decision_keys: Arc::new(["admitted", "refused"].map(|result| {
+                let labels = vec![
+                    metrics::Label::new("quota", name.clone()),
+                    metrics::Label::new("result", result),
+                ];
+                metrics::Key::from_parts("tower_admission_quota_decisions_total", labels)
+            })),
             name,
             policies,
         })
@@ -255,6 +267,13 @@ impl Quota {
     /// The quota's name as a shared string.
     pub fn name_arc(&self) -> &Arc<str> {
         &self.name
+    }
+
+    /// The key of this quota's `tower_admission_quota_decisions_total`
+    /// counter for an admission or a refusal.
+    #[cfg(feature = "metrics")]
+    pub(crate) fn decision_key(&self, admitted: bool) -> &metrics::Key {
+        &self.decision_keys[usize::from(!admitted)]
     }
 
     /// The layout hash, for stores: see [`layout_hash`].
@@ -275,6 +294,8 @@ impl Quota {
             name: self.name.clone(),
             layout: self.layout,
             policies: self.policies.iter().map(|p| p.share(divisor)).collect(),
+            #[cfg(feature = "metrics")]
+            decision_keys: self.decision_keys.clone(),
         }
     }
 }
