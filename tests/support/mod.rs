@@ -67,22 +67,29 @@ impl Drop for TempDir {
 }
 
 /// A free TCP port on 127.0.0.1; for cluster nodes the bus port (+10000) is
-/// free too.
+/// free too. Never the same port twice in one test binary: the OS may hand
+/// a just-released port out again, and two servers of one test (or of two
+/// tests running at once) given one port would make one fail to listen
+/// while the other answers for it.
 pub fn free_port(with_bus: bool) -> u16 {
+    static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
     for _ in 0..100 {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
         let port = listener.local_addr().expect("local addr").port();
-        if port == 6379 {
+        if port == 6379 || given.contains(&port) {
             continue;
         }
         if with_bus {
             let Some(bus) = port.checked_add(10_000) else {
                 continue;
             };
-            if TcpListener::bind(("127.0.0.1", bus)).is_err() {
+            if given.contains(&bus) || TcpListener::bind(("127.0.0.1", bus)).is_err() {
                 continue;
             }
+            given.push(bus);
         }
+        given.push(port);
         return port;
     }
     panic!("no free port found");
