@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use metrics_util::{CompositeKey, MetricKind};
 use tower_admission::quota::{
     FailureMode, Holds, Limiter, MemoryStore, Policy, Quota, QuotaDecision, Store, StoreError,
@@ -25,6 +25,20 @@ impl Store for TimingOut {
     fn settle(&self, _: &Quota, _: &Arc<str>, _: &Holds, _: i64) -> Self::SettleFuture {
         std::future::ready(Err(StoreError::Timeout))
     }
+}
+
+/// Runs `test` on a current-thread runtime with a fresh debugging recorder
+/// installed for this thread: what it returned, and what it recorded.
+fn recorded<T>(test: impl std::future::Future<Output = T>) -> (T, Snapshotter) {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let out = metrics::with_local_recorder(&recorder, || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(test)
+    });
+    (out, snapshotter)
 }
 
 fn counter(
@@ -54,41 +68,34 @@ fn counter(
 
 #[test]
 fn decisions_failure_modes_and_unknown_outcomes_are_counted() {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    metrics::with_local_recorder(&recorder, || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            let limiter = Limiter::new(TimingOut);
-            let minute = Duration::from_secs(60);
-            let closed =
-                Quota::new("closed", [Policy::fixed_window("m", 10, minute).unwrap()]).unwrap();
-            let open = Quota::new(
-                "open",
-                [Policy::fixed_window("m", 10, minute)
-                    .unwrap()
-                    .on_failure(FailureMode::Open)],
-            )
-            .unwrap();
-            let key: Arc<str> = "alice".into();
-            for _ in 0..3 {
-                assert!(!limiter.check(&closed, &key, 1).await.is_admitted());
-            }
-            for _ in 0..2 {
-                assert!(limiter.check(&open, &key, 1).await.is_admitted());
-            }
-            let stats = limiter.stats();
-            assert_eq!(
-                (
-                    stats.failed_closed,
-                    stats.failed_open,
-                    stats.unknown_outcomes
-                ),
-                (3, 2, 5)
-            );
-        });
+    let ((), snapshotter) = recorded(async {
+        let limiter = Limiter::new(TimingOut);
+        let minute = Duration::from_secs(60);
+        let closed =
+            Quota::new("closed", [Policy::fixed_window("m", 10, minute).unwrap()]).unwrap();
+        let open = Quota::new(
+            "open",
+            [Policy::fixed_window("m", 10, minute)
+                .unwrap()
+                .on_failure(FailureMode::Open)],
+        )
+        .unwrap();
+        let key: Arc<str> = "alice".into();
+        for _ in 0..3 {
+            assert!(!limiter.check(&closed, &key, 1).await.is_admitted());
+        }
+        for _ in 0..2 {
+            assert!(limiter.check(&open, &key, 1).await.is_admitted());
+        }
+        let stats = limiter.stats();
+        assert_eq!(
+            (
+                stats.failed_closed,
+                stats.failed_open,
+                stats.unknown_outcomes
+            ),
+            (3, 2, 5)
+        );
     });
     let snapshot = snapshotter.snapshot().into_vec();
     assert_eq!(
@@ -168,35 +175,28 @@ fn gauge(
 
 #[test]
 fn refusals_are_counted_per_policy_and_shadow_refusals_apart() {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    let stats = metrics::with_local_recorder(&recorder, || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            let hour = Duration::from_secs(3_600);
-            let limiter = Limiter::new(MemoryStore::new());
-            let quota = Quota::new(
-                "reports",
-                [
-                    Policy::token_bucket("burst", 2, 2, hour).unwrap(),
-                    Policy::fixed_window("watch", 1, hour).unwrap().shadow(),
-                ],
-            )
-            .unwrap();
-            let key: Arc<str> = "alice".into();
-            let admitted: Vec<bool> = [1, 1, 1, 1, 5]
-                .iter()
-                .map(|&cost| limiter.check(&quota, &key, cost))
-                .collect::<futures_util::future::JoinAll<_>>()
-                .await
-                .iter()
-                .map(|v| v.is_admitted())
-                .collect();
-            assert_eq!(admitted, [true, true, false, false, false]);
-            limiter.stats()
-        })
+    let (stats, snapshotter) = recorded(async {
+        let hour = Duration::from_secs(3_600);
+        let limiter = Limiter::new(MemoryStore::new());
+        let quota = Quota::new(
+            "reports",
+            [
+                Policy::token_bucket("burst", 2, 2, hour).unwrap(),
+                Policy::fixed_window("watch", 1, hour).unwrap().shadow(),
+            ],
+        )
+        .unwrap();
+        let key: Arc<str> = "alice".into();
+        let admitted: Vec<bool> = [1, 1, 1, 1, 5]
+            .iter()
+            .map(|&cost| limiter.check(&quota, &key, cost))
+            .collect::<futures_util::future::JoinAll<_>>()
+            .await
+            .iter()
+            .map(|v| v.is_admitted())
+            .collect();
+        assert_eq!(admitted, [true, true, false, false, false]);
+        limiter.stats()
     });
     let snapshot = snapshotter.snapshot().into_vec();
     let name = "tower_admission_policy_refused_total";
@@ -303,28 +303,21 @@ fn concurrency_gauges_follow_in_flight_and_queued_requests() {
 fn dependency_attempts_refusals_and_waits_are_counted_per_budget() {
     use tower_admission::outbound::{AttemptBudget, DependencyBudget, Share};
 
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    metrics::with_local_recorder(&recorder, || {
-        let rt = tokio::runtime::Builder::new_current_thread()
+    let ((), snapshotter) = recorded(async {
+        let hour = Duration::from_secs(3_600);
+        let budget = DependencyBudget::builder(MemoryStore::new(), "reports-db")
+            .normal(Policy::token_bucket("normal", 2, 2, hour).unwrap())
+            .retry(Policy::token_bucket("retry", 1, 1, hour).unwrap())
             .build()
             .unwrap();
-        rt.block_on(async {
-            let hour = Duration::from_secs(3_600);
-            let budget = DependencyBudget::builder(MemoryStore::new(), "reports-db")
-                .normal(Policy::token_bucket("normal", 2, 2, hour).unwrap())
-                .retry(Policy::token_bucket("retry", 1, 1, hour).unwrap())
-                .build()
-                .unwrap();
-            for _ in 0..3 {
-                let _ = budget.try_acquire(Share::Normal, 1).await;
-            }
-            assert_eq!(budget.try_acquire(Share::Retry, 1).await, Ok(()));
-            budget.record_wait(Duration::from_millis(250));
-            budget.record_wait(Duration::ZERO);
-            let stats = budget.stats();
-            assert_eq!((stats.normal, stats.retry, stats.refused), (2, 1, 1));
-        });
+        for _ in 0..3 {
+            let _ = budget.try_acquire(Share::Normal, 1).await;
+        }
+        assert_eq!(budget.try_acquire(Share::Retry, 1).await, Ok(()));
+        budget.record_wait(Duration::from_millis(250));
+        budget.record_wait(Duration::ZERO);
+        let stats = budget.stats();
+        assert_eq!((stats.normal, stats.retry, stats.refused), (2, 1, 1));
     });
     let snapshot = snapshotter.snapshot().into_vec();
     let attempts = |share: &str| -> u64 {
