@@ -132,3 +132,53 @@ async fn limiter_outage_is_temporary_reduced_capacity() {
         })
     );
 }
+
+/// A limiter that cannot decide, with policies falling back to a local
+/// share of a quarter: admitted responses advertise the share the request
+/// was decided under (`q=25`, `q=5`), not the configured limits, and a
+/// healthy store's answer advertises the configured ones.
+#[tokio::test]
+async fn a_local_share_advertises_its_own_limits() {
+    let share = tower_admission::quota::FailureMode::LocalShare {
+        divisor: std::num::NonZeroU64::new(4).unwrap(),
+    };
+    let quota = Quota::new(
+        "requests",
+        quota()
+            .policies()
+            .iter()
+            .map(|p| p.clone().on_failure(share)),
+    )
+    .unwrap();
+    fn app<St: Store>(store: St, quota: &Quota) -> Router {
+        let layer = QuotaLayer::builder(store)
+            .quota(quota.clone())
+            .headers_on_success(true)
+            .build()
+            .unwrap();
+        Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(layer)
+    }
+    let (status, headers, _) = send(&app(MemoryStore::new(), &quota)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        headers["ratelimit-policy"],
+        "\"per-minute\";q=100;w=60, \"burst\";q=20;w=12"
+    );
+    assert_eq!(
+        headers["ratelimit"],
+        "\"per-minute\";r=99;t=60, \"burst\";r=19;t=1"
+    );
+
+    let (status, headers, _) = send(&app(Down, &quota)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        headers["ratelimit-policy"],
+        "\"per-minute\";q=25;w=60, \"burst\";q=5;w=12"
+    );
+    assert_eq!(
+        headers["ratelimit"],
+        "\"per-minute\";r=24;t=60, \"burst\";r=4;t=3"
+    );
+}

@@ -16,7 +16,6 @@
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue};
-use smallvec::SmallVec;
 
 use crate::quota::{Outcome, Quota, Verdict};
 
@@ -46,7 +45,7 @@ pub static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 /// # Ok::<(), tower_admission::ConfigError>(())
 /// ```
 pub fn insert(headers: &mut HeaderMap, quota: &Quota, verdict: &Verdict) {
-    append(headers, values(quota, verdict));
+    append(headers, values(quota, verdict, None));
 }
 
 /// Appends the `RateLimit-Policy` and `RateLimit` values that [`values`]
@@ -59,85 +58,150 @@ pub(crate) fn append(headers: &mut HeaderMap, values: Option<[HeaderValue; 2]>) 
     }
 }
 
+/// The `RateLimit-Policy` value of `quota` as configured: each enforcing
+/// policy with its limit and window. `None` when every policy is a shadow.
+pub(crate) fn policy_field(quota: &Quota) -> Option<HeaderValue> {
+    let mut policy = Field::default();
+    for p in quota.policies().iter().filter(|p| !p.is_shadow()) {
+        policy.policy(p.name(), p.algorithm().limit(), p.algorithm().window());
+    }
+    if policy.is_empty() {
+        return None;
+    }
+    policy.value()
+}
+
 /// The values of `RateLimit-Policy` and `RateLimit` for a verdict on
 /// `quota`, as [`insert`] appends them; `None` when there is nothing to
 /// advertise. Written into a buffer on the stack with no formatting
-/// machinery: one allocation per value, the value's own.
-pub(crate) fn values(quota: &Quota, verdict: &Verdict) -> Option<[HeaderValue; 2]> {
-    let mut policy = Field::default();
+/// machinery: one allocation per value written, the value's own.
+///
+/// `configured` is [`policy_field`] of `quota`, when the caller keeps it:
+/// a verdict that decided every policy under its configured limit (not a
+/// local share) advertises exactly that, so it is cloned, not written.
+pub(crate) fn values(
+    quota: &Quota,
+    verdict: &Verdict,
+    configured: Option<&HeaderValue>,
+) -> Option<[HeaderValue; 2]> {
     let mut state = Field::default();
+    let mut as_configured =
+        verdict.local_quota().is_none() && verdict.decisions().len() == quota.policies().len();
     for (p, d) in verdict.named(quota) {
-        let name = p.name();
-        let window = ceil_secs(p.algorithm().window());
         // Policy names are [A-Za-z0-9._-], safe inside an sf-string.
-        policy.member(name);
-        policy.param(b";q=", d.limit);
-        policy.param(b";w=", window);
-        state.member(name);
+        state.member(p.name());
         state.param(b";r=", d.remaining);
         state.param(b";t=", ceil_secs(d.reset));
+        as_configured &= d.limit == p.algorithm().limit();
     }
-    if policy.is_empty() {
-        // No policy decided: the store failed and the policies fail closed.
-        // Advertise them with nothing remaining until the refusal's wait.
-        let Outcome::Unavailable { wait } = verdict.outcome() else {
-            return None;
+    if !state.is_empty() {
+        let policy = match configured {
+            Some(value) if as_configured => value.clone(),
+            _ => {
+                let mut policy = Field::default();
+                for (p, d) in verdict.named(quota) {
+                    policy.policy(p.name(), d.limit, p.algorithm().window());
+                }
+                policy.value()?
+            }
         };
-        let t = ceil_secs(*wait).max(1);
-        for p in quota.policies().iter().filter(|p| !p.is_shadow()) {
-            let name = p.name();
-            policy.member(name);
-            policy.param(b";q=", p.algorithm().limit());
-            policy.param(b";w=", ceil_secs(p.algorithm().window()));
-            state.member(name);
-            state.param(b";r=", 0);
-            state.param(b";t=", t);
-        }
-        if policy.is_empty() {
-            return None;
-        }
+        return Some([policy, state.value()?]);
     }
-    Some([policy.value()?, state.value()?])
+    // No policy decided: the store failed and the policies fail closed.
+    // Advertise them as configured, with nothing remaining until the
+    // refusal's wait.
+    let Outcome::Unavailable { wait } = verdict.outcome() else {
+        return None;
+    };
+    let t = ceil_secs(*wait).max(1);
+    for p in quota.policies().iter().filter(|p| !p.is_shadow()) {
+        state.member(p.name());
+        state.param(b";r=", 0);
+        state.param(b";t=", t);
+    }
+    if state.is_empty() {
+        return None;
+    }
+    let policy = match configured {
+        Some(value) => value.clone(),
+        None => policy_field(quota)?,
+    };
+    Some([policy, state.value()?])
 }
 
 /// A structured field list being written: `"name";k=v;k=v, "name";...`.
-#[derive(Default)]
-struct Field(SmallVec<[u8; 128]>);
+/// On the stack up to [`Field::STACK`] bytes (two members of the longest
+/// names and numbers), on the heap beyond.
+struct Field {
+    stack: [u8; Field::STACK],
+    len: usize,
+    /// Everything written, once it outgrew `stack`.
+    heap: Vec<u8>,
+}
+
+impl Default for Field {
+    fn default() -> Self {
+        Field {
+            stack: [0; Field::STACK],
+            len: 0,
+            heap: Vec::new(),
+        }
+    }
+}
 
 impl Field {
+    const STACK: usize = 256;
+
     fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.len == 0 && self.heap.is_empty()
+    }
+
+    fn bytes(&self) -> &[u8] {
+        if self.heap.is_empty() {
+            &self.stack[..self.len]
+        } else {
+            &self.heap
+        }
+    }
+
+    fn put(&mut self, bytes: &[u8]) {
+        if self.heap.is_empty() {
+            let end = self.len + bytes.len();
+            if let Some(free) = self.stack.get_mut(self.len..end) {
+                free.copy_from_slice(bytes);
+                self.len = end;
+                return;
+            }
+            self.heap.extend_from_slice(&self.stack[..self.len]);
+        }
+        self.heap.extend_from_slice(bytes);
     }
 
     /// Starts a list member named `name`.
     fn member(&mut self, name: &str) {
-        if !self.0.is_empty() {
-            self.0.extend_from_slice(b", ");
+        if !self.is_empty() {
+            self.put(b", ");
         }
-        self.0.push(b'"');
-        self.0.extend_from_slice(name.as_bytes());
-        self.0.push(b'"');
+        self.put(b"\"");
+        self.put(name.as_bytes());
+        self.put(b"\"");
+    }
+
+    /// Appends a `RateLimit-Policy` member: `"name";q=LIMIT;w=WINDOW`.
+    fn policy(&mut self, name: &str, limit: u64, window: std::time::Duration) {
+        self.member(name);
+        self.param(b";q=", limit);
+        self.param(b";w=", ceil_secs(window));
     }
 
     /// Appends `key` (such as `;q=`) and `n` in decimal.
     fn param(&mut self, key: &[u8], n: u64) {
-        self.0.extend_from_slice(key);
-        let mut digits = [0u8; 20];
-        let mut at = digits.len();
-        let mut n = n;
-        loop {
-            at -= 1;
-            digits[at] = b'0' + (n % 10) as u8;
-            n /= 10;
-            if n == 0 {
-                break;
-            }
-        }
-        self.0.extend_from_slice(&digits[at..]);
+        self.put(key);
+        self.put(itoa::Buffer::new().format(n).as_bytes());
     }
 
     fn value(&self) -> Option<HeaderValue> {
-        HeaderValue::from_maybe_shared(Bytes::copy_from_slice(&self.0)).ok()
+        HeaderValue::from_maybe_shared(Bytes::copy_from_slice(self.bytes())).ok()
     }
 }
 

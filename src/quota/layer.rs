@@ -3,10 +3,11 @@ use std::fmt;
 use std::sync::Arc;
 
 use http::request::Parts;
+use http::{Extensions, HeaderValue};
 use tower::Layer;
 
 use crate::identity::Identity;
-use crate::quota::{Limiter, Quota, QuotaService, Store};
+use crate::quota::{headers, Limiter, Quota, QuotaService, Store};
 use crate::ConfigError;
 
 /// What a quota is keyed on.
@@ -77,8 +78,8 @@ pub struct QuotaLayer<St> {
 
 pub(crate) struct Config<St> {
     pub(crate) limiter: Limiter<St>,
-    pub(crate) default_quota: Option<Quota>,
-    pub(crate) plans: HashMap<Arc<str>, Quota>,
+    default_quota: Option<Planned>,
+    plans: HashMap<Arc<str>, Planned>,
     pub(crate) scope: Scope,
     pub(crate) cost: Option<CostFn>,
     pub(crate) headers_on_success: bool,
@@ -95,7 +96,10 @@ impl<St> Clone for QuotaLayer<St> {
 impl<St> fmt::Debug for QuotaLayer<St> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("QuotaLayer")
-            .field("default_quota", &self.config.default_quota)
+            .field(
+                "default_quota",
+                &self.config.default_quota.as_ref().map(|p| &p.quota),
+            )
             .field("plans", &self.config.plans.keys().collect::<Vec<_>>())
             .field("scope", &self.config.scope)
             .field("headers_on_success", &self.config.headers_on_success)
@@ -156,13 +160,13 @@ impl<St: Store> QuotaLayerBuilder<St> {
     /// The quota for identities whose plan has none of its own, and for
     /// requests without an identity under [`Scope::Aggregate`] or [`Scope::Custom`].
     pub fn quota(mut self, quota: Quota) -> Self {
-        self.config.default_quota = Some(quota);
+        self.config.default_quota = Some(Planned::new(quota));
         self
     }
 
     /// The quota for identities on `plan`.
     pub fn plan(mut self, plan: &str, quota: Quota) -> Self {
-        self.config.plans.insert(plan.into(), quota);
+        self.config.plans.insert(plan.into(), Planned::new(quota));
         self
     }
 
@@ -200,7 +204,7 @@ impl<St: Store> QuotaLayerBuilder<St> {
             .default_quota
             .iter()
             .chain(self.config.plans.values());
-        let mut names: Vec<&str> = quotas.map(Quota::name).collect();
+        let mut names: Vec<&str> = quotas.map(|p| p.quota.name()).collect();
         names.sort_unstable();
         if names.windows(2).any(|w| w[0] == w[1]) {
             return Err(ConfigError::new(
@@ -213,35 +217,66 @@ impl<St: Store> QuotaLayerBuilder<St> {
             .default_quota
             .iter()
             .chain(self.config.plans.values());
-        quotas.try_for_each(|q| self.config.limiter.validate(q))?;
+        quotas.try_for_each(|p| self.config.limiter.validate(&p.quota))?;
         Ok(QuotaLayer {
             config: Arc::new(self.config),
         })
     }
 }
 
+/// A configured quota with its `RateLimit-Policy` value, written once.
+#[derive(Clone)]
+pub(crate) struct Planned {
+    pub(crate) quota: Quota,
+    /// The value for a verdict that decided every policy of `quota` under
+    /// its configured limits, the usual case: see [`headers::values`].
+    pub(crate) policy_field: Option<HeaderValue>,
+}
+
+impl Planned {
+    fn new(quota: Quota) -> Self {
+        Planned {
+            policy_field: headers::policy_field(&quota),
+            quota,
+        }
+    }
+}
+
 impl<St> Config<St> {
-    /// The quota and key for a request, or why there is none.
-    pub(crate) fn resolve(&self, parts: &Parts) -> Resolved<'_> {
-        let identity = parts.extensions.get::<Identity>();
-        let quota = identity
+    /// True when resolving a request reads more than its extensions: a key
+    /// or cost function, which takes the request's [`Parts`].
+    pub(crate) fn reads_parts(&self) -> bool {
+        matches!(self.scope, Scope::Custom(_)) || self.cost.is_some()
+    }
+
+    /// The quota and key for a request, or why there is none. `parts` is
+    /// the request's head, needed only when [`Config::reads_parts`]; its
+    /// extensions are `extensions`.
+    pub(crate) fn resolve(&self, extensions: &Extensions, parts: Option<&Parts>) -> Resolved<'_> {
+        let identity = extensions.get::<Identity>();
+        let planned = identity
             .and_then(|id| self.plans.get(id.plan()))
             .or(self.default_quota.as_ref());
-        let key = match &self.scope {
-            Scope::Subject => identity.map(|id| id.subject_arc().clone()),
-            Scope::Tenant => identity.map(|id| id.tenant_arc().clone()),
-            Scope::Aggregate => Some(aggregate_key()),
-            Scope::Custom(f) => match f(parts) {
+        let key = match (&self.scope, parts) {
+            (Scope::Subject, _) => identity.map(|id| id.subject_arc().clone()),
+            (Scope::Tenant, _) => identity.map(|id| id.tenant_arc().clone()),
+            (Scope::Aggregate, _) => Some(aggregate_key()),
+            (Scope::Custom(f), Some(parts)) => match f(parts) {
                 Some(key) => Some(key),
                 None => return Resolved::Skip,
             },
+            (Scope::Custom(_), None) => unreachable!("a key function reads the parts"),
         };
-        match (quota, key) {
+        match (planned, key) {
             (_, None) => Resolved::NoIdentity,
             (None, _) => Resolved::Skip,
-            (Some(quota), Some(key)) => {
-                let cost = self.cost.as_ref().map_or(1, |f| f(parts));
-                Resolved::Apply { quota, key, cost }
+            (Some(planned), Some(key)) => {
+                let cost = match (&self.cost, parts) {
+                    (Some(f), Some(parts)) => f(parts),
+                    (Some(_), None) => unreachable!("a cost function reads the parts"),
+                    (None, _) => 1,
+                };
+                Resolved::Apply { planned, key, cost }
             }
         }
     }
@@ -254,7 +289,7 @@ fn aggregate_key() -> Arc<str> {
 
 pub(crate) enum Resolved<'a> {
     Apply {
-        quota: &'a Quota,
+        planned: &'a Planned,
         key: Arc<str>,
         cost: u64,
     },

@@ -8,8 +8,8 @@ use http_body_util::Either;
 use pin_project_lite::pin_project;
 use tower::Service;
 
-use crate::quota::layer::{Config, Resolved};
-use crate::quota::{headers, Quota, Settlement, Store, Verdict};
+use crate::quota::layer::{Config, Planned, Resolved};
+use crate::quota::{headers, Settlement, Store, Verdict};
 use crate::reject::{is_grpc, Rejection, ResponseBody};
 
 /// The service built by [`QuotaLayer`](crate::quota::QuotaLayer).
@@ -132,36 +132,41 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        let (mut parts, body) = req.into_parts();
-        let (quota, key, cost) = match self.config.resolve(&parts) {
-            Resolved::Apply { quota, key, cost } => (quota, key, cost),
-            Resolved::Skip => {
-                let future = self.inner.call(Request::from_parts(parts, body));
-                return inner(future, None);
-            }
+    fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
+        // The request is split only for a key or cost function, which reads
+        // its head: moving a request costs a copy of it.
+        let resolved = if self.config.reads_parts() {
+            let (parts, body) = req.into_parts();
+            let resolved = self.config.resolve(&parts.extensions, Some(&parts));
+            req = Request::from_parts(parts, body);
+            resolved
+        } else {
+            self.config.resolve(req.extensions(), None)
+        };
+        let (planned, key, cost) = match resolved {
+            Resolved::Apply { planned, key, cost } => (planned, key, cost),
+            Resolved::Skip => return inner(self.inner.call(req), None),
             Resolved::NoIdentity => {
                 let rejection = Rejection::Unauthenticated {
                     reason: "no authenticated identity",
                 };
-                return refused(rejection.into_layer_response(is_grpc(&parts.headers)));
+                return refused(rejection.into_layer_response(is_grpc(req.headers())));
             }
         };
         let limiter = &self.config.limiter;
+        let quota = &planned.quota;
         let mut decide = limiter.store().decide(quota, &key, cost);
         // A decision that is ready at once is applied here, in place. A
         // pending one is polled again, with the caller's waker, below.
         let mut noop = Context::from_waker(Waker::noop());
         if let Poll::Ready(result) = Pin::new(&mut decide).poll(&mut noop) {
             let verdict = limiter.resolve(quota, &key, cost, result);
-            return match admit(&self.config, quota, key, cost, verdict, &mut parts) {
-                Admission::Admitted(headers) => {
-                    inner(self.inner.call(Request::from_parts(parts, body)), headers)
-                }
+            return match admit(&self.config, planned, key, cost, verdict, &mut req) {
+                Admission::Admitted(headers) => inner(self.inner.call(req), headers),
                 Admission::Refused(response) => refused(response),
             };
         }
-        let quota = quota.clone();
+        let planned = planned.clone();
         let ready = self.inner.clone();
         let mut service = std::mem::replace(&mut self.inner, ready);
         let config = self.config.clone();
@@ -169,11 +174,10 @@ where
             state: State::Waiting {
                 future: Box::pin(async move {
                     let result = decide.await;
-                    let verdict = config.limiter.resolve(&quota, &key, cost, result);
-                    match admit(&config, &quota, key, cost, verdict, &mut parts) {
+                    let verdict = config.limiter.resolve(&planned.quota, &key, cost, result);
+                    match admit(&config, &planned, key, cost, verdict, &mut req) {
                         Admission::Admitted(headers) => {
-                            let mut response =
-                                service.call(Request::from_parts(parts, body)).await?;
+                            let mut response = service.call(req).await?;
                             headers::append(response.headers_mut(), headers);
                             Ok(response.map(Either::Left))
                         }
@@ -201,30 +205,33 @@ fn refused<F, B, E>(response: Response<ResponseBody<B>>) -> ResponseFuture<F, B,
 
 /// Applies a verdict: on admission records the settlement and returns the
 /// headers for the response (if configured); on refusal, the response.
-fn admit<St: Store, B>(
+fn admit<St: Store, ReqB, B>(
     config: &Config<St>,
-    quota: &Quota,
+    planned: &Planned,
     key: Arc<str>,
     cost: u64,
     verdict: Verdict,
-    parts: &mut http::request::Parts,
+    req: &mut Request<ReqB>,
 ) -> Admission<B> {
+    let quota = &planned.quota;
     let Some(rejection) = Rejection::from_outcome(verdict.outcome(), cost) else {
         let headers = if config.headers_on_success {
-            headers::values(quota, &verdict)
+            headers::values(quota, &verdict, planned.policy_field.as_ref())
         } else {
             None
         };
         if config.cost.is_some() {
-            let mut settlement = parts.extensions.remove::<Settlement>().unwrap_or_default();
+            let extensions = req.extensions_mut();
+            let mut settlement = extensions.remove::<Settlement>().unwrap_or_default();
             settlement.push(&config.limiter, quota, key, cost, verdict.recorded);
-            parts.extensions.insert(settlement);
+            extensions.insert(settlement);
         }
         return Admission::Admitted(headers);
     };
     tracing::debug!(quota = quota.name(), key = &*key, cost, %rejection, "quota refused");
-    let mut response = rejection.into_layer_response(is_grpc(&parts.headers));
-    headers::insert(response.headers_mut(), quota, &verdict);
+    let mut response = rejection.into_layer_response(is_grpc(req.headers()));
+    let values = headers::values(quota, &verdict, planned.policy_field.as_ref());
+    headers::append(response.headers_mut(), values);
     Admission::Refused(response)
 }
 
