@@ -258,7 +258,7 @@ impl<S: Store> Limiter<S> {
     }
 
     /// Turns the store's answer into a verdict, applying failure modes.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn resolve(
         &self,
         quota: &Quota,
@@ -402,7 +402,7 @@ impl<S: Store> Limiter<S> {
 
     /// Turns a store decision into a verdict: the outcome from the enforcing
     /// policies only, shadow counts and logs.
-    #[inline]
+    #[inline(always)]
     fn verdict(&self, quota: &Quota, mut decision: QuotaDecision, cost: u64) -> Verdict {
         if let ([policy], true) = (quota.policies(), decision.admitted) {
             if !policy.is_shadow() || decision.decisions[0].admitted {

@@ -189,12 +189,14 @@ where
     }
 }
 
+#[inline(always)]
 fn inner<F, B, E>(future: F, headers: Option<[HeaderValue; 2]>) -> ResponseFuture<F, B, E> {
     ResponseFuture {
         state: State::Inner { future, headers },
     }
 }
 
+#[inline(always)]
 fn refused<F, B, E>(response: Response<ResponseBody<B>>) -> ResponseFuture<F, B, E> {
     ResponseFuture {
         state: State::Refused {
