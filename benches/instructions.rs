@@ -17,6 +17,9 @@
 //! ```text
 //! VARIANTS="bare_axum tower_governor quota_layer whole_stack" benches/instructions.sh
 //! ```
+//!
+//! `stack_1` to `stack_5` are the whole stack cut after its first N layers
+//! (`benches/common/inbound.rs`), for the cost of each layer.
 
 mod common;
 
@@ -53,6 +56,9 @@ fn main() {
         .find(|s| s.name == variant)
     {
         return requests(&stack, total / 10);
+    }
+    if let Some(n) = variant.strip_prefix("stack_").and_then(|n| n.parse().ok()) {
+        return requests(&common::stacks::first_layers(n), total / 10);
     }
     let quota = common::quotas()
         .into_iter()

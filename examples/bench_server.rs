@@ -19,6 +19,8 @@
 //!   `benches/wrk/auth.lua` sends them), a per-user quota of a sliding log and
 //!   a token bucket, an aggregate quota and concurrency caps, all in a
 //!   [`MemoryStore`];
+//! - `stack-1` to `stack-5`: the in-memory stack cut after its first N
+//!   layers, for the cost of each layer;
 //! - `stack-redis`: the same stack with both quotas on a `RedisStore`
 //!   (`--redis redis://127.0.0.1:PORT`; needs the `redis` feature). Each
 //!   request makes one round trip per quota, two in all.
@@ -52,7 +54,7 @@ use tower_governor::GovernorLayer;
 
 use inbound::{base, huge_bucket};
 
-const MODES: &str = "bare, governor, quota, stack or stack-redis";
+const MODES: &str = "bare, governor, quota, stack, stack-1 to stack-5, or stack-redis";
 
 /// Which stack serves `GET /`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,6 +63,8 @@ enum Mode {
     Governor,
     Quota,
     Stack,
+    /// The stack's first N layers, N in 1 to 5.
+    FirstLayers(usize),
     StackRedis,
 }
 
@@ -72,7 +76,10 @@ impl Mode {
             "quota" => Ok(Mode::Quota),
             "stack" => Ok(Mode::Stack),
             "stack-redis" => Ok(Mode::StackRedis),
-            other => Err(format!("--mode {other:?}: expected {MODES}")),
+            other => match other.strip_prefix("stack-").and_then(|n| n.parse().ok()) {
+                Some(n @ 1..=5) => Ok(Mode::FirstLayers(n)),
+                _ => Err(format!("--mode {other:?}: expected {MODES}")),
+            },
         }
     }
 }
@@ -115,7 +122,7 @@ fn parse_args() -> Result<Args, String> {
             }
             "-h" | "--help" => {
                 println!(
-                    "usage: bench_server --mode bare|governor|quota|stack|stack-redis [--listen ADDR] [--redis URL]\n       bench_server --redis-commands"
+                    "usage: bench_server --mode bare|governor|quota|stack|stack-1..stack-5|stack-redis [--listen ADDR] [--redis URL]\n       bench_server --redis-commands"
                 );
                 std::process::exit(0);
             }
@@ -209,6 +216,7 @@ fn app(args: &Args) -> Result<Router, ConfigError> {
                 .build()?,
         ),
         Mode::Stack => inbound::whole_stack(MemoryStore::new())?,
+        Mode::FirstLayers(n) => inbound::first_layers(MemoryStore::new(), n)?,
         Mode::StackRedis => redis_stack(args.redis.as_deref().unwrap_or_default())?,
     })
 }

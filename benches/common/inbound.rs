@@ -19,6 +19,10 @@
 //! Every limit is far above what one machine can offer, so every request is
 //! admitted: this measures the admitted path, which every served request
 //! pays.
+//!
+//! [`first_layers`] builds the stack cut after its first `n` layers, for the
+//! cost of each layer (variants `stack_1` to `stack_5` of
+//! `benches/instructions.sh`, modes `stack-1` to `stack-5` of the server).
 
 use std::num::NonZeroU32;
 use std::time::Duration;
@@ -81,9 +85,63 @@ pub(crate) fn aggregate_quota() -> Result<Quota, ConfigError> {
     Quota::new("bench-all", [huge_bucket("per-second")?])
 }
 
+/// The layers of the stack, in the order a request meets them.
+pub(crate) const LAYERS: [&str; 6] = [
+    "authentication",
+    "body caps",
+    "query validation",
+    "per-user quota",
+    "aggregate quota",
+    "concurrency caps",
+];
+
 /// The whole inbound stack over `store` (both quotas live in it), serving
 /// [`base`].
 pub(crate) fn whole_stack<St: Store + Clone>(store: St) -> Result<Router, ConfigError> {
+    first_layers(store, LAYERS.len())
+}
+
+/// The stack's first `n` layers of [`LAYERS`] over `store`, serving
+/// [`base`]; `n` of 6 or more is the whole stack.
+pub(crate) fn first_layers<St: Store + Clone>(store: St, n: usize) -> Result<Router, ConfigError> {
+    let (auth, body, query, per_user, aggregate, concurrency) = layers(store)?;
+    let first = ServiceBuilder::new().layer(auth);
+    Ok(match n {
+        0 => base(),
+        1 => base().layer(first),
+        2 => base().layer(first.layer(body)),
+        3 => base().layer(first.layer(body).layer(query)),
+        4 => base().layer(first.layer(body).layer(query).layer(per_user)),
+        5 => base().layer(
+            first
+                .layer(body)
+                .layer(query)
+                .layer(per_user)
+                .layer(aggregate),
+        ),
+        _ => base().layer(
+            first
+                .layer(body)
+                .layer(query)
+                .layer(per_user)
+                .layer(aggregate)
+                .layer(concurrency),
+        ),
+    })
+}
+
+/// The six layers of [`LAYERS`], in that order.
+type Layers<St> = (
+    AuthenticateLayer<ApiKeys>,
+    BodyLimitsLayer,
+    ValidateQueryLayer,
+    QuotaLayer<St>,
+    QuotaLayer<St>,
+    ConcurrencyLayer,
+);
+
+/// The six layers, each built once here.
+fn layers<St: Store + Clone>(store: St) -> Result<Layers<St>, ConfigError> {
     let keys = ApiKeys::new().with_key(API_KEY, Identity::new("alice", "acme", "free"));
     let per_user = QuotaLayer::builder(store.clone())
         .quota(per_user_quota()?)
@@ -105,13 +163,12 @@ pub(crate) fn whole_stack<St: Store + Clone>(store: St) -> Result<Router, Config
         .global(1024, 1024, Duration::from_secs(1))
         .per_identity(1024, 0, Duration::from_secs(1))
         .build()?;
-    Ok(base().layer(
-        ServiceBuilder::new()
-            .layer(AuthenticateLayer::new(keys))
-            .layer(BodyLimitsLayer::new(1 << 20, 8 << 20))
-            .layer(ValidateQueryLayer::new(rules))
-            .layer(per_user)
-            .layer(aggregate)
-            .layer(concurrency),
+    Ok((
+        AuthenticateLayer::new(keys),
+        BodyLimitsLayer::new(1 << 20, 8 << 20),
+        ValidateQueryLayer::new(rules),
+        per_user,
+        aggregate,
+        concurrency,
     ))
 }

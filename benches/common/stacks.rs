@@ -15,25 +15,34 @@ use tower_governor::GovernorLayer;
 
 use super::inbound::{self, base, huge_bucket};
 
-/// A stack: its name, the router, and whether requests carry the whole
-/// stack's API key and query.
+/// A stack: its name and the router.
 pub(crate) struct Stack {
     pub(crate) name: &'static str,
     pub(crate) app: Router,
-    pub(crate) whole: bool,
 }
 
 impl Stack {
-    /// One request to this stack: `GET /`, or for the whole stack `GET
-    /// /?from=..&to=..&page_size=20` with `Authorization: Bearer bench`.
+    /// One request, the same to every stack so that the ratios between them
+    /// count only the layers: `GET /?from=..&to=..&page_size=20` with
+    /// `Authorization: Bearer bench`, which the whole stack needs and the
+    /// others ignore.
     pub(crate) fn request(&self) -> Request<Body> {
-        if !self.whole {
-            return Request::get("/").body(Body::empty()).unwrap();
-        }
         Request::get(inbound::PATH_AND_QUERY)
             .header("authorization", inbound::AUTHORIZATION)
             .body(Body::empty())
             .unwrap()
+    }
+}
+
+/// The whole stack cut after its first `n` layers ([`inbound::first_layers`]),
+/// named `stack_N`, for `n` in 1 to 5, finalised as [`stacks`] are.
+#[allow(dead_code)] // used by the instructions bench only
+pub(crate) fn first_layers(n: usize) -> Stack {
+    Stack {
+        name: "stack_n",
+        app: inbound::first_layers(MemoryStore::new(), n)
+            .unwrap()
+            .with_state(()),
     }
 }
 
@@ -66,12 +75,10 @@ fn unfinalised() -> [Stack; 4] {
         Stack {
             name: "bare_axum",
             app: base(),
-            whole: false,
         },
         Stack {
             name: "tower_governor",
             app: base().layer(GovernorLayer::new(governor_config)),
-            whole: false,
         },
         Stack {
             name: "quota_layer",
@@ -82,12 +89,10 @@ fn unfinalised() -> [Stack; 4] {
                     .build()
                     .unwrap(),
             ),
-            whole: false,
         },
         Stack {
             name: "whole_stack",
             app: inbound::whole_stack(MemoryStore::new()).unwrap(),
-            whole: true,
         },
     ]
 }

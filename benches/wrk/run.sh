@@ -21,7 +21,8 @@
 #
 # Environment: DURATION (default 10s), CONNECTIONS (default 50),
 # ROUNDS (default 5), MODES (default "bare governor quota stack
-# stack-redis"; bare is always run, since the ratios are to it), REDIS_N
+# stack-redis"; bare is always run, since the ratios are to it; stack-1 to
+# stack-5, the stack cut after its first N layers, give each layer's cost), REDIS_N
 # (requests per redis-benchmark run, default 200000), PIN (default 1: the
 # server runs on CPU 0 and wrk on CPU 1, through taskset, which keeps the two
 # from migrating onto one core; PIN=0 lets the scheduler place both).
@@ -167,10 +168,9 @@ run_mode() {
     "${pin_server[@]}" "$server" --mode "$mode" --listen "127.0.0.1:$port" "${redis_args[@]}" 2>/dev/null &
     server_pid=$!
     wait_for_port "$port"
-    script="$here/report.lua"
-    if [ "$mode" = stack ] || [ "$mode" = stack-redis ]; then
-        script="$here/auth.lua"
-    fi
+    # Every mode gets the same request, the one the stack needs, so that the
+    # ratios count only the layers.
+    script="$here/auth.lua"
     "${pin_wrk[@]}" wrk -t1 -c"$connections" -d1s -s "$script" "http://127.0.0.1:$port/" >/dev/null
     out="$("${pin_wrk[@]}" wrk -t1 -c"$connections" -d"$duration" -s "$script" "http://127.0.0.1:$port/")"
     stop_server
