@@ -212,6 +212,39 @@ async fn bodies_under_both_caps_pass_and_axum_default_limit_is_lifted() {
 }
 
 #[tokio::test]
+async fn an_axum_default_body_limit_inside_ours_still_applies() {
+    let seen = Arc::new(AtomicU64::new(0));
+    let app = Router::new()
+        .route("/bytes", post(bytes_handler))
+        .layer(axum::extract::DefaultBodyLimit::max(KIB))
+        .with_state(seen.clone())
+        .layer(BodyLimitsLayer::new(MIB, 8 * MIB));
+    let req = Request::post("/bytes")
+        .body(Body::from(vec![b'a'; KIB]))
+        .unwrap();
+    let (status, response) = send(&app, req).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(text(response).await, KIB.to_string());
+
+    // axum's own 413, untouched: its limit is not one of our caps.
+    let req = Request::post("/bytes")
+        .body(Body::from(vec![b'a'; KIB + 1]))
+        .unwrap();
+    let (status, response) = send(&app, req).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(response.extensions().get::<Rejection>(), None);
+    assert_eq!(
+        response.headers()[header::CONTENT_TYPE],
+        "text/plain; charset=utf-8"
+    );
+    assert_eq!(
+        text(response).await,
+        "Failed to buffer the request body: length limit exceeded"
+    );
+    assert_eq!(seen.load(Ordering::SeqCst), KIB as u64);
+}
+
+#[tokio::test]
 async fn gzip_bomb_is_413_decoded_bytes_and_the_handler_sees_at_most_the_cap() {
     let bomb = gzip_zeros(1024 * MIB);
     // About 1 MiB on the wire for 1 GiB decoded.

@@ -40,23 +40,11 @@ type Stack<S> = RequestBodyLimit<LimitProbe<RequestDecompression<RequestBodyLimi
 /// [`BodyLimits`] turns every over-cap outcome into
 /// [`Rejection::PayloadTooLarge`] naming the cap, whatever the handler answered
 /// when its body read failed.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct BodyLimitsLayer {
     wire_bytes: usize,
     decoded_bytes: usize,
     decompression: RequestDecompressionLayer,
-    #[cfg(feature = "axum")]
-    axum_no_default_limit: http::Extensions,
-}
-
-impl fmt::Debug for BodyLimitsLayer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("BodyLimitsLayer")
-            .field("wire_bytes", &self.wire_bytes)
-            .field("decoded_bytes", &self.decoded_bytes)
-            .field("decompression", &self.decompression)
-            .finish()
-    }
 }
 
 impl BodyLimitsLayer {
@@ -70,8 +58,6 @@ impl BodyLimitsLayer {
             wire_bytes,
             decoded_bytes,
             decompression: RequestDecompressionLayer::new(),
-            #[cfg(feature = "axum")]
-            axum_no_default_limit: axum_disable_default_limit(),
         }
     }
 
@@ -94,26 +80,6 @@ impl BodyLimitsLayer {
     }
 }
 
-/// The extensions `axum::extract::DefaultBodyLimit::disable()` inserts. Its key
-/// type is private to axum, so run its service once on a dummy request and
-/// keep what it inserted.
-#[cfg(feature = "axum")]
-fn axum_disable_default_limit() -> http::Extensions {
-    use futures_util::FutureExt;
-    let service =
-        axum::extract::DefaultBodyLimit::disable().layer(tower::service_fn(|req: Request<()>| {
-            std::future::ready(Ok::<_, std::convert::Infallible>(req))
-        }));
-    let mut service = service;
-    service
-        .call(Request::new(()))
-        .now_or_never()
-        .and_then(Result::ok)
-        .map(Request::into_parts)
-        .map(|(parts, ())| parts.extensions)
-        .unwrap_or_default()
-}
-
 impl<S> Layer<S> for BodyLimitsLayer {
     type Service = BodyLimits<S>;
 
@@ -132,8 +98,6 @@ impl<S> Layer<S> for BodyLimitsLayer {
             inner: RequestBodyLimitLayer::new(self.wire_bytes).layer(wire),
             wire_bytes: self.wire_bytes,
             decoded_bytes: self.decoded_bytes,
-            #[cfg(feature = "axum")]
-            axum_no_default_limit: self.axum_no_default_limit.clone(),
         }
     }
 }
@@ -150,8 +114,6 @@ pub struct BodyLimits<S> {
     inner: Stack<S>,
     wire_bytes: usize,
     decoded_bytes: usize,
-    #[cfg(feature = "axum")]
-    axum_no_default_limit: http::Extensions,
 }
 
 impl<S: fmt::Debug> fmt::Debug for BodyLimits<S> {
@@ -201,13 +163,18 @@ where
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
         let probe = Probe::default();
         req.extensions_mut().insert(probe.clone());
-        #[cfg(feature = "axum")]
-        req.extensions_mut()
-            .extend(self.axum_no_default_limit.clone());
         let grpc = is_grpc(req.headers());
         let encoding = req.headers().get(CONTENT_ENCODING).cloned();
+        // axum's `DefaultBodyLimit::disable()` layered over the stack for this
+        // call: it inserts one `Copy` marker, whose type is private to axum.
+        #[cfg(feature = "axum")]
+        let inner = axum::extract::DefaultBodyLimit::disable()
+            .layer(&mut self.inner)
+            .call(req);
+        #[cfg(not(feature = "axum"))]
+        let inner = self.inner.call(req);
         ResponseFuture {
-            inner: self.inner.call(req),
+            inner,
             probe,
             grpc,
             encoding,
