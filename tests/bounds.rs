@@ -322,6 +322,129 @@ async fn unsupported_content_encoding_is_415_problem_json() {
     }
 }
 
+/// A handler that answers 413 or 415 itself, whatever the request.
+async fn own_status(axum::extract::Path(code): axum::extract::Path<u16>) -> Response {
+    let status = StatusCode::from_u16(code).unwrap();
+    (status, "the handler's own").into_response()
+}
+
+fn own_status_app() -> Router {
+    Router::new()
+        .route("/own/{code}", get(own_status).post(own_status))
+        .layer(BodyLimitsLayer::new(MIB, 8 * MIB))
+}
+
+#[tokio::test]
+async fn a_handlers_own_413_and_415_pass_unchanged_with_or_without_a_body() {
+    let app = own_status_app();
+    for code in [413, 415] {
+        let bodiless = Request::get(format!("/own/{code}"))
+            .body(Body::empty())
+            .unwrap();
+        let zero_length = Request::post(format!("/own/{code}"))
+            .header(header::CONTENT_LENGTH, 0)
+            .body(Body::empty())
+            .unwrap();
+        let with_body = Request::post(format!("/own/{code}"))
+            .header(header::CONTENT_LENGTH, 5)
+            .body(Body::from("hello"))
+            .unwrap();
+        let empty_stream = Request::post(format!("/own/{code}"))
+            .body(Body::from_stream(stream::iter(Vec::<
+                Result<Bytes, std::io::Error>,
+            >::new())))
+            .unwrap();
+        for req in [bodiless, zero_length, with_body, empty_stream] {
+            let what = format!("{} {}", req.method(), code);
+            let (status, response) = send(&app, req).await;
+            assert_eq!(status.as_u16(), code, "{what}");
+            assert_eq!(response.extensions().get::<Rejection>(), None, "{what}");
+            assert_eq!(
+                response.headers()[header::CONTENT_TYPE],
+                "text/plain; charset=utf-8",
+                "{what}"
+            );
+            assert_eq!(text(response).await, "the handler's own", "{what}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_bodiless_request_with_an_unsupported_encoding_is_still_415() {
+    let app = own_status_app();
+    for method in ["GET", "POST"] {
+        let req = Request::builder()
+            .method(method)
+            .uri("/own/200")
+            .header(header::CONTENT_ENCODING, "compress")
+            .body(Body::empty())
+            .unwrap();
+        let (status, response) = send(&app, req).await;
+        assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE, "{method}");
+        assert_eq!(
+            response.extensions().get::<Rejection>(),
+            Some(&Rejection::UnsupportedEncoding {
+                encoding: "compress".to_owned()
+            }),
+            "{method}"
+        );
+        assert_eq!(
+            response.headers()[header::ACCEPT_ENCODING],
+            "zstd,gzip,deflate,br"
+        );
+        assert_eq!(problem(response).await["status"], 415, "{method}");
+    }
+}
+
+#[tokio::test]
+async fn a_bodiless_request_whose_content_length_is_over_a_cap_is_413_naming_it() {
+    // The handler answers 413 too: only our problem+json names the cap.
+    let app = Router::new()
+        .route("/own/{code}", post(own_status))
+        .layer(BodyLimitsLayer::new(2 * MIB, MIB));
+    let cases = [
+        (2 * MIB + 1, "wire-bytes", 2 * MIB),
+        (2 * MIB, "decoded-bytes", MIB),
+        (MIB + 1, "decoded-bytes", MIB),
+    ];
+    for (length, cap, limit) in cases {
+        let req = Request::post("/own/413")
+            .header(header::CONTENT_LENGTH, length)
+            .body(Body::empty())
+            .unwrap();
+        let (status, response) = send(&app, req).await;
+        assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{length}");
+        let doc = problem(response).await;
+        assert_eq!(doc["cap"], cap, "{length}");
+        assert_eq!(doc["limit"], limit, "{length}");
+    }
+    // Exactly at the caps the request is not refused, and the handler's own
+    // 413 passes.
+    let req = Request::post("/own/413")
+        .header(header::CONTENT_LENGTH, MIB)
+        .body(Body::empty())
+        .unwrap();
+    let (status, response) = send(&app, req).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(text(response).await, "the handler's own");
+}
+
+#[tokio::test]
+async fn a_body_over_the_cap_to_a_handler_answering_413_gets_the_cap_named() {
+    let app = Router::new()
+        .route("/own/{code}", post(own_status))
+        .layer(BodyLimitsLayer::new(KIB, 8 * MIB));
+    let req = Request::post("/own/413")
+        .header(header::CONTENT_LENGTH, KIB + 1)
+        .body(Body::from(vec![b'a'; KIB + 1]))
+        .unwrap();
+    let (status, response) = send(&app, req).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    let doc = problem(response).await;
+    assert_eq!(doc["cap"], "wire-bytes");
+    assert_eq!(doc["limit"], KIB);
+}
+
 // ---------------------------------------------------------------- query validation
 
 fn rules() -> QueryRules {

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
-use http::header::{HeaderValue, ACCEPT_ENCODING, CONTENT_ENCODING};
+use http::header::{HeaderValue, ACCEPT_ENCODING, CONTENT_ENCODING, CONTENT_LENGTH};
 use http::{Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{Either, LengthLimitError};
@@ -104,7 +104,8 @@ impl<S> Layer<S> for BodyLimitsLayer {
 
 /// Service built by [`BodyLimitsLayer`].
 ///
-/// Clones share nothing but configuration: each request carries its own probe.
+/// Clones share nothing but configuration: each request that can trip a cap
+/// carries its own probe.
 ///
 /// With the `axum` feature it also disables axum's `DefaultBodyLimit` (2 MB)
 /// for the requests it passes on: the decoded cap replaces it. A
@@ -150,6 +151,7 @@ impl<S> BodyLimits<S> {
 
 impl<S, B, RB> Service<Request<B>> for BodyLimits<S>
 where
+    B: Body,
     Stack<S>: Service<Request<B>, Response = Response<RB>>,
 {
     type Response = Response<ResponseBody<RB>>;
@@ -161,10 +163,17 @@ where
     }
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
-        let probe = Probe::default();
-        req.extensions_mut().insert(probe.clone());
-        let grpc = is_grpc(req.headers());
-        let encoding = req.headers().get(CONTENT_ENCODING).cloned();
+        let watch = may_trip(&req, self.wire_bytes.min(self.decoded_bytes)).then(|| {
+            let probe = Probe::default();
+            req.extensions_mut().insert(probe.clone());
+            Watch {
+                probe,
+                grpc: is_grpc(req.headers()),
+                encoding: req.headers().get(CONTENT_ENCODING).cloned(),
+                wire_bytes: self.wire_bytes,
+                decoded_bytes: self.decoded_bytes,
+            }
+        });
         // axum's `DefaultBodyLimit::disable()` layered over the stack for this
         // call: it inserts one `Copy` marker, whose type is private to axum.
         #[cfg(feature = "axum")]
@@ -173,15 +182,42 @@ where
             .call(req);
         #[cfg(not(feature = "axum"))]
         let inner = self.inner.call(req);
-        ResponseFuture {
-            inner,
-            probe,
-            grpc,
-            encoding,
-            wire_bytes: self.wire_bytes,
-            decoded_bytes: self.decoded_bytes,
-        }
+        ResponseFuture { inner, watch }
     }
+}
+
+/// Whether a cap or the decompressor can refuse `req`, `caps` being the
+/// smaller cap. Not when the body is already at its end, no
+/// `content-encoding` asks for decoding, and the `content-length` that
+/// tower-http checks before reading is absent or within both caps.
+fn may_trip<B: Body>(req: &Request<B>, caps: usize) -> bool {
+    let body = req.body();
+    if !body.is_end_stream() && body.size_hint().upper() != Some(0) {
+        return true;
+    }
+    let headers = req.headers();
+    if headers.contains_key(CONTENT_ENCODING) {
+        return true;
+    }
+    match headers.get(CONTENT_LENGTH) {
+        None => false,
+        // Parsed as tower-http parses it; one it cannot parse stays watched.
+        Some(len) => len
+            .to_str()
+            .ok()
+            .and_then(|len| len.parse::<usize>().ok())
+            .is_none_or(|len| len > caps),
+    }
+}
+
+/// What the response future of a request that can trip a cap needs.
+#[derive(Debug)]
+struct Watch {
+    probe: Probe,
+    grpc: bool,
+    encoding: Option<HeaderValue>,
+    wire_bytes: usize,
+    decoded_bytes: usize,
 }
 
 pin_project! {
@@ -189,18 +225,16 @@ pin_project! {
     pub struct ResponseFuture<F> {
         #[pin]
         inner: F,
-        probe: Probe,
-        grpc: bool,
-        encoding: Option<HeaderValue>,
-        wire_bytes: usize,
-        decoded_bytes: usize,
+        // `None` when the request cannot trip a cap: the response passes
+        // unchanged.
+        watch: Option<Watch>,
     }
 }
 
 impl<F> fmt::Debug for ResponseFuture<F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseFuture")
-            .field("probe", &self.probe)
+            .field("watch", &self.watch)
             .finish_non_exhaustive()
     }
 }
@@ -214,29 +248,32 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let response = ready!(this.inner.poll(cx))?;
-        let state = &this.probe.0;
+        let Some(watch) = this.watch else {
+            return Poll::Ready(Ok(response.map(Either::Left)));
+        };
+        let state = &watch.probe.0;
         let passed = state.passed.load(Ordering::Acquire);
         let status = response.status();
         let rejection = match state.tripped.load(Ordering::Acquire) {
-            TRIPPED_WIRE => Some(too_large(SizeCap::WireBytes, *this.wire_bytes)),
-            TRIPPED_DECODED => Some(too_large(SizeCap::DecodedBytes, *this.decoded_bytes)),
+            TRIPPED_WIRE => Some(too_large(SizeCap::WireBytes, watch.wire_bytes)),
+            TRIPPED_DECODED => Some(too_large(SizeCap::DecodedBytes, watch.decoded_bytes)),
             // tower-http answered before the probe below it ran: its early
             // `content-length` 413, or the decompressor's 415.
             _ if passed & PASSED_WIRE == 0 && status == StatusCode::PAYLOAD_TOO_LARGE => {
-                Some(too_large(SizeCap::WireBytes, *this.wire_bytes))
+                Some(too_large(SizeCap::WireBytes, watch.wire_bytes))
             }
             _ if passed & PASSED_DECODED == 0 && status == StatusCode::PAYLOAD_TOO_LARGE => {
-                Some(too_large(SizeCap::DecodedBytes, *this.decoded_bytes))
+                Some(too_large(SizeCap::DecodedBytes, watch.decoded_bytes))
             }
             _ if passed & PASSED_DECODED == 0 && status == StatusCode::UNSUPPORTED_MEDIA_TYPE => {
-                let encoding = this
+                let encoding = watch
                     .encoding
                     .take()
                     .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
                     .unwrap_or_default();
                 let accept = response.headers().get(ACCEPT_ENCODING).cloned();
                 let mut rejected =
-                    Rejection::UnsupportedEncoding { encoding }.into_layer_response(*this.grpc);
+                    Rejection::UnsupportedEncoding { encoding }.into_layer_response(watch.grpc);
                 if let Some(accept) = accept {
                     rejected.headers_mut().insert(ACCEPT_ENCODING, accept);
                 }
@@ -245,7 +282,7 @@ where
             _ => None,
         };
         Poll::Ready(Ok(match rejection {
-            Some(rejection) => rejection.into_layer_response(*this.grpc),
+            Some(rejection) => rejection.into_layer_response(watch.grpc),
             None => response.map(Either::Left),
         }))
     }

@@ -46,6 +46,13 @@
 //! tower-http's own early 413 and 415 the same way. A handler that reads
 //! the body in a task that outlives its response is not covered.
 //!
+//! A request that cannot trip anything gets no probe, and its response
+//! passes unchanged: its body is already at its end
+//! ([`is_end_stream`](http_body::Body::is_end_stream), or a size hint of at
+//! most 0 bytes), it has no `content-encoding`, and its `content-length`, if
+//! any, is within both caps. A body that yields data after reporting its
+//! end would go unwatched.
+//!
 //! # Example
 //!
 //! ```
