@@ -507,6 +507,9 @@ fn parse_time(v: &str) -> Result<OffsetDateTime, String> {
     if v.is_empty() {
         return Err("must not be empty".to_owned());
     }
+    if let Some(t) = parse_plain_utc(v.as_bytes()) {
+        return Ok(t);
+    }
     match OffsetDateTime::parse(v, &Rfc3339) {
         Ok(t) => Ok(t),
         Err(_) if v.contains(' ') => Err(
@@ -516,6 +519,31 @@ fn parse_time(v: &str) -> Result<OffsetDateTime, String> {
         ),
         Err(_) => Err("must be an RFC 3339 timestamp such as 2024-05-01T00:00:00Z".to_owned()),
     }
+}
+
+/// The common form `YYYY-MM-DDTHH:MM:SSZ` (uppercase `T` and `Z`, no
+/// fraction, second at most 59), parsed without the `time` crate's general
+/// parser; `None` for anything else, valid or not, which goes to that parser.
+/// What this accepts the `time` crate accepts as the same instant in UTC.
+fn parse_plain_utc(v: &[u8]) -> Option<OffsetDateTime> {
+    const FORM: &[u8; 20] = b"0000-00-00T00:00:00Z";
+    let v: &[u8; 20] = v.try_into().ok()?;
+    // Each byte less the form's: 0-9 under a digit, 0 under a separator.
+    let n: [u8; 20] = std::array::from_fn(|i| v[i].wrapping_sub(FORM[i]));
+    // A fold, not `all`: without an early exit it is vectorised.
+    let fits = n.iter().zip(FORM).fold(true, |fits, (&n, &form)| {
+        fits & (n <= if form == b'0' { 9 } else { 0 })
+    });
+    if !fits {
+        return None;
+    }
+    let two = |i: usize| n[i] * 10 + n[i + 1];
+    let year = i32::from(two(0)) * 100 + i32::from(two(2));
+    let month = time::Month::try_from(two(5)).ok()?;
+    let date = time::Date::from_calendar_date(year, month, two(8)).ok()?;
+    // A leap second (`:60`) fails here and is left to the `time` crate.
+    let time = time::Time::from_hms(two(11), two(14), two(17)).ok()?;
+    Some(time::PrimitiveDateTime::new(date, time).assume_utc())
 }
 
 fn check_cursor(v: &str, max: usize) -> Result<(), String> {
@@ -739,6 +767,188 @@ mod tests {
             for byte in [b'&', b'=', 0, 0xff] {
                 prop_assert_eq!(find_byte(&s, byte), s.iter().position(|&b| b == byte));
             }
+        }
+    }
+
+    /// `parse_time` before the fast path: the `time` crate alone, with the
+    /// offset, which `OffsetDateTime` equality ignores.
+    fn by_time_crate(v: &str) -> Option<(OffsetDateTime, time::UtcOffset)> {
+        OffsetDateTime::parse(v, &Rfc3339)
+            .ok()
+            .map(|t| (t, t.offset()))
+    }
+
+    fn ours(v: &str) -> Option<(OffsetDateTime, time::UtcOffset)> {
+        parse_time(v).ok().map(|t| (t, t.offset()))
+    }
+
+    /// Timestamps in the fast form's shape with every field from 0 to 99
+    /// (month 13, February 30, hour 24, second 60...) or in plausible ranges,
+    /// then the fast form's separator and `Z` or a neighbour of them:
+    /// lowercase, other separators, fractions, offsets.
+    fn timestamp_like(fast_form: bool) -> impl Strategy<Value = String> {
+        let fields = (
+            0..10_000u32,
+            0..100u8,
+            0..100u8,
+            0..100u8,
+            0..100u8,
+            0..100u8,
+        );
+        let plausible = (
+            0..10_000u32,
+            1..=12u8,
+            1..=31u8,
+            0..=24u8,
+            0..=60u8,
+            0..=60u8,
+        );
+        let (sep, tail) = if fast_form {
+            (Just('T').boxed(), Just("Z".to_owned()).boxed())
+        } else {
+            (
+                prop_oneof![Just('t'), Just(' '), any::<char>()].boxed(),
+                prop_oneof![
+                    Just("z".to_owned()),
+                    "\\.[0-9]{1,10}[Zz]",
+                    "[+-][0-9]{2}:[0-9]{2}",
+                    "[ -~]{0,3}",
+                ]
+                .boxed(),
+            )
+        };
+        (prop_oneof![fields, plausible], sep, tail).prop_map(|((y, mo, d, h, mi, s), sep, tail)| {
+            format!("{y:04}-{mo:02}-{d:02}{sep}{h:02}:{mi:02}:{s:02}{tail}")
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(20_000))]
+
+        /// The fast path and the `time` crate accept the same timestamps as
+        /// the same instants with the same offsets.
+        #[test]
+        fn parse_time_agrees_with_the_time_crate(v in prop_oneof![
+            timestamp_like(true),
+            timestamp_like(false),
+            // A fast-form timestamp with one byte replaced.
+            (timestamp_like(true), 0..20usize, "[ -~]").prop_map(|(v, i, c)| {
+                let mut v = v.into_bytes();
+                v[i] = c.as_bytes()[0];
+                String::from_utf8(v).unwrap()
+            }),
+            "[0-9TZtz:+. -]{0,24}",
+            ".{0,24}",
+        ]) {
+            prop_assert_eq!(ours(&v), by_time_crate(&v));
+            if let Some(t) = parse_plain_utc(v.as_bytes()) {
+                prop_assert_eq!(Some((t, t.offset())), by_time_crate(&v));
+            }
+        }
+    }
+
+    #[test]
+    fn parse_time_edge_cases() {
+        let utc = |s: &str| {
+            OffsetDateTime::parse(s, &Rfc3339)
+                .unwrap()
+                .unix_timestamp_nanos()
+        };
+        let leap_stand_in = |s: &str| utc(s) + 999_999_999;
+        // (value, taken by the fast path, instant in ns)
+        let cases: &[(&str, bool, Option<i128>)] = &[
+            (
+                "2026-11-01T00:00:00Z",
+                true,
+                Some(1_793_491_200 * 1_000_000_000),
+            ),
+            (
+                "2024-02-29T12:00:00Z",
+                true,
+                Some(utc("2024-02-29T12:00:00+00:00")),
+            ),
+            (
+                "2000-02-29T00:00:00Z",
+                true,
+                Some(utc("2000-02-29T00:00:00+00:00")),
+            ),
+            (
+                "0000-01-01T00:00:00Z",
+                true,
+                Some(utc("0000-01-01T00:00:00+00:00")),
+            ),
+            (
+                "9999-12-31T23:59:59Z",
+                true,
+                Some(utc("9999-12-31T23:59:59+00:00")),
+            ),
+            ("2023-02-29T00:00:00Z", false, None),
+            ("1900-02-29T00:00:00Z", false, None),
+            ("2024-02-30T00:00:00Z", false, None),
+            ("2024-04-31T00:00:00Z", false, None),
+            ("2024-00-01T00:00:00Z", false, None),
+            ("2024-13-01T00:00:00Z", false, None),
+            ("2024-05-00T00:00:00Z", false, None),
+            ("2024-05-01T24:00:00Z", false, None),
+            ("2024-05-01T00:60:00Z", false, None),
+            ("2024-05-01T00:00:61Z", false, None),
+            // A leap second only as the last second of a month, in UTC.
+            (
+                "2024-12-31T23:59:60Z",
+                false,
+                Some(leap_stand_in("2024-12-31T23:59:59Z")),
+            ),
+            (
+                "2024-06-30T23:59:60Z",
+                false,
+                Some(leap_stand_in("2024-06-30T23:59:59Z")),
+            ),
+            ("2024-06-29T23:59:60Z", false, None),
+            (
+                "2024-05-01t00:00:00z",
+                false,
+                Some(utc("2024-05-01T00:00:00Z")),
+            ),
+            (
+                "2024-05-01 00:00:00Z",
+                false,
+                Some(utc("2024-05-01T00:00:00Z")),
+            ),
+            (
+                "2024-05-01x00:00:00Z",
+                false,
+                Some(utc("2024-05-01T00:00:00Z")),
+            ),
+            (
+                "2024-05-01T00:00:00.5Z",
+                false,
+                Some(utc("2024-05-01T00:00:00Z") + 500_000_000),
+            ),
+            (
+                "2024-05-01T02:00:00+02:00",
+                false,
+                Some(utc("2024-05-01T00:00:00Z")),
+            ),
+            (
+                "2024-05-01T00:00:00-00:00",
+                false,
+                Some(utc("2024-05-01T00:00:00Z")),
+            ),
+            ("2024-05-01T00:00:00", false, None),
+            ("2024-05-01T00:00:00ZZ", false, None),
+            ("2024-5-01T00:00:00Z", false, None),
+            ("+2024-05-01T00:00:00Z", false, None),
+            ("2024-05-01T00:00:0\u{661}Z", false, None),
+            ("", false, None),
+        ];
+        for &(v, fast, instant) in cases {
+            assert_eq!(parse_plain_utc(v.as_bytes()).is_some(), fast, "{v}");
+            assert_eq!(
+                parse_time(v).ok().map(|t| t.unix_timestamp_nanos()),
+                instant,
+                "{v}"
+            );
+            assert_eq!(ours(v), by_time_crate(v), "{v}");
         }
     }
 
