@@ -505,6 +505,154 @@ async fn per_identity_map_is_empty_after_10_000_identities() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn identity_queue_is_served_in_arrival_order_and_keeps_its_entry() {
+    let layer = ConcurrencyLayer::builder()
+        .per_identity(1, 2, Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let gauge = Gauge::default();
+    let app = app(&layer, &gauge, Duration::from_millis(100));
+    let tasks: Vec<_> = (0..3)
+        .map(|_| tokio::spawn(send(app.clone(), request(Some("a")))))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(layer.identity_in_flight("a"), 1);
+    assert_eq!(layer.identity_queued("a"), 2);
+    // The first request has finished and handed its permit to the second,
+    // with the third still queued: the entry stays.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(layer.identity_in_flight("a"), 1);
+    assert_eq!(layer.identity_queued("a"), 1);
+    assert_eq!(layer.tracked_identities(), 1);
+    let mut at = Vec::new();
+    for t in tasks {
+        let o = t.await.unwrap();
+        assert_eq!(o.status, 200);
+        at.push(o.at_ms);
+    }
+    // One after the other, in the order they came.
+    assert_eq!(at, [100, 200, 300]);
+    assert_eq!(gauge.max(), 1);
+    assert_eq!(layer.identity_in_flight("a"), 0);
+    assert_eq!(layer.tracked_identities(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn identity_waiter_cancelled_mid_queue_is_skipped() {
+    let layer = ConcurrencyLayer::builder()
+        .per_identity(1, 2, Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let gauge = Gauge::default();
+    let app = app(&layer, &gauge, Duration::from_millis(100));
+    let first = tokio::spawn(send(app.clone(), request(Some("a"))));
+    let second = tokio::spawn(send(app.clone(), request(Some("a"))));
+    let third = tokio::spawn(send(app.clone(), request(Some("a"))));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(layer.identity_queued("a"), 2);
+    second.abort();
+    assert!(second.await.unwrap_err().is_cancelled());
+    assert_eq!(layer.identity_in_flight("a"), 1);
+    assert_eq!(layer.identity_queued("a"), 1);
+    // The place the second left is free again: a fourth may queue.
+    let fourth = tokio::spawn(send(app.clone(), request(Some("a"))));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(layer.identity_queued("a"), 2);
+    let outcomes = [first, third, fourth].map(|t| async { t.await.unwrap() });
+    let mut at = Vec::new();
+    for o in outcomes {
+        let o = o.await;
+        assert_eq!(o.status, 200);
+        at.push(o.at_ms);
+    }
+    // From each one's start: the third runs from 100 ms to 200 ms, then
+    // the fourth (sent at 10 ms) until 300 ms.
+    assert_eq!(at, [100, 200, 290]);
+    assert_eq!(gauge.calls(), 3);
+    assert_eq!(layer.tracked_identities(), 0);
+    assert_eq!(layer.stats().refused_identity_queue_full, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn permit_handed_to_a_waiter_that_is_dropped_passes_on() {
+    let layer = ConcurrencyLayer::builder()
+        .per_identity(1, 2, Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let mut svc = layer.layer(service_fn(|_req: Request<Full<Bytes>>| async {
+        Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"done"))))
+    }));
+    let request = || {
+        let mut req = Request::new(Full::default());
+        req.extensions_mut()
+            .insert(Identity::new("a", "tenant", "free"));
+        req
+    };
+    let first = svc.call(request()).await.unwrap();
+    // Queued in `call`, before any poll.
+    let second = svc.call(request());
+    let third = svc.call(request());
+    assert_eq!(layer.identity_in_flight("a"), 1);
+    assert_eq!(layer.identity_queued("a"), 2);
+    // The first body goes: its permit is handed to the second at once.
+    drop(first);
+    assert_eq!(layer.identity_in_flight("a"), 1);
+    assert_eq!(layer.identity_queued("a"), 1);
+    // The second gives up without having woken: the permit passes on.
+    drop(second);
+    assert_eq!(layer.identity_in_flight("a"), 1);
+    assert_eq!(layer.identity_queued("a"), 0);
+    assert_eq!(layer.tracked_identities(), 1);
+    let third = third.await.unwrap();
+    assert_eq!(third.status(), StatusCode::OK);
+    drop(third);
+    assert_eq!(layer.identity_in_flight("a"), 0);
+    assert_eq!(layer.tracked_identities(), 0);
+    let stats = layer.stats();
+    assert_eq!(stats.refused_identity_deadline, 0);
+    assert_eq!(stats.refused_identity_queue_full, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn thousands_of_queueing_identities_leave_no_entries() {
+    let layer = ConcurrencyLayer::builder()
+        .per_identity(1, 1, Duration::from_millis(50))
+        .max_identities(2_000)
+        .build()
+        .unwrap();
+    let gauge = Gauge::default();
+    let app = app(&layer, &gauge, Duration::from_millis(100));
+    let names: Vec<String> = (0..2_000).map(|i| format!("user-{i}")).collect();
+    // Three requests each: one runs, one waits out its deadline, one finds
+    // the queue full.
+    let reqs = names
+        .iter()
+        .flat_map(|n| [request(Some(n)), request(Some(n)), request(Some(n))])
+        .collect();
+    let tasks = tokio::spawn({
+        let app = app.clone();
+        async move { burst(&app, reqs).await }
+    });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(layer.tracked_identities(), 2_000);
+    assert_eq!(layer.identity_queued("user-1999"), 1);
+    let outcomes = tasks.await.unwrap();
+    assert_eq!(
+        tally(&outcomes),
+        BTreeMap::from([
+            (key(200, 100, None), 2_000),
+            (key(429, 0, Some("queue-full")), 2_000),
+            (key(429, 50, Some("deadline-passed")), 2_000),
+        ])
+    );
+    let stats = layer.stats();
+    assert_eq!(stats.refused_identity_queue_full, 2_000);
+    assert_eq!(stats.refused_identity_deadline, 2_000);
+    assert_eq!(stats.tracked_identities, 0);
+    assert_eq!(layer.identity_queued("user-1999"), 0);
+}
+
+#[tokio::test(start_paused = true)]
 async fn identity_map_full_refuses_new_subjects_with_503() {
     let layer = ConcurrencyLayer::builder()
         .per_identity(2, 0, Duration::ZERO)

@@ -45,8 +45,7 @@ impl ConcurrencyLayer {
         self.shared
             .per_identity
             .as_ref()
-            .and_then(|ids| ids.cap_of(subject))
-            .map_or(0, |cap| cap.in_flight())
+            .map_or(0, |ids| ids.counts_of(subject).0)
     }
 
     /// Requests of `subject` waiting in its per-identity queue.
@@ -54,8 +53,7 @@ impl ConcurrencyLayer {
         self.shared
             .per_identity
             .as_ref()
-            .and_then(|ids| ids.cap_of(subject))
-            .map_or(0, |cap| cap.queued())
+            .map_or(0, |ids| ids.counts_of(subject).1)
     }
 
     /// Number of identities the per-identity map tracks now: those with a

@@ -1,7 +1,7 @@
-//! Shared state of a concurrency layer: semaphores, waiter counts and the
-//! per-identity map.
+//! Shared state of a concurrency layer: the global semaphore, the
+//! per-identity map and the refusal counters.
 
-use std::collections::HashMap;
+use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -9,8 +9,10 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use ahash::RandomState;
+use hashbrown::HashTable;
 use parking_lot::Mutex;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
 use crate::reject::{OverloadScope, Rejection};
 
@@ -60,60 +62,58 @@ pub(crate) struct Limits {
     pub(crate) retry_after: Duration,
 }
 
-/// One semaphore with its counters.
+/// The global cap: one semaphore with its counters.
 #[derive(Debug)]
 pub(crate) struct Cap {
     sem: Arc<Semaphore>,
     in_flight: AtomicUsize,
     waiters: AtomicUsize,
-    /// The `scope` label of this cap's gauges: `global` or `identity`.
-    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
-    scope: &'static str,
+}
+
+/// Moves the `tower_admission_concurrency_in_flight` gauge of `scope` by
+/// `delta`.
+///
+/// Each scope's label is a literal, so the macro keeps the key in a `static`
+/// and builds nothing per call.
+#[inline]
+fn gauge_in_flight(scope: OverloadScope, delta: f64) {
+    #[cfg(feature = "metrics")]
+    match scope {
+        OverloadScope::Global => {
+            metrics::gauge!("tower_admission_concurrency_in_flight", "scope" => "global")
+                .increment(delta)
+        }
+        _ => metrics::gauge!("tower_admission_concurrency_in_flight", "scope" => "identity")
+            .increment(delta),
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = (scope, delta);
+}
+
+/// Moves the `tower_admission_concurrency_queued` gauge of `scope` by
+/// `delta`.
+#[inline]
+fn gauge_queued(scope: OverloadScope, delta: f64) {
+    #[cfg(feature = "metrics")]
+    match scope {
+        OverloadScope::Global => {
+            metrics::gauge!("tower_admission_concurrency_queued", "scope" => "global")
+                .increment(delta)
+        }
+        _ => metrics::gauge!("tower_admission_concurrency_queued", "scope" => "identity")
+            .increment(delta),
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = (scope, delta);
 }
 
 impl Cap {
-    fn new(limit: usize, scope: &'static str) -> Arc<Self> {
+    fn new(limit: usize) -> Arc<Self> {
         Arc::new(Cap {
             sem: Arc::new(Semaphore::new(limit)),
             in_flight: AtomicUsize::new(0),
             waiters: AtomicUsize::new(0),
-            scope,
         })
-    }
-
-    /// Moves the `tower_admission_concurrency_in_flight` gauge of this cap's
-    /// scope by `delta`.
-    ///
-    /// Each scope's label is a literal, so the macro keeps the key in a
-    /// `static` and builds nothing per call.
-    #[inline]
-    fn gauge_in_flight(&self, delta: f64) {
-        #[cfg(feature = "metrics")]
-        match self.scope {
-            "global" => {
-                metrics::gauge!("tower_admission_concurrency_in_flight", "scope" => "global")
-                    .increment(delta)
-            }
-            _ => metrics::gauge!("tower_admission_concurrency_in_flight", "scope" => "identity")
-                .increment(delta),
-        }
-        #[cfg(not(feature = "metrics"))]
-        let _ = delta;
-    }
-
-    /// Moves the `tower_admission_concurrency_queued` gauge of this cap's
-    /// scope by `delta`.
-    #[inline]
-    fn gauge_queued(&self, delta: f64) {
-        #[cfg(feature = "metrics")]
-        match self.scope {
-            "global" => metrics::gauge!("tower_admission_concurrency_queued", "scope" => "global")
-                .increment(delta),
-            _ => metrics::gauge!("tower_admission_concurrency_queued", "scope" => "identity")
-                .increment(delta),
-        }
-        #[cfg(not(feature = "metrics"))]
-        let _ = delta;
     }
 
     pub(crate) fn in_flight(&self) -> usize {
@@ -126,7 +126,7 @@ impl Cap {
 
     fn hold(self: &Arc<Self>, permit: OwnedSemaphorePermit) -> HeldPermit {
         self.in_flight.fetch_add(1, Ordering::AcqRel);
-        self.gauge_in_flight(1.0);
+        gauge_in_flight(OverloadScope::Global, 1.0);
         HeldPermit {
             cap: Arc::clone(self),
             _permit: permit,
@@ -150,7 +150,7 @@ impl Cap {
             })
             .ok()
             .map(|_| {
-                self.gauge_queued(1.0);
+                gauge_queued(OverloadScope::Global, 1.0);
                 QueueSlot {
                     cap: Arc::clone(self),
                 }
@@ -170,7 +170,7 @@ impl Cap {
     }
 }
 
-/// A place in a cap's wait queue; leaving it (by any path, including
+/// A place in the global wait queue; leaving it (by any path, including
 /// cancellation) frees the place.
 struct QueueSlot {
     cap: Arc<Cap>,
@@ -179,11 +179,11 @@ struct QueueSlot {
 impl Drop for QueueSlot {
     fn drop(&mut self) {
         self.cap.waiters.fetch_sub(1, Ordering::AcqRel);
-        self.cap.gauge_queued(-1.0);
+        gauge_queued(OverloadScope::Global, -1.0);
     }
 }
 
-/// A permit of one cap, counted in its `in_flight`.
+/// A permit of the global cap, counted in its `in_flight`.
 struct HeldPermit {
     cap: Arc<Cap>,
     _permit: OwnedSemaphorePermit,
@@ -192,66 +192,228 @@ struct HeldPermit {
 impl Drop for HeldPermit {
     fn drop(&mut self) {
         self.cap.in_flight.fetch_sub(1, Ordering::AcqRel);
-        self.cap.gauge_in_flight(-1.0);
+        gauge_in_flight(OverloadScope::Global, -1.0);
     }
 }
 
-/// The per-identity caps: one [`Cap`] per subject that has a request in
-/// flight or queued.
+/// The per-identity caps: one [`Entry`] per subject that has a request in
+/// flight or queued. An entry counts its permits itself, under the map's
+/// lock: a subject alone in flight costs no allocation.
 #[derive(Debug)]
 pub(crate) struct PerIdentity {
     pub(crate) limits: Limits,
-    pub(crate) max_identities: usize,
-    map: Mutex<HashMap<Arc<str>, Slot>>,
+    max_identities: usize,
+    hasher: RandomState,
+    map: Mutex<HashTable<Entry>>,
 }
 
+/// One subject's cap.
 #[derive(Debug)]
-struct Slot {
-    cap: Arc<Cap>,
-    /// Number of live [`Lease`]s: requests of this subject that are queued,
-    /// in flight, or whose response body is still being sent.
-    refs: usize,
+struct Entry {
+    key: Arc<str>,
+    hash: u64,
+    /// Permits taken: requests running or sending their body, and waiters
+    /// handed a permit they have not yet woken up to.
+    held: usize,
+    /// Waiters still waiting.
+    queued: usize,
+    /// The waiters in arrival order. A waiter that left keeps its (closed)
+    /// sender here until it is skipped or swept.
+    queue: VecDeque<oneshot::Sender<()>>,
+}
+
+impl Entry {
+    fn is(&self, subject: &Arc<str>) -> bool {
+        Arc::ptr_eq(&self.key, subject) || *self.key == **subject
+    }
+
+    /// A place at the back of the queue, if fewer than `max` wait.
+    fn enqueue(&mut self, max: usize) -> Option<oneshot::Receiver<()>> {
+        if self.queued >= max {
+            return None;
+        }
+        while self.queue.front().is_some_and(oneshot::Sender::is_closed) {
+            self.queue.pop_front();
+        }
+        // Senders of waiters that left mid-queue: swept once they are as
+        // many as the live ones, so the queue stays within twice its bound.
+        if self.queue.len() > 2 * self.queued {
+            self.queue.retain(|tx| !tx.is_closed());
+        }
+        let (tx, rx) = oneshot::channel();
+        self.queue.push_back(tx);
+        self.queued += 1;
+        Some(rx)
+    }
+
+    /// Gives one permit back: to the first waiter still waiting (true), or
+    /// to the cap (false).
+    fn release(&mut self) -> bool {
+        while let Some(tx) = self.queue.pop_front() {
+            if tx.send(()).is_ok() {
+                self.queued -= 1;
+                return true;
+            }
+        }
+        self.held -= 1;
+        false
+    }
+
+    fn is_idle(&self) -> bool {
+        self.held == 0 && self.queued == 0
+    }
+}
+
+/// A subject's entry, found again by its hash and key pointer: releasing a
+/// permit hashes nothing.
+#[derive(Debug)]
+struct EntryRef {
+    key: Arc<str>,
+    hash: u64,
+}
+
+/// What [`PerIdentity::enter`] decided.
+enum Enter {
+    Held(EntryRef),
+    Queued(EntryRef, oneshot::Receiver<()>),
+    QueueFull,
+    TooManyIdentities,
 }
 
 impl PerIdentity {
-    /// Registers one request of `subject`. `None` when the map is full and
-    /// the subject is new.
-    fn enter(self: &Arc<Self>, subject: &Arc<str>) -> Option<Lease> {
+    /// Takes a permit of `subject`, or a place in its queue.
+    fn enter(&self, subject: &Arc<str>) -> Enter {
+        let hash = self.hasher.hash_one(&**subject);
         let mut map = self.map.lock();
-        let cap = match map.get_mut(subject) {
-            Some(slot) => {
-                slot.refs += 1;
-                Arc::clone(&slot.cap)
+        if let Some(entry) = map.find_mut(hash, |e| e.is(subject)) {
+            let at = EntryRef {
+                key: Arc::clone(&entry.key),
+                hash,
+            };
+            if entry.held < self.limits.limit {
+                entry.held += 1;
+                drop(map);
+                gauge_in_flight(OverloadScope::Identity, 1.0);
+                return Enter::Held(at);
             }
-            None => {
-                if map.len() >= self.max_identities {
-                    return None;
-                }
-                let cap = Cap::new(self.limits.limit, "identity");
-                map.insert(
-                    Arc::clone(subject),
-                    Slot {
-                        cap: Arc::clone(&cap),
-                        refs: 1,
-                    },
-                );
-                gauge_tracked_identities(1.0);
-                cap
+            let Some(rx) = entry.enqueue(self.limits.queue) else {
+                return Enter::QueueFull;
+            };
+            drop(map);
+            gauge_queued(OverloadScope::Identity, 1.0);
+            return Enter::Queued(at, rx);
+        }
+        if map.len() >= self.max_identities {
+            return Enter::TooManyIdentities;
+        }
+        let entry = Entry {
+            key: Arc::clone(subject),
+            hash,
+            held: 1,
+            queued: 0,
+            queue: VecDeque::new(),
+        };
+        map.insert_unique(hash, entry, |e| e.hash);
+        drop(map);
+        gauge_tracked_identities(1.0);
+        gauge_in_flight(OverloadScope::Identity, 1.0);
+        Enter::Held(EntryRef {
+            key: Arc::clone(subject),
+            hash,
+        })
+    }
+
+    /// Gives back a permit of `at`'s subject, or, with `rx`, the place in
+    /// its queue of a waiter that leaves without waking up to a permit (a
+    /// permit handed over meanwhile is given back too). The last to go
+    /// removes the entry.
+    fn release(&self, at: &EntryRef, rx: Option<&mut oneshot::Receiver<()>>) {
+        let mut map = self.map.lock();
+        // Never `Err`: an entry lives while it has a permit or a waiter.
+        let Ok(mut found) = map.find_entry(at.hash, |e| Arc::ptr_eq(&e.key, &at.key)) else {
+            return;
+        };
+        let entry = found.get_mut();
+        let holds = match rx {
+            None => true,
+            Some(rx) => {
+                rx.close();
+                rx.try_recv().is_ok()
             }
         };
-        Some(Lease {
-            owner: Arc::clone(self),
-            key: Arc::clone(subject),
-            cap,
-        })
+        // A permit freed, or else one fewer waiter.
+        let freed = if holds {
+            !entry.release()
+        } else {
+            entry.queued -= 1;
+            false
+        };
+        let removed = entry.is_idle().then(|| found.remove().0);
+        drop(map);
+        if freed {
+            gauge_in_flight(OverloadScope::Identity, -1.0);
+        } else {
+            gauge_queued(OverloadScope::Identity, -1.0);
+        }
+        if removed.is_some() {
+            gauge_tracked_identities(-1.0);
+        }
     }
 
     pub(crate) fn len(&self) -> usize {
         self.map.lock().len()
     }
 
-    pub(crate) fn cap_of(&self, subject: &str) -> Option<Arc<Cap>> {
-        self.map.lock().get(subject).map(|s| Arc::clone(&s.cap))
+    /// The permits held by `subject` and its waiters.
+    pub(crate) fn counts_of(&self, subject: &str) -> (usize, usize) {
+        let hash = self.hasher.hash_one(subject);
+        self.map
+            .lock()
+            .find(hash, |e| *e.key == *subject)
+            .map_or((0, 0), |e| (e.held, e.queued))
+    }
+}
+
+/// A permit of the per-identity cap.
+struct IdentityPermit {
+    owner: Arc<PerIdentity>,
+    at: EntryRef,
+}
+
+impl Drop for IdentityPermit {
+    fn drop(&mut self) {
+        self.owner.release(&self.at, None);
+    }
+}
+
+/// A request in a subject's queue. Leaving it by any path (including
+/// cancellation) frees the place.
+struct IdentityWaiter {
+    owner: Arc<PerIdentity>,
+    /// `None` once the waiter holds its permit.
+    at: Option<EntryRef>,
+    rx: oneshot::Receiver<()>,
+}
+
+impl IdentityWaiter {
+    /// Waits for a permit for at most `deadline`.
+    async fn wait(mut self, deadline: Duration) -> Option<IdentityPermit> {
+        match tokio::time::timeout(deadline, &mut self.rx).await {
+            Ok(Ok(())) => self.at.take().map(|at| IdentityPermit {
+                owner: Arc::clone(&self.owner),
+                at,
+            }),
+            // Timed out (no sender is dropped before its waiter left).
+            Ok(Err(_)) | Err(_) => None,
+        }
+    }
+}
+
+impl Drop for IdentityWaiter {
+    fn drop(&mut self) {
+        if let Some(at) = &self.at {
+            self.owner.release(at, Some(&mut self.rx));
+        }
     }
 }
 
@@ -265,34 +427,13 @@ fn gauge_tracked_identities(delta: f64) {
     let _ = delta;
 }
 
-/// Keeps a subject's map entry alive; the last lease to go removes it, so
-/// the map only holds subjects with work queued or in flight.
-struct Lease {
-    owner: Arc<PerIdentity>,
-    key: Arc<str>,
-    cap: Arc<Cap>,
-}
-
-impl Drop for Lease {
-    fn drop(&mut self) {
-        let mut map = self.owner.map.lock();
-        if let Some(slot) = map.get_mut(&self.key) {
-            slot.refs -= 1;
-            if slot.refs == 0 {
-                map.remove(&self.key);
-                gauge_tracked_identities(-1.0);
-            }
-        }
-    }
-}
-
 /// Everything a request holds while it is admitted. Dropping it releases the
 /// permits (and the identity's map entry when it was the last user).
 #[derive(Default)]
 pub(crate) struct Guard {
     global: Option<HeldPermit>,
-    // Field order matters: the permit is released before the lease.
-    identity: Option<(HeldPermit, Lease)>,
+    // Field order matters: the global permit is released first.
+    identity: Option<IdentityPermit>,
 }
 
 impl fmt::Debug for Guard {
@@ -301,7 +442,7 @@ impl fmt::Debug for Guard {
             .field("global", &self.global.is_some())
             .field(
                 "identity",
-                &self.identity.as_ref().map(|(_, lease)| &*lease.key),
+                &self.identity.as_ref().map(|permit| &*permit.at.key),
             )
             .finish()
     }
@@ -353,12 +494,13 @@ impl Shared {
         max_identities: usize,
     ) -> Arc<Self> {
         Arc::new(Shared {
-            global: global.map(|l| (l, Cap::new(l.limit, "global"))),
+            global: global.map(|l| (l, Cap::new(l.limit))),
             per_identity: per_identity.map(|limits| {
                 Arc::new(PerIdentity {
                     limits,
                     max_identities,
-                    map: Mutex::new(HashMap::new()),
+                    hasher: RandomState::new(),
+                    map: Mutex::new(HashTable::new()),
                 })
             }),
             refusals: RefusalCounters::default(),
@@ -412,40 +554,49 @@ impl Shared {
         let mut guard = Guard::default();
         if let (Some(ids), Some(subject)) = (&self.per_identity, subject) {
             let limits = ids.limits;
-            let Some(lease) = ids.enter(subject) else {
-                return Begin::Refused(self.refuse(
-                    OverloadScope::Global,
-                    OverloadReason::TooManyIdentities,
-                    &limits,
-                ));
-            };
-            match lease.cap.try_acquire() {
-                Some(permit) => guard.identity = Some((permit, lease)),
-                None => {
-                    let Some(slot) = lease.cap.try_enqueue(limits.queue) else {
-                        return Begin::Refused(self.refuse(
-                            OverloadScope::Identity,
-                            OverloadReason::QueueFull,
-                            &limits,
-                        ));
+            match ids.enter(subject) {
+                Enter::Held(at) => {
+                    guard.identity = Some(IdentityPermit {
+                        owner: Arc::clone(ids),
+                        at,
+                    })
+                }
+                Enter::Queued(at, rx) => {
+                    let waiter = IdentityWaiter {
+                        owner: Arc::clone(ids),
+                        at: Some(at),
+                        rx,
                     };
                     let shared = Arc::clone(self);
                     return Begin::Wait(Box::pin(async move {
-                        let cap = Arc::clone(&lease.cap);
-                        let Some(permit) = cap.wait(slot, limits.deadline).await else {
+                        let Some(permit) = waiter.wait(limits.deadline).await else {
                             return Err(shared.refuse(
                                 OverloadScope::Identity,
                                 OverloadReason::DeadlinePassed,
                                 &limits,
                             ));
                         };
-                        guard.identity = Some((permit, lease));
+                        guard.identity = Some(permit);
                         match shared.begin_global(guard) {
                             Begin::Ready(guard) => Ok(guard),
                             Begin::Refused(refusal) => Err(refusal),
                             Begin::Wait(fut) => fut.await,
                         }
                     }));
+                }
+                Enter::QueueFull => {
+                    return Begin::Refused(self.refuse(
+                        OverloadScope::Identity,
+                        OverloadReason::QueueFull,
+                        &limits,
+                    ))
+                }
+                Enter::TooManyIdentities => {
+                    return Begin::Refused(self.refuse(
+                        OverloadScope::Global,
+                        OverloadReason::TooManyIdentities,
+                        &limits,
+                    ))
                 }
             }
         }
@@ -528,4 +679,36 @@ pub struct ConcurrencyStats {
     pub refused_identity_deadline: u64,
     /// Refused because the per-identity map was full (503).
     pub refused_too_many_identities: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn senders_of_waiters_that_left_mid_queue_are_swept() {
+        let mut entry = Entry {
+            key: "a".into(),
+            hash: 0,
+            held: 1,
+            queued: 0,
+            queue: VecDeque::new(),
+        };
+        let mut first = entry.enqueue(2).unwrap();
+        for _ in 0..1_000 {
+            // A waiter queues behind the first and leaves, as a request
+            // cancelled or timed out does.
+            drop(entry.enqueue(2).unwrap());
+            entry.queued -= 1;
+            assert_eq!(entry.queued, 1);
+            assert!(entry.queue.len() <= 3, "{} senders", entry.queue.len());
+        }
+        // The permit goes to the first waiter, then back to the cap.
+        assert!(entry.release());
+        assert_eq!(first.try_recv(), Ok(()));
+        assert_eq!(entry.queued, 0);
+        assert!(!entry.release());
+        assert!(entry.is_idle());
+        assert!(entry.queue.is_empty());
+    }
 }
