@@ -79,7 +79,7 @@ impl<S> Layer<S> for ConcurrencyLayer {
 impl fmt::Debug for ConcurrencyLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ConcurrencyLayer")
-            .field("global", &self.shared.global.as_ref().map(|(l, _)| l))
+            .field("global", &self.shared.global.as_ref().map(|cap| cap.limits))
             .field(
                 "per_identity",
                 &self.shared.per_identity.as_ref().map(|ids| ids.limits),

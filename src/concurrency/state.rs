@@ -12,7 +12,7 @@ use std::time::Duration;
 use ahash::RandomState;
 use hashbrown::HashTable;
 use parking_lot::Mutex;
-use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{oneshot, Semaphore, SemaphorePermit};
 
 use crate::reject::{OverloadScope, Rejection};
 
@@ -65,7 +65,8 @@ pub(crate) struct Limits {
 /// The global cap: one semaphore with its counters.
 #[derive(Debug)]
 pub(crate) struct Cap {
-    sem: Arc<Semaphore>,
+    pub(crate) limits: Limits,
+    sem: Semaphore,
     in_flight: AtomicUsize,
     waiters: AtomicUsize,
 }
@@ -108,12 +109,13 @@ fn gauge_queued(scope: OverloadScope, delta: f64) {
 }
 
 impl Cap {
-    fn new(limit: usize) -> Arc<Self> {
-        Arc::new(Cap {
-            sem: Arc::new(Semaphore::new(limit)),
+    fn new(limits: Limits) -> Self {
+        Cap {
+            limits,
+            sem: Semaphore::new(limits.limit),
             in_flight: AtomicUsize::new(0),
             waiters: AtomicUsize::new(0),
-        })
+        }
     }
 
     pub(crate) fn in_flight(&self) -> usize {
@@ -124,46 +126,51 @@ impl Cap {
         self.waiters.load(Ordering::Acquire)
     }
 
-    fn hold(self: &Arc<Self>, permit: OwnedSemaphorePermit) -> HeldPermit {
+    /// Counts `permit` as held; the semaphore gets it back from
+    /// [`release`](Self::release).
+    fn hold(&self, permit: SemaphorePermit<'_>) {
+        permit.forget();
         self.in_flight.fetch_add(1, Ordering::AcqRel);
         gauge_in_flight(OverloadScope::Global, 1.0);
-        HeldPermit {
-            cap: Arc::clone(self),
-            _permit: permit,
-        }
     }
 
-    fn try_acquire(self: &Arc<Self>) -> Option<HeldPermit> {
-        Arc::clone(&self.sem)
-            .try_acquire_owned()
-            .ok()
-            .map(|p| self.hold(p))
+    fn try_acquire(&self) -> bool {
+        self.sem.try_acquire().map(|p| self.hold(p)).is_ok()
+    }
+
+    fn release(&self) {
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+        gauge_in_flight(OverloadScope::Global, -1.0);
+        self.sem.add_permits(1);
     }
 
     /// Takes a place in the queue if fewer than `queue` are waiting. The
     /// check and the increment are one atomic step, so the queue never holds
     /// more than `queue` waiters.
-    fn try_enqueue(self: &Arc<Self>, queue: usize) -> Option<QueueSlot> {
-        self.waiters
+    fn try_enqueue(&self) -> bool {
+        let queue = self.limits.queue;
+        let taken = self
+            .waiters
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
                 (w < queue).then_some(w + 1)
             })
-            .ok()
-            .map(|_| {
-                gauge_queued(OverloadScope::Global, 1.0);
-                QueueSlot {
-                    cap: Arc::clone(self),
-                }
-            })
+            .is_ok();
+        if taken {
+            gauge_queued(OverloadScope::Global, 1.0);
+        }
+        taken
     }
 
-    /// Waits for a permit for at most `deadline`.
-    async fn wait(self: Arc<Self>, slot: QueueSlot, deadline: Duration) -> Option<HeldPermit> {
-        let acquired = tokio::time::timeout(deadline, Arc::clone(&self.sem).acquire_owned()).await;
+    /// Waits for a permit for at most the deadline.
+    async fn wait(&self, slot: QueueSlot) -> bool {
+        let acquired = tokio::time::timeout(self.limits.deadline, self.sem.acquire()).await;
         let held = match acquired {
-            Ok(Ok(permit)) => Some(self.hold(permit)),
+            Ok(Ok(permit)) => {
+                self.hold(permit);
+                true
+            }
             // Timed out; the semaphore is never closed.
-            Ok(Err(_)) | Err(_) => None,
+            Ok(Err(_)) | Err(_) => false,
         };
         drop(slot);
         held
@@ -173,26 +180,15 @@ impl Cap {
 /// A place in the global wait queue; leaving it (by any path, including
 /// cancellation) frees the place.
 struct QueueSlot {
-    cap: Arc<Cap>,
+    shared: Arc<Shared>,
 }
 
 impl Drop for QueueSlot {
     fn drop(&mut self) {
-        self.cap.waiters.fetch_sub(1, Ordering::AcqRel);
-        gauge_queued(OverloadScope::Global, -1.0);
-    }
-}
-
-/// A permit of the global cap, counted in its `in_flight`.
-struct HeldPermit {
-    cap: Arc<Cap>,
-    _permit: OwnedSemaphorePermit,
-}
-
-impl Drop for HeldPermit {
-    fn drop(&mut self) {
-        self.cap.in_flight.fetch_sub(1, Ordering::AcqRel);
-        gauge_in_flight(OverloadScope::Global, -1.0);
+        if let Some(cap) = &self.shared.global {
+            cap.waiters.fetch_sub(1, Ordering::AcqRel);
+            gauge_queued(OverloadScope::Global, -1.0);
+        }
     }
 }
 
@@ -374,22 +370,10 @@ impl PerIdentity {
     }
 }
 
-/// A permit of the per-identity cap.
-struct IdentityPermit {
-    owner: Arc<PerIdentity>,
-    at: EntryRef,
-}
-
-impl Drop for IdentityPermit {
-    fn drop(&mut self) {
-        self.owner.release(&self.at, None);
-    }
-}
-
 /// A request in a subject's queue. Leaving it by any path (including
 /// cancellation) frees the place.
 struct IdentityWaiter {
-    owner: Arc<PerIdentity>,
+    shared: Arc<Shared>,
     /// `None` once the waiter holds its permit.
     at: Option<EntryRef>,
     rx: oneshot::Receiver<()>,
@@ -397,12 +381,9 @@ struct IdentityWaiter {
 
 impl IdentityWaiter {
     /// Waits for a permit for at most `deadline`.
-    async fn wait(mut self, deadline: Duration) -> Option<IdentityPermit> {
+    async fn wait(mut self, deadline: Duration) -> Option<EntryRef> {
         match tokio::time::timeout(deadline, &mut self.rx).await {
-            Ok(Ok(())) => self.at.take().map(|at| IdentityPermit {
-                owner: Arc::clone(&self.owner),
-                at,
-            }),
+            Ok(Ok(())) => self.at.take(),
             // Timed out (no sender is dropped before its waiter left).
             Ok(Err(_)) | Err(_) => None,
         }
@@ -411,8 +392,8 @@ impl IdentityWaiter {
 
 impl Drop for IdentityWaiter {
     fn drop(&mut self) {
-        if let Some(at) = &self.at {
-            self.owner.release(at, Some(&mut self.rx));
+        if let (Some(ids), Some(at)) = (&self.shared.per_identity, &self.at) {
+            ids.release(at, Some(&mut self.rx));
         }
     }
 }
@@ -429,21 +410,29 @@ fn gauge_tracked_identities(delta: f64) {
 
 /// Everything a request holds while it is admitted. Dropping it releases the
 /// permits (and the identity's map entry when it was the last user).
-#[derive(Default)]
 pub(crate) struct Guard {
-    global: Option<HeldPermit>,
-    // Field order matters: the global permit is released first.
-    identity: Option<IdentityPermit>,
+    shared: Arc<Shared>,
+    global: bool,
+    identity: Option<EntryRef>,
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        // The global permit first, as a waiter for it may hold the other.
+        if let (true, Some(cap)) = (self.global, &self.shared.global) {
+            cap.release();
+        }
+        if let (Some(ids), Some(at)) = (&self.shared.per_identity, &self.identity) {
+            ids.release(at, None);
+        }
+    }
 }
 
 impl fmt::Debug for Guard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Guard")
-            .field("global", &self.global.is_some())
-            .field(
-                "identity",
-                &self.identity.as_ref().map(|permit| &*permit.at.key),
-            )
+            .field("global", &self.global)
+            .field("identity", &self.identity.as_ref().map(|at| &*at.key))
             .finish()
     }
 }
@@ -482,8 +471,8 @@ struct RefusalCounters {
 /// State shared by a layer and every service and clone built from it.
 #[derive(Debug)]
 pub(crate) struct Shared {
-    pub(crate) global: Option<(Limits, Arc<Cap>)>,
-    pub(crate) per_identity: Option<Arc<PerIdentity>>,
+    pub(crate) global: Option<Cap>,
+    pub(crate) per_identity: Option<PerIdentity>,
     refusals: RefusalCounters,
 }
 
@@ -494,14 +483,12 @@ impl Shared {
         max_identities: usize,
     ) -> Arc<Self> {
         Arc::new(Shared {
-            global: global.map(|l| (l, Cap::new(l.limit))),
-            per_identity: per_identity.map(|limits| {
-                Arc::new(PerIdentity {
-                    limits,
-                    max_identities,
-                    hasher: RandomState::new(),
-                    map: Mutex::new(HashTable::new()),
-                })
+            global: global.map(Cap::new),
+            per_identity: per_identity.map(|limits| PerIdentity {
+                limits,
+                max_identities,
+                hasher: RandomState::new(),
+                map: Mutex::new(HashTable::new()),
             }),
             refusals: RefusalCounters::default(),
         })
@@ -551,32 +538,31 @@ impl Shared {
     /// now, refuse at once when a queue is full, or hand back a future that
     /// waits in the queue(s).
     pub(crate) fn begin(self: &Arc<Self>, subject: Option<&Arc<str>>) -> Begin {
-        let mut guard = Guard::default();
+        let mut guard = Guard {
+            shared: Arc::clone(self),
+            global: false,
+            identity: None,
+        };
         if let (Some(ids), Some(subject)) = (&self.per_identity, subject) {
             let limits = ids.limits;
             match ids.enter(subject) {
-                Enter::Held(at) => {
-                    guard.identity = Some(IdentityPermit {
-                        owner: Arc::clone(ids),
-                        at,
-                    })
-                }
+                Enter::Held(at) => guard.identity = Some(at),
                 Enter::Queued(at, rx) => {
                     let waiter = IdentityWaiter {
-                        owner: Arc::clone(ids),
+                        shared: Arc::clone(self),
                         at: Some(at),
                         rx,
                     };
-                    let shared = Arc::clone(self);
                     return Begin::Wait(Box::pin(async move {
-                        let Some(permit) = waiter.wait(limits.deadline).await else {
-                            return Err(shared.refuse(
+                        let Some(at) = waiter.wait(limits.deadline).await else {
+                            return Err(guard.shared.refuse(
                                 OverloadScope::Identity,
                                 OverloadReason::DeadlinePassed,
                                 &limits,
                             ));
                         };
-                        guard.identity = Some(permit);
+                        guard.identity = Some(at);
+                        let shared = Arc::clone(&guard.shared);
                         match shared.begin_global(guard) {
                             Begin::Ready(guard) => Ok(guard),
                             Begin::Refused(refusal) => Err(refusal),
@@ -604,34 +590,37 @@ impl Shared {
     }
 
     fn begin_global(self: &Arc<Self>, mut guard: Guard) -> Begin {
-        let Some((limits, cap)) = &self.global else {
+        let Some(cap) = &self.global else {
             return Begin::Ready(guard);
         };
-        let limits = *limits;
-        if let Some(permit) = cap.try_acquire() {
-            guard.global = Some(permit);
+        if cap.try_acquire() {
+            guard.global = true;
             return Begin::Ready(guard);
         }
-        let Some(slot) = cap.try_enqueue(limits.queue) else {
+        if !cap.try_enqueue() {
             return Begin::Refused(self.refuse(
                 OverloadScope::Global,
                 OverloadReason::QueueFull,
-                &limits,
+                &cap.limits,
             ));
+        }
+        let slot = QueueSlot {
+            shared: Arc::clone(self),
         };
-        let cap = Arc::clone(cap);
-        let shared = Arc::clone(self);
         Begin::Wait(Box::pin(async move {
-            match cap.wait(slot, limits.deadline).await {
-                Some(permit) => {
-                    guard.global = Some(permit);
-                    Ok(guard)
-                }
-                None => Err(shared.refuse(
+            let shared = Arc::clone(&slot.shared);
+            let Some(cap) = &shared.global else {
+                unreachable!("a place in the global queue needs a global cap");
+            };
+            if cap.wait(slot).await {
+                guard.global = true;
+                Ok(guard)
+            } else {
+                Err(shared.refuse(
                     OverloadScope::Global,
                     OverloadReason::DeadlinePassed,
-                    &limits,
-                )),
+                    &cap.limits,
+                ))
             }
         }))
     }
@@ -639,7 +628,7 @@ impl Shared {
     pub(crate) fn stats(&self) -> ConcurrencyStats {
         let r = &self.refusals;
         let (global_in_flight, global_queued) = match &self.global {
-            Some((_, cap)) => (cap.in_flight(), cap.queued()),
+            Some(cap) => (cap.in_flight(), cap.queued()),
             None => (0, 0),
         };
         ConcurrencyStats {
