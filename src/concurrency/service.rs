@@ -79,15 +79,15 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        let grpc = is_grpc(req.headers());
         let subject = req
             .extensions()
             .get::<Identity>()
-            .map(|id| Arc::clone(id.subject_arc()));
-        match self.shared.begin(subject.as_ref()) {
+            .map(Identity::subject_arc);
+        match self.shared.begin(subject) {
             Begin::Ready(guard) => ResponseFuture::calling(self.inner.call(req), guard),
-            Begin::Refused(refusal) => ResponseFuture::refused(refusal, grpc),
+            Begin::Refused(refusal) => ResponseFuture::refused(refusal, is_grpc(req.headers())),
             Begin::Wait(acquire) => {
+                let grpc = is_grpc(req.headers());
                 // The inner service was made ready by `poll_ready`; take that
                 // one and leave a fresh clone behind.
                 let clone = self.inner.clone();
