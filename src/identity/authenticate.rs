@@ -191,20 +191,26 @@ where
                 let future = std::pin::pin!(self.authenticator.authenticate(&parts));
                 future.poll(&mut Context::from_waker(Waker::noop()))
             };
-            if let Poll::Ready(result) = ready {
-                let state = match result {
-                    Ok(identity) => {
-                        parts.extensions.insert(identity);
-                        State::Calling {
+            // Each arm builds the future where it is returned: the inner
+            // future, large, is not copied once more.
+            match ready {
+                Poll::Ready(Ok(identity)) => {
+                    parts.extensions.insert(identity);
+                    return ResponseFuture {
+                        state: State::Calling {
                             future: self.inner.call(Request::from_parts(parts, body)),
-                        }
+                        },
+                    };
+                }
+                Poll::Ready(Err(err)) => {
+                    return ResponseFuture {
+                        state: State::Refused {
+                            reason: err.reason(),
+                            grpc: is_grpc(&parts.headers),
+                        },
                     }
-                    Err(err) => State::Refused {
-                        reason: err.reason(),
-                        grpc: is_grpc(&parts.headers),
-                    },
-                };
-                return ResponseFuture { state };
+                }
+                Poll::Pending => {}
             }
         }
         // `call` awaits authentication before it calls the inner service, so
