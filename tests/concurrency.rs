@@ -614,6 +614,37 @@ async fn permit_handed_to_a_waiter_that_is_dropped_passes_on() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn global_permit_handed_to_a_waiter_that_is_dropped_passes_on() {
+    let layer = ConcurrencyLayer::builder()
+        .global(1, 2, Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let mut svc = layer.layer(service_fn(|_req: Request<Full<Bytes>>| async {
+        Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"done"))))
+    }));
+    let first = svc.call(Request::new(Full::default())).await.unwrap();
+    let second = svc.call(Request::new(Full::default()));
+    let third = svc.call(Request::new(Full::default()));
+    assert_eq!((layer.in_flight(), layer.queued()), (1, 2));
+    drop(first);
+    assert_eq!((layer.in_flight(), layer.queued()), (1, 1));
+    drop(second);
+    assert_eq!((layer.in_flight(), layer.queued()), (1, 0));
+    // A newcomer does not pass the third, which holds the permit.
+    let fourth = svc.call(Request::new(Full::default()));
+    assert_eq!((layer.in_flight(), layer.queued()), (1, 1));
+    let third = third.await.unwrap();
+    assert_eq!(third.status(), StatusCode::OK);
+    drop(third);
+    let fourth = fourth.await.unwrap();
+    drop(fourth);
+    assert_eq!((layer.in_flight(), layer.queued()), (0, 0));
+    let stats = layer.stats();
+    assert_eq!(stats.refused_global_deadline, 0);
+    assert_eq!(stats.refused_global_queue_full, 0);
+}
+
+#[tokio::test(start_paused = true)]
 async fn thousands_of_queueing_identities_leave_no_entries() {
     let layer = ConcurrencyLayer::builder()
         .per_identity(1, 1, Duration::from_millis(50))

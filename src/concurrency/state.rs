@@ -1,18 +1,18 @@
-//! Shared state of a concurrency layer: the global semaphore, the
-//! per-identity map and the refusal counters.
+//! Shared state of a concurrency layer: the global cap, the per-identity map
+//! and the refusal counters.
 
 use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use ahash::RandomState;
 use hashbrown::HashTable;
 use parking_lot::Mutex;
-use tokio::sync::{oneshot, Semaphore, SemaphorePermit};
+use tokio::sync::oneshot;
 
 use crate::reject::{OverloadScope, Rejection};
 
@@ -62,15 +62,6 @@ pub(crate) struct Limits {
     pub(crate) retry_after: Duration,
 }
 
-/// The global cap: one semaphore with its counters.
-#[derive(Debug)]
-pub(crate) struct Cap {
-    pub(crate) limits: Limits,
-    sem: Semaphore,
-    in_flight: AtomicUsize,
-    waiters: AtomicUsize,
-}
-
 /// Moves the `tower_admission_concurrency_in_flight` gauge of `scope` by
 /// `delta`.
 ///
@@ -108,106 +99,22 @@ fn gauge_queued(scope: OverloadScope, delta: f64) {
     let _ = (scope, delta);
 }
 
-impl Cap {
-    fn new(limits: Limits) -> Self {
-        Cap {
-            limits,
-            sem: Semaphore::new(limits.limit),
-            in_flight: AtomicUsize::new(0),
-            waiters: AtomicUsize::new(0),
-        }
-    }
-
-    pub(crate) fn in_flight(&self) -> usize {
-        self.in_flight.load(Ordering::Acquire)
-    }
-
-    pub(crate) fn queued(&self) -> usize {
-        self.waiters.load(Ordering::Acquire)
-    }
-
-    /// Counts `permit` as held; the semaphore gets it back from
-    /// [`release`](Self::release).
-    fn hold(&self, permit: SemaphorePermit<'_>) {
-        permit.forget();
-        self.in_flight.fetch_add(1, Ordering::AcqRel);
-        gauge_in_flight(OverloadScope::Global, 1.0);
-    }
-
-    fn try_acquire(&self) -> bool {
-        self.sem.try_acquire().map(|p| self.hold(p)).is_ok()
-    }
-
-    fn release(&self) {
-        self.in_flight.fetch_sub(1, Ordering::AcqRel);
-        gauge_in_flight(OverloadScope::Global, -1.0);
-        self.sem.add_permits(1);
-    }
-
-    /// Takes a place in the queue if fewer than `queue` are waiting. The
-    /// check and the increment are one atomic step, so the queue never holds
-    /// more than `queue` waiters.
-    fn try_enqueue(&self) -> bool {
-        let queue = self.limits.queue;
-        let taken = self
-            .waiters
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
-                (w < queue).then_some(w + 1)
-            })
-            .is_ok();
-        if taken {
-            gauge_queued(OverloadScope::Global, 1.0);
-        }
-        taken
-    }
-
-    /// Waits for a permit for at most the deadline.
-    async fn wait(&self, slot: QueueSlot) -> bool {
-        let acquired = tokio::time::timeout(self.limits.deadline, self.sem.acquire()).await;
-        let held = match acquired {
-            Ok(Ok(permit)) => {
-                self.hold(permit);
-                true
-            }
-            // Timed out; the semaphore is never closed.
-            Ok(Err(_)) | Err(_) => false,
-        };
-        drop(slot);
-        held
+/// Moves the gauges of `scope` after [`Permits::give_back`]: a permit
+/// freed, or else one fewer waiter.
+fn gauge_given_back(scope: OverloadScope, freed: bool) {
+    if freed {
+        gauge_in_flight(scope, -1.0);
+    } else {
+        gauge_queued(scope, -1.0);
     }
 }
 
-/// A place in the global wait queue; leaving it (by any path, including
-/// cancellation) frees the place.
-struct QueueSlot {
-    shared: Arc<Shared>,
-}
-
-impl Drop for QueueSlot {
-    fn drop(&mut self) {
-        if let Some(cap) = &self.shared.global {
-            cap.waiters.fetch_sub(1, Ordering::AcqRel);
-            gauge_queued(OverloadScope::Global, -1.0);
-        }
-    }
-}
-
-/// The per-identity caps: one [`Entry`] per subject that has a request in
-/// flight or queued. An entry counts its permits itself, under the map's
-/// lock: a subject alone in flight costs no allocation.
-#[derive(Debug)]
-pub(crate) struct PerIdentity {
-    pub(crate) limits: Limits,
-    max_identities: usize,
-    hasher: RandomState,
-    map: Mutex<HashTable<Entry>>,
-}
-
-/// One subject's cap.
-#[derive(Debug)]
-struct Entry {
-    key: Arc<str>,
-    hash: u64,
+/// One cap's permits and wait queue, kept under its owner's lock.
+///
+/// A permit given back goes to the first waiter still waiting, so while any
+/// waiter waits every permit is held: a newcomer never passes the queue.
+#[derive(Debug, Default)]
+struct Permits {
     /// Permits taken: requests running or sending their body, and waiters
     /// handed a permit they have not yet woken up to.
     held: usize,
@@ -218,9 +125,11 @@ struct Entry {
     queue: VecDeque<oneshot::Sender<()>>,
 }
 
-impl Entry {
-    fn is(&self, subject: &Arc<str>) -> bool {
-        Arc::ptr_eq(&self.key, subject) || *self.key == **subject
+impl Permits {
+    fn try_take(&mut self, limit: usize) -> bool {
+        let free = self.held < limit;
+        self.held += usize::from(free);
+        free
     }
 
     /// A place at the back of the queue, if fewer than `max` wait.
@@ -255,13 +164,100 @@ impl Entry {
         false
     }
 
+    /// Gives back a permit or, with `rx`, the place of a waiter that leaves
+    /// without waking up to a permit (and a permit handed to it meanwhile).
+    /// True when a permit was freed, false when one fewer waits.
+    fn give_back(&mut self, rx: Option<&mut oneshot::Receiver<()>>) -> bool {
+        let holds = match rx {
+            None => true,
+            Some(rx) => {
+                rx.close();
+                rx.try_recv().is_ok()
+            }
+        };
+        if holds {
+            !self.release()
+        } else {
+            self.queued -= 1;
+            false
+        }
+    }
+
     fn is_idle(&self) -> bool {
         self.held == 0 && self.queued == 0
     }
 }
 
-/// A subject's entry, found again by its hash and key pointer: releasing a
-/// permit hashes nothing.
+/// The global cap.
+#[derive(Debug)]
+pub(crate) struct Cap {
+    pub(crate) limits: Limits,
+    permits: Mutex<Permits>,
+}
+
+impl Cap {
+    fn new(limits: Limits) -> Self {
+        Cap {
+            limits,
+            permits: Mutex::default(),
+        }
+    }
+
+    pub(crate) fn in_flight(&self) -> usize {
+        self.permits.lock().held
+    }
+
+    pub(crate) fn queued(&self) -> usize {
+        self.permits.lock().queued
+    }
+
+    fn try_acquire(&self) -> bool {
+        let taken = self.permits.lock().try_take(self.limits.limit);
+        if taken {
+            gauge_in_flight(OverloadScope::Global, 1.0);
+        }
+        taken
+    }
+
+    fn enqueue(&self) -> Option<oneshot::Receiver<()>> {
+        let rx = self.permits.lock().enqueue(self.limits.queue)?;
+        gauge_queued(OverloadScope::Global, 1.0);
+        Some(rx)
+    }
+
+    fn give_back(&self, rx: Option<&mut oneshot::Receiver<()>>) {
+        let freed = self.permits.lock().give_back(rx);
+        gauge_given_back(OverloadScope::Global, freed);
+    }
+}
+
+/// The per-identity caps: one [`Entry`] per subject that has a request in
+/// flight or queued, under one lock: a subject alone in flight costs no
+/// allocation.
+#[derive(Debug)]
+pub(crate) struct PerIdentity {
+    pub(crate) limits: Limits,
+    max_identities: usize,
+    hasher: RandomState,
+    map: Mutex<HashTable<Entry>>,
+}
+
+/// One subject's cap.
+#[derive(Debug)]
+struct Entry {
+    key: Arc<str>,
+    hash: u64,
+    permits: Permits,
+}
+
+impl Entry {
+    fn is(&self, subject: &Arc<str>) -> bool {
+        Arc::ptr_eq(&self.key, subject) || *self.key == **subject
+    }
+}
+
+/// A subject's entry, found again by its hash and key pointer: giving a
+/// permit back hashes nothing.
 #[derive(Debug)]
 struct EntryRef {
     key: Arc<str>,
@@ -286,13 +282,12 @@ impl PerIdentity {
                 key: Arc::clone(&entry.key),
                 hash,
             };
-            if entry.held < self.limits.limit {
-                entry.held += 1;
+            if entry.permits.try_take(self.limits.limit) {
                 drop(map);
                 gauge_in_flight(OverloadScope::Identity, 1.0);
                 return Enter::Held(at);
             }
-            let Some(rx) = entry.enqueue(self.limits.queue) else {
+            let Some(rx) = entry.permits.enqueue(self.limits.queue) else {
                 return Enter::QueueFull;
             };
             drop(map);
@@ -305,9 +300,10 @@ impl PerIdentity {
         let entry = Entry {
             key: Arc::clone(subject),
             hash,
-            held: 1,
-            queued: 0,
-            queue: VecDeque::new(),
+            permits: Permits {
+                held: 1,
+                ..Permits::default()
+            },
         };
         map.insert_unique(hash, entry, |e| e.hash);
         drop(map);
@@ -319,38 +315,18 @@ impl PerIdentity {
         })
     }
 
-    /// Gives back a permit of `at`'s subject, or, with `rx`, the place in
-    /// its queue of a waiter that leaves without waking up to a permit (a
-    /// permit handed over meanwhile is given back too). The last to go
-    /// removes the entry.
-    fn release(&self, at: &EntryRef, rx: Option<&mut oneshot::Receiver<()>>) {
+    /// [`Permits::give_back`] for `at`'s subject; the last to go removes the
+    /// entry.
+    fn give_back(&self, at: &EntryRef, rx: Option<&mut oneshot::Receiver<()>>) {
         let mut map = self.map.lock();
         // Never `Err`: an entry lives while it has a permit or a waiter.
         let Ok(mut found) = map.find_entry(at.hash, |e| Arc::ptr_eq(&e.key, &at.key)) else {
             return;
         };
-        let entry = found.get_mut();
-        let holds = match rx {
-            None => true,
-            Some(rx) => {
-                rx.close();
-                rx.try_recv().is_ok()
-            }
-        };
-        // A permit freed, or else one fewer waiter.
-        let freed = if holds {
-            !entry.release()
-        } else {
-            entry.queued -= 1;
-            false
-        };
-        let removed = entry.is_idle().then(|| found.remove().0);
+        let freed = found.get_mut().permits.give_back(rx);
+        let removed = found.get().permits.is_idle().then(|| found.remove().0);
         drop(map);
-        if freed {
-            gauge_in_flight(OverloadScope::Identity, -1.0);
-        } else {
-            gauge_queued(OverloadScope::Identity, -1.0);
-        }
+        gauge_given_back(OverloadScope::Identity, freed);
         if removed.is_some() {
             gauge_tracked_identities(-1.0);
         }
@@ -366,35 +342,7 @@ impl PerIdentity {
         self.map
             .lock()
             .find(hash, |e| *e.key == *subject)
-            .map_or((0, 0), |e| (e.held, e.queued))
-    }
-}
-
-/// A request in a subject's queue. Leaving it by any path (including
-/// cancellation) frees the place.
-struct IdentityWaiter {
-    shared: Arc<Shared>,
-    /// `None` once the waiter holds its permit.
-    at: Option<EntryRef>,
-    rx: oneshot::Receiver<()>,
-}
-
-impl IdentityWaiter {
-    /// Waits for a permit for at most `deadline`.
-    async fn wait(mut self, deadline: Duration) -> Option<EntryRef> {
-        match tokio::time::timeout(deadline, &mut self.rx).await {
-            Ok(Ok(())) => self.at.take(),
-            // Timed out (no sender is dropped before its waiter left).
-            Ok(Err(_)) | Err(_) => None,
-        }
-    }
-}
-
-impl Drop for IdentityWaiter {
-    fn drop(&mut self) {
-        if let (Some(ids), Some(at)) = (&self.shared.per_identity, &self.at) {
-            ids.release(at, Some(&mut self.rx));
-        }
+            .map_or((0, 0), |e| (e.permits.held, e.permits.queued))
     }
 }
 
@@ -406,6 +354,42 @@ fn gauge_tracked_identities(delta: f64) {
     metrics::gauge!("tower_admission_concurrency_tracked_identities").increment(delta);
     #[cfg(not(feature = "metrics"))]
     let _ = delta;
+}
+
+/// Which cap a waiter waits for.
+enum Place {
+    Global,
+    Identity(EntryRef),
+}
+
+/// A request in a queue. Leaving it by any path (including cancellation)
+/// frees the place.
+struct Waiter {
+    shared: Arc<Shared>,
+    /// `None` once the waiter holds its permit.
+    place: Option<Place>,
+    rx: oneshot::Receiver<()>,
+}
+
+impl Waiter {
+    /// Waits for a permit for at most `deadline`.
+    async fn wait(mut self, deadline: Duration) -> Option<Place> {
+        match tokio::time::timeout(deadline, &mut self.rx).await {
+            Ok(Ok(())) => self.place.take(),
+            // Timed out (no sender is dropped before its waiter left).
+            Ok(Err(_)) | Err(_) => None,
+        }
+    }
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        match (&self.place, &self.shared.global, &self.shared.per_identity) {
+            (Some(Place::Global), Some(cap), _) => cap.give_back(Some(&mut self.rx)),
+            (Some(Place::Identity(at)), _, Some(ids)) => ids.give_back(at, Some(&mut self.rx)),
+            _ => {}
+        }
+    }
 }
 
 /// Everything a request holds while it is admitted. Dropping it releases the
@@ -420,10 +404,10 @@ impl Drop for Guard {
     fn drop(&mut self) {
         // The global permit first, as a waiter for it may hold the other.
         if let (true, Some(cap)) = (self.global, &self.shared.global) {
-            cap.release();
+            cap.give_back(None);
         }
         if let (Some(ids), Some(at)) = (&self.shared.per_identity, &self.identity) {
-            ids.release(at, None);
+            ids.give_back(at, None);
         }
     }
 }
@@ -548,13 +532,13 @@ impl Shared {
             match ids.enter(subject) {
                 Enter::Held(at) => guard.identity = Some(at),
                 Enter::Queued(at, rx) => {
-                    let waiter = IdentityWaiter {
+                    let waiter = Waiter {
                         shared: Arc::clone(self),
-                        at: Some(at),
+                        place: Some(Place::Identity(at)),
                         rx,
                     };
                     return Begin::Wait(Box::pin(async move {
-                        let Some(at) = waiter.wait(limits.deadline).await else {
+                        let Some(Place::Identity(at)) = waiter.wait(limits.deadline).await else {
                             return Err(guard.shared.refuse(
                                 OverloadScope::Identity,
                                 OverloadReason::DeadlinePassed,
@@ -597,29 +581,28 @@ impl Shared {
             guard.global = true;
             return Begin::Ready(guard);
         }
-        if !cap.try_enqueue() {
+        let limits = cap.limits;
+        let Some(rx) = cap.enqueue() else {
             return Begin::Refused(self.refuse(
                 OverloadScope::Global,
                 OverloadReason::QueueFull,
-                &cap.limits,
+                &limits,
             ));
-        }
-        let slot = QueueSlot {
+        };
+        let waiter = Waiter {
             shared: Arc::clone(self),
+            place: Some(Place::Global),
+            rx,
         };
         Begin::Wait(Box::pin(async move {
-            let shared = Arc::clone(&slot.shared);
-            let Some(cap) = &shared.global else {
-                unreachable!("a place in the global queue needs a global cap");
-            };
-            if cap.wait(slot).await {
+            if waiter.wait(limits.deadline).await.is_some() {
                 guard.global = true;
                 Ok(guard)
             } else {
-                Err(shared.refuse(
+                Err(guard.shared.refuse(
                     OverloadScope::Global,
                     OverloadReason::DeadlinePassed,
-                    &cap.limits,
+                    &limits,
                 ))
             }
         }))
@@ -676,28 +659,40 @@ mod tests {
 
     #[test]
     fn senders_of_waiters_that_left_mid_queue_are_swept() {
-        let mut entry = Entry {
-            key: "a".into(),
-            hash: 0,
-            held: 1,
-            queued: 0,
-            queue: VecDeque::new(),
-        };
-        let mut first = entry.enqueue(2).unwrap();
+        let mut permits = Permits::default();
+        assert!(permits.try_take(1));
+        assert!(!permits.try_take(1));
+        let mut first = permits.enqueue(2).unwrap();
         for _ in 0..1_000 {
             // A waiter queues behind the first and leaves, as a request
             // cancelled or timed out does.
-            drop(entry.enqueue(2).unwrap());
-            entry.queued -= 1;
-            assert_eq!(entry.queued, 1);
-            assert!(entry.queue.len() <= 3, "{} senders", entry.queue.len());
+            let mut rx = permits.enqueue(2).unwrap();
+            assert!(!permits.give_back(Some(&mut rx)));
+            assert_eq!(permits.queued, 1);
+            assert!(permits.queue.len() <= 3, "{} senders", permits.queue.len());
         }
         // The permit goes to the first waiter, then back to the cap.
-        assert!(entry.release());
+        assert!(!permits.give_back(None));
         assert_eq!(first.try_recv(), Ok(()));
-        assert_eq!(entry.queued, 0);
-        assert!(!entry.release());
-        assert!(entry.is_idle());
-        assert!(entry.queue.is_empty());
+        assert_eq!((permits.held, permits.queued), (1, 0));
+        assert!(permits.give_back(None));
+        assert!(permits.is_idle());
+        assert!(permits.queue.is_empty());
+    }
+
+    #[test]
+    fn a_permit_handed_to_a_waiter_that_leaves_passes_on() {
+        let mut permits = Permits::default();
+        assert!(permits.try_take(1));
+        let mut second = permits.enqueue(2).unwrap();
+        let mut third = permits.enqueue(2).unwrap();
+        // Handed to the second, which leaves before it woke up: the third
+        // gets it.
+        assert!(!permits.give_back(None));
+        assert!(!permits.give_back(Some(&mut second)));
+        assert_eq!(third.try_recv(), Ok(()));
+        assert_eq!((permits.held, permits.queued), (1, 0));
+        assert!(permits.give_back(None));
+        assert!(permits.is_idle());
     }
 }
