@@ -14,7 +14,7 @@ pub const DEFAULT_MAX_IDENTITIES: usize = 10_000;
 
 /// Layer that bounds requests in flight; builds [`Concurrency`].
 ///
-/// Clones share all state (semaphores, queues, the per-identity map and the
+/// Clones share all state (permit counts, queues, the per-identity map and the
 /// counters), and so do the services built from one layer: apply one layer
 /// value to an axum `Router` and every route shares the same caps.
 #[derive(Clone)]
