@@ -160,8 +160,8 @@ where
         // pending one is polled again, with the caller's waker, below.
         let mut noop = Context::from_waker(Waker::noop());
         if let Poll::Ready(result) = Pin::new(&mut decide).poll(&mut noop) {
-            let verdict = limiter.resolve(quota, &key, cost, result);
-            return match admit(&self.config, planned, key, cost, verdict, &mut req) {
+            let mut verdict = limiter.resolve(quota, &key, cost, result);
+            return match admit(&self.config, planned, key, cost, &mut verdict, &mut req) {
                 Admission::Admitted(headers) => inner(self.inner.call(req), headers),
                 Admission::Refused(response) => refused(response),
             };
@@ -174,8 +174,8 @@ where
             state: State::Waiting {
                 future: Box::pin(async move {
                     let result = decide.await;
-                    let verdict = config.limiter.resolve(&planned.quota, &key, cost, result);
-                    match admit(&config, &planned, key, cost, verdict, &mut req) {
+                    let mut verdict = config.limiter.resolve(&planned.quota, &key, cost, result);
+                    match admit(&config, &planned, key, cost, &mut verdict, &mut req) {
                         Admission::Admitted(headers) => {
                             let mut response = service.call(req).await?;
                             headers::append(response.headers_mut(), headers);
@@ -212,27 +212,28 @@ fn admit<St: Store, ReqB, B>(
     planned: &Planned,
     key: Arc<str>,
     cost: u64,
-    verdict: Verdict,
+    verdict: &mut Verdict,
     req: &mut Request<ReqB>,
 ) -> Admission<B> {
     let quota = &planned.quota;
     let Some(rejection) = Rejection::from_outcome(verdict.outcome(), cost) else {
         let headers = if config.headers_on_success {
-            headers::values(quota, &verdict, planned.policy_field.as_ref())
+            headers::values(quota, verdict, planned.policy_field.as_ref())
         } else {
             None
         };
         if config.cost.is_some() {
             let extensions = req.extensions_mut();
             let mut settlement = extensions.remove::<Settlement>().unwrap_or_default();
-            settlement.push(&config.limiter, quota, key, cost, verdict.recorded);
+            let recorded = std::mem::take(&mut verdict.recorded);
+            settlement.push(&config.limiter, quota, key, cost, recorded);
             extensions.insert(settlement);
         }
         return Admission::Admitted(headers);
     };
     tracing::debug!(quota = quota.name(), key = &*key, cost, %rejection, "quota refused");
     let mut response = rejection.into_layer_response(is_grpc(req.headers()));
-    let values = headers::values(quota, &verdict, planned.policy_field.as_ref());
+    let values = headers::values(quota, verdict, planned.policy_field.as_ref());
     headers::append(response.headers_mut(), values);
     Admission::Refused(response)
 }
