@@ -218,6 +218,14 @@ column_of() { # mode, field (1 rps, 2 p50, 3 p99)
     tr ';' '\n' <<<"${results[$1]}" | awk -v f="$2" 'NF { print $f }' | paste -sd' '
 }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a / b }'; }
+# The median over rounds of mode a's req/s / mode b's in the same round: a
+# drift of the machine between rounds falls on both sides of each ratio.
+round_ratio() { # mode a, mode b
+    paste -d' ' <(column_of "$1" 1 | tr ' ' '\n') <(column_of "$2" 1 | tr ' ' '\n') |
+        awk '{ printf "%.6f\n", $1 / $2 }' | sort -n | awk '{ v[NR] = $1 } END {
+            if (NR % 2) printf "%.3f", v[(NR + 1) / 2];
+            else printf "%.3f", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
 
 declare -A med_rps
 for mode in "${modes[@]}"; do
@@ -261,21 +269,24 @@ fi
 table="$(
     echo "wrk -t1 -c$connections -d$duration, $rounds rounds (order alternated), median per mode; server: 1 tokio worker; source: $commit; pinned: $pin"
     echo
-    echo "| mode | req/s (median) | req/s per run | p50 latency (median) | p99 latency (median) | req/s vs bare |"
-    echo "|---|---:|---|---:|---:|---:|"
+    echo "| mode | req/s (median) | req/s per run | p50 latency (median) | p99 latency (median) | req/s vs bare | per-round ratio to bare (median) |"
+    echo "|---|---:|---|---:|---:|---:|---:|"
     for mode in "${modes[@]}"; do
         p50="$(column_of "$mode" 2 | median)"
         p99="$(column_of "$mode" 3 | median)"
         runs="$(column_of "$mode" 1 | sed 's/ /, /g')"
-        printf '| %s | %s | %s | %s µs | %s µs | %s |\n' \
-            "$mode" "${med_rps[$mode]}" "$runs" "$p50" "$p99" "$(ratio "${med_rps[$mode]}" "${med_rps[bare]}")"
+        printf '| %s | %s | %s | %s µs | %s µs | %s | %s |\n' \
+            "$mode" "${med_rps[$mode]}" "$runs" "$p50" "$p99" "$(ratio "${med_rps[$mode]}" "${med_rps[bare]}")" \
+            "$(round_ratio "$mode" bare)"
     done
     echo
     if [ -n "${med_rps[governor]:-}" ] && [ -n "${med_rps[quota]:-}" ]; then
-        printf 'quota / governor req/s: %s\n' "$(ratio "${med_rps[quota]}" "${med_rps[governor]}")"
+        printf 'quota / governor req/s: %s (per-round median %s)\n' \
+            "$(ratio "${med_rps[quota]}" "${med_rps[governor]}")" "$(round_ratio quota governor)"
     fi
     if [ -n "${med_rps[stack]:-}" ]; then
-        printf 'stack / bare req/s: %s\n' "$(ratio "${med_rps[stack]}" "${med_rps[bare]}")"
+        printf 'stack / bare req/s: %s (per-round median %s)\n' \
+            "$(ratio "${med_rps[stack]}" "${med_rps[bare]}")" "$(round_ratio stack bare)"
     fi
     if [ "$use_redis" = 1 ]; then
         echo
@@ -298,7 +309,7 @@ if [ "$smoke" = 1 ]; then
     # with Redis, two ceiling rows of positive figures. No figure is judged.
     number='[0-9]+(\.[0-9]+)?'
     for mode in "${modes[@]}"; do
-        if ! grep -Eq "^\| $mode \| [1-9][0-9]* \| [0-9, ]+ \| [0-9]+ µs \| [0-9]+ µs \| $number \|$" <<<"$table"; then
+        if ! grep -Eq "^\| $mode \| [1-9][0-9]* \| [0-9, ]+ \| [0-9]+ µs \| [0-9]+ µs \| $number \| $number \|$" <<<"$table"; then
             echo "smoke: no well-formed row for mode $mode" >&2
             exit 1
         fi
