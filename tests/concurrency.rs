@@ -806,3 +806,119 @@ fn bad_configuration_names_the_field() {
     let err = ConcurrencyLayer::builder().build().unwrap_err();
     assert_eq!(err.field(), "global");
 }
+
+/// One handler running, counted on a [`Gauge`] until dropped.
+struct Running<'a>(&'a Gauge);
+
+impl<'a> Running<'a> {
+    fn new(gauge: &'a Gauge) -> Self {
+        gauge.calls.fetch_add(1, Ordering::SeqCst);
+        let n = gauge.now.fetch_add(1, Ordering::SeqCst) + 1;
+        gauge.max.fetch_max(n, Ordering::SeqCst);
+        Running(gauge)
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.now.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Real worker threads race for the caps: 4 workers, 2,000 requests from 20
+/// identities, each handler yielding a few times, and every third caller
+/// giving up (dropping its request) after a few polls, whether it is then
+/// queued, running or sending its body. The global cap (4) and each
+/// identity's (2) are never exceeded, every request not given up is
+/// admitted (queues and deadlines are too large to refuse), and once all are
+/// done nothing is held, queued or tracked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn caps_hold_across_worker_threads_with_callers_giving_up() {
+    const USERS: usize = 20;
+    const REQUESTS: usize = 2_000;
+    let layer = ConcurrencyLayer::builder()
+        .global(4, REQUESTS, Duration::from_secs(600))
+        .per_identity(2, REQUESTS, Duration::from_secs(600))
+        .build()
+        .unwrap();
+    let global = Gauge::default();
+    let users: Arc<Vec<Gauge>> = Arc::new((0..USERS).map(|_| Gauge::default()).collect());
+    let app = Router::new()
+        .route(
+            "/",
+            get({
+                let (global, users) = (global.clone(), users.clone());
+                move |who: Identity| async move {
+                    let user = &users[who.subject()[5..].parse::<usize>().unwrap()];
+                    // Counted out on drop too: a caller that gives up drops
+                    // the handler mid-run.
+                    let _running = [Running::new(&global), Running::new(user)];
+                    for _ in 0..3 {
+                        tokio::task::yield_now().await;
+                    }
+                    "ok"
+                }
+            }),
+        )
+        .layer(layer.clone());
+    let tasks: Vec<_> = (0..REQUESTS)
+        .map(|i| {
+            let app = app.clone();
+            tokio::spawn(async move {
+                let call = async {
+                    let response = app
+                        .oneshot(request(Some(&format!("user-{}", i % USERS))))
+                        .await
+                        .unwrap();
+                    let status = response.status();
+                    response.into_body().collect().await.unwrap();
+                    status
+                };
+                if i % 3 != 0 {
+                    return Some(call.await);
+                }
+                // Gives up after `i % 7` polls of its own.
+                let give_up = async {
+                    for _ in 0..i % 7 {
+                        tokio::task::yield_now().await;
+                    }
+                };
+                tokio::select! {
+                    biased;
+                    status = call => Some(status),
+                    () = give_up => None,
+                }
+            })
+        })
+        .collect();
+    let mut answered = 0;
+    let mut gave_up = 0;
+    for task in tasks {
+        match task.await.unwrap() {
+            Some(status) => {
+                assert_eq!(status, StatusCode::OK);
+                answered += 1;
+            }
+            None => gave_up += 1,
+        }
+    }
+    assert_eq!(answered + gave_up, REQUESTS);
+    // Every caller that never gives up is answered.
+    let patient = (0..REQUESTS).filter(|i| i % 3 != 0).count();
+    assert!(answered >= patient, "{answered} answered of {patient}");
+    assert!(global.max() <= 4, "{} at once", global.max());
+    for (i, user) in users.iter().enumerate() {
+        assert!(user.max() <= 2, "user-{i}: {} at once", user.max());
+    }
+    assert_eq!((layer.in_flight(), layer.queued()), (0, 0));
+    assert_eq!(layer.tracked_identities(), 0);
+    let stats = layer.stats();
+    assert_eq!(
+        stats.refused_global_deadline + stats.refused_identity_deadline,
+        0
+    );
+    assert_eq!(
+        stats.refused_global_queue_full + stats.refused_identity_queue_full,
+        0
+    );
+}
