@@ -226,3 +226,98 @@ pub(crate) fn insert_concurrency(
 fn ceil_secs(d: std::time::Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::num::NonZeroU64;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use futures_util::FutureExt;
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::quota::{
+        FailureMode, Holds, Limiter, MemoryStore, Policy, QuotaDecision, Store, StoreError,
+    };
+
+    /// A store that cannot decide.
+    #[derive(Clone)]
+    struct Down;
+
+    impl Store for Down {
+        type DecideFuture = std::future::Ready<Result<QuotaDecision, StoreError>>;
+        type SettleFuture = std::future::Ready<Result<Holds, StoreError>>;
+
+        fn decide(&self, _: &Quota, _: &Arc<str>, _: u64) -> Self::DecideFuture {
+            std::future::ready(Err(StoreError::Unavailable {
+                message: "down".into(),
+            }))
+        }
+
+        fn settle(&self, _: &Quota, _: &Arc<str>, holds: &Holds, _: i64) -> Self::SettleFuture {
+            std::future::ready(Ok(holds.clone()))
+        }
+    }
+
+    fn policy(i: usize, (kind, limit, secs, shadow, mode): (u8, u64, u64, bool, u8)) -> Policy {
+        let name = format!("p{i}");
+        let window = Duration::from_secs(secs);
+        let policy = match kind {
+            0 => Policy::fixed_window(&name, limit, window),
+            1 => Policy::sliding_log(&name, limit, window),
+            2 => Policy::token_bucket(&name, limit, limit, window),
+            _ => Policy::sliding_window(&name, limit, window),
+        }
+        .unwrap();
+        let policy = policy.on_failure(match mode {
+            0 => FailureMode::Open,
+            1 => FailureMode::Closed,
+            _ => FailureMode::LocalShare {
+                divisor: NonZeroU64::new(3).unwrap(),
+            },
+        });
+        if shadow {
+            policy.shadow()
+        } else {
+            policy
+        }
+    }
+
+    proptest! {
+        /// The `RateLimit-Policy` written once per quota is exactly what
+        /// each verdict would have written for itself: through admissions,
+        /// refusals, costs over a limit, shadow policies, and a store that
+        /// fails over to a local share, fails open or fails closed.
+        #[test]
+        fn the_configured_policy_field_is_what_every_verdict_advertises(
+            policies in proptest::collection::vec(
+                (0u8..4, 1u64..6, 1u64..120, any::<bool>(), 0u8..3),
+                1..4,
+            ),
+            steps in proptest::collection::vec((0u64..8, any::<bool>()), 1..40),
+        ) {
+            let quota = Quota::new(
+                "q",
+                policies.into_iter().enumerate().map(|(i, p)| policy(i, p)),
+            )
+            .unwrap();
+            let configured = policy_field(&quota);
+            let up = Limiter::new(MemoryStore::new());
+            let down = Limiter::new(Down);
+            let key: Arc<str> = "alice".into();
+            for (cost, store_up) in steps {
+                let verdict = if store_up {
+                    up.check(&quota, &key, cost).now_or_never().unwrap()
+                } else {
+                    down.check(&quota, &key, cost).now_or_never().unwrap()
+                };
+                prop_assert_eq!(
+                    values(&quota, &verdict, configured.as_ref()),
+                    values(&quota, &verdict, None),
+                    "{:?}", verdict
+                );
+            }
+        }
+    }
+}
