@@ -807,6 +807,23 @@ fn bad_configuration_names_the_field() {
     assert_eq!(err.field(), "global");
 }
 
+/// Any cap of at least 1 is a cap: the counts are plain integers, with no
+/// semaphore's maximum behind them.
+#[tokio::test(start_paused = true)]
+async fn the_largest_caps_are_accepted_and_admit() {
+    let layer = ConcurrencyLayer::builder()
+        .global(usize::MAX, usize::MAX, Duration::from_secs(1))
+        .per_identity(usize::MAX, 0, Duration::ZERO)
+        .build()
+        .unwrap();
+    let gauge = Gauge::default();
+    let app = app(&layer, &gauge, Duration::from_millis(10));
+    let outcomes = burst(&app, (0..3).map(|_| request(Some("alice"))).collect()).await;
+    assert_eq!(tally(&outcomes), BTreeMap::from([(key(200, 10, None), 3)]));
+    assert_eq!(gauge.max(), 3);
+    assert_eq!((layer.in_flight(), layer.queued()), (0, 0));
+}
+
 /// One handler running, counted on a [`Gauge`] until dropped.
 struct Running<'a>(&'a Gauge);
 

@@ -2,7 +2,6 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::Semaphore;
 use tower::Layer;
 
 use super::service::Concurrency;
@@ -198,12 +197,6 @@ fn limits(
 ) -> Result<Limits, ConfigError> {
     if c.limit == 0 {
         return Err(ConfigError::new(limit_field, "must be at least 1"));
-    }
-    if c.limit > Semaphore::MAX_PERMITS {
-        return Err(ConfigError::new(
-            limit_field,
-            "is above tokio's Semaphore::MAX_PERMITS",
-        ));
     }
     if c.queue > 0 && c.deadline.is_zero() {
         return Err(ConfigError::new(
