@@ -854,8 +854,8 @@ async fn caps_hold_across_worker_threads_with_callers_giving_up() {
     const USERS: usize = 20;
     const REQUESTS: usize = 2_000;
     let layer = ConcurrencyLayer::builder()
-        .global(4, REQUESTS, Duration::from_secs(600))
-        .per_identity(2, REQUESTS, Duration::from_secs(600))
+        .global(4, REQUESTS, Duration::from_secs(60))
+        .per_identity(2, REQUESTS, Duration::from_secs(60))
         .build()
         .unwrap();
     let global = Gauge::default();
@@ -938,4 +938,49 @@ async fn caps_hold_across_worker_threads_with_callers_giving_up() {
         stats.refused_global_queue_full + stats.refused_identity_queue_full,
         0
     );
+}
+
+/// Two threads meet at a barrier, each sends one request through a global cap
+/// of 1, and meet again once both are answered; 20,000 rounds. The one that
+/// finds the permit taken must queue and be handed it when the other's
+/// response is dropped, never wait for a permit freed while it was queueing:
+/// no later request comes in the same round to hand it over, so such a wait
+/// lasts the whole deadline and ends in a 503.
+#[test]
+fn a_permit_freed_while_a_caller_queues_reaches_it() {
+    const ROUNDS: usize = 20_000;
+    let layer = ConcurrencyLayer::builder()
+        .global(1, 1, Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let barrier = Arc::new(std::sync::Barrier::new(2));
+    let threads: Vec<_> = (0..2)
+        .map(|_| {
+            let (layer, barrier) = (layer.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_time()
+                    .build()
+                    .unwrap();
+                let service = layer.layer(service_fn(|_: Request<Body>| async {
+                    Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
+                }));
+                let mut refused = 0;
+                for _ in 0..ROUNDS {
+                    barrier.wait();
+                    let response = runtime
+                        .block_on(service.clone().oneshot(request(None)))
+                        .unwrap();
+                    refused += usize::from(response.status() != StatusCode::OK);
+                    drop(response);
+                    barrier.wait();
+                }
+                refused
+            })
+        })
+        .collect();
+    let refused: Vec<usize> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    assert_eq!(refused, [0, 0]);
+    assert_eq!((layer.in_flight(), layer.queued()), (0, 0));
+    assert_eq!(layer.stats().refused_global_deadline, 0);
 }

@@ -99,6 +99,15 @@ fn gauge_queued(scope: OverloadScope, delta: f64) {
     let _ = (scope, delta);
 }
 
+/// Moves the gauges of `scope` after [`Permits::take`].
+fn gauge_taken(scope: OverloadScope, take: &Take) {
+    match take {
+        Take::Held => gauge_in_flight(scope, 1.0),
+        Take::Queued(_) => gauge_queued(scope, 1.0),
+        Take::QueueFull => {}
+    }
+}
+
 /// Moves the gauges of `scope` after [`Permits::give_back`]: a permit
 /// freed, or else one fewer waiter.
 fn gauge_given_back(scope: OverloadScope, freed: bool) {
@@ -125,17 +134,27 @@ struct Permits {
     queue: VecDeque<oneshot::Sender<()>>,
 }
 
-impl Permits {
-    fn try_take(&mut self, limit: usize) -> bool {
-        let free = self.held < limit;
-        self.held += usize::from(free);
-        free
-    }
+/// What [`Permits::take`] decided.
+enum Take {
+    Held,
+    Queued(oneshot::Receiver<()>),
+    QueueFull,
+}
 
-    /// A place at the back of the queue, if fewer than `max` wait.
-    fn enqueue(&mut self, max: usize) -> Option<oneshot::Receiver<()>> {
-        if self.queued >= max {
-            return None;
+impl Permits {
+    /// Takes a permit if one is free, or else a place at the back of the
+    /// queue if fewer than `limits.queue` wait.
+    ///
+    /// One step under the owner's lock: a permit given back between a failed
+    /// take and the enqueue would reach no waiter, and this one would wait
+    /// with a permit free.
+    fn take(&mut self, limits: &Limits) -> Take {
+        if self.held < limits.limit {
+            self.held += 1;
+            return Take::Held;
+        }
+        if self.queued >= limits.queue {
+            return Take::QueueFull;
         }
         while self.queue.front().is_some_and(oneshot::Sender::is_closed) {
             self.queue.pop_front();
@@ -148,7 +167,7 @@ impl Permits {
         let (tx, rx) = oneshot::channel();
         self.queue.push_back(tx);
         self.queued += 1;
-        Some(rx)
+        Take::Queued(rx)
     }
 
     /// Gives one permit back: to the first waiter still waiting (true), or
@@ -211,18 +230,10 @@ impl Cap {
         self.permits.lock().queued
     }
 
-    fn try_acquire(&self) -> bool {
-        let taken = self.permits.lock().try_take(self.limits.limit);
-        if taken {
-            gauge_in_flight(OverloadScope::Global, 1.0);
-        }
-        taken
-    }
-
-    fn enqueue(&self) -> Option<oneshot::Receiver<()>> {
-        let rx = self.permits.lock().enqueue(self.limits.queue)?;
-        gauge_queued(OverloadScope::Global, 1.0);
-        Some(rx)
+    fn take(&self) -> Take {
+        let take = self.permits.lock().take(&self.limits);
+        gauge_taken(OverloadScope::Global, &take);
+        take
     }
 
     fn give_back(&self, rx: Option<&mut oneshot::Receiver<()>>) {
@@ -282,17 +293,14 @@ impl PerIdentity {
                 key: Arc::clone(&entry.key),
                 hash,
             };
-            if entry.permits.try_take(self.limits.limit) {
-                drop(map);
-                gauge_in_flight(OverloadScope::Identity, 1.0);
-                return Enter::Held(at);
-            }
-            let Some(rx) = entry.permits.enqueue(self.limits.queue) else {
-                return Enter::QueueFull;
-            };
+            let take = entry.permits.take(&self.limits);
             drop(map);
-            gauge_queued(OverloadScope::Identity, 1.0);
-            return Enter::Queued(at, rx);
+            gauge_taken(OverloadScope::Identity, &take);
+            return match take {
+                Take::Held => Enter::Held(at),
+                Take::Queued(rx) => Enter::Queued(at, rx),
+                Take::QueueFull => Enter::QueueFull,
+            };
         }
         if map.len() >= self.max_identities {
             return Enter::TooManyIdentities;
@@ -577,17 +585,20 @@ impl Shared {
         let Some(cap) = &self.global else {
             return Begin::Ready(guard);
         };
-        if cap.try_acquire() {
-            guard.global = true;
-            return Begin::Ready(guard);
-        }
         let limits = cap.limits;
-        let Some(rx) = cap.enqueue() else {
-            return Begin::Refused(self.refuse(
-                OverloadScope::Global,
-                OverloadReason::QueueFull,
-                &limits,
-            ));
+        let rx = match cap.take() {
+            Take::Held => {
+                guard.global = true;
+                return Begin::Ready(guard);
+            }
+            Take::Queued(rx) => rx,
+            Take::QueueFull => {
+                return Begin::Refused(self.refuse(
+                    OverloadScope::Global,
+                    OverloadReason::QueueFull,
+                    &limits,
+                ))
+            }
         };
         let waiter = Waiter {
             shared: Arc::clone(self),
@@ -657,16 +668,35 @@ pub struct ConcurrencyStats {
 mod tests {
     use super::*;
 
+    /// One permit, two places in the queue.
+    const LIMITS: Limits = Limits {
+        limit: 1,
+        queue: 2,
+        deadline: Duration::from_secs(1),
+        retry_after: Duration::from_secs(1),
+    };
+
+    fn held(permits: &mut Permits) -> bool {
+        matches!(permits.take(&LIMITS), Take::Held)
+    }
+
+    fn queued(permits: &mut Permits) -> oneshot::Receiver<()> {
+        match permits.take(&LIMITS) {
+            Take::Queued(rx) => rx,
+            Take::Held => panic!("took a permit"),
+            Take::QueueFull => panic!("queue full"),
+        }
+    }
+
     #[test]
     fn senders_of_waiters_that_left_mid_queue_are_swept() {
         let mut permits = Permits::default();
-        assert!(permits.try_take(1));
-        assert!(!permits.try_take(1));
-        let mut first = permits.enqueue(2).unwrap();
+        assert!(held(&mut permits));
+        let mut first = queued(&mut permits);
         for _ in 0..1_000 {
             // A waiter queues behind the first and leaves, as a request
             // cancelled or timed out does.
-            let mut rx = permits.enqueue(2).unwrap();
+            let mut rx = queued(&mut permits);
             assert!(!permits.give_back(Some(&mut rx)));
             assert_eq!(permits.queued, 1);
             assert!(permits.queue.len() <= 3, "{} senders", permits.queue.len());
@@ -683,9 +713,10 @@ mod tests {
     #[test]
     fn a_permit_handed_to_a_waiter_that_leaves_passes_on() {
         let mut permits = Permits::default();
-        assert!(permits.try_take(1));
-        let mut second = permits.enqueue(2).unwrap();
-        let mut third = permits.enqueue(2).unwrap();
+        assert!(held(&mut permits));
+        let mut second = queued(&mut permits);
+        let mut third = queued(&mut permits);
+        assert!(matches!(permits.take(&LIMITS), Take::QueueFull));
         // Handed to the second, which leaves before it woke up: the third
         // gets it.
         assert!(!permits.give_back(None));
