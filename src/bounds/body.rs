@@ -108,7 +108,7 @@ impl<S> Layer<S> for BodyLimitsLayer {
 /// carries its own probe.
 ///
 /// With the `axum` feature it also disables axum's `DefaultBodyLimit` (2 MB)
-/// for the requests it passes on: the decoded cap replaces it. A
+/// for the requests it passes on with a body: the decoded cap replaces it. A
 /// `DefaultBodyLimit` layer placed inside this one still applies.
 #[derive(Clone)]
 pub struct BodyLimits<S> {
@@ -176,10 +176,16 @@ where
         });
         // axum's `DefaultBodyLimit::disable()` layered over the stack for this
         // call: it inserts one `Copy` marker, whose type is private to axum.
+        // An empty body (all `may_trip` lets through) cannot trip axum's
+        // limit, so it goes without.
         #[cfg(feature = "axum")]
-        let inner = axum::extract::DefaultBodyLimit::disable()
-            .layer(&mut self.inner)
-            .call(req);
+        let inner = if watch.is_some() {
+            axum::extract::DefaultBodyLimit::disable()
+                .layer(&mut self.inner)
+                .call(req)
+        } else {
+            self.inner.call(req)
+        };
         #[cfg(not(feature = "axum"))]
         let inner = self.inner.call(req);
         ResponseFuture { inner, watch }
