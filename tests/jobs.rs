@@ -61,6 +61,7 @@ async fn full_queue_answers_503_and_accepted_jobs_all_run() {
     assert_eq!(
         refused[0],
         SubmitError::Full {
+            capacity: 3,
             retry_after: Duration::from_secs(30)
         }
     );
@@ -69,6 +70,13 @@ async fn full_queue_answers_503_and_accepted_jobs_all_run() {
     let response = refused[0].into_response(false);
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(response.headers()[RETRY_AFTER], "30");
+    assert_eq!(
+        response.headers()["ratelimit-policy"],
+        "\"job-queue\";q=3;qu=\"concurrent-requests\""
+    );
+    assert_eq!(response.headers()["ratelimit"], "\"job-queue\";r=0;t=30");
+    let grpc = refused[0].into_response(true);
+    assert_eq!(grpc.headers().get("ratelimit"), None);
     assert_eq!(
         response.extensions().get::<Rejection>(),
         Some(&Rejection::Overloaded {

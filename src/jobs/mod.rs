@@ -15,7 +15,8 @@
 //!   `503` + `Retry-After`
 //!   ([`Rejection::Overloaded`](crate::reject::Rejection::Overloaded) with
 //!   [`OverloadScope::Global`](crate::reject::OverloadScope::Global)): the
-//!   service is out of room, not the caller.
+//!   service is out of room, not the caller. Over HTTP its `RateLimit`
+//!   fields advertise the queue as a quota of `concurrent-requests`, used up.
 //! * **Running jobs**: at most [`workers`](JobQueueBuilder::workers); each
 //!   worker is one Tokio task running one job at a time.
 //! * **Records**: waiting and running jobs always have a record (so at most

@@ -71,6 +71,8 @@ impl<R, E> JobStatus<R, E> {
 pub enum SubmitError {
     /// `capacity` jobs are already waiting for a worker.
     Full {
+        /// The queue's capacity, in jobs waiting.
+        capacity: usize,
         /// Suggested wait before submitting again.
         retry_after: Duration,
     },
@@ -86,7 +88,7 @@ impl SubmitError {
     /// [`OverloadScope::Global`], a 503 with `Retry-After`, since the
     /// service, not the caller, is out of room.
     pub fn rejection(&self) -> Rejection {
-        let (SubmitError::Full { retry_after } | SubmitError::ShutDown { retry_after }) = *self;
+        let (SubmitError::Full { retry_after, .. } | SubmitError::ShutDown { retry_after }) = *self;
         Rejection::Overloaded {
             scope: OverloadScope::Global,
             retry_after,
@@ -94,8 +96,28 @@ impl SubmitError {
     }
 
     /// The 503 response (problem+json, or gRPC `UNAVAILABLE` when `grpc`).
+    ///
+    /// Over HTTP a full queue is also advertised as the service's quota of
+    /// concurrent work, used up: `RateLimit-Policy: "job-queue";q=<capacity>;
+    /// qu="concurrent-requests"` and `RateLimit: "job-queue";r=0;t=<wait>`.
     pub fn into_response(self, grpc: bool) -> Response<Full<Bytes>> {
-        self.rejection().into_response(grpc)
+        let mut response = self.rejection().into_response(grpc);
+        if let (
+            SubmitError::Full {
+                capacity,
+                retry_after,
+            },
+            false,
+        ) = (self, grpc)
+        {
+            crate::quota::headers::insert_concurrency(
+                response.headers_mut(),
+                "job-queue",
+                capacity,
+                retry_after,
+            );
+        }
+        response
     }
 }
 
@@ -254,7 +276,10 @@ where
                 capacity = self.shared.config.capacity,
                 "job queue full, job refused"
             );
-            return Err(SubmitError::Full { retry_after });
+            return Err(SubmitError::Full {
+                capacity: self.shared.config.capacity,
+                retry_after,
+            });
         }
         self.shared.prune(&mut state, Instant::now());
         let mut id = JobId::random();
