@@ -12,7 +12,7 @@
 //! | 413 | [`Rejection::PayloadTooLarge`], [`Rejection::CostExceedsCapacity`] | `RESOURCE_EXHAUSTED` |
 //! | 415 | [`Rejection::UnsupportedEncoding`] | `INVALID_ARGUMENT` |
 //! | 429 | [`Rejection::QuotaExceeded`], [`Rejection::Overloaded`] with [`OverloadScope::Identity`] | `RESOURCE_EXHAUSTED` |
-//! | 503 | [`Rejection::Overloaded`] with [`OverloadScope::Global`], [`Rejection::LimiterUnavailable`] | `UNAVAILABLE` |
+//! | 503 | [`Rejection::Overloaded`] with [`OverloadScope::Global`], [`Rejection::LimiterUnavailable`], [`Rejection::DependencyUnavailable`] | `UNAVAILABLE` |
 //!
 //! # HTTP: problem details
 //!
@@ -23,7 +23,7 @@
 //! | variant | `type` | extension members |
 //! |---|---|---|
 //! | [`Rejection::QuotaExceeded`] | [`QUOTA_EXCEEDED_TYPE`] | `violated-policies`, `policies` (the same names), `retry_after` |
-//! | [`Rejection::LimiterUnavailable`] | [`TEMPORARY_REDUCED_CAPACITY_TYPE`] | `retry_after` |
+//! | [`Rejection::LimiterUnavailable`], [`Rejection::DependencyUnavailable`] | [`TEMPORARY_REDUCED_CAPACITY_TYPE`] | `retry_after` |
 //! | [`Rejection::CostExceedsCapacity`] | own | `policies`, `cost` |
 //! | [`Rejection::PayloadTooLarge`] | own | `cap`, `limit` |
 //! | [`Rejection::InvalidParameters`] | own | `errors`: `name` and `reason` of each |
@@ -36,8 +36,9 @@
 //! The two registered rate-limit problem types are used where they fit: a
 //! quota refusal is `quota-exceeded`, whose `violated-policies` member lists
 //! the refusing policies by name, and a limiter that cannot decide while its
-//! policies fail closed is `temporary-reduced-capacity` (the server cannot
-//! serve the request now; the client did nothing wrong). The other refusals
+//! policies fail closed, or a dependency that cannot be called, is
+//! `temporary-reduced-capacity` (the server cannot serve the request now; the
+//! client did nothing wrong). The other refusals
 //! have no registered type and use this crate's own.
 //!
 //! Every refusal a wait can cure carries `Retry-After` and the `retry_after`
@@ -61,7 +62,7 @@
 //! |---|---|
 //! | [`Rejection::QuotaExceeded`] | `RetryInfo` (the wait) and `QuotaFailure`, one violation per refusing policy (its name as `subject` and `quota_id`) |
 //! | [`Rejection::CostExceedsCapacity`] | `QuotaFailure`, one violation per policy whose capacity is below the cost |
-//! | [`Rejection::Overloaded`], [`Rejection::LimiterUnavailable`] | `RetryInfo` (the wait) |
+//! | [`Rejection::Overloaded`], [`Rejection::LimiterUnavailable`], [`Rejection::DependencyUnavailable`] | `RetryInfo` (the wait) |
 //! | [`Rejection::InvalidParameters`] | `BadRequest`, one field violation per parameter |
 //!
 //! ```
@@ -111,7 +112,8 @@ pub const QUOTA_EXCEEDED_TYPE: &str =
 
 /// The registered problem type of a request the server cannot serve now
 /// because its capacity is temporarily reduced (503): here, a limiter that
-/// could not decide while its policies fail closed.
+/// could not decide while its policies fail closed, or a dependency that
+/// cannot be called.
 pub const TEMPORARY_REDUCED_CAPACITY_TYPE: &str =
     "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity";
 
@@ -168,6 +170,12 @@ pub enum Rejection {
     /// The limiter store could not decide in time and the policy fails closed. 503.
     LimiterUnavailable {
         /// Suggested wait.
+        retry_after: Duration,
+    },
+    /// A dependency the request's work needs cannot be called now: its
+    /// outbound budget is spent, or its calls failed. 503.
+    DependencyUnavailable {
+        /// Suggested wait: the budget's wait when it refused.
         retry_after: Duration,
     },
 }
@@ -280,7 +288,9 @@ impl Rejection {
                 OverloadScope::Global => StatusCode::SERVICE_UNAVAILABLE,
                 OverloadScope::Identity => StatusCode::TOO_MANY_REQUESTS,
             },
-            Rejection::LimiterUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Rejection::LimiterUnavailable { .. } | Rejection::DependencyUnavailable { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
         }
     }
 
@@ -289,7 +299,8 @@ impl Rejection {
         match self {
             Rejection::QuotaExceeded { retry_after, .. }
             | Rejection::Overloaded { retry_after, .. }
-            | Rejection::LimiterUnavailable { retry_after } => Some(*retry_after),
+            | Rejection::LimiterUnavailable { retry_after }
+            | Rejection::DependencyUnavailable { retry_after } => Some(*retry_after),
             _ => None,
         }
     }
@@ -315,6 +326,7 @@ impl Rejection {
             Rejection::CostExceedsCapacity { .. } => "cost-exceeds-capacity",
             Rejection::Overloaded { .. } => "overloaded",
             Rejection::LimiterUnavailable { .. } => "limiter-unavailable",
+            Rejection::DependencyUnavailable { .. } => "dependency-unavailable",
         }
     }
 
@@ -327,7 +339,9 @@ impl Rejection {
             Rejection::QuotaExceeded { .. } => "Quota Exceeded",
             Rejection::CostExceedsCapacity { .. } => "Request cost exceeds quota capacity",
             Rejection::Overloaded { .. } => "Too many requests in progress",
-            Rejection::LimiterUnavailable { .. } => "Temporary Reduced Capacity",
+            Rejection::LimiterUnavailable { .. } | Rejection::DependencyUnavailable { .. } => {
+                "Temporary Reduced Capacity"
+            }
         }
     }
 
@@ -363,6 +377,9 @@ impl Rejection {
             Rejection::LimiterUnavailable { .. } => {
                 "the rate limiter could not decide in time".to_owned()
             }
+            Rejection::DependencyUnavailable { .. } => {
+                "a dependency this request needs cannot be called now".to_owned()
+            }
         }
     }
 
@@ -382,7 +399,9 @@ impl Rejection {
     pub fn problem_type(&self) -> std::borrow::Cow<'static, str> {
         match self {
             Rejection::QuotaExceeded { .. } => QUOTA_EXCEEDED_TYPE.into(),
-            Rejection::LimiterUnavailable { .. } => TEMPORARY_REDUCED_CAPACITY_TYPE.into(),
+            Rejection::LimiterUnavailable { .. } | Rejection::DependencyUnavailable { .. } => {
+                TEMPORARY_REDUCED_CAPACITY_TYPE.into()
+            }
             _ => format!("{PROBLEM_TYPE_BASE}#{}", self.kind()).into(),
         }
     }
@@ -479,7 +498,7 @@ impl Rejection {
                 OverloadScope::Identity => 8,
                 OverloadScope::Global => 14,
             },
-            Rejection::LimiterUnavailable { .. } => 14,
+            Rejection::LimiterUnavailable { .. } | Rejection::DependencyUnavailable { .. } => 14,
         }
     }
 
@@ -666,6 +685,30 @@ mod tests {
                 "retry_after": 1,
             })
         );
+    }
+
+    #[test]
+    fn an_uncallable_dependency_is_temporary_reduced_capacity_with_retry_after() {
+        let r = Rejection::DependencyUnavailable {
+            retry_after: Duration::from_millis(2_500),
+        };
+        let response = r.clone().into_response(false);
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(response.headers()[RETRY_AFTER], "3");
+        assert_eq!(r.kind(), "dependency-unavailable");
+        assert_eq!(
+            r.problem(),
+            json!({
+                "type": TEMPORARY_REDUCED_CAPACITY_TYPE,
+                "title": "Temporary Reduced Capacity",
+                "status": 503,
+                "detail": "a dependency this request needs cannot be called now",
+                "retry_after": 3,
+            })
+        );
+        let grpc = r.into_response(true);
+        assert_eq!(grpc.headers()["grpc-status"], "14");
+        assert_eq!(grpc.headers()[GRPC_RETRY_PUSHBACK_MS], "3000");
     }
 
     #[test]

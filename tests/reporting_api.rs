@@ -253,6 +253,11 @@ async fn an_exhausted_dependency_budget_answers_503_with_retry_after() {
     assert_eq!(headers["content-type"], "application/problem+json");
     assert_eq!(headers["retry-after"], "3600");
     assert_eq!(body["retry_after"], 3600);
+    assert_eq!(
+        body["type"],
+        "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity"
+    );
+    assert_eq!(body["status"], 503);
     // Item 1's first call went out; item 2's was refused, so no item started
     // another call.
     assert_eq!(body["dependency"], json!({"attempts": 1, "retries": 0}));

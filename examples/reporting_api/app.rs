@@ -270,16 +270,16 @@ async fn batch<St: Store>(
                 problem(StatusCode::BAD_REQUEST, &detail, json!({})).into_response()
             }
             Err(BatchError::Call(e)) => {
-                let wait = e.retry_after().as_secs_f64().ceil().max(1.0) as u64;
-                let mut response = problem(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    &e.to_string(),
-                    json!({ "retry_after": wait, "dependency": dependency }),
-                );
-                response
-                    .headers_mut()
-                    .insert(http::header::RETRY_AFTER, http::HeaderValue::from(wait));
-                response
+                // The crate's 503, with what was called before it gave up.
+                let rejection = Rejection::DependencyUnavailable {
+                    retry_after: e.retry_after(),
+                };
+                let mut doc = rejection.problem();
+                doc["detail"] = json!(e.to_string());
+                doc["dependency"] = json!(dependency);
+                let mut response = rejection.into_response(false);
+                *response.body_mut() = doc.to_string().into();
+                response.into_response()
             }
         };
     }
