@@ -292,3 +292,90 @@ async fn local_share_refuses_a_big_cost_as_unavailable_not_too_large() {
     assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
     assert!(response.headers().get("retry-after").is_none());
 }
+
+/// Two threads settle clones of one request's settlement at once, from a
+/// charge of 100 down to 12, meeting at a barrier before each round; 20,000
+/// rounds, one key each. The charge is moved to 12 exactly once: the second
+/// settle finds it settled and changes nothing, never refunds the same 88
+/// again.
+#[test]
+fn concurrent_settles_of_one_charge_refund_it_once() {
+    const ROUNDS: usize = 20_000;
+    let clock = clock();
+    let store = memory(&clock);
+    let quota = Quota::new(
+        "rows",
+        [Policy::fixed_window("per-day", 1_000, DAY).unwrap()],
+    )
+    .unwrap();
+    let slot: Arc<parking_lot::Mutex<Option<Settlement>>> = Arc::default();
+    let layer = QuotaLayer::builder(store.clone())
+        .quota(quota.clone())
+        .cost(|_| 100)
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route(
+            "/",
+            get({
+                let slot = slot.clone();
+                move |Extension(settlement): Extension<Settlement>| async move {
+                    *slot.lock() = Some(settlement);
+                    "ok"
+                }
+            }),
+        )
+        .layer(layer);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let barrier = Arc::new(std::sync::Barrier::new(3));
+    let threads: Vec<_> = (0..2)
+        .map(|_| {
+            let (slot, barrier) = (slot.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .build()
+                    .unwrap();
+                for _ in 0..ROUNDS {
+                    barrier.wait();
+                    let settlement = slot.lock().clone().unwrap();
+                    runtime.block_on(settlement.settle(12)).unwrap();
+                    barrier.wait();
+                }
+            })
+        })
+        .collect();
+    let mut refunded_twice = 0;
+    for round in 0..ROUNDS {
+        let subject = format!("user-{round}");
+        let key: Arc<str> = subject.as_str().into();
+        // 300 charged before, so a second refund has something to take.
+        assert!(
+            store
+                .decide(&quota, &key, 300)
+                .into_inner()
+                .unwrap()
+                .admitted
+        );
+        let mut req = Request::builder().uri("/").body(Body::empty()).unwrap();
+        req.extensions_mut()
+            .insert(Identity::new(subject.as_str(), "acme", "free"));
+        let response = runtime.block_on(app.clone().oneshot(req)).unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        barrier.wait();
+        barrier.wait();
+        let remaining = store
+            .decide(&quota, &key, 0)
+            .into_inner()
+            .unwrap()
+            .decisions[0]
+            .remaining;
+        let charged = slot.lock().take().unwrap().charged();
+        refunded_twice += usize::from(remaining != 1_000 - 300 - 12 || charged != [12]);
+    }
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    assert_eq!(refunded_twice, 0, "of {ROUNDS} rounds");
+}

@@ -37,7 +37,8 @@ use crate::quota::{Holds, Limiter, MemoryStore, Quota, Store, StoreError};
 ///
 ///   A refund therefore never creates capacity that the policy's bound
 ///   forbids. Extra cost charged by an earlier settle is not refunded.
-/// - Settling again is relative to the last settled cost.
+/// - Settling again is relative to the last settled cost, also when clones
+///   settle at once: they settle one after the other.
 ///
 /// ```
 /// use axum::Extension;
@@ -60,6 +61,10 @@ struct Charge {
     key: Arc<str>,
     /// The cost settled so far, and what the charge still holds.
     state: Mutex<(u64, Holds)>,
+    /// Held from reading `state` to writing it back: two settles of one
+    /// charge (from clones of a settlement) that both read it before either
+    /// wrote would both apply their delta, refunding the same tokens twice.
+    settling: tokio::sync::Mutex<()>,
 }
 
 enum Target {
@@ -117,6 +122,7 @@ impl Settlement {
             quota,
             key,
             state: Mutex::new((charged, holds)),
+            settling: tokio::sync::Mutex::new(()),
         }));
     }
 
@@ -129,6 +135,7 @@ impl Settlement {
     /// failed settle leaves that charge as it was.
     pub async fn settle(&self, actual: u64) -> Result<(), StoreError> {
         for charge in &self.charges {
+            let _one = charge.settling.lock().await;
             let (before, holds) = charge.state.lock().clone();
             let delta = i64::try_from(actual).unwrap_or(i64::MAX)
                 - i64::try_from(before).unwrap_or(i64::MAX);
