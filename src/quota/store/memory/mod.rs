@@ -602,15 +602,21 @@ impl<C: Clock> MemoryStore<C> {
     }
 
     fn sweep_at(&self, now: u64) -> usize {
-        let mut next = u64::MAX;
         let mut swept = 0;
         for shard in self.inner.shards.iter() {
-            let mut shard = shard.0.lock();
-            swept += shard.sweep(now, &self.inner.hasher);
-            next = next.min(shard.next_expiry);
+            swept += shard.0.lock().sweep(now, &self.inner.hasher);
         }
         self.inner.len.fetch_sub(swept, Ordering::Relaxed);
-        self.inner.next_expiry.store(next, Ordering::Relaxed);
+        // The bound is read and stored with every shard locked: a key added
+        // to a shard already swept lowers the bound before this store, which
+        // would lift it above that key. Decisions lower it under their shard
+        // lock and hold no other.
+        let shards: Vec<_> = self.inner.shards.iter().map(|s| s.0.lock()).collect();
+        let next = shards.iter().map(|s| s.next_expiry).min();
+        self.inner
+            .next_expiry
+            .store(next.unwrap_or(u64::MAX), Ordering::Relaxed);
+        drop(shards);
         swept
     }
 
@@ -1111,6 +1117,91 @@ mod tests {
             })
             .count();
         assert_eq!(same, 0);
+    }
+
+    /// A sweep of every shard races a key's first decision in the shard it
+    /// swept first, two threads meeting at a barrier; 20,000 rounds on a
+    /// store full but for that key. Once the key is fresh again, a new key
+    /// elsewhere gets its room: the sweep never lifts the bound on the
+    /// earliest expiry above the key it did not see, which would skip the
+    /// sweep that drops it and answer `Full` until a minute has passed.
+    #[test]
+    fn a_key_added_while_a_sweep_runs_keeps_the_earliest_expiry_bound() {
+        use crate::clock::ManualClock;
+        use crate::quota::Policy;
+        use std::sync::Barrier;
+
+        /// The store of a round and its racing key.
+        type Round = (MemoryStore<ManualClock>, Arc<str>);
+
+        const ROUNDS: usize = 20_000;
+        const SHARDS: usize = 64;
+        let start = Timestamp::from_secs(1_800_000_000);
+        let second = Quota::new(
+            "second",
+            [Policy::fixed_window("per-second", 10, Duration::from_secs(1)).unwrap()],
+        )
+        .unwrap();
+        let minute = Quota::new(
+            "minute",
+            [Policy::fixed_window("per-minute", 10, Duration::from_secs(60)).unwrap()],
+        )
+        .unwrap();
+        let config = MemoryConfig::new(NonZeroUsize::new(SHARDS).unwrap())
+            .shards(NonZeroUsize::new(SHARDS).unwrap())
+            .unwrap();
+        let key_in = |store: &MemoryStore<ManualClock>, quota: &Quota, first: bool| {
+            (0..)
+                .map(|i| Arc::<str>::from(format!("key-{i}")))
+                .find(|key| {
+                    let hash = key_hash(&store.inner.hasher, quota.layout(), key.as_bytes());
+                    (store.shard_index(hash) == 0) == first
+                })
+                .unwrap()
+        };
+        let slot: Arc<Mutex<Option<Round>>> = Arc::default();
+        let barrier = Arc::new(Barrier::new(3));
+        let threads: Vec<_> = [false, true]
+            .into_iter()
+            .map(|sweeps| {
+                let (slot, barrier, second) = (slot.clone(), barrier.clone(), second.clone());
+                std::thread::spawn(move || {
+                    for _ in 0..ROUNDS {
+                        barrier.wait();
+                        let (store, key) = slot.lock().clone().unwrap();
+                        if sweeps {
+                            store.sweep();
+                        } else {
+                            assert!(store.decide_now(&second, &key, 1).unwrap().admitted);
+                        }
+                        barrier.wait();
+                    }
+                })
+            })
+            .collect();
+        let mut refused = 0;
+        for _ in 0..ROUNDS {
+            let clock = ManualClock::new(start);
+            let store = MemoryStore::with_config(config, clock.clone());
+            // Every room but one, taken for a minute.
+            for i in 0..SHARDS - 1 {
+                let key: Arc<str> = format!("filler-{i}").into();
+                assert!(store.decide_now(&minute, &key, 1).unwrap().admitted);
+            }
+            store.sweep();
+            // The racing key in the first shard swept, the new one elsewhere.
+            let racing = key_in(&store, &second, true);
+            let new = key_in(&store, &minute, false);
+            *slot.lock() = Some((store.clone(), racing));
+            barrier.wait();
+            barrier.wait();
+            clock.advance(Duration::from_secs(2));
+            refused += usize::from(store.decide_now(&minute, &new, 1).is_err());
+        }
+        for thread in threads {
+            thread.join().unwrap();
+        }
+        assert_eq!(refused, 0, "of {ROUNDS} rounds");
     }
 
     #[test]
