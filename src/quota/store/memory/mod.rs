@@ -604,9 +604,14 @@ impl<C: Clock> MemoryStore<C> {
     fn sweep_at(&self, now: u64) -> usize {
         let mut swept = 0;
         for shard in self.inner.shards.iter() {
-            swept += shard.0.lock().sweep(now, &self.inner.hasher);
+            let mut shard = shard.0.lock();
+            let dropped = shard.sweep(now, &self.inner.hasher);
+            // Under the shard's lock, as a full store's own sweep does: a
+            // new key's sweep that finds these keys gone finds their room
+            // free too, not only once this sweep has passed every shard.
+            self.inner.len.fetch_sub(dropped, Ordering::Relaxed);
+            swept += dropped;
         }
-        self.inner.len.fetch_sub(swept, Ordering::Relaxed);
         // The bound is read and stored with every shard locked: a key added
         // to a shard already swept lowers the bound before this store, which
         // would lift it above that key. Decisions lower it under their shard
@@ -1202,6 +1207,90 @@ mod tests {
             thread.join().unwrap();
         }
         assert_eq!(refused, 0, "of {ROUNDS} rounds");
+    }
+
+    /// A sweep of every shard races a new key's first decision on a store
+    /// full of live keys but for one fresh key in the first shard swept, two
+    /// threads meeting at a barrier; 20,000 rounds. The new key always gets
+    /// the fresh key's room: when its own sweep finds that key already
+    /// dropped, the room is already counted free, not only once the other
+    /// sweep has passed every shard.
+    #[test]
+    fn a_key_decided_while_a_sweep_runs_gets_the_room_it_frees() {
+        use crate::clock::ManualClock;
+        use crate::quota::Policy;
+        use std::sync::Barrier;
+
+        const ROUNDS: usize = 20_000;
+        const SHARDS: usize = 64;
+        let start = Timestamp::from_secs(1_800_000_000);
+        let second = Quota::new(
+            "second",
+            [Policy::fixed_window("per-second", 10, Duration::from_secs(1)).unwrap()],
+        )
+        .unwrap();
+        let minute = Quota::new(
+            "minute",
+            [Policy::fixed_window("per-minute", 10, Duration::from_secs(60)).unwrap()],
+        )
+        .unwrap();
+        let config = MemoryConfig::new(NonZeroUsize::new(SHARDS).unwrap())
+            .shards(NonZeroUsize::new(SHARDS).unwrap())
+            .unwrap();
+        let key_in = |store: &MemoryStore<ManualClock>, quota: &Quota, first: bool| {
+            (0..)
+                .map(|i| Arc::<str>::from(format!("key-{i}")))
+                .find(|key| {
+                    let hash = key_hash(&store.inner.hasher, quota.layout(), key.as_bytes());
+                    (store.shard_index(hash) == 0) == first
+                })
+                .unwrap()
+        };
+        let slot: Arc<Mutex<Option<MemoryStore<ManualClock>>>> = Arc::default();
+        let barrier = Arc::new(Barrier::new(3));
+        let sweeper = {
+            let (slot, barrier) = (slot.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                for _ in 0..ROUNDS {
+                    barrier.wait();
+                    let store = slot.lock().clone().unwrap();
+                    store.sweep();
+                    barrier.wait();
+                }
+            })
+        };
+        let decider = {
+            let (slot, barrier, minute) = (slot.clone(), barrier.clone(), minute.clone());
+            std::thread::spawn(move || {
+                let mut refused = 0;
+                for _ in 0..ROUNDS {
+                    barrier.wait();
+                    let store = slot.lock().clone().unwrap();
+                    let new = key_in(&store, &minute, false);
+                    refused += usize::from(store.decide_now(&minute, &new, 1).is_err());
+                    barrier.wait();
+                }
+                refused
+            })
+        };
+        for _ in 0..ROUNDS {
+            let clock = ManualClock::new(start);
+            let store = MemoryStore::with_config(config, clock.clone());
+            // Every room but one taken for a minute, the last for a second.
+            for i in 0..SHARDS - 1 {
+                let key: Arc<str> = format!("filler-{i}").into();
+                assert!(store.decide_now(&minute, &key, 1).unwrap().admitted);
+            }
+            let fresh_soon = key_in(&store, &second, true);
+            assert!(store.decide_now(&second, &fresh_soon, 1).unwrap().admitted);
+            store.sweep();
+            clock.advance(Duration::from_secs(2));
+            *slot.lock() = Some(store);
+            barrier.wait();
+            barrier.wait();
+        }
+        sweeper.join().unwrap();
+        assert_eq!(decider.join().unwrap(), 0, "of {ROUNDS} rounds");
     }
 
     #[test]
