@@ -379,3 +379,117 @@ fn concurrent_settles_of_one_charge_refund_it_once() {
     }
     assert_eq!(refunded_twice, 0, "of {ROUNDS} rounds");
 }
+
+/// A memory store whose settles time out while `lose` says so: with
+/// `Lost::Reply` the settle is applied and its reply lost, with
+/// `Lost::Request` it never arrives; the caller gets `StoreError::Timeout`
+/// either way, as from a Redis call past its deadline.
+#[derive(Clone)]
+struct LosesSettles {
+    inner: MemoryStore<ManualClock>,
+    lose: Arc<parking_lot::Mutex<Option<Lost>>>,
+}
+
+#[derive(Clone, Copy)]
+enum Lost {
+    Reply,
+    Request,
+}
+
+impl Store for LosesSettles {
+    type DecideFuture = <MemoryStore<ManualClock> as Store>::DecideFuture;
+    type SettleFuture = Boxed<Holds>;
+
+    fn decide(&self, quota: &Quota, key: &Arc<str>, cost: u64) -> Self::DecideFuture {
+        self.inner.decide(quota, key, cost)
+    }
+
+    fn settle(
+        &self,
+        quota: &Quota,
+        key: &Arc<str>,
+        holds: &Holds,
+        delta: i64,
+    ) -> Self::SettleFuture {
+        let lost = *self.lose.lock();
+        let applied = match lost {
+            Some(Lost::Request) => None,
+            _ => Some(self.inner.settle(quota, key, holds, delta)),
+        };
+        Box::pin(async move {
+            let holds = match applied {
+                Some(applied) => applied.await?,
+                None => return Err(StoreError::Timeout),
+            };
+            match lost {
+                Some(_) => Err(StoreError::Timeout),
+                None => Ok(holds),
+            }
+        })
+    }
+}
+
+/// A request charged 100 settles at 50, and that settle times out; it then
+/// settles at 50 again and at 12. Whether the first settle was applied (its
+/// reply lost) or not (the request lost), the charge never gives back more
+/// than the 88 it was charged above 12: exactly 88 when it was applied, 38
+/// (the store keeps 50 it could have refunded) when it was not. Before the
+/// fix a lost reply refunded 50, then 50 again, then 38: 138 of 100.
+#[tokio::test]
+async fn a_settle_of_unknown_outcome_is_never_given_back_twice() {
+    for (lost, remaining) in [
+        (Lost::Reply, 1_000 - 300 - 12),
+        (Lost::Request, 1_000 - 300 - 62),
+    ] {
+        let clock = clock();
+        let store = LosesSettles {
+            inner: memory(&clock),
+            lose: Arc::default(),
+        };
+        let quota = Quota::new(
+            "rows",
+            [Policy::fixed_window("per-day", 1_000, DAY).unwrap()],
+        )
+        .unwrap();
+        let key: Arc<str> = "alice".into();
+        // 300 charged before, so an extra refund has something to take.
+        assert!(
+            store
+                .inner
+                .decide(&quota, &key, 300)
+                .into_inner()
+                .unwrap()
+                .admitted
+        );
+        let slot: Arc<parking_lot::Mutex<Option<Settlement>>> = Arc::default();
+        let layer = QuotaLayer::builder(store.clone())
+            .quota(quota.clone())
+            .cost(|_| 100)
+            .build()
+            .unwrap();
+        let app = Router::new()
+            .route(
+                "/",
+                get({
+                    let slot = slot.clone();
+                    move |Extension(settlement): Extension<Settlement>| async move {
+                        *slot.lock() = Some(settlement);
+                        "ok"
+                    }
+                }),
+            )
+            .layer(layer);
+        assert_eq!(app.oneshot(alice()).await.unwrap().status(), StatusCode::OK);
+        let settlement = slot.lock().take().unwrap();
+
+        *store.lose.lock() = Some(lost);
+        assert_eq!(settlement.settle(50).await, Err(StoreError::Timeout));
+        assert_eq!(settlement.charged(), [50]);
+        *store.lose.lock() = None;
+        settlement.settle(50).await.unwrap();
+        settlement.settle(12).await.unwrap();
+        assert_eq!(settlement.charged(), [12]);
+        let left = store.inner.decide(&quota, &key, 0).into_inner().unwrap();
+        assert_eq!(left.decisions[0].remaining, remaining);
+    }
+}

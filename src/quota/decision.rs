@@ -37,6 +37,25 @@ pub type Decisions = SmallVec<[Decision; 2]>;
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Holds(pub(crate) SmallVec<[Hold; 2]>);
 
+impl Holds {
+    /// These holds as if a settle of `delta` had given back all it asked
+    /// for: a refund of `-delta` taken off each policy's hold. A store gives
+    /// back at most that, so the result never holds more than the store
+    /// does. A charge (`delta > 0`) leaves them as they are.
+    pub(crate) fn refunded(&self, delta: i64) -> Holds {
+        let refund = delta.min(0).unsigned_abs();
+        Holds(
+            self.0
+                .iter()
+                .map(|hold| Hold {
+                    amount: hold.amount.saturating_sub(refund),
+                    ..*hold
+                })
+                .collect(),
+        )
+    }
+}
+
 /// The answer of every policy of a quota to one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QuotaDecision {

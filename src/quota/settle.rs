@@ -39,6 +39,11 @@ use crate::quota::{Holds, Limiter, MemoryStore, Quota, Store, StoreError};
 ///   forbids. Extra cost charged by an earlier settle is not refunded.
 /// - Settling again is relative to the last settled cost, also when clones
 ///   settle at once: they settle one after the other.
+/// - **Unknown outcome.** A settle that timed out after it was sent
+///   ([`StoreError::outcome_unknown`]) may have been applied. It is counted
+///   as applied: the charge moves to `actual`, and after a refund it holds
+///   that much less. A later settle never gives the same cost back twice;
+///   at worst the store keeps a cost that was not refunded.
 ///
 /// ```
 /// use axum::Extension;
@@ -132,7 +137,8 @@ impl Settlement {
     }
 
     /// Moves every charge to `actual`. Stops at the first store error; a
-    /// failed settle leaves that charge as it was.
+    /// settle known to have failed leaves that charge as it was, one whose
+    /// outcome is unknown is counted as applied.
     pub async fn settle(&self, actual: u64) -> Result<(), StoreError> {
         for charge in &self.charges {
             let _one = charge.settling.lock().await;
@@ -142,18 +148,23 @@ impl Settlement {
             if delta == 0 {
                 continue;
             }
-            let holds = match &charge.target {
+            let settled = match &charge.target {
                 Target::Shared(limiter) => {
                     limiter
                         .settle(&charge.quota, &charge.key, &holds, delta)
-                        .await?
+                        .await
                 }
-                Target::Local(store) => {
-                    store.settle_now(&charge.quota, &charge.key, &holds, delta)?
-                }
-                Target::Nowhere => holds,
+                Target::Local(store) => store.settle_now(&charge.quota, &charge.key, &holds, delta),
+                Target::Nowhere => Ok(holds.clone()),
             };
-            *charge.state.lock() = (actual, holds);
+            match settled {
+                Ok(holds) => *charge.state.lock() = (actual, holds),
+                Err(e) if e.outcome_unknown() => {
+                    *charge.state.lock() = (actual, holds.refunded(delta));
+                    return Err(e);
+                }
+                Err(e) => return Err(e),
+            }
         }
         Ok(())
     }
