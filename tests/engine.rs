@@ -11,6 +11,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::routing::get;
 use axum::{Extension, Router};
+use futures_util::FutureExt;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use tower::ServiceExt;
@@ -394,6 +395,8 @@ struct LosesSettles {
 enum Lost {
     Reply,
     Request,
+    /// Applied, and no reply ever comes: the caller gives up.
+    Hang,
 }
 
 impl Store for LosesSettles {
@@ -422,6 +425,7 @@ impl Store for LosesSettles {
                 None => return Err(StoreError::Timeout),
             };
             match lost {
+                Some(Lost::Hang) => std::future::pending().await,
                 Some(_) => Err(StoreError::Timeout),
                 None => Ok(holds),
             }
@@ -429,7 +433,8 @@ impl Store for LosesSettles {
     }
 }
 
-/// A request charged 100 settles at 50, and that settle times out; it then
+/// A request charged 100 settles at 50, and that settle times out (or is
+/// dropped before the store answers); it then
 /// settles at 50 again and at 12. Whether the first settle was applied (its
 /// reply lost) or not (the request lost), the charge never gives back more
 /// than the 88 it was charged above 12: exactly 88 when it was applied, 38
@@ -440,6 +445,7 @@ async fn a_settle_of_unknown_outcome_is_never_given_back_twice() {
     for (lost, remaining) in [
         (Lost::Reply, 1_000 - 300 - 12),
         (Lost::Request, 1_000 - 300 - 62),
+        (Lost::Hang, 1_000 - 300 - 12),
     ] {
         let clock = clock();
         let store = LosesSettles {
@@ -483,7 +489,11 @@ async fn a_settle_of_unknown_outcome_is_never_given_back_twice() {
         let settlement = slot.lock().take().unwrap();
 
         *store.lose.lock() = Some(lost);
-        assert_eq!(settlement.settle(50).await, Err(StoreError::Timeout));
+        match lost {
+            // Given up on at its first poll, once the store has applied it.
+            Lost::Hang => assert_eq!(settlement.settle(50).now_or_never(), None),
+            _ => assert_eq!(settlement.settle(50).await, Err(StoreError::Timeout)),
+        }
         assert_eq!(settlement.charged(), [50]);
         *store.lose.lock() = None;
         settlement.settle(50).await.unwrap();

@@ -40,10 +40,11 @@ use crate::quota::{Holds, Limiter, MemoryStore, Quota, Store, StoreError};
 /// - Settling again is relative to the last settled cost, also when clones
 ///   settle at once: they settle one after the other.
 /// - **Unknown outcome.** A settle that timed out after it was sent
-///   ([`StoreError::outcome_unknown`]) may have been applied. It is counted
-///   as applied: the charge moves to `actual`, and after a refund it holds
-///   that much less. A later settle never gives the same cost back twice;
-///   at worst the store keeps a cost that was not refunded.
+///   ([`StoreError::outcome_unknown`]), or whose future was dropped before
+///   the store answered, may have been applied. It is counted as applied:
+///   the charge moves to `actual`, and after a refund it holds that much
+///   less. A later settle never gives the same cost back twice; at worst the
+///   store keeps a cost that was not refunded.
 ///
 /// ```
 /// use axum::Extension;
@@ -148,6 +149,10 @@ impl Settlement {
             if delta == 0 {
                 continue;
             }
+            // Counted as applied until the store answers: a settle dropped
+            // midway, like one whose outcome is unknown, may have been
+            // applied, and is never given back twice.
+            *charge.state.lock() = (actual, holds.refunded(delta));
             let settled = match &charge.target {
                 Target::Shared(limiter) => {
                     limiter
@@ -159,11 +164,11 @@ impl Settlement {
             };
             match settled {
                 Ok(holds) => *charge.state.lock() = (actual, holds),
-                Err(e) if e.outcome_unknown() => {
-                    *charge.state.lock() = (actual, holds.refunded(delta));
+                Err(e) if e.outcome_unknown() => return Err(e),
+                Err(e) => {
+                    *charge.state.lock() = (before, holds);
                     return Err(e);
                 }
-                Err(e) => return Err(e),
             }
         }
         Ok(())
