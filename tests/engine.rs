@@ -155,6 +155,31 @@ impl Store for Failing {
     }
 }
 
+/// Where [`charging_100`]'s handler leaves each request's settlement.
+type SettlementSlot = Arc<parking_lot::Mutex<Option<Settlement>>>;
+
+/// An app whose one route is charged 100 by `quota` over `store`, and whose
+/// handler leaves the request's settlement in `slot`.
+fn charging_100<St: Store + Clone>(store: St, quota: &Quota, slot: &SettlementSlot) -> Router {
+    let layer = QuotaLayer::builder(store)
+        .quota(quota.clone())
+        .cost(|_| 100)
+        .build()
+        .unwrap();
+    let slot = slot.clone();
+    Router::new()
+        .route(
+            "/",
+            get(
+                move |Extension(settlement): Extension<Settlement>| async move {
+                    *slot.lock() = Some(settlement);
+                    "ok"
+                },
+            ),
+        )
+        .layer(layer)
+}
+
 /// A request charged 10, that settles at 0 and reports what it charged.
 async fn settle_to_zero(Extension(settlement): Extension<Settlement>) -> String {
     settlement.settle(0).await.unwrap();
@@ -309,24 +334,8 @@ fn concurrent_settles_of_one_charge_refund_it_once() {
         [Policy::fixed_window("per-day", 1_000, DAY).unwrap()],
     )
     .unwrap();
-    let slot: Arc<parking_lot::Mutex<Option<Settlement>>> = Arc::default();
-    let layer = QuotaLayer::builder(store.clone())
-        .quota(quota.clone())
-        .cost(|_| 100)
-        .build()
-        .unwrap();
-    let app = Router::new()
-        .route(
-            "/",
-            get({
-                let slot = slot.clone();
-                move |Extension(settlement): Extension<Settlement>| async move {
-                    *slot.lock() = Some(settlement);
-                    "ok"
-                }
-            }),
-        )
-        .layer(layer);
+    let slot = SettlementSlot::default();
+    let app = charging_100(store.clone(), &quota, &slot);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
@@ -467,24 +476,8 @@ async fn a_settle_of_unknown_outcome_is_never_given_back_twice() {
                 .unwrap()
                 .admitted
         );
-        let slot: Arc<parking_lot::Mutex<Option<Settlement>>> = Arc::default();
-        let layer = QuotaLayer::builder(store.clone())
-            .quota(quota.clone())
-            .cost(|_| 100)
-            .build()
-            .unwrap();
-        let app = Router::new()
-            .route(
-                "/",
-                get({
-                    let slot = slot.clone();
-                    move |Extension(settlement): Extension<Settlement>| async move {
-                        *slot.lock() = Some(settlement);
-                        "ok"
-                    }
-                }),
-            )
-            .layer(layer);
+        let slot = SettlementSlot::default();
+        let app = charging_100(store.clone(), &quota, &slot);
         assert_eq!(app.oneshot(alice()).await.unwrap().status(), StatusCode::OK);
         let settlement = slot.lock().take().unwrap();
 

@@ -1124,6 +1124,44 @@ mod tests {
         assert_eq!(same, 0);
     }
 
+    /// One key slot per shard in the sweep race tests below.
+    const SHARDS: usize = 64;
+
+    /// The sweep race tests' start time, a quota of a 1 s window and one of
+    /// a 60 s window, and a store config of [`SHARDS`] keys in as many
+    /// shards.
+    fn sweep_race() -> (Timestamp, Quota, Quota, MemoryConfig) {
+        let window = |name: &str, secs| {
+            let policy = crate::quota::Policy::fixed_window(name, 10, Duration::from_secs(secs));
+            Quota::new(name, [policy.unwrap()]).unwrap()
+        };
+        let config = MemoryConfig::new(NonZeroUsize::new(SHARDS).unwrap())
+            .shards(NonZeroUsize::new(SHARDS).unwrap())
+            .unwrap();
+        (
+            Timestamp::from_secs(1_800_000_000),
+            window("second", 1),
+            window("minute", 60),
+            config,
+        )
+    }
+
+    /// The first key, by number, that `quota` puts in the first shard
+    /// (`first`) or in another.
+    fn key_in(
+        store: &MemoryStore<crate::clock::ManualClock>,
+        quota: &Quota,
+        first: bool,
+    ) -> Arc<str> {
+        (0..)
+            .map(|i| Arc::<str>::from(format!("key-{i}")))
+            .find(|key| {
+                let hash = key_hash(&store.inner.hasher, quota.layout(), key.as_bytes());
+                (store.shard_index(hash) == 0) == first
+            })
+            .unwrap()
+    }
+
     /// A sweep of every shard races a key's first decision in the shard it
     /// swept first, two threads meeting at a barrier; 20,000 rounds on a
     /// store full but for that key. Once the key is fresh again, a new key
@@ -1133,37 +1171,13 @@ mod tests {
     #[test]
     fn a_key_added_while_a_sweep_runs_keeps_the_earliest_expiry_bound() {
         use crate::clock::ManualClock;
-        use crate::quota::Policy;
         use std::sync::Barrier;
 
         /// The store of a round and its racing key.
         type Round = (MemoryStore<ManualClock>, Arc<str>);
 
         const ROUNDS: usize = 20_000;
-        const SHARDS: usize = 64;
-        let start = Timestamp::from_secs(1_800_000_000);
-        let second = Quota::new(
-            "second",
-            [Policy::fixed_window("per-second", 10, Duration::from_secs(1)).unwrap()],
-        )
-        .unwrap();
-        let minute = Quota::new(
-            "minute",
-            [Policy::fixed_window("per-minute", 10, Duration::from_secs(60)).unwrap()],
-        )
-        .unwrap();
-        let config = MemoryConfig::new(NonZeroUsize::new(SHARDS).unwrap())
-            .shards(NonZeroUsize::new(SHARDS).unwrap())
-            .unwrap();
-        let key_in = |store: &MemoryStore<ManualClock>, quota: &Quota, first: bool| {
-            (0..)
-                .map(|i| Arc::<str>::from(format!("key-{i}")))
-                .find(|key| {
-                    let hash = key_hash(&store.inner.hasher, quota.layout(), key.as_bytes());
-                    (store.shard_index(hash) == 0) == first
-                })
-                .unwrap()
-        };
+        let (start, second, minute, config) = sweep_race();
         let slot: Arc<Mutex<Option<Round>>> = Arc::default();
         let barrier = Arc::new(Barrier::new(3));
         let threads: Vec<_> = [false, true]
@@ -1218,34 +1232,10 @@ mod tests {
     #[test]
     fn a_key_decided_while_a_sweep_runs_gets_the_room_it_frees() {
         use crate::clock::ManualClock;
-        use crate::quota::Policy;
         use std::sync::Barrier;
 
         const ROUNDS: usize = 20_000;
-        const SHARDS: usize = 64;
-        let start = Timestamp::from_secs(1_800_000_000);
-        let second = Quota::new(
-            "second",
-            [Policy::fixed_window("per-second", 10, Duration::from_secs(1)).unwrap()],
-        )
-        .unwrap();
-        let minute = Quota::new(
-            "minute",
-            [Policy::fixed_window("per-minute", 10, Duration::from_secs(60)).unwrap()],
-        )
-        .unwrap();
-        let config = MemoryConfig::new(NonZeroUsize::new(SHARDS).unwrap())
-            .shards(NonZeroUsize::new(SHARDS).unwrap())
-            .unwrap();
-        let key_in = |store: &MemoryStore<ManualClock>, quota: &Quota, first: bool| {
-            (0..)
-                .map(|i| Arc::<str>::from(format!("key-{i}")))
-                .find(|key| {
-                    let hash = key_hash(&store.inner.hasher, quota.layout(), key.as_bytes());
-                    (store.shard_index(hash) == 0) == first
-                })
-                .unwrap()
-        };
+        let (start, second, minute, config) = sweep_race();
         let slot: Arc<Mutex<Option<MemoryStore<ManualClock>>>> = Arc::default();
         let barrier = Arc::new(Barrier::new(3));
         let sweeper = {
