@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use http::header::{LOCATION, RETRY_AFTER};
 use http::StatusCode;
 use tokio::sync::Semaphore;
@@ -319,4 +320,36 @@ fn bad_configuration_names_the_field() {
     );
     // Outside a Tokio runtime.
     assert_eq!(build(JobQueue::builder()), "runtime");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_shutdown_given_up_on_leaves_the_drain_for_the_next_one() {
+    let gate = Arc::new(Semaphore::new(0));
+    let queue = {
+        let gate = Arc::clone(&gate);
+        JobQueue::builder()
+            .workers(1)
+            .build(move |()| {
+                let gate = Arc::clone(&gate);
+                async move {
+                    gate.acquire().await.unwrap().forget();
+                    Ok::<_, ()>(())
+                }
+            })
+            .unwrap()
+    };
+    queue.submit("o", ()).unwrap();
+    settle().await;
+    assert_eq!(queue.running(), 1);
+
+    // The caller gives up while the worker still runs the job.
+    assert!(queue.shutdown().now_or_never().is_none());
+    // A later shutdown still waits for that job.
+    assert!(queue.shutdown().now_or_never().is_none());
+    assert_eq!(queue.running(), 1);
+
+    gate.add_permits(1);
+    queue.shutdown().await;
+    assert_eq!(queue.running(), 0);
+    assert_eq!(queue.completed_total(), 1);
 }

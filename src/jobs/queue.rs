@@ -352,10 +352,13 @@ where
     pub async fn shutdown(&self) {
         self.shared.close();
         let mut workers = self.shared.workers.lock().await;
-        for handle in workers.drain(..) {
+        // A handle leaves the list only once its worker has exited, so a
+        // shutdown dropped while waiting leaves the rest to the next one.
+        while let Some(handle) = workers.last_mut() {
             // A worker never panics (job panics are caught); a JoinError
             // here means the runtime is shutting down.
             let _ = handle.await;
+            workers.pop();
         }
     }
 }
