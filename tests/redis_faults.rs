@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tower_admission::quota::{
@@ -351,6 +352,37 @@ async fn stalled_traffic_times_out_with_unknown_outcomes_that_were_consumed() {
     let verdict = limiter.check(&quota, &key, 1).await;
     assert!(verdict.is_admitted());
     assert_eq!(verdict.decisions()[0].remaining, 1);
+}
+
+/// Callers that give up before the store's deadline (an outer timeout, a
+/// client hanging up) count toward a stall too: a stalled connection on
+/// which every call is dropped unanswered is replaced all the same, instead
+/// of taking every later call until its deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_dropped_unanswered_replace_a_stalled_connection() {
+    let server = RedisServer::start();
+    let proxy = StallProxy::start(server.port()).await;
+    let store = RedisStore::builder(proxy.url())
+        .deadline(Duration::from_secs(2))
+        .reconnect_after_stall(Duration::ZERO)
+        .connect_timeout(Duration::from_millis(200))
+        .reconnect_backoff(Duration::ZERO, Duration::ZERO)
+        .build()
+        .unwrap();
+    let quota = per_minute(100, FailureMode::Closed);
+    let key: Arc<str> = "alice".into();
+    assert!(store.decide(&quota, &key, 1).await.unwrap().admitted);
+
+    proxy.stall();
+    // Each call is handed to the live connection on its first poll, then
+    // dropped unanswered.
+    for _ in 0..2 {
+        assert!(store.decide(&quota, &key, 1).now_or_never().is_none());
+    }
+    // The stalled connection is gone: this call waits for a new one, which
+    // cannot finish its handshake, instead of being sent into the stall.
+    let result = store.decide(&quota, &key, 1).await;
+    assert_eq!(kind(result.err().as_ref()), Kind::Unavailable);
 }
 
 /// A stall that lasts: after `reconnect_after_stall` of timeouts the store

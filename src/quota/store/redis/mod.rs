@@ -285,7 +285,12 @@ impl RedisStore {
             }
         };
         let mut conn: Conn = lease.conn.clone();
+        let unanswered = Unanswered {
+            connector: &self.inner.connector,
+            lease: &lease,
+        };
         let result = tokio::time::timeout_at(deadline, conn.invoke(&invocation)).await;
+        std::mem::forget(unanswered);
         match result {
             Ok(Ok(reply)) => {
                 self.inner.connector.answered(&lease);
@@ -384,8 +389,8 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Replace a connection on which calls have kept timing out for this
-    /// long, default 1 s.
+    /// Replace a connection on which calls have kept timing out (or been
+    /// dropped unanswered by their callers) for this long, default 1 s.
     pub fn reconnect_after_stall(mut self, after: Duration) -> Self {
         self.stall_reset = after;
         self
@@ -577,6 +582,21 @@ fn decode_holds(quota: &Quota, reply: &[i64]) -> Result<Holds, StoreError> {
             })
             .collect(),
     ))
+}
+
+/// A call handed to a connection and not answered yet. Dropped unanswered
+/// (the caller gave up before the deadline), it counts toward a stall as a
+/// timeout does, so a stalled connection is replaced even when every caller
+/// gives up first.
+struct Unanswered<'a> {
+    connector: &'a Connector,
+    lease: &'a Lease,
+}
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        self.connector.timed_out(self.lease);
+    }
 }
 
 type Boxed<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
