@@ -322,6 +322,8 @@ fn bad_configuration_names_the_field() {
     assert_eq!(build(JobQueue::builder()), "runtime");
 }
 
+/// A shutdown dropped while a job still runs (its caller gave up) leaves the
+/// drain to the next shutdown, which waits for that job.
 #[tokio::test(start_paused = true)]
 async fn a_shutdown_given_up_on_leaves_the_drain_for_the_next_one() {
     let gate = Arc::new(Semaphore::new(0));
