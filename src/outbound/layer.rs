@@ -28,7 +28,8 @@ type CostFn<B> = Arc<dyn Fn(&Request<B>) -> u64 + Send + Sync>;
 ///   its item count.
 /// - **Exhausted budget.** By default the attempt waits for capacity up to
 ///   [`wait_up_to`](Self::wait_up_to) (1 s), in arrival order per share (a
-///   later attempt never takes capacity an earlier one is waiting for);
+///   later attempt never takes capacity an earlier one is queued for; one
+///   refused at the same moment may still pass it before it has queued);
 ///   [`fail_fast`](Self::fail_fast) refuses at once. Either way the caller gets
 ///   [`BudgetError::Refused`] carrying the wait, never a response.
 ///
