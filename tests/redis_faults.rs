@@ -354,24 +354,42 @@ async fn stalled_traffic_times_out_with_unknown_outcomes_that_were_consumed() {
     assert_eq!(verdict.decisions()[0].remaining, 1);
 }
 
-/// Callers that give up before the store's deadline (an outer timeout, a
-/// client hanging up) count toward a stall too: a stalled connection on
-/// which every call is dropped unanswered is replaced all the same, instead
-/// of taking every later call until its deadline.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn calls_dropped_unanswered_replace_a_stalled_connection() {
+/// A store behind a [`StallProxy`] with `deadline`, replacing a connection
+/// stalled for `stall_reset` and reconnecting at once within
+/// `connect_timeout`, with a per-minute quota of 100 and its key, `alice`,
+/// admitted once before any stall.
+async fn reconnecting_behind_a_proxy(
+    deadline: Duration,
+    stall_reset: Duration,
+    connect_timeout: Duration,
+) -> (RedisServer, StallProxy, RedisStore, Quota, Arc<str>) {
     let server = RedisServer::start();
     let proxy = StallProxy::start(server.port()).await;
     let store = RedisStore::builder(proxy.url())
-        .deadline(Duration::from_secs(2))
-        .reconnect_after_stall(Duration::ZERO)
-        .connect_timeout(Duration::from_millis(200))
+        .deadline(deadline)
+        .reconnect_after_stall(stall_reset)
+        .connect_timeout(connect_timeout)
         .reconnect_backoff(Duration::ZERO, Duration::ZERO)
         .build()
         .unwrap();
     let quota = per_minute(100, FailureMode::Closed);
     let key: Arc<str> = "alice".into();
     assert!(store.decide(&quota, &key, 1).await.unwrap().admitted);
+    (server, proxy, store, quota, key)
+}
+
+/// Callers that give up before the store's deadline (an outer timeout, a
+/// client hanging up) count toward a stall too: a stalled connection on
+/// which every call is dropped unanswered is replaced all the same, instead
+/// of taking every later call until its deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_dropped_unanswered_replace_a_stalled_connection() {
+    let (_server, proxy, store, quota, key) = reconnecting_behind_a_proxy(
+        Duration::from_secs(2),
+        Duration::ZERO,
+        Duration::from_millis(200),
+    )
+    .await;
 
     proxy.stall();
     // Each call is handed to the live connection on its first poll, then
@@ -391,18 +409,12 @@ async fn calls_dropped_unanswered_replace_a_stalled_connection() {
 /// instead of unknown outcomes. When traffic moves again the store is back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn long_stall_replaces_the_connection_and_recovers() {
-    let server = RedisServer::start();
-    let proxy = StallProxy::start(server.port()).await;
-    let store = RedisStore::builder(proxy.url())
-        .deadline(DEADLINE)
-        .reconnect_after_stall(Duration::from_millis(200))
-        .connect_timeout(Duration::from_millis(300))
-        .reconnect_backoff(Duration::ZERO, Duration::ZERO)
-        .build()
-        .unwrap();
-    let quota = per_minute(100, FailureMode::Closed);
-    let key: Arc<str> = "alice".into();
-    assert!(store.decide(&quota, &key, 1).await.unwrap().admitted);
+    let (_server, proxy, store, quota, key) = reconnecting_behind_a_proxy(
+        DEADLINE,
+        Duration::from_millis(200),
+        Duration::from_millis(300),
+    )
+    .await;
 
     proxy.stall();
     let mut kinds = Vec::new();

@@ -1146,6 +1146,14 @@ mod tests {
         )
     }
 
+    /// Takes every key slot of `store` but one under `quota`.
+    fn fill_all_but_one(store: &MemoryStore<crate::clock::ManualClock>, quota: &Quota) {
+        for i in 0..SHARDS - 1 {
+            let key: Arc<str> = format!("filler-{i}").into();
+            assert!(store.decide_now(quota, &key, 1).unwrap().admitted);
+        }
+    }
+
     /// The first key, by number, that `quota` puts in the first shard
     /// (`first`) or in another.
     fn key_in(
@@ -1203,10 +1211,7 @@ mod tests {
             let clock = ManualClock::new(start);
             let store = MemoryStore::with_config(config, clock.clone());
             // Every room but one, taken for a minute.
-            for i in 0..SHARDS - 1 {
-                let key: Arc<str> = format!("filler-{i}").into();
-                assert!(store.decide_now(&minute, &key, 1).unwrap().admitted);
-            }
+            fill_all_but_one(&store, &minute);
             store.sweep();
             // The racing key in the first shard swept, the new one elsewhere.
             let racing = key_in(&store, &second, true);
@@ -1267,10 +1272,7 @@ mod tests {
             let clock = ManualClock::new(start);
             let store = MemoryStore::with_config(config, clock.clone());
             // Every room but one taken for a minute, the last for a second.
-            for i in 0..SHARDS - 1 {
-                let key: Arc<str> = format!("filler-{i}").into();
-                assert!(store.decide_now(&minute, &key, 1).unwrap().admitted);
-            }
+            fill_all_but_one(&store, &minute);
             let fresh_soon = key_in(&store, &second, true);
             assert!(store.decide_now(&second, &fresh_soon, 1).unwrap().admitted);
             store.sweep();
