@@ -96,9 +96,90 @@ use serde_json::json;
 
 use crate::quota::Outcome;
 
-/// Response body of every layer in this crate: the inner service's body, or a
-/// rejection's.
-pub type ResponseBody<B> = Either<B, Full<Bytes>>;
+/// A response body that can also carry a refusal, so that every layer of this
+/// crate answers with the inner service's own body type: a stack of layers
+/// adds no wrapper around the body, and axum has no body to box again.
+///
+/// Implemented for axum's and tonic's bodies (with the `axum` and `tonic`
+/// features), [`Full<Bytes>`], `String`, the boxed bodies of `http_body_util`, and
+/// [`Either<B, Full<Bytes>>`] for any `B`. An inner service with another body
+/// type maps its responses into that `Either` first:
+///
+/// ```
+/// use bytes::Bytes;
+/// use http::{Request, Response};
+/// use http_body_util::{Either, Empty, Full};
+/// use std::convert::Infallible;
+/// use tower::{ServiceBuilder, ServiceExt};
+/// use tower_admission::quota::{MemoryStore, Policy, Quota, QuotaLayer, Scope};
+///
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// let quota = Quota::new("api", [Policy::fixed_window("per-second", 1, std::time::Duration::from_secs(1))?])?;
+/// let handler = tower::service_fn(|_: Request<()>| async {
+///     Ok::<_, Infallible>(Response::new(Empty::<Bytes>::new()))
+/// });
+/// let service = ServiceBuilder::new()
+///     .layer(QuotaLayer::builder(MemoryStore::new()).quota(quota).scope(Scope::Aggregate).build()?)
+///     .map_response(|r: Response<Empty<Bytes>>| r.map(Either::<_, Full<Bytes>>::Left))
+///     .service(handler);
+/// let refused = service.clone().oneshot(Request::new(())).await?;
+/// assert_eq!(refused.status(), 200);
+/// let refused = service.oneshot(Request::new(())).await?;
+/// assert_eq!(refused.status(), 429);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
+pub trait RefusalBody {
+    /// The body of a refusal: a problem details document, or nothing for gRPC.
+    fn from_refusal(body: Bytes) -> Self;
+}
+
+impl RefusalBody for Full<Bytes> {
+    fn from_refusal(body: Bytes) -> Self {
+        Full::new(body)
+    }
+}
+
+impl<B> RefusalBody for Either<B, Full<Bytes>> {
+    fn from_refusal(body: Bytes) -> Self {
+        Either::Right(Full::new(body))
+    }
+}
+
+/// The body is UTF-8: JSON, or empty.
+impl RefusalBody for String {
+    fn from_refusal(body: Bytes) -> Self {
+        String::from_utf8_lossy(&body).into_owned()
+    }
+}
+
+impl<E: 'static> RefusalBody for http_body_util::combinators::BoxBody<Bytes, E> {
+    fn from_refusal(body: Bytes) -> Self {
+        use http_body_util::BodyExt;
+        Full::new(body).map_err(|never| match never {}).boxed()
+    }
+}
+
+impl<E: 'static> RefusalBody for http_body_util::combinators::UnsyncBoxBody<Bytes, E> {
+    fn from_refusal(body: Bytes) -> Self {
+        use http_body_util::BodyExt;
+        Full::new(body).map_err(|never| match never {}).boxed_unsync()
+    }
+}
+
+#[cfg(feature = "axum")]
+impl RefusalBody for axum::body::Body {
+    fn from_refusal(body: Bytes) -> Self {
+        axum::body::Body::from(body)
+    }
+}
+
+#[cfg(feature = "tonic")]
+impl RefusalBody for tonic::body::Body {
+    fn from_refusal(body: Bytes) -> Self {
+        tonic::body::Body::new(Full::new(body))
+    }
+}
 
 /// Base of this crate's own problem `type` URIs, for the refusals that have
 /// no registered problem type. The fragment is [`Rejection::kind`].
@@ -454,11 +535,17 @@ impl Rejection {
 
     /// The HTTP response for this rejection, or its gRPC form when `grpc`.
     pub fn into_response(self, grpc: bool) -> Response<Full<Bytes>> {
+        self.into_layer_response(grpc)
+    }
+
+    /// The rejection as a response of any layer of this crate, in the inner
+    /// service's body type.
+    pub fn into_layer_response<B: RefusalBody>(self, grpc: bool) -> Response<B> {
         let mut response = if grpc {
             self.grpc_response()
         } else {
             let body = serde_json::to_vec(&self.problem()).unwrap_or_default();
-            let mut response = Response::new(Full::new(Bytes::from(body)));
+            let mut response = Response::new(Bytes::from(body));
             *response.status_mut() = self.status();
             response.headers_mut().insert(
                 CONTENT_TYPE,
@@ -478,12 +565,7 @@ impl Rejection {
                 .insert(RETRY_AFTER, HeaderValue::from(retry_after_secs(wait)));
         }
         response.extensions_mut().insert(self);
-        response
-    }
-
-    /// The rejection as a response body of any layer of this crate.
-    pub fn into_layer_response<B>(self, grpc: bool) -> Response<ResponseBody<B>> {
-        self.into_response(grpc).map(Either::Right)
+        response.map(B::from_refusal)
     }
 
     /// The gRPC status code number of this rejection.
@@ -524,7 +606,7 @@ impl Rejection {
     }
 
     #[cfg(feature = "tonic")]
-    fn grpc_response(&self) -> Response<Full<Bytes>> {
+    fn grpc_response(&self) -> Response<Bytes> {
         use tonic_types::{ErrorDetails, FieldViolation, QuotaViolation, StatusExt};
         let code = tonic::Code::from_i32(self.grpc_code());
         let mut details = ErrorDetails::new();
@@ -577,15 +659,15 @@ impl Rejection {
         } else {
             tonic::Status::with_error_details(code, self.detail(), details)
         };
-        let mut response: Response<Full<Bytes>> = status.into_http();
+        let mut response: Response<Bytes> = status.into_http();
         response.extensions_mut().remove::<tonic::Status>();
         self.insert_pushback(response.headers_mut());
         response
     }
 
     #[cfg(not(feature = "tonic"))]
-    fn grpc_response(&self) -> Response<Full<Bytes>> {
-        let mut response = Response::new(Full::default());
+    fn grpc_response(&self) -> Response<Bytes> {
+        let mut response = Response::new(Bytes::new());
         let headers = response.headers_mut();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
         headers.insert("grpc-status", HeaderValue::from(self.grpc_code()));

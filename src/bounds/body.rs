@@ -9,16 +9,17 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
+use bytes::Bytes;
 use http::header::{HeaderValue, ACCEPT_ENCODING, CONTENT_ENCODING, CONTENT_LENGTH};
 use http::{Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::{Either, LengthLimitError};
+use http_body_util::{Either, Full, LengthLimitError};
 use pin_project_lite::pin_project;
 use tower::{Layer, Service};
 use tower_http::decompression::{RequestDecompression, RequestDecompressionLayer};
 use tower_http::limit::{RequestBodyLimit, RequestBodyLimitLayer};
 
-use crate::reject::{is_grpc, Rejection, ResponseBody, SizeCap};
+use crate::reject::{is_grpc, Rejection, SizeCap};
 
 type BoxError = Box<dyn StdError + Send + Sync>;
 
@@ -154,7 +155,7 @@ where
     B: Body,
     Stack<S>: Service<Request<B>, Response = Response<RB>>,
 {
-    type Response = Response<ResponseBody<RB>>;
+    type Response = Response<Either<RB, Full<Bytes>>>;
     type Error = <Stack<S> as Service<Request<B>>>::Error;
     type Future = ResponseFuture<<Stack<S> as Service<Request<B>>>::Future>;
 
@@ -249,7 +250,7 @@ impl<F, RB, E> Future for ResponseFuture<F>
 where
     F: Future<Output = Result<Response<RB>, E>>,
 {
-    type Output = Result<Response<ResponseBody<RB>>, E>;
+    type Output = Result<Response<Either<RB, Full<Bytes>>>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();

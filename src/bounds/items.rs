@@ -13,13 +13,13 @@ use http::request::Parts;
 use http::{Request, Response};
 use http_body::Body;
 use http_body_util::combinators::Collect;
-use http_body_util::{BodyExt, Either, Full};
+use http_body_util::{BodyExt, Full};
 use pin_project_lite::pin_project;
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use tower::{Layer, Service};
 
-use crate::reject::{is_grpc, InvalidParameter, Rejection, ResponseBody, SizeCap};
+use crate::reject::{is_grpc, InvalidParameter, RefusalBody, Rejection, SizeCap};
 
 /// Why a batch was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -304,8 +304,9 @@ where
     S: Service<Request<Full<Bytes>>, Response = Response<RB>> + Clone,
     B: Body,
     B::Error: Into<Box<dyn StdError + Send + Sync>>,
+    RB: RefusalBody,
 {
-    type Response = Response<ResponseBody<RB>>;
+    type Response = Response<RB>;
     type Error = S::Error;
     type Future = ResponseFuture<S, B>;
 
@@ -386,8 +387,9 @@ where
     S: Service<Request<Full<Bytes>>, Response = Response<RB>>,
     B: Body,
     B::Error: Into<Box<dyn StdError + Send + Sync>>,
+    RB: RefusalBody,
 {
-    type Output = Result<Response<ResponseBody<RB>>, S::Error>;
+    type Output = Result<Response<RB>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
@@ -430,7 +432,7 @@ where
                 StateProj::Inner { future } => {
                     let response = ready!(future.poll(cx))?;
                     this.state.set(State::Done);
-                    return Poll::Ready(Ok(response.map(Either::Left)));
+                    return Poll::Ready(Ok(response));
                 }
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
             }

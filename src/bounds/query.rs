@@ -10,14 +10,13 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use http::{Request, Response};
-use http_body_util::Either;
 use pin_project_lite::pin_project;
 use smallvec::SmallVec;
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 use tower::{Layer, Service};
 
-use crate::reject::{is_grpc, InvalidParameter, Rejection, ResponseBody};
+use crate::reject::{is_grpc, InvalidParameter, RefusalBody, Rejection};
 
 use crate::ConfigError;
 
@@ -615,8 +614,9 @@ impl<S> ValidateQuery<S> {
 impl<S, B, RB> Service<Request<B>> for ValidateQuery<S>
 where
     S: Service<Request<B>, Response = Response<RB>>,
+    RB: RefusalBody,
 {
-    type Response = Response<ResponseBody<RB>>;
+    type Response = Response<RB>;
     type Error = S::Error;
     type Future = ResponseFuture<S::Future, RB>;
 
@@ -658,7 +658,7 @@ pin_project! {
     #[project = KindProj]
     enum Kind<F, RB> {
         Inner { #[pin] future: F },
-        Rejected { response: Option<Response<ResponseBody<RB>>> },
+        Rejected { response: Option<Response<RB>> },
     }
 }
 
@@ -678,13 +678,13 @@ impl<F, RB, E> Future for ResponseFuture<F, RB>
 where
     F: Future<Output = Result<Response<RB>, E>>,
 {
-    type Output = Result<Response<ResponseBody<RB>>, E>;
+    type Output = Result<Response<RB>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().kind.project() {
             KindProj::Inner { future } => {
                 let response = ready!(future.poll(cx))?;
-                Poll::Ready(Ok(response.map(Either::Left)))
+                Poll::Ready(Ok(response))
             }
             KindProj::Rejected { response } => match response.take() {
                 Some(response) => Poll::Ready(Ok(response)),

@@ -2,10 +2,12 @@ use std::fmt;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
+use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
 use super::state::Guard;
+use crate::reject::RefusalBody;
 
 pin_project! {
     /// A response body that holds the request's concurrency permits until the
@@ -36,6 +38,16 @@ impl<B> PermitBody<B> {
     /// The wrapped body.
     pub fn get_ref(&self) -> &B {
         &self.inner
+    }
+}
+
+/// A refusal's body holds no permit.
+impl<B: RefusalBody> RefusalBody for PermitBody<B> {
+    fn from_refusal(body: Bytes) -> Self {
+        PermitBody {
+            inner: B::from_refusal(body),
+            guard: None,
+        }
     }
 }
 

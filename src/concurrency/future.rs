@@ -4,12 +4,11 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
 use http::Response;
-use http_body_util::Either;
 use pin_project_lite::pin_project;
 
 use super::body::PermitBody;
 use super::state::{AcquireFuture, Guard, Refusal};
-use crate::reject::{OverloadScope, Rejection, ResponseBody};
+use crate::reject::{OverloadScope, RefusalBody, Rejection};
 
 pub(crate) type CallInner<F> = Box<dyn FnOnce() -> F + Send>;
 
@@ -74,7 +73,7 @@ impl<F> ResponseFuture<F> {
     }
 }
 
-fn refusal_response<B>(refusal: Refusal, grpc: bool) -> Response<ResponseBody<PermitBody<B>>> {
+fn refusal_response<B: RefusalBody>(refusal: Refusal, grpc: bool) -> Response<PermitBody<B>> {
     // Each cap is advertised as a quota of concurrent requests: the
     // caller's own ("concurrency") or the service's ("global-concurrency").
     let cap = match refusal.rejection {
@@ -98,8 +97,9 @@ fn refusal_response<B>(refusal: Refusal, grpc: bool) -> Response<ResponseBody<Pe
 impl<F, B, E> Future for ResponseFuture<F>
 where
     F: Future<Output = Result<Response<B>, E>>,
+    B: RefusalBody,
 {
-    type Output = Result<Response<ResponseBody<PermitBody<B>>>, E>;
+    type Output = Result<Response<PermitBody<B>>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut state = self.project().state;
@@ -131,9 +131,7 @@ where
                     let result = ready!(fut.poll(cx));
                     let guard = guard.take().expect("polled after completion");
                     return Poll::Ready(match result {
-                        Ok(response) => {
-                            Ok(response.map(|body| Either::Left(PermitBody::new(body, guard))))
-                        }
+                        Ok(response) => Ok(response.map(|body| PermitBody::new(body, guard))),
                         // The inner service failed: there is no body to hold
                         // the permits, so they are released now.
                         Err(e) => Err(e),

@@ -10,7 +10,7 @@ use super::future::ResponseFuture;
 use super::layer::ConcurrencyLayer;
 use super::state::{Begin, ConcurrencyStats, Shared};
 use crate::identity::Identity;
-use crate::reject::{is_grpc, ResponseBody};
+use crate::reject::{is_grpc, RefusalBody};
 
 /// Middleware that bounds requests in flight; built by
 /// [`ConcurrencyLayer`].
@@ -66,8 +66,9 @@ impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Concurrency<S>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
     ReqBody: Send + 'static,
+    ResBody: RefusalBody,
 {
-    type Response = Response<ResponseBody<PermitBody<ResBody>>>;
+    type Response = Response<PermitBody<ResBody>>;
     type Error = S::Error;
     type Future = ResponseFuture<S::Future>;
 

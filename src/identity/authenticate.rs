@@ -6,12 +6,11 @@ use std::task::{ready, Context, Poll, Waker};
 
 use http::request::Parts;
 use http::{Request, Response};
-use http_body_util::Either;
 use pin_project_lite::pin_project;
 use tower::{Layer, Service};
 
 use super::{AuthError, Identity};
-use crate::reject::{is_grpc, Rejection, ResponseBody};
+use crate::reject::{is_grpc, RefusalBody, Rejection};
 
 /// Establishes who is calling from the request head.
 ///
@@ -173,8 +172,9 @@ impl<S, A, ReqB, ResB> Service<Request<ReqB>> for AuthenticateService<S, A>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>> + Clone,
     A: Authenticator + Send + Sync + 'static,
+    ResB: RefusalBody,
 {
-    type Response = Response<ResponseBody<ResB>>;
+    type Response = Response<ResB>;
     type Error = S::Error;
     type Future = ResponseFuture<S, ReqB>;
 
@@ -289,8 +289,9 @@ where
 impl<S, ReqB, ResB> Future for ResponseFuture<S, ReqB>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>>,
+    ResB: RefusalBody,
 {
-    type Output = Result<Response<ResponseBody<ResB>>, S::Error>;
+    type Output = Result<Response<ResB>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
@@ -318,7 +319,7 @@ where
                 StateProj::Calling { future } => {
                     let response = ready!(future.poll(cx))?;
                     this.state.set(State::Done);
-                    return Poll::Ready(Ok(response.map(Either::Left)));
+                    return Poll::Ready(Ok(response));
                 }
                 StateProj::Refused { reason, grpc } => {
                     let (reason, grpc) = (*reason, *grpc);

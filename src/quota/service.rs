@@ -4,13 +4,12 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll, Waker};
 
 use http::{HeaderValue, Request, Response};
-use http_body_util::Either;
 use pin_project_lite::pin_project;
 use tower::Service;
 
 use crate::quota::layer::{Config, Planned, Resolved};
 use crate::quota::{headers, Settlement, Store, Verdict};
-use crate::reject::{is_grpc, Rejection, ResponseBody};
+use crate::reject::{is_grpc, RefusalBody, Rejection};
 
 /// The service built by [`QuotaLayer`](crate::quota::QuotaLayer).
 pub struct QuotaService<S, St> {
@@ -56,7 +55,7 @@ impl<S: std::fmt::Debug, St> std::fmt::Debug for QuotaService<S, St> {
     }
 }
 
-type Boxed<B, E> = Pin<Box<dyn Future<Output = Result<Response<ResponseBody<B>>, E>> + Send>>;
+type Boxed<B, E> = Pin<Box<dyn Future<Output = Result<Response<B>, E>> + Send>>;
 
 pin_project! {
     /// Response future of [`QuotaService`].
@@ -80,7 +79,7 @@ pin_project! {
             headers: Option<[HeaderValue; 2]>,
         },
         Refused {
-            response: Option<Response<ResponseBody<B>>>,
+            response: Option<Response<B>>,
         },
         Waiting {
             future: Boxed<B, E>,
@@ -92,14 +91,14 @@ impl<F, B, E> Future for ResponseFuture<F, B, E>
 where
     F: Future<Output = Result<Response<B>, E>>,
 {
-    type Output = Result<Response<ResponseBody<B>>, E>;
+    type Output = Result<Response<B>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().state.project() {
             StateProj::Inner { future, headers } => {
                 let mut response = ready!(future.poll(cx))?;
                 headers::append(response.headers_mut(), headers.take());
-                Poll::Ready(Ok(response.map(Either::Left)))
+                Poll::Ready(Ok(response))
             }
             StateProj::Refused { response } => Poll::Ready(Ok(response
                 .take()
@@ -122,9 +121,9 @@ where
     S::Error: Send,
     St: Store,
     ReqBody: Send + 'static,
-    ResBody: Send + 'static,
+    ResBody: RefusalBody + Send + 'static,
 {
-    type Response = Response<ResponseBody<ResBody>>;
+    type Response = Response<ResBody>;
     type Error = S::Error;
     type Future = ResponseFuture<S::Future, ResBody, S::Error>;
 
@@ -179,7 +178,7 @@ where
                         Admission::Admitted(headers) => {
                             let mut response = service.call(req).await?;
                             headers::append(response.headers_mut(), headers);
-                            Ok(response.map(Either::Left))
+                            Ok(response)
                         }
                         Admission::Refused(response) => Ok(response),
                     }
@@ -197,7 +196,7 @@ fn inner<F, B, E>(future: F, headers: Option<[HeaderValue; 2]>) -> ResponseFutur
 }
 
 #[inline(always)]
-fn refused<F, B, E>(response: Response<ResponseBody<B>>) -> ResponseFuture<F, B, E> {
+fn refused<F, B, E>(response: Response<B>) -> ResponseFuture<F, B, E> {
     ResponseFuture {
         state: State::Refused {
             response: Some(response),
@@ -207,7 +206,7 @@ fn refused<F, B, E>(response: Response<ResponseBody<B>>) -> ResponseFuture<F, B,
 
 /// Applies a verdict: on admission records the settlement and returns the
 /// headers for the response (if configured); on refusal, the response.
-fn admit<St: Store, ReqB, B>(
+fn admit<St: Store, ReqB, B: RefusalBody>(
     config: &Config<St>,
     planned: &Planned,
     key: Arc<str>,
@@ -244,5 +243,5 @@ enum Admission<B> {
     /// response.
     Admitted(Option<[HeaderValue; 2]>),
     /// Answer with this refusal.
-    Refused(Response<ResponseBody<B>>),
+    Refused(Response<B>),
 }
