@@ -25,7 +25,7 @@ use std::task::Context;
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use support::RedisServer;
+use support::{RedisServer, StallProxy};
 use tower::{Layer, Service, ServiceExt};
 use tower_admission::clock::{Clock, ManualClock, Timestamp};
 use tower_admission::outbound::{
@@ -1055,6 +1055,37 @@ async fn redis_killed_grants_last_until_expiry_then_the_fallback_applies_then_re
     );
     println!(
         "outage: {failed} failed refreshes, most in 1 s {most_outage}, in fallback {most} (bound 130); after restart {most_after} (bound {transition})"
+    );
+}
+
+/// A refresh dropped by its caller after its call was sent (an outer
+/// timeout, a cancelled task) counts as the call's own timeout does: the
+/// connection it used, perhaps hung, is dropped, so the next refresh
+/// reconnects instead of being sent into it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refresh_dropped_unanswered_replaces_a_hung_connection() {
+    let server = RedisServer::start();
+    let proxy = StallProxy::start(server.port()).await;
+    let redis = ManualClock::new(Timestamp(START));
+    let store = LeaseStore::builder(proxy.url())
+        .prefix("t")
+        .deadline(Duration::from_secs(2))
+        .test_clock(redis)
+        .build()
+        .unwrap();
+    let lease = solo(store, &ManualClock::new(Timestamp(START)));
+    assert_eq!(
+        lease.refresh().await.map(|s| s.mode),
+        Ok(LeaseMode::Granted)
+    );
+
+    proxy.stall_open_connections();
+    // Sent on the hung connection, then dropped unanswered.
+    drop(send_only(&lease));
+    assert_eq!(
+        lease.refresh().await.map(|s| s.mode),
+        Ok(LeaseMode::Granted),
+        "a new connection, not a Timeout on the hung one"
     );
 }
 

@@ -135,11 +135,12 @@ impl std::error::Error for LeaseError {}
 /// Clones share the connection; many [`RateLease`]s (one per budget, or
 /// several simulated instances in a test) can share one store.
 ///
-/// The store connects on first use, reconnects after a failed call, and
-/// bounds every call by its deadline. The script is sent by `EVALSHA`
-/// (loaded again on `NOSCRIPT`, e.g. after a restart). It talks to one
-/// server; each budget is one key with a hash tag, `prefix:{lease:budget}`,
-/// so a Redis Cluster variant needs no change of keys or script.
+/// The store connects on first use, reconnects after a failed call (or one
+/// that timed out or was dropped unanswered by its caller), and bounds
+/// every call by its deadline. The script is sent by `EVALSHA` (loaded
+/// again on `NOSCRIPT`, e.g. after a restart). It talks to one server;
+/// each budget is one key with a hash tag, `prefix:{lease:budget}`, so a
+/// Redis Cluster variant needs no change of keys or script.
 ///
 /// A call that fails is always safe for the budget: the script counts every
 /// grant it issued until that grant's expiry, and an instance spends only
@@ -378,26 +379,23 @@ impl LeaseStore {
             .arg(now);
         let run = async {
             let (gen, mut conn) = self.connection().await?;
-            invocation
-                .invoke_async::<Value>(&mut conn)
-                .await
-                .map_err(|e| {
-                    if e.code().is_none() {
-                        // The connection itself failed: the next call reconnects.
-                        self.drop_connection(Some(gen));
-                    }
-                    LeaseError::Failed {
-                        message: e.to_string(),
-                    }
-                })
+            let unanswered = Unanswered { store: self, gen };
+            let result = invocation.invoke_async::<Value>(&mut conn).await;
+            std::mem::forget(unanswered);
+            result.map_err(|e| {
+                if e.code().is_none() {
+                    // The connection itself failed: the next call reconnects.
+                    self.drop_connection(gen);
+                }
+                LeaseError::Failed {
+                    message: e.to_string(),
+                }
+            })
         };
-        match tokio::time::timeout(self.inner.deadline, run).await {
-            Ok(result) => result,
-            Err(_) => {
-                self.drop_connection(None);
-                Err(LeaseError::Timeout)
-            }
-        }
+        // On timeout `run` is dropped, and with it an unanswered call's guard.
+        tokio::time::timeout(self.inner.deadline, run)
+            .await
+            .unwrap_or(Err(LeaseError::Timeout))
     }
 
     async fn connection(&self) -> Result<(u64, MultiplexedConnection), LeaseError> {
@@ -425,13 +423,26 @@ impl LeaseStore {
         Ok((gen, conn))
     }
 
-    /// Forgets connection `gen` (any connection for `None`).
-    fn drop_connection(&self, gen: Option<u64>) {
+    /// Forgets connection `gen`, not a newer one.
+    fn drop_connection(&self, gen: u64) {
         let mut slot = self.inner.conn.lock();
-        if matches!((&*slot, gen), (Some((current, _)), Some(g)) if *current != g) {
-            return;
+        if matches!(&*slot, Some((current, _)) if *current == gen) {
+            *slot = None;
         }
-        *slot = None;
+    }
+}
+
+/// A call sent on connection `gen` and not answered yet. Dropped unanswered
+/// (its deadline passed, or its caller gave up first), it drops that
+/// connection, which may hang, so the next call reconnects.
+struct Unanswered<'a> {
+    store: &'a LeaseStore,
+    gen: u64,
+}
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        self.store.drop_connection(self.gen);
     }
 }
 

@@ -299,13 +299,30 @@ impl RedisCluster {
     }
 }
 
-/// A TCP proxy in front of a Redis that can hold all traffic (a stall):
-/// connections stay open, bytes stop moving, until resumed.
+/// A TCP proxy in front of a Redis that can hold all traffic (a stall), or
+/// only that of the connections open now (a hung connection, while new ones
+/// work): connections stay open, bytes stop moving, until resumed.
 #[derive(Debug)]
 pub struct StallProxy {
     port: u16,
-    stalled: watch::Sender<bool>,
+    held: watch::Sender<Held>,
+    /// Connections accepted so far; each is numbered in accept order.
+    accepted: Arc<AtomicU64>,
     tasks: Arc<Mutex<Vec<AbortHandle>>>,
+}
+
+/// Which connections' traffic is held.
+#[derive(Debug, Clone, Copy, Default)]
+struct Held {
+    all: bool,
+    /// Connections numbered below this.
+    before: u64,
+}
+
+impl Held {
+    fn holds(self, connection: u64) -> bool {
+        self.all || connection < self.before
+    }
 }
 
 impl StallProxy {
@@ -315,16 +332,19 @@ impl StallProxy {
             .await
             .expect("bind proxy");
         let port = listener.local_addr().expect("proxy addr").port();
-        let (stalled, _) = watch::channel(false);
+        let (held, _) = watch::channel(Held::default());
+        let accepted = Arc::new(AtomicU64::new(0));
         let tasks: Arc<Mutex<Vec<AbortHandle>>> = Arc::default();
         let accept = {
-            let stalled = stalled.clone();
+            let held = held.clone();
+            let accepted = accepted.clone();
             let tasks = tasks.clone();
             tokio::spawn(async move {
                 loop {
                     let Ok((client, _)) = listener.accept().await else {
                         return;
                     };
+                    let n = accepted.fetch_add(1, Ordering::SeqCst);
                     let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await
                     else {
                         continue;
@@ -333,8 +353,8 @@ impl StallProxy {
                     let _ = server.set_nodelay(true);
                     let (cr, cw) = client.into_split();
                     let (sr, sw) = server.into_split();
-                    let up = tokio::spawn(pump(cr, sw, stalled.subscribe()));
-                    let down = tokio::spawn(pump(sr, cw, stalled.subscribe()));
+                    let up = tokio::spawn(pump(cr, sw, held.subscribe(), n));
+                    let down = tokio::spawn(pump(sr, cw, held.subscribe(), n));
                     let mut tasks = tasks.lock().unwrap();
                     tasks.push(up.abort_handle());
                     tasks.push(down.abort_handle());
@@ -344,7 +364,8 @@ impl StallProxy {
         tasks.lock().unwrap().push(accept.abort_handle());
         StallProxy {
             port,
-            stalled,
+            held,
+            accepted,
             tasks,
         }
     }
@@ -355,12 +376,19 @@ impl StallProxy {
 
     /// Stops moving bytes in both directions; connections stay open.
     pub fn stall(&self) {
-        self.stalled.send_replace(true);
+        self.held.send_modify(|h| h.all = true);
+    }
+
+    /// Stops moving bytes on the connections open now (they hang, open);
+    /// connections opened later work.
+    pub fn stall_open_connections(&self) {
+        let before = self.accepted.load(Ordering::SeqCst);
+        self.held.send_modify(|h| h.before = before);
     }
 
     /// Delivers everything held and moves bytes again.
     pub fn resume(&self) {
-        self.stalled.send_replace(false);
+        self.held.send_replace(Held::default());
     }
 }
 
@@ -375,7 +403,8 @@ impl Drop for StallProxy {
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
-    mut stalled: watch::Receiver<bool>,
+    mut held: watch::Receiver<Held>,
+    connection: u64,
 ) {
     let mut buf = vec![0u8; 64 * 1024];
     loop {
@@ -384,7 +413,7 @@ async fn pump(
             Ok(n) => n,
         };
         // Bytes read during a stall are held here until it ends.
-        if stalled.wait_for(|s| !*s).await.is_err() {
+        if held.wait_for(|h| !h.holds(connection)).await.is_err() {
             return;
         }
         if to.write_all(&buf[..n]).await.is_err() {
