@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
@@ -441,6 +442,29 @@ async fn a_stalled_credit_has_an_unknown_outcome_and_is_never_doubled() {
     assert_eq!(b.snapshot().await.unwrap().sum(), TOTAL);
     assert_eq!(hlen(&servers[US], "us", "credits"), 2);
     eprintln!("after the stall, repair answered {outcome:?}");
+}
+
+/// A call dropped by its caller after it was sent (an outer timeout, a
+/// cancelled request) closes its connection as the call's own timeout
+/// does: the next call on that region reconnects instead of being sent
+/// into a connection that may hang.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_dropped_unanswered_replaces_a_hung_connection() {
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let proxy = StallProxy::start(servers[US].port()).await;
+    let urls = [servers[EU].url(), proxy.url(), servers[AP].url()];
+    let b = budget_on(&urls, Duration::from_secs(2));
+    assert_eq!(b.initialize().await.unwrap(), Initialized::Seeded);
+    assert_eq!(b.allocation("us").await, Ok(80));
+
+    proxy.stall_open_connections();
+    // Sent on the hung connection on its first poll, then dropped unanswered.
+    assert_eq!(b.allocation("us").now_or_never(), None);
+    assert_eq!(
+        b.allocation("us").await,
+        Ok(80),
+        "a new connection, not a timeout on the hung one"
+    );
 }
 
 /// A receiver restarted without its data is a state loss. The credit is

@@ -76,7 +76,9 @@ const MAX_ID: usize = 128;
 /// panics; each names the region and, for transfers, the [`Step`]. A call
 /// that timed out or lost its connection after it was sent has an unknown
 /// outcome (`outcome_unknown: true`): the step may have been applied. Retry
-/// the transfer with the same id, or repair it; either is safe.
+/// the transfer with the same id, or repair it; either is safe. After a
+/// timeout, or a call dropped by its caller before the answer (an outer
+/// timeout, a cancelled request), the next call on that region reconnects.
 ///
 /// # Observing the allocations
 ///
@@ -177,7 +179,8 @@ struct Region {
 }
 
 /// A live multiplexed connection; `closed` is set when Redis closes it or a
-/// call on it fails, so the next call reconnects.
+/// call on it fails, times out or is dropped unanswered by its caller, so
+/// the next call reconnects.
 #[derive(Clone)]
 struct Live {
     conn: MultiplexedConnection,
@@ -925,10 +928,13 @@ impl RegionalBudget {
         };
         let mut conn = live.conn.clone();
         let sent = async {
-            match request {
+            let unanswered = Unanswered(&live.closed);
+            let reply = match request {
                 Request::Script(invocation) => invocation.invoke_async::<Value>(&mut conn).await,
                 Request::Cmd(cmd) => cmd.query_async::<Value>(&mut conn).await,
-            }
+            };
+            std::mem::forget(unanswered);
+            reply
         };
         match tokio::time::timeout_at(deadline, sent).await {
             Ok(Ok(value)) => Ok(value),
@@ -945,14 +951,23 @@ impl RegionalBudget {
                     message: e.to_string(),
                 })
             }
-            Err(_) => {
-                live.closed.store(true, Ordering::Release);
-                Err(CallError {
-                    unknown: true,
-                    message: format!("no answer within {timeout:?}"),
-                })
-            }
+            // `sent` was dropped unanswered: the connection is closed.
+            Err(_) => Err(CallError {
+                unknown: true,
+                message: format!("no answer within {timeout:?}"),
+            }),
         }
+    }
+}
+
+/// A call sent on a connection and not answered yet. Dropped unanswered
+/// (its deadline passed, or its caller gave up first), it marks that
+/// connection closed, since it may hang, so the next call reconnects.
+struct Unanswered<'a>(&'a AtomicBool);
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
     }
 }
 
