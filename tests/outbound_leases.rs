@@ -25,6 +25,7 @@ use std::task::Context;
 use std::time::Duration;
 
 use futures_util::future::join_all;
+use futures_util::FutureExt;
 use support::{RedisServer, StallProxy};
 use tower::{Layer, Service, ServiceExt};
 use tower_admission::clock::{Clock, ManualClock, Timestamp};
@@ -1140,6 +1141,41 @@ async fn the_refresher_grants_in_the_background_and_stops_on_release_or_drop() {
         .await
         .expect("stops when dropped")
         .unwrap();
+}
+
+/// A first refresh dropped before its reply (an outer timeout, an aborted
+/// refresher) has finished without success, as a failed one has: `ready`
+/// returns, and the lease has left `Starting` for the fallback, never a
+/// grant, with the next refresh due after `retry_every`.
+#[tokio::test]
+async fn a_dropped_first_refresh_finishes_as_a_failed_one() {
+    let server = RedisServer::start();
+    let redis = ManualClock::new(Timestamp(START));
+    let shared = store(&server, Some(&redis));
+    let lease = solo(shared.clone(), &ManualClock::new(Timestamp(START)));
+    // A live connection, so the refresh's call is sent on its first poll.
+    shared.grants(BUDGET).await.unwrap();
+    drop(send_only(&lease));
+    assert_eq!(
+        lease.ready().now_or_never(),
+        Some(()),
+        "the dropped first refresh has finished"
+    );
+    let s = lease.status();
+    assert_eq!(
+        (s.mode, s.grant, s.rate, s.failures, s.next_refresh),
+        (
+            LeaseMode::Fallback,
+            Rate::ZERO,
+            Rate::per_second(R / 40),
+            1,
+            Timestamp(START + 250 * MS)
+        )
+    );
+    assert_eq!(
+        lease.refresh().await.map(|s| s.mode),
+        Ok(LeaseMode::Granted)
+    );
 }
 
 #[test]

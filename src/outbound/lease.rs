@@ -1261,7 +1261,9 @@ impl<C: Clock> RateLease<C> {
     /// stays in use until the reply arrives, and the new one lasts
     /// `expiry − now_in_reply` from that send instant. On failure the
     /// current grant is kept until it expires, then the fallback applies,
-    /// and the next refresh is due after `retry_every`.
+    /// and the next refresh is due after `retry_every`. A refresh dropped
+    /// before its reply (an outer timeout, an aborted refresher) has failed:
+    /// a grant the script may have issued for it is never spent.
     pub async fn refresh(&self) -> Result<LeaseStatus, LeaseError> {
         let inner = &*self.inner;
         let cfg = &inner.cfg;
@@ -1289,10 +1291,24 @@ impl<C: Clock> RateLease<C> {
             };
             (x, args)
         };
+        let unfinished = UnfinishedRefresh {
+            lease: self,
+            sent_at,
+        };
         let result = inner.store.grant(&inner.key, &inner.id, &args).await;
-        let recv = inner.clock.now();
-        let outcome = self.apply(sent_at, recv, result);
-        inner.ready.send_replace(true);
+        std::mem::forget(unfinished);
+        self.finish(sent_at, result)
+    }
+
+    /// Takes in the outcome of a refresh sent at `sent_at`, answered now; the
+    /// lease is ready from then on.
+    fn finish(
+        &self,
+        sent_at: Timestamp,
+        result: Result<GrantReply, LeaseError>,
+    ) -> Result<LeaseStatus, LeaseError> {
+        let outcome = self.apply(sent_at, self.inner.clock.now(), result);
+        self.inner.ready.send_replace(true);
         outcome
     }
 
@@ -1366,9 +1382,9 @@ impl<C: Clock> RateLease<C> {
         }
     }
 
-    /// Waits until the first refresh has finished, successful or not, or the
-    /// lease was released: it has left [`LeaseMode::Starting`] (for a
-    /// readiness check).
+    /// Waits until the first refresh has finished, successful or not (one
+    /// dropped before its reply has failed), or the lease was released: it
+    /// has left [`LeaseMode::Starting`] (for a readiness check).
     pub async fn ready(&self) {
         let mut ready = self.inner.ready.subscribe();
         // The sender lives as long as `self`, so this cannot fail.
@@ -1430,5 +1446,22 @@ impl<C: Clock> RateLease<C> {
             .store
             .release(&self.inner.key, &self.inner.id)
             .await
+    }
+}
+
+/// A refresh sent at `sent_at` and not finished yet. Dropped before its
+/// reply (an outer timeout, an aborted refresher), it finishes as a failed
+/// refresh: still holding the refresh lock, so before the next one starts.
+struct UnfinishedRefresh<'a, C: Clock> {
+    lease: &'a RateLease<C>,
+    sent_at: Timestamp,
+}
+
+impl<C: Clock> Drop for UnfinishedRefresh<'_, C> {
+    fn drop(&mut self) {
+        let dropped = LeaseError::Failed {
+            message: "the refresh was dropped before its reply".to_owned(),
+        };
+        let _ = self.lease.finish(self.sent_at, Err(dropped));
     }
 }
