@@ -163,7 +163,9 @@ impl<E: 'static> RefusalBody for http_body_util::combinators::BoxBody<Bytes, E> 
 impl<E: 'static> RefusalBody for http_body_util::combinators::UnsyncBoxBody<Bytes, E> {
     fn from_refusal(body: Bytes) -> Self {
         use http_body_util::BodyExt;
-        Full::new(body).map_err(|never| match never {}).boxed_unsync()
+        Full::new(body)
+            .map_err(|never| match never {})
+            .boxed_unsync()
     }
 }
 
@@ -714,6 +716,54 @@ fn join(policies: &[Arc<str>]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http_body_util::BodyExt;
+
+    /// Every body type carries the same refusal: status, headers and bytes.
+    #[tokio::test]
+    async fn every_refusal_body_carries_the_same_bytes() {
+        async fn bytes<B>(grpc: bool) -> (StatusCode, Option<HeaderValue>, Bytes)
+        where
+            B: RefusalBody + http_body::Body,
+            B::Error: fmt::Debug,
+        {
+            let rejection = Rejection::Overloaded {
+                scope: OverloadScope::Global,
+                retry_after: Duration::from_millis(1500),
+            };
+            let response = rejection.into_layer_response::<B>(grpc);
+            let status = response.status();
+            let retry_after = response.headers().get(RETRY_AFTER).cloned();
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            (status, retry_after, body)
+        }
+        for grpc in [false, true] {
+            let full = bytes::<Full<Bytes>>(grpc).await;
+            assert_eq!(
+                full.0,
+                if grpc {
+                    StatusCode::OK
+                } else {
+                    StatusCode::SERVICE_UNAVAILABLE
+                }
+            );
+            assert_eq!(full.1.as_ref().map(|v| v.as_bytes()), Some(&b"2"[..]));
+            assert_eq!(
+                full.2.is_empty(),
+                grpc,
+                "a problem document, or nothing for gRPC"
+            );
+            type Boxed = http_body_util::combinators::BoxBody<Bytes, std::io::Error>;
+            type Unsync = http_body_util::combinators::UnsyncBoxBody<Bytes, std::io::Error>;
+            assert_eq!(bytes::<String>(grpc).await, full);
+            assert_eq!(bytes::<Boxed>(grpc).await, full);
+            assert_eq!(bytes::<Unsync>(grpc).await, full);
+            assert_eq!(bytes::<Either<String, Full<Bytes>>>(grpc).await, full);
+            #[cfg(feature = "axum")]
+            assert_eq!(bytes::<axum::body::Body>(grpc).await, full);
+            #[cfg(feature = "tonic")]
+            assert_eq!(bytes::<tonic::body::Body>(grpc).await, full);
+        }
+    }
 
     #[test]
     fn retry_after_rounds_up_and_is_never_zero() {

@@ -1,3 +1,4 @@
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
@@ -258,11 +259,11 @@ impl<St> Config<St> {
             .and_then(|id| self.plans.get(id.plan()))
             .or(self.default_quota.as_ref());
         let key = match (&self.scope, parts) {
-            (Scope::Subject, _) => identity.map(|id| id.subject_arc().clone()),
-            (Scope::Tenant, _) => identity.map(|id| id.tenant_arc().clone()),
-            (Scope::Aggregate, _) => Some(aggregate_key()),
+            (Scope::Subject, _) => identity.map(|id| Cow::Owned(id.subject_arc().clone())),
+            (Scope::Tenant, _) => identity.map(|id| Cow::Owned(id.tenant_arc().clone())),
+            (Scope::Aggregate, _) => Some(Cow::Borrowed(aggregate_key())),
             (Scope::Custom(f), Some(parts)) => match f(parts) {
-                Some(key) => Some(key),
+                Some(key) => Some(Cow::Owned(key)),
                 None => return Resolved::Skip,
             },
             (Scope::Custom(_), None) => unreachable!("a key function reads the parts"),
@@ -282,15 +283,17 @@ impl<St> Config<St> {
     }
 }
 
-fn aggregate_key() -> Arc<str> {
+/// The one key of [`Scope::Aggregate`], shared by every request without a
+/// count of its users: requests on every core would contend on that count.
+fn aggregate_key() -> &'static Arc<str> {
     static KEY: std::sync::OnceLock<Arc<str>> = std::sync::OnceLock::new();
-    KEY.get_or_init(|| "*".into()).clone()
+    KEY.get_or_init(|| "*".into())
 }
 
 pub(crate) enum Resolved<'a> {
     Apply {
         planned: &'a Planned,
-        key: Arc<str>,
+        key: Cow<'static, Arc<str>>,
         cost: u64,
     },
     /// No quota applies (no plan quota and no default).

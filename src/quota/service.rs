@@ -1,3 +1,4 @@
+use std::borrow::Cow;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -209,7 +210,7 @@ fn refused<F, B, E>(response: Response<B>) -> ResponseFuture<F, B, E> {
 fn admit<St: Store, ReqB, B: RefusalBody>(
     config: &Config<St>,
     planned: &Planned,
-    key: Arc<str>,
+    key: Cow<'static, Arc<str>>,
     cost: u64,
     verdict: &mut Verdict,
     req: &mut Request<ReqB>,
@@ -225,12 +226,12 @@ fn admit<St: Store, ReqB, B: RefusalBody>(
             let extensions = req.extensions_mut();
             let mut settlement = extensions.remove::<Settlement>().unwrap_or_default();
             let recorded = std::mem::take(&mut verdict.recorded);
-            settlement.push(&config.limiter, quota, key, cost, recorded);
+            settlement.push(&config.limiter, quota, key.into_owned(), cost, recorded);
             extensions.insert(settlement);
         }
         return Admission::Admitted(headers);
     };
-    tracing::debug!(quota = quota.name(), key = &*key, cost, %rejection, "quota refused");
+    tracing::debug!(quota = quota.name(), key = &**key, cost, %rejection, "quota refused");
     let mut response = rejection.into_layer_response(is_grpc(req.headers()));
     let values = headers::values(quota, verdict, planned.policy_field.as_ref());
     headers::append(response.headers_mut(), values);
