@@ -14,7 +14,7 @@ use axum::{Extension, Router};
 use futures_util::FutureExt;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
-use tower::ServiceExt;
+use tower::{Layer, Service, ServiceExt};
 use tower_admission::clock::{ManualClock, Timestamp};
 use tower_admission::identity::Identity;
 use tower_admission::quota::{
@@ -124,10 +124,12 @@ async fn shadow_decisions_are_there_when_asked_for() {
     assert_eq!(limiter.stats().shadow_refusals, 1);
 }
 
-/// A store that fails every decision, and counts the settlements it gets.
+/// A store that fails every decision (or, with `hang`, never answers one),
+/// and counts the settlements it gets.
 #[derive(Clone, Default)]
 struct Failing {
     unknown: Arc<AtomicBool>,
+    hang: Arc<AtomicBool>,
     settles: Arc<AtomicU64>,
 }
 
@@ -145,6 +147,9 @@ impl Store for Failing {
                 message: "down".into(),
             }
         };
+        if self.hang.load(Ordering::Relaxed) {
+            return Box::pin(std::future::pending());
+        }
         Box::pin(async move { Err(error) })
     }
 
@@ -231,6 +236,53 @@ async fn open_and_unknown_admissions_never_settle_the_shared_store() {
             if unknown { 3 } else { 0 }
         );
     }
+}
+
+/// A decision dropped before the store answered (the caller gave up while
+/// the store stalled) is counted as abandoned, through the limiter and
+/// through the layer alike, and as neither admitted nor refused; one the
+/// store answered is not.
+#[tokio::test]
+async fn decisions_dropped_before_the_store_answers_are_counted_as_abandoned() {
+    let store = Failing::default();
+    store.hang.store(true, Ordering::Relaxed);
+    let quota = Quota::new(
+        "api",
+        [
+            Policy::fixed_window("per-minute", 100, Duration::from_secs(60))
+                .unwrap()
+                .on_failure(FailureMode::Open),
+        ],
+    )
+    .unwrap();
+    let limiter = Limiter::new(store.clone());
+    let key: Arc<str> = "alice".into();
+    assert!(limiter.check(&quota, &key, 1).now_or_never().is_none());
+    assert_eq!(limiter.stats().abandoned, 1);
+    let served = app(limiter.clone(), quota.clone()).oneshot(alice());
+    assert!(served.now_or_never().is_none());
+    // The layer sends the decision in `call`: a response future dropped
+    // before its first poll has sent it all the same.
+    let mut service = QuotaLayer::with_limiter(limiter.clone())
+        .quota(quota.clone())
+        .build()
+        .unwrap()
+        .layer(tower::service_fn(|_: Request<Body>| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(Body::empty()))
+        }));
+    drop(service.call(alice()));
+    let stats = limiter.stats();
+    assert_eq!((stats.abandoned, stats.admitted, stats.refused), (3, 0, 0));
+
+    store.hang.store(false, Ordering::Relaxed);
+    assert!(limiter.check(&quota, &key, 1).await.is_admitted());
+    let response = app(limiter.clone(), quota).oneshot(alice()).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let stats = limiter.stats();
+    assert_eq!(
+        (stats.abandoned, stats.admitted, stats.failed_open),
+        (3, 2, 2)
+    );
 }
 
 /// A local-share admission settles the local store that recorded it, and

@@ -9,6 +9,7 @@
 //! | `tower_admission_shadow_refusals_total` | `quota`, `policy` | refusals a shadow policy would have made |
 //! | `tower_admission_failure_mode_total` | `quota`, `mode` | failure modes taken while the store failed |
 //! | `tower_admission_unknown_outcomes_total` | `quota` | store calls whose outcome is unknown (counted as consumed) |
+//! | `tower_admission_abandoned_decisions_total` | `quota` | decisions dropped by their caller before the store answered |
 //! | `tower_admission_store_keys` | `store` | keys a memory store holds, read at scrape time |
 //! | `tower_admission_store_max_keys` | `store` | the most keys that store will hold |
 //! | `tower_admission_concurrency_in_flight` | `scope` | requests holding a permit, `global` or summed over identities |
@@ -131,6 +132,10 @@ fn describe() {
     describe_counter!(
         "tower_admission_unknown_outcomes_total",
         "Store calls sent whose outcome is unknown, counted as consumed."
+    );
+    describe_counter!(
+        "tower_admission_abandoned_decisions_total",
+        "Quota decisions dropped by their caller before the store answered."
     );
     describe_gauge!(
         "tower_admission_store_keys",

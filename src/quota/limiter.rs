@@ -1,3 +1,4 @@
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -172,6 +173,42 @@ impl Verdict {
     }
 }
 
+/// A decision the store has not answered yet; see [`Limiter::pending`].
+pub(crate) struct Pending<'a> {
+    stats: Cow<'a, Arc<Counters>>,
+    quota: Cow<'a, Quota>,
+}
+
+impl Pending<'_> {
+    /// The store answered: nothing to count.
+    pub(crate) fn answered(self) {
+        std::mem::forget(self);
+    }
+
+    /// The same pending decision, for a future that outlives the limiter's borrow.
+    pub(crate) fn into_owned(self) -> Pending<'static> {
+        let owned = Pending {
+            stats: Cow::Owned(Arc::clone(&self.stats)),
+            quota: Cow::Owned(self.quota.clone().into_owned()),
+        };
+        self.answered();
+        owned
+    }
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        self.stats.abandoned.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(
+            quota = self.quota.name(),
+            "quota decision dropped before the store answered"
+        );
+        #[cfg(feature = "metrics")]
+        metrics::counter!("tower_admission_abandoned_decisions_total", "quota" => self.quota.name_arc().clone())
+            .increment(1);
+    }
+}
+
 /// Counts of what a [`Limiter`] decided. A snapshot.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -188,6 +225,10 @@ pub struct LimiterStats {
     pub local_share: u64,
     /// Store calls that timed out after sending: counted as consumed.
     pub unknown_outcomes: u64,
+    /// Decisions dropped by their caller before the store answered (a client
+    /// that hung up while the store stalled, say). The store may have
+    /// recorded them; none is counted as admitted or refused.
+    pub abandoned: u64,
     /// Refusals by shadow policies, which never refuse a request.
     pub shadow_refusals: u64,
 }
@@ -200,6 +241,7 @@ struct Counters {
     failed_closed: AtomicU64,
     local_share: AtomicU64,
     unknown_outcomes: AtomicU64,
+    abandoned: AtomicU64,
     shadow_refusals: AtomicU64,
 }
 
@@ -246,6 +288,7 @@ impl<S: Store> Limiter<S> {
             failed_closed: get(&c.failed_closed),
             local_share: get(&c.local_share),
             unknown_outcomes: get(&c.unknown_outcomes),
+            abandoned: get(&c.abandoned),
             shadow_refusals: get(&c.shadow_refusals),
         }
     }
@@ -253,8 +296,20 @@ impl<S: Store> Limiter<S> {
     /// Decides `cost` for `key` under `quota`, resolving store failures by
     /// each policy's failure mode.
     pub async fn check(&self, quota: &Quota, key: &Arc<str>, cost: u64) -> Verdict {
+        let pending = self.pending(quota);
         let result = self.store.decide(quota, key, cost).await;
+        pending.answered();
         self.resolve(quota, key, cost, result)
+    }
+
+    /// A decision sent to the store: dropped before
+    /// [`answered`](Pending::answered), it counts as
+    /// [`abandoned`](LimiterStats::abandoned).
+    pub(crate) fn pending<'a>(&'a self, quota: &'a Quota) -> Pending<'a> {
+        Pending {
+            stats: Cow::Borrowed(&self.stats),
+            quota: Cow::Borrowed(quota),
+        }
     }
 
     /// Turns the store's answer into a verdict, applying failure modes.

@@ -166,6 +166,9 @@ where
                 Admission::Refused(response) => refused(response),
             };
         }
+        // Sent: dropped from here on before the store answers, it is counted
+        // as abandoned.
+        let pending = limiter.pending(quota).into_owned();
         let planned = planned.clone();
         let ready = self.inner.clone();
         let mut service = std::mem::replace(&mut self.inner, ready);
@@ -174,6 +177,7 @@ where
             state: State::Waiting {
                 future: Box::pin(async move {
                     let result = decide.await;
+                    pending.answered();
                     let mut verdict = config.limiter.resolve(&planned.quota, &key, cost, result);
                     match admit(&config, &planned, key, cost, &mut verdict, &mut req) {
                         Admission::Admitted(headers) => {
