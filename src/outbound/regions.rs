@@ -62,7 +62,8 @@ const MAX_ID: usize = 128;
 /// or amount is refused with [`TransferError::Conflict`].
 ///
 /// A transfer interrupted after its debit (the receiver's Redis down, a
-/// deadline passed, the process died between the two steps) leaves the
+/// deadline passed, the process died between the two steps, or the caller
+/// dropped the `transfer` future there, which returns no error) leaves the
 /// amount in flight: the sum stays below the total until
 /// [`repair`](Self::repair) or [`repair_all`](Self::repair_all) sends the
 /// credit, which the receiver applies at most once. Any error for which
@@ -532,6 +533,9 @@ impl RegionalBudget {
     /// changed; [`Unreachable`](TransferError::Unreachable) and
     /// [`StateLost`](TransferError::StateLost) naming the [`Step`]. After a
     /// failed credit the amount is in flight until [`repair`](Self::repair).
+    /// So it is when the future is dropped between the two steps (under an
+    /// outer timeout, say): call it again with the same `id`, or let
+    /// [`repair_all`](Self::repair_all) finish it.
     ///
     /// ```no_run
     /// # use tower_admission::outbound::{RegionalBudget, TransferId, TransferOutcome};
