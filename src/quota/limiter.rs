@@ -74,9 +74,18 @@ pub enum Outcome {
 pub struct Verdict {
     outcome: Outcome,
     decisions: Decisions,
-    local_quota: Option<Quota>,
-    failure: Option<StoreError>,
+    /// Set only when the store failed: boxed, so that every verdict of a
+    /// store that answered is small to build and move.
+    failed: Option<Box<Failed>>,
     pub(crate) recorded: Recorded,
+}
+
+/// How a store failure was resolved: see [`Verdict::store_error`] and
+/// [`Verdict::local_quota`].
+#[derive(Debug, Clone)]
+struct Failed {
+    error: StoreError,
+    local_quota: Option<Quota>,
 }
 
 /// Where an admission was recorded, so that settling reaches that store only.
@@ -84,8 +93,9 @@ pub struct Verdict {
 pub(crate) enum Recorded {
     /// In the shared store, with its holds.
     Shared(Holds),
-    /// In the local fallback store, under the local share quota.
-    Local(Quota, Holds),
+    /// In the local fallback store, under the local share quota (boxed: it
+    /// happens only while the shared store fails).
+    Local(Box<(Quota, Holds)>),
     /// Nowhere that can be settled: refused, admitted by [`FailureMode::Open`],
     /// or an unknown outcome.
     #[default]
@@ -139,35 +149,36 @@ impl Verdict {
     }
 
     fn all<'a>(&'a self, quota: &'a Quota) -> impl Iterator<Item = (&'a Policy, &'a Decision)> {
-        let policies = self.local_quota.as_ref().unwrap_or(quota).policies();
+        let policies = self.local_quota().unwrap_or(quota).policies();
         policies.iter().zip(&self.decisions)
     }
 
     /// The local share quota that decided, when the store failed and
     /// [`FailureMode::LocalShare`] policies were decided in memory.
     pub fn local_quota(&self) -> Option<&Quota> {
-        self.local_quota.as_ref()
+        self.failed.as_ref()?.local_quota.as_ref()
     }
 
     /// The store error that the failure modes resolved, if any.
     pub fn store_error(&self) -> Option<&StoreError> {
-        self.failure.as_ref()
+        self.failed.as_ref().map(|f| &f.error)
     }
 
     /// True when the store may have recorded the request although it failed
     /// to answer: the request is counted as consumed.
     pub fn outcome_unknown(&self) -> bool {
-        self.failure
-            .as_ref()
-            .is_some_and(StoreError::outcome_unknown)
+        self.store_error().is_some_and(StoreError::outcome_unknown)
+    }
+
+    fn fail(&mut self, error: StoreError, local_quota: Option<Quota>) {
+        self.failed = Some(Box::new(Failed { error, local_quota }));
     }
 
     fn new(outcome: Outcome, decisions: Decisions) -> Self {
         Verdict {
             outcome,
             decisions,
-            local_quota: None,
-            failure: None,
+            failed: None,
             recorded: Recorded::Nowhere,
         }
     }
@@ -382,7 +393,7 @@ impl<S: Store> Limiter<S> {
                 Outcome::CostExceedsCapacity { policies: never },
                 Decisions::new(),
             );
-            verdict.failure = Some(error);
+            verdict.fail(error, None);
             return verdict;
         }
         let mut closed = false;
@@ -402,7 +413,7 @@ impl<S: Store> Limiter<S> {
         }
         let unavailable = |error: StoreError, wait: Duration| {
             let mut verdict = Verdict::new(Outcome::Unavailable { wait }, Decisions::new());
-            verdict.failure = Some(error);
+            verdict.fail(error, None);
             verdict
         };
         if closed {
@@ -416,7 +427,7 @@ impl<S: Store> Limiter<S> {
         // admission is recorded nowhere that could be settled.
         let Ok(local_quota) = Quota::new(quota.name(), shared) else {
             let mut verdict = Verdict::new(Outcome::Admitted, Decisions::new());
-            verdict.failure = Some(error);
+            verdict.fail(error, None);
             return verdict;
         };
         // The local limiter decides the shared policies; it charges the
@@ -433,10 +444,9 @@ impl<S: Store> Limiter<S> {
                     };
                 }
                 if verdict.is_admitted() {
-                    verdict.recorded = Recorded::Local(local_quota.clone(), holds);
+                    verdict.recorded = Recorded::Local(Box::new((local_quota.clone(), holds)));
                 }
-                verdict.local_quota = Some(local_quota);
-                verdict.failure = Some(error);
+                verdict.fail(error, Some(local_quota));
                 verdict
             }
             Err(local_error) => {

@@ -118,7 +118,8 @@ impl Settlement {
                 quota.clone(),
                 holds,
             ),
-            Recorded::Local(local, holds) => {
+            Recorded::Local(local) => {
+                let (local, holds) = *local;
                 (Target::Local(limiter.local_store().clone()), local, holds)
             }
             Recorded::Nowhere => (Target::Nowhere, quota.clone(), Holds::default()),
