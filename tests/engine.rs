@@ -200,6 +200,12 @@ fn app<St: Store>(limiter: Limiter<St>, quota: Quota) -> Router {
     Router::new().route("/", get(settle_to_zero)).layer(layer)
 }
 
+/// A quota of 100 per minute that admits while its store fails.
+fn failing_open() -> Quota {
+    let policy = Policy::fixed_window("per-minute", 100, Duration::from_secs(60)).unwrap();
+    Quota::new("api", [policy.on_failure(FailureMode::Open)]).unwrap()
+}
+
 /// Admissions that no shared store recorded (fail-open, or an unknown
 /// outcome) never settle the shared store: a refund there would hand out
 /// free quota once it is back.
@@ -208,15 +214,7 @@ async fn open_and_unknown_admissions_never_settle_the_shared_store() {
     for unknown in [false, true] {
         let store = Failing::default();
         store.unknown.store(unknown, Ordering::Relaxed);
-        let quota = Quota::new(
-            "api",
-            [
-                Policy::fixed_window("per-minute", 100, Duration::from_secs(60))
-                    .unwrap()
-                    .on_failure(FailureMode::Open),
-            ],
-        )
-        .unwrap();
+        let quota = failing_open();
         let limiter = Limiter::new(store.clone());
         for _ in 0..3 {
             let response = app(limiter.clone(), quota.clone())
@@ -246,15 +244,7 @@ async fn open_and_unknown_admissions_never_settle_the_shared_store() {
 async fn decisions_dropped_before_the_store_answers_are_counted_as_abandoned() {
     let store = Failing::default();
     store.hang.store(true, Ordering::Relaxed);
-    let quota = Quota::new(
-        "api",
-        [
-            Policy::fixed_window("per-minute", 100, Duration::from_secs(60))
-                .unwrap()
-                .on_failure(FailureMode::Open),
-        ],
-    )
-    .unwrap();
+    let quota = failing_open();
     let limiter = Limiter::new(store.clone());
     let key: Arc<str> = "alice".into();
     assert!(limiter.check(&quota, &key, 1).now_or_never().is_none());
