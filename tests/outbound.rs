@@ -10,8 +10,8 @@ use http::{Request, Response, StatusCode};
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 use tower_admission::clock::{Clock, ManualClock, Timestamp};
 use tower_admission::outbound::{
-    Attempt, BudgetError, DependencyBudget, DependencyBudgetLayer, Pick, Refusal, RetryAttempts,
-    Share,
+    Attempt, AttemptBudget, BudgetError, BudgetStats, DependencyBudget, DependencyBudgetLayer,
+    Pick, Refusal, RetryAttempts, Share,
 };
 use tower_admission::quota::{MemoryConfig, MemoryStore, Policy};
 
@@ -307,30 +307,44 @@ fn bad_budgets_name_the_field() {
     assert_eq!(missing.field(), "retry");
 }
 
+/// 5/s, a burst of one, for either share: a token every 200 ms.
+fn budget_5() -> DependencyBudget<MemoryStore<TokioClock>> {
+    DependencyBudget::builder(store(), "dep")
+        .normal(Policy::token_bucket("normal", 1, 5, SECOND).unwrap())
+        .retry(Policy::token_bucket("retry", 1, 5, SECOND).unwrap())
+        .build()
+        .unwrap()
+}
+
+/// A client that records each request's body and the ms since `start` at
+/// which it was sent.
+type Sent = Arc<Mutex<Vec<(String, u64)>>>;
+
+fn recording(
+    start: tokio::time::Instant,
+    sent: &Sent,
+) -> impl Service<Request<String>, Response = Response<String>, Error = Infallible, Future: Send>
+       + Clone
+       + Send {
+    let sent = sent.clone();
+    tower::service_fn(move |req: Request<String>| {
+        let sent = sent.clone();
+        async move {
+            let at = u64::try_from(start.elapsed().as_millis()).unwrap();
+            sent.lock().unwrap().push((req.into_body(), at));
+            Ok::<_, Infallible>(Response::new(String::new()))
+        }
+    })
+}
+
 /// Waiting attempts are served in arrival order: one that arrives while
 /// another waits goes behind it, even at the instant capacity frees.
 #[tokio::test(start_paused = true)]
 async fn a_waiting_attempt_is_not_overtaken_by_a_later_one() {
     let start = tokio::time::Instant::now();
-    // 5/s, a burst of one: a token every 200 ms.
-    let budget = DependencyBudget::builder(store(), "dep")
-        .normal(Policy::token_bucket("normal", 1, 5, SECOND).unwrap())
-        .retry(Policy::token_bucket("retry", 1, 5, SECOND).unwrap())
-        .build()
-        .unwrap();
-    let sent = Arc::new(Mutex::new(Vec::new()));
-    let client = {
-        let sent = sent.clone();
-        tower::service_fn(move |req: Request<String>| {
-            let sent = sent.clone();
-            async move {
-                let at = u64::try_from(start.elapsed().as_millis()).unwrap();
-                sent.lock().unwrap().push((req.into_body(), at));
-                Ok::<_, Infallible>(Response::new(String::new()))
-            }
-        })
-    };
-    let service = DependencyBudgetLayer::new(budget).layer(client);
+    let budget = budget_5();
+    let sent: Sent = Arc::default();
+    let service = DependencyBudgetLayer::new(budget).layer(recording(start, &sent));
     let call = |name: &str| {
         let service = service.clone();
         let req = Request::new(name.to_owned());
@@ -357,5 +371,81 @@ async fn a_waiting_attempt_is_not_overtaken_by_a_later_one() {
             ("waiter".to_owned(), 200),
             ("late".to_owned(), 400)
         ]
+    );
+}
+
+/// A budget whose first refusal reaches its caller only `delay` after it
+/// was decided, as the answer of a remote store or of a thread descheduled
+/// in between may.
+#[derive(Clone)]
+struct SlowFirstRefusal<Bu> {
+    inner: Bu,
+    delay: Duration,
+    delayed: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl<Bu: AttemptBudget> AttemptBudget for SlowFirstRefusal<Bu> {
+    async fn charge(&self, share: Share, cost: u64) -> Result<(), Refusal> {
+        let result = self.inner.charge(share, cost).await;
+        if result.is_err()
+            && !self
+                .delayed
+                .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            tokio::time::sleep(self.delay).await;
+        }
+        result
+    }
+
+    fn record_refusal(&self) {
+        self.inner.record_refusal();
+    }
+
+    fn record_wait(&self, waited: Duration) {
+        self.inner.record_wait(waited);
+    }
+
+    fn stats(&self) -> BudgetStats {
+        self.inner.stats()
+    }
+}
+
+/// Arrival order holds from an attempt's first look at the budget, not only
+/// from the moment it queues: an attempt refused at 0 ms whose refusal
+/// reaches it at 250 ms is not passed by one arriving at 210 ms, when the
+/// token of 200 ms is free.
+#[tokio::test(start_paused = true)]
+async fn an_attempt_is_not_overtaken_while_its_refusal_is_on_the_way() {
+    let start = tokio::time::Instant::now();
+    let budget = SlowFirstRefusal {
+        inner: budget_5(),
+        delay: Duration::from_millis(250),
+        delayed: Arc::default(),
+    };
+    let sent: Sent = Arc::default();
+    let service = DependencyBudgetLayer::new(budget).layer(recording(start, &sent));
+    let call = |name: &str| service.clone().oneshot(Request::new(name.to_owned()));
+    call("first").await.unwrap();
+    let waiter = tokio::spawn(call("waiter"));
+    let late = tokio::spawn({
+        let call = call("late");
+        async move {
+            tokio::time::sleep(Duration::from_millis(210)).await;
+            call.await
+        }
+    });
+    waiter.await.unwrap().unwrap();
+    late.await.unwrap().unwrap();
+    let order: Vec<String> = sent
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(n, _)| n.clone())
+        .collect();
+    assert_eq!(
+        order,
+        ["first", "waiter", "late"],
+        "sent: {:?}",
+        sent.lock().unwrap()
     );
 }

@@ -1,7 +1,6 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -28,8 +27,8 @@ type CostFn<B> = Arc<dyn Fn(&Request<B>) -> u64 + Send + Sync>;
 ///   its item count.
 /// - **Exhausted budget.** By default the attempt waits for capacity up to
 ///   [`wait_up_to`](Self::wait_up_to) (1 s), in arrival order per share (a
-///   later attempt never takes capacity an earlier one is queued for; one
-///   refused at the same moment may still pass it before it has queued);
+///   later attempt never takes capacity an earlier one is waiting for, from
+///   the moment the earlier one first looked at the budget);
 ///   [`fail_fast`](Self::fail_fast) refuses at once. Either way the caller gets
 ///   [`BudgetError::Refused`] carrying the wait, never a response.
 ///
@@ -69,40 +68,24 @@ pub struct DependencyBudgetLayer<Bu, B> {
     queues: Arc<Queues>,
 }
 
-/// The attempts waiting for the budget, served in arrival order: the head
-/// waits for capacity while the others wait for the head, and an attempt
-/// that arrives while any wait goes to the back instead of taking capacity
-/// the head was told to wait for. Without it, waiters that wake together
-/// race for one token, and an unlucky one can lose until its deadline.
+/// The attempts of one share, served in arrival order: an attempt looks at
+/// the budget only while it holds the head, which it takes on arrival when
+/// no other attempt holds it, and otherwise waits for in turn (the lock is
+/// fair). An attempt that arrives while another is looking or waiting goes
+/// behind it, even while the other's refusal is still on its way. Without
+/// it, waiters that wake together race for one token, and an unlucky one
+/// can lose until its deadline.
 #[derive(Debug, Default)]
 struct Queue {
     head: tokio::sync::Mutex<()>,
-    waiting: AtomicUsize,
 }
 
 /// One queue per share, so a retry waiting for the retry share never holds
 /// up first attempts.
 type Queues = [Queue; 2];
 
-/// Counts an attempt as waiting while it lives.
-struct Waiting<'a>(&'a AtomicUsize);
-
-impl<'a> Waiting<'a> {
-    fn enter(count: &'a AtomicUsize) -> Self {
-        count.fetch_add(1, Ordering::AcqRel);
-        Waiting(count)
-    }
-}
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// Charges `budget` for one attempt: at once when no attempt of the share is
-/// waiting and capacity is free; otherwise in arrival order, sleeping the
-/// waits the budget gives, until `deadline`. No deadline: never waits.
+/// Charges `budget` for one attempt in arrival order, sleeping the waits
+/// the budget gives, until `deadline`. No deadline: never waits.
 async fn acquire<Bu: AttemptBudget>(
     budget: &Bu,
     queues: &Queues,
@@ -117,19 +100,13 @@ async fn acquire<Bu: AttemptBudget>(
     let Some(deadline) = deadline else {
         return budget.charge(share, cost).await;
     };
-    if queue.waiting.load(Ordering::Acquire) == 0 {
-        let refusal = match budget.charge(share, cost).await {
-            Ok(()) => return Ok(()),
-            Err(refusal) => refusal,
-        };
-        if !fits(&refusal, deadline) {
-            return Err(refusal);
-        }
-    }
-    let _waiting = Waiting::enter(&queue.waiting);
-    let Ok(_head) = tokio::time::timeout_at(deadline, queue.head.lock()).await else {
-        // The deadline passed behind other waiters: one last look.
-        return budget.charge(share, cost).await;
+    let _head = match queue.head.try_lock() {
+        Ok(head) => head,
+        Err(_) => match tokio::time::timeout_at(deadline, queue.head.lock()).await {
+            Ok(head) => head,
+            // The deadline passed behind other waiters: one last look.
+            Err(_) => return budget.charge(share, cost).await,
+        },
     };
     loop {
         match budget.charge(share, cost).await {
@@ -140,14 +117,6 @@ async fn acquire<Bu: AttemptBudget>(
             },
         }
     }
-}
-
-/// Whether the wait a refusal gives ends by `deadline`.
-fn fits(refusal: &Refusal, deadline: Instant) -> bool {
-    refusal
-        .wait()
-        .and_then(|w| Instant::now().checked_add(w))
-        .is_some_and(|until| until <= deadline)
 }
 
 impl<Bu: Clone, B> Clone for DependencyBudgetLayer<Bu, B> {
