@@ -30,7 +30,12 @@ type CostFn<B> = Arc<dyn Fn(&Request<B>) -> u64 + Send + Sync>;
 ///   later attempt never takes capacity an earlier one is waiting for, from
 ///   the moment the earlier one first looked at the budget);
 ///   [`fail_fast`](Self::fail_fast) refuses at once. Either way the caller gets
-///   [`BudgetError::Refused`] carrying the wait, never a response.
+///   [`BudgetError::Refused`] carrying the wait, never a response. To keep
+///   that order, a share's attempts look at the budget one at a time: with
+///   a budget that answers over the network (a `DependencyBudget` over a
+///   Redis store) one layer sends at most one attempt per round trip of
+///   each share, about 1,000 a second at 1 ms; `LeasedBudget` and a memory
+///   store answer in place. `fail_fast` attempts do not queue.
 ///
 /// The budget is a [`DependencyBudget`](crate::outbound::DependencyBudget)
 /// over any store, or a lease spent locally (`LeasedBudget`, feature
