@@ -85,6 +85,14 @@ struct Node {
     attempts: u64,
     /// Milli-attempts accumulated.
     acc: u64,
+    /// Callers wait as the budget's layer makes them: in one queue whose
+    /// head alone tries, again once the wait it was told has passed, instead
+    /// of dropping a refused attempt.
+    queued: bool,
+    /// Queued attempts not sent yet.
+    backlog: u64,
+    /// The head of the queue tries again at this fleet time (µs).
+    retry_at: u64,
     alive: bool,
     /// Fleet times (µs) of admitted sends.
     sends: Vec<u64>,
@@ -197,6 +205,9 @@ impl Fleet {
             offset,
             attempts,
             acc: 0,
+            queued: false,
+            backlog: 0,
+            retry_at: 0,
             alive: true,
             sends: Vec::new(),
             quiet_until: 0,
@@ -233,8 +244,22 @@ impl Fleet {
             node.acc += node.attempts * dt / 1_000;
             while node.acc >= 1_000 {
                 node.acc -= 1_000;
-                if node.lease.try_acquire(1).is_ok() {
+                if node.queued {
+                    node.backlog += 1;
+                } else if node.lease.try_acquire(1).is_ok() {
                     node.sends.push(now);
+                }
+            }
+            while node.queued && node.backlog > 0 && node.retry_at <= now {
+                match node.lease.try_acquire(1) {
+                    Ok(()) => {
+                        node.backlog -= 1;
+                        node.sends.push(now);
+                    }
+                    Err(wait) => {
+                        let micros = u64::try_from(wait.as_micros()).unwrap_or(u64::MAX);
+                        node.retry_at = now.saturating_add(micros);
+                    }
                 }
             }
         }
