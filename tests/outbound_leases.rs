@@ -516,6 +516,133 @@ async fn grants_never_sum_above_r_while_10_then_40_instances_join_refresh_and_le
     );
 }
 
+/// Sends of the fleet in each whole second `[k, k + 1)` from the start.
+fn sends_per_second(fleet: &Fleet, seconds: u64) -> Vec<usize> {
+    let all = fleet.all_sends();
+    (0..seconds)
+        .map(|k| {
+            let (from, to) = (START + k * SEC, START + (k + 1) * SEC);
+            all.iter().filter(|&&t| t >= from && t < to).count()
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn queued_callers_held_back_by_small_first_grants_get_their_fair_share_at_once() {
+    // 8 instances start 100 ms apart, their callers queued and always
+    // backlogged (as behind the budget's layer): each wants more than its
+    // fair share of 30/s. The first grants are the 6/s guesses.
+    let server = RedisServer::start();
+    let redis = ManualClock::new(Timestamp(START));
+    let shared = store(&server, Some(&redis));
+    let mut fleet = Fleet::new(redis.clone(), shared.clone(), 40);
+    let n = 8;
+    let fair = R_MILLI / n;
+    for i in 0..n {
+        fleet.run_until(i * 100 * MS, MS).await;
+        let node = fleet.join(&shared, &format!("q{i}"), 1_000, 0, |b| b);
+        fleet.nodes[node].queued = true;
+        fleet.tick(0).await;
+    }
+    // From every instance's second refresh (1 s after it started) on, the
+    // time every grant was its fair share, the highest grant, and the
+    // lowest sum of the rates spent once every instance had refreshed twice.
+    let all_measured = (n - 1) * 100 * MS + SEC;
+    let mut settled_at = None;
+    let mut most = 0;
+    let mut lowest_spent = u64::MAX;
+    while fleet.t < 20 * SEC {
+        fleet.tick(MS).await;
+        let grants: Vec<u64> = fleet
+            .nodes
+            .iter()
+            .map(|n| n.status().grant.as_milli())
+            .collect();
+        most = most.max(*grants.iter().max().unwrap());
+        if grants.iter().all(|&g| g == fair) {
+            settled_at.get_or_insert(fleet.t);
+        } else {
+            settled_at = None;
+        }
+        if fleet.t >= all_measured {
+            let spent: u64 = fleet.nodes.iter().map(|n| n.status().rate.as_milli()).sum();
+            lowest_spent = lowest_spent.min(spent);
+        }
+    }
+    let per_second = sends_per_second(&fleet, 20);
+    println!("held back: settled at {settled_at:?} µs, highest grant {most}, lowest sum spent {lowest_spent}; sends per second {per_second:?}");
+    assert_eq!(
+        (settled_at.map(|t| t / MS), most, lowest_spent),
+        (Some(all_measured / MS), fair, R_MILLI),
+        "(ms from which every grant is the fair 30/s, highest grant, lowest sum \
+         spent from {} ms on, milli/s); sends per second {per_second:?}",
+        all_measured / MS
+    );
+    for node in &fleet.nodes {
+        assert_eq!(
+            node.status().demand,
+            Rate::per_second(R),
+            "{} was held back by its grant: it reports the whole budget",
+            node.id
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_instance_whose_demand_fits_its_grant_reports_its_measured_demand() {
+    // "small" sends 8/s, never more, and its first grant (the guess, 12/s)
+    // is above that; then it is granted exactly its need. "big" is held back.
+    let server = RedisServer::start();
+    let redis = ManualClock::new(Timestamp(START));
+    let shared = store(&server, Some(&redis));
+    let mut fleet = Fleet::new(redis.clone(), shared.clone(), 40);
+    let small = fleet.join(&shared, "small", 8, 0, |b| {
+        b.initial_demand(Rate::per_second(12))
+    });
+    let big = fleet.join(&shared, "big", 1_000, 0, |b| b);
+    fleet.nodes[small].queued = true;
+    fleet.nodes[big].queued = true;
+    fleet.tick(0).await;
+    let mut reports = Vec::new();
+    let mut last_refresh = Timestamp(0);
+    while fleet.t < 20 * SEC {
+        fleet.tick(MS).await;
+        let s = fleet.nodes[small].status();
+        if s.next_refresh != last_refresh {
+            last_refresh = s.next_refresh;
+            let b = fleet.nodes[big].status();
+            reports.push((
+                fleet.t / MS,
+                s.demand.as_milli(),
+                s.grant.as_milli(),
+                b.demand.as_milli(),
+            ));
+        }
+    }
+    // (ms, small's demand, its grant, big's demand), at each of small's refreshes.
+    assert_eq!(
+        reports[1..],
+        [
+            (1_000, 8_000, 8_000, R_MILLI),
+            (5_000, 8_000, 8_000, R_MILLI),
+            (9_000, 8_000, 8_000, R_MILLI),
+            (13_000, 8_000, 8_000, R_MILLI),
+            (17_000, 8_000, 8_000, R_MILLI),
+        ],
+        "small reports what it measured, below and at its grant"
+    );
+    let arrivals: Vec<u64> = (1..=8 * 20).map(|k| START + k * 125 * MS).collect();
+    assert_eq!(
+        fleet.nodes[small].sends, arrivals,
+        "small sent each attempt as it came, every 125 ms"
+    );
+    assert_eq!(
+        fleet.nodes[big].status().grant,
+        Rate::per_second(R - 8),
+        "big gets the rest"
+    );
+}
+
 // ---------------------------------------------------------------------------
 // (2) The bound on send starts.
 // ---------------------------------------------------------------------------

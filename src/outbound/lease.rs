@@ -49,6 +49,10 @@ end
 /// µs is a number of nano-tokens, exactly.
 const NANO: u128 = 1_000_000_000;
 
+/// The part of a demand window, as (numerator, denominator), that refused
+/// attempts spend waiting for a window to be held back (see [`RateLease`]).
+const HELD_BACK: (u64, u64) = (3, 4);
+
 /// The largest budget, in milli-units per second (about 10^9 per second),
 /// so that every sum in the script stays exact in Lua's doubles.
 const MAX_RATE_MILLI: u64 = 1 << 40;
@@ -233,7 +237,7 @@ pub struct GrantTable {
 pub struct InstanceGrant {
     /// The instance id.
     pub id: String,
-    /// The demand it last reported.
+    /// The demand it last reported (the whole budget if it was held back).
     pub demand: Rate,
     /// Whether that demand was a guess (its first refresh, nothing measured
     /// yet). Others' targets count a guessed demand as the whole budget.
@@ -597,7 +601,8 @@ pub struct LeaseStatus {
     pub expires_at: Timestamp,
     /// The max-min fair target the script computed at the last refresh.
     pub target: Rate,
-    /// The demand reported at the last refresh.
+    /// The demand reported at the last refresh (the whole budget if its
+    /// window was held back).
     pub demand: Rate,
     /// The local bucket's capacity now, in cost units.
     pub capacity: u64,
@@ -671,6 +676,17 @@ pub struct LeaseStatus {
 /// since the last measurement (at least a quarter of the refresh period),
 /// at least `min_demand`. The first refresh reports `initial_demand`; the
 /// second, a quarter period later, the first measurement.
+///
+/// A window is **held back** by its grant when, for at least three quarters
+/// of it, a refused attempt was still inside the wait it was told (for the
+/// bucket, or a [`LeasedBudget`](crate::outbound::LeasedBudget) share, to
+/// fill at a rate above zero). Callers that queue and wait then attempt
+/// about as fast as the grant lets them, so the count understates what
+/// they want: such a window reports the whole budget `R`. The instance's
+/// target is then the water level `λ`, and no other instance's target takes
+/// what it may need. Waits shorter than that (an instance at or below its
+/// need) leave the measured figure, and so does a refusal with no rate to
+/// spend (starting, a zero grant): its wait is the time to the next refresh.
 ///
 /// A bucket whose capacity is one unit loses what it would accrue while it
 /// is full, so callers that retry only on their own schedule use a little
@@ -772,6 +788,11 @@ struct State {
     last: Timestamp,
     window_start: Timestamp,
     attempted: u64,
+    /// The µs of the window during which a refused attempt was waiting for
+    /// the bucket to fill: the union of the waits the refusals gave.
+    held_back_us: u64,
+    /// The end of the latest of those waits.
+    held_back_until: Timestamp,
     /// A refresh has been sent (the first one reports the initial demand).
     asked: bool,
     /// No demand has been measured yet: the one reported is a guess.
@@ -853,9 +874,19 @@ impl State {
         }
     }
 
+    /// Counts the wait of `wait_us` given at `x` to a refused attempt (the
+    /// bucket fills at a rate above zero) toward the time held back.
+    fn note_wait(&mut self, x: Timestamp, wait_us: u64) {
+        let from = x.0.max(self.held_back_until.0).max(self.window_start.0);
+        let end = x.0.saturating_add(wait_us);
+        self.held_back_us += end.saturating_sub(from);
+        self.held_back_until = Timestamp(self.held_back_until.0.max(end));
+    }
+
     /// The demand to report at `x`: attempts per second since the window
-    /// started (a window shorter than a quarter of the refresh period is kept
-    /// open and the previous figure reported).
+    /// started, or the whole budget if the window was held back (a window
+    /// shorter than a quarter of the refresh period is kept open and the
+    /// previous figure reported).
     /// The flag says whether it is still the guess `initial_demand`.
     fn take_demand(&mut self, x: Timestamp, cfg: &Settings) -> (Rate, bool) {
         let measured = if !self.asked {
@@ -864,11 +895,19 @@ impl State {
         } else {
             let elapsed = x.0.saturating_sub(self.window_start.0);
             if elapsed >= cfg.refresh_us / 4 && elapsed > 0 {
+                // A wait that runs past `x` counts in the next window.
+                let ahead = self.held_back_until.0.saturating_sub(x.0);
+                let held_back = self.held_back_us.saturating_sub(ahead);
                 let milli = u128::from(self.attempted) * NANO / u128::from(elapsed);
                 self.window_start = x;
                 self.attempted = 0;
+                self.held_back_us = ahead;
                 self.guessing = false;
-                Rate(u64::try_from(milli).unwrap_or(u64::MAX))
+                if held_back.saturating_mul(HELD_BACK.1) >= elapsed.saturating_mul(HELD_BACK.0) {
+                    cfg.rate
+                } else {
+                    Rate(u64::try_from(milli).unwrap_or(u64::MAX))
+                }
             } else {
                 self.demand
             }
@@ -1123,6 +1162,8 @@ impl<C: Clock> RateLeaseBuilder<C> {
             last: now,
             window_start: now,
             attempted: 0,
+            held_back_us: 0,
+            held_back_until: now,
             asked: false,
             guessing: true,
             demand: Rate::ZERO,
@@ -1160,7 +1201,8 @@ impl<C: Clock> RateLease<C> {
     /// would fit at the current rate. Synchronous: one lock, no I/O.
     ///
     /// Every attempt, refused or not, counts toward the demand reported at
-    /// the next refresh. With no rate to spend (starting, or a zero grant)
+    /// the next refresh, and a refusal's wait at a rate above zero toward
+    /// the time held back. With no rate to spend (starting, or a zero grant)
     /// the wait is the time to the next refresh; a cost above
     /// [`max_cost`](RateLeaseBuilder::max_cost), or a released lease, is
     /// refused with `Duration::MAX`. A wait that crosses the grant's expiry
@@ -1197,9 +1239,9 @@ impl<C: Clock> RateLease<C> {
         }
         let missing = need - s.tokens;
         let micros = missing.div_ceil(u128::from(rate.0));
-        Err(Duration::from_micros(
-            u64::try_from(micros).unwrap_or(u64::MAX).max(1),
-        ))
+        let wait = u64::try_from(micros).unwrap_or(u64::MAX).max(1);
+        s.note_wait(now, wait);
+        Err(Duration::from_micros(wait))
     }
 
     /// The lease's state at the local time now.
@@ -1247,6 +1289,15 @@ impl<C: Clock> RateLease<C> {
     pub(crate) fn note_demand(&self, cost: u64) {
         let mut s = self.inner.state.lock();
         s.attempted = s.attempted.saturating_add(cost);
+    }
+
+    /// [`note_demand`](Self::note_demand) for an attempt refused at `now`
+    /// and told to wait `wait_us` for its part of a rate above zero: the
+    /// wait counts toward the time held back.
+    pub(crate) fn note_held_back(&self, cost: u64, now: Timestamp, wait_us: u64) {
+        let mut s = self.inner.state.lock();
+        s.attempted = s.attempted.saturating_add(cost);
+        s.note_wait(now, wait_us);
     }
 
     /// The largest cost one attempt may have.

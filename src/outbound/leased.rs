@@ -36,7 +36,8 @@ const NANO: u128 = 1_000_000_000;
 /// - **Fail-open** leases ([`RateLeaseBuilder::fail_open`](crate::outbound::RateLeaseBuilder::fail_open))
 ///   admit every attempt, share or not, while they are in the fallback.
 /// - **Demand** reported to the grant script counts every attempt, refused
-///   by a share or by the lease, so a starved share asks for more.
+///   by a share or by the lease, so a starved share asks for more; a share's
+///   waits count toward the time the lease was held back, as the lease's do.
 ///
 /// Clones share the lease, the share buckets and the counters. Start the
 /// lease's refresher ([`RateLease::spawn_refresher`]) yourself.
@@ -200,12 +201,14 @@ impl<C: Clock> LeasedBudget<C> {
             .saturating_add(rate * u128::from(elapsed))
             .min(capacity);
         if bucket.tokens < need {
-            lease.note_demand(cost);
             let wait = if rate == 0 {
+                lease.note_demand(cost);
                 lease.until_next_refresh().max(Duration::from_millis(1))
             } else {
                 let micros = (need - bucket.tokens).div_ceil(rate);
-                Duration::from_micros(u64::try_from(micros).unwrap_or(u64::MAX).max(1))
+                let micros = u64::try_from(micros).unwrap_or(u64::MAX).max(1);
+                lease.note_held_back(cost, now, micros);
+                Duration::from_micros(micros)
             };
             return Err(Refusal::Exhausted { share, wait });
         }
