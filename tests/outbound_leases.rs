@@ -1184,6 +1184,26 @@ async fn redis_killed_grants_last_until_expiry_then_the_fallback_applies_then_re
         10,
         "one notice per instance leaving the fallback"
     );
+    // Back from the fallback, each reports its initial demand (12/s) as a
+    // guess, then a quarter period later its measured one: no instance
+    // back first takes the empty Redis's whole budget.
+    fleet.run_until(restarted + 1_500 * MS, tick).await;
+    let table = fleet.table().await;
+    for node in &fleet.nodes {
+        let steps: Vec<u64> = table
+            .instance(&node.id)
+            .unwrap()
+            .steps
+            .iter()
+            .map(|s| s.rate.as_milli())
+            .collect();
+        assert_eq!(
+            steps,
+            [24_000],
+            "{}: its fair share 1.5 s after the restart, and never more",
+            node.id
+        );
+    }
     fleet.run_until(restarted + 12 * SEC, tick).await;
     let table = fleet.table().await;
     for node in &fleet.nodes {

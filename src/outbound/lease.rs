@@ -674,8 +674,11 @@ pub struct LeaseStatus {
 ///
 /// Demand is the rate of attempts, refused ones included, over the window
 /// since the last measurement (at least a quarter of the refresh period),
-/// at least `min_demand`. The first refresh reports `initial_demand`; the
-/// second, a quarter period later, the first measurement.
+/// at least `min_demand`. The first refresh reports `initial_demand` as a
+/// guess, and so does the first one from the fallback (the instance holds
+/// no grant, and Redis may have restarted empty: the first instance back
+/// must not take the whole budget); the next, a quarter period later,
+/// reports a measurement.
 ///
 /// A window is **held back** by its grant when, for at least three quarters
 /// of it, a refused attempt was still inside the wait it was told (for the
@@ -793,16 +796,13 @@ struct State {
     held_back_us: u64,
     /// The end of the latest of those waits.
     held_back_until: Timestamp,
-    /// A refresh has been sent (the first one reports the initial demand).
-    asked: bool,
-    /// No demand has been measured yet: the one reported is a guess.
+    /// The demand reported is a guess: nothing measured yet, or back from
+    /// the fallback.
     guessing: bool,
     demand: Rate,
     target: Rate,
     next_refresh: Timestamp,
     failures: u32,
-    /// Successful refreshes so far.
-    successes: u64,
 }
 
 impl State {
@@ -883,14 +883,15 @@ impl State {
         self.held_back_until = Timestamp(self.held_back_until.0.max(end));
     }
 
-    /// The demand to report at `x`: attempts per second since the window
-    /// started, or the whole budget if the window was held back (a window
-    /// shorter than a quarter of the refresh period is kept open and the
-    /// previous figure reported).
-    /// The flag says whether it is still the guess `initial_demand`.
+    /// The demand to report at `x`: the guess `initial_demand` with no grant
+    /// to spend (starting, or in the fallback); else attempts per second
+    /// since the window started, or the whole budget if the window was held
+    /// back (a window shorter than a quarter of the refresh period is kept
+    /// open and the previous figure reported).
+    /// The flag says whether the demand is the guess.
     fn take_demand(&mut self, x: Timestamp, cfg: &Settings) -> (Rate, bool) {
-        let measured = if !self.asked {
-            self.asked = true;
+        let measured = if self.mode_at(x) != LeaseMode::Granted {
+            self.guessing = true;
             cfg.initial_demand
         } else {
             let elapsed = x.0.saturating_sub(self.window_start.0);
@@ -1164,13 +1165,11 @@ impl<C: Clock> RateLeaseBuilder<C> {
             attempted: 0,
             held_back_us: 0,
             held_back_until: now,
-            asked: false,
             guessing: true,
             demand: Rate::ZERO,
             target: Rate::ZERO,
             next_refresh: now,
             failures: 0,
-            successes: 0,
         };
         Ok(RateLease {
             inner: Arc::new(Shared {
@@ -1387,14 +1386,12 @@ impl<C: Clock> RateLease<C> {
                 s.failures = 0;
                 let cap = cfg.capacity(s.rate_at(recv, cfg));
                 s.tokens = s.tokens.min(cap);
-                // The first refresh reports a guess; the second, a quarter
-                // period later, reports the first measured demand.
-                let period = if s.successes == 0 {
+                // A guess is followed a quarter period later by a measure.
+                let period = if s.guessing {
                     cfg.refresh_us / 4
                 } else {
                     cfg.refresh_us
                 };
-                s.successes += 1;
                 let mut next = sent_at.0.saturating_add(period);
                 if reply.recheck > reply.now {
                     next = next.min(recv.0.saturating_add(reply.recheck - reply.now));
@@ -1450,11 +1447,12 @@ impl<C: Clock> RateLease<C> {
 
     /// Spawns the background refresher on the current tokio runtime: it
     /// refreshes at once, a quarter period later with the first measured
-    /// demand, then every `refresh_every` (earlier when the script says a
-    /// larger share frees up; every `retry_every` after a failure). It
-    /// sleeps on tokio's timer and holds the lease weakly: it ends when every
-    /// clone of the lease is dropped, or at once when the lease is released.
-    /// Abort the handle to stop it sooner.
+    /// demand (likewise after the fallback), then every `refresh_every`
+    /// (earlier when the script says a larger share frees up; every
+    /// `retry_every` after a failure). It sleeps on tokio's timer and holds
+    /// the lease weakly: it ends when every clone of the lease is dropped,
+    /// or at once when the lease is released. Abort the handle to stop it
+    /// sooner.
     pub fn spawn_refresher(&self) -> JoinHandle<()> {
         let weak: Weak<Shared<C>> = Arc::downgrade(&self.inner);
         let wake = self.inner.wake.clone();
