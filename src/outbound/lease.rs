@@ -49,8 +49,8 @@ end
 /// µs is a number of nano-tokens, exactly.
 const NANO: u128 = 1_000_000_000;
 
-/// The part of a demand window, as (numerator, denominator), that refused
-/// attempts spend waiting for a window to be held back (see [`RateLease`]).
+/// A demand window is held back when refused attempts were waiting for at
+/// least this part of it, as (numerator, denominator); see [`RateLease`].
 const HELD_BACK: (u64, u64) = (3, 4);
 
 /// The largest budget, in milli-units per second (about 10^9 per second),
