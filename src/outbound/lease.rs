@@ -237,10 +237,11 @@ pub struct GrantTable {
 pub struct InstanceGrant {
     /// The instance id.
     pub id: String,
-    /// The demand it last reported (the whole budget if it was held back).
+    /// The demand it last reported.
     pub demand: Rate,
     /// Whether that demand was a guess (its first refresh, nothing measured
-    /// yet). Others' targets count a guessed demand as the whole budget.
+    /// yet) or held back by its grant. Others' targets count such a demand
+    /// as the whole budget.
     pub guessed: bool,
     /// The grants it may still be spending, by expiry, rates decreasing; the
     /// last one is its latest grant.
@@ -601,8 +602,7 @@ pub struct LeaseStatus {
     pub expires_at: Timestamp,
     /// The max-min fair target the script computed at the last refresh.
     pub target: Rate,
-    /// The demand reported at the last refresh (the whole budget if its
-    /// window was held back).
+    /// The demand reported at the last refresh.
     pub demand: Rate,
     /// The local bucket's capacity now, in cost units.
     pub capacity: u64,
@@ -685,11 +685,14 @@ pub struct LeaseStatus {
 /// bucket, or a [`LeasedBudget`](crate::outbound::LeasedBudget) share, to
 /// fill at a rate above zero). Callers that queue and wait then attempt
 /// about as fast as the grant lets them, so the count understates what
-/// they want: such a window reports the whole budget `R`. The instance's
-/// target is then the water level `λ`, and no other instance's target takes
-/// what it may need. Waits shorter than that (an instance at or below its
-/// need) leave the measured figure, and so does a refusal with no rate to
-/// spend (starting, a zero grant): its wait is the time to the next refresh.
+/// they want. Such a window reports at least twice the grant, flagged as a
+/// guess is: no other instance's target takes what it may need, and its own
+/// grant at most doubles per refresh. Not the whole budget `R`: after Redis
+/// restarts empty, the first instance back would be granted all of it while
+/// the others still spend their grants. Waits shorter than that (an
+/// instance at or below its need) leave the measured figure, and so does a
+/// refusal with no rate to spend (starting, a zero grant): its wait is the
+/// time to the next refresh.
 ///
 /// A bucket whose capacity is one unit loses what it would accrue while it
 /// is full, so callers that retry only on their own schedule use a little
@@ -885,11 +888,13 @@ impl State {
 
     /// The demand to report at `x`: the guess `initial_demand` with no grant
     /// to spend (starting, or in the fallback); else attempts per second
-    /// since the window started, or the whole budget if the window was held
-    /// back (a window shorter than a quarter of the refresh period is kept
-    /// open and the previous figure reported).
-    /// The flag says whether the demand is the guess.
+    /// since the window started, at least twice the grant if the window was
+    /// held back (a window shorter than a quarter of the refresh period is
+    /// kept open and the previous figure reported).
+    /// The flag says whether others must count the demand as the whole
+    /// budget: a guess, or held back.
     fn take_demand(&mut self, x: Timestamp, cfg: &Settings) -> (Rate, bool) {
+        let mut held = false;
         let measured = if self.mode_at(x) != LeaseMode::Granted {
             self.guessing = true;
             cfg.initial_demand
@@ -904,10 +909,12 @@ impl State {
                 self.attempted = 0;
                 self.held_back_us = ahead;
                 self.guessing = false;
-                if held_back.saturating_mul(HELD_BACK.1) >= elapsed.saturating_mul(HELD_BACK.0) {
-                    cfg.rate
+                let measured = Rate(u64::try_from(milli).unwrap_or(u64::MAX));
+                held = held_back.saturating_mul(HELD_BACK.1) >= elapsed.saturating_mul(HELD_BACK.0);
+                if held {
+                    measured.max(Rate(self.grant.0.saturating_mul(2)))
                 } else {
-                    Rate(u64::try_from(milli).unwrap_or(u64::MAX))
+                    measured
                 }
             } else {
                 self.demand
@@ -915,7 +922,7 @@ impl State {
         };
         let demand = measured.max(cfg.min_demand).min(cfg.rate);
         self.demand = demand;
-        (demand, self.guessing)
+        (demand, self.guessing || held)
     }
 
     fn status(&self, x: Timestamp, cfg: &Settings) -> LeaseStatus {
