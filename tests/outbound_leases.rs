@@ -581,11 +581,11 @@ async fn queued_callers_held_back_by_small_first_grants_reach_their_fair_share_a
     );
     for node in &fleet.nodes {
         let s = node.status();
-        assert!(
-            s.demand >= Rate::per_second(2 * R / n),
-            "{} was held back by its grant: it reports at least twice it, not {}",
-            node.id,
-            s.demand
+        assert_eq!(
+            s.demand,
+            Rate::per_second(2 * R / n),
+            "{} was held back by its fair grant: it reports twice it",
+            node.id
         );
     }
 }
