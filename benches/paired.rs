@@ -15,7 +15,9 @@
 //!
 //! Each table gives the median of the per-round ratios and their quartiles.
 //!
-//! `PAIRED=decisions` or `PAIRED=http` runs only that part;
+//! `PAIRED=decisions` or `PAIRED=http` runs only that part; `PAIRED=layers`
+//! times bare axum, tower_governor and the whole stack cut after each of its
+//! layers, to give each layer's share of the time it adds;
 //! `PAIRED_ONLY=token_bucket,free_plan` keeps the decision rows of those
 //! quotas and skips the HTTP part, to rerun a few rows.
 
@@ -42,11 +44,13 @@ fn main() {
     }
     let only = std::env::var("PAIRED_ONLY").ok();
     let part = std::env::var("PAIRED").unwrap_or_default();
-    if part != "http" {
+    if part != "http" && part != "layers" {
         decisions(only.as_deref());
         println!();
     }
-    if part != "decisions" && only.is_none() {
+    if part == "layers" {
+        layers();
+    } else if part != "decisions" && only.is_none() {
         http();
     }
 }
@@ -166,4 +170,67 @@ fn http() {
         per_request(2),
         per_request(3)
     );
+}
+
+/// Bare axum, tower_governor and the whole stack cut after each of its
+/// layers, timed as [`http`] times its stacks: the time each layer adds.
+fn layers() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let [bare, governor, ..] = common::stacks::stacks();
+    let mut stacks = vec![bare, governor];
+    stacks.extend((1..=6).map(common::stacks::first_layers));
+    let names = ["bare axum", "tower_governor"]
+        .into_iter()
+        .chain(common::inbound::LAYERS.iter().copied());
+    let mut rounds: Vec<Vec<f64>> = Vec::with_capacity(ROUNDS);
+    for round in 0..WARMUP_ROUNDS + ROUNDS {
+        let mut times = vec![0.0; stacks.len()];
+        for i in 0..stacks.len() {
+            let s = (i + round) % stacks.len();
+            let stack = &stacks[s];
+            times[s] = rt.block_on(async {
+                let start = Instant::now();
+                for _ in 0..HTTP_BATCH {
+                    let response = stack.app.clone().oneshot(stack.request()).await;
+                    assert_eq!(response.unwrap().status(), 200);
+                }
+                start.elapsed().as_secs_f64()
+            });
+        }
+        if round >= WARMUP_ROUNDS {
+            rounds.push(times);
+        }
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    println!(
+        "| stack | ns per request (median) | added by this layer, ns | added / tower_governor's |"
+    );
+    println!("|---|---:|---:|---:|");
+    let governor_added = median(rounds.iter().map(|t| t[1] - t[0]).collect());
+    for (i, name) in names.enumerate() {
+        let per_request = median(rounds.iter().map(|t| t[i]).collect()) / HTTP_BATCH as f64 * 1e9;
+        // A layer's cut against the one before it; tower_governor against bare.
+        let before = if i <= 2 { 0 } else { i - 1 };
+        let added = median(rounds.iter().map(|t| t[i] - t[before]).collect());
+        if i == 0 {
+            println!("| {name} | {per_request:.0} | | |");
+        } else {
+            println!(
+                "| {} | {per_request:.0} | {:.0} | {:.2} |",
+                if i == 1 {
+                    name.to_string()
+                } else {
+                    format!("+ {name}")
+                },
+                added / HTTP_BATCH as f64 * 1e9,
+                added / governor_added
+            );
+        }
+    }
 }
