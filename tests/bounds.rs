@@ -445,6 +445,86 @@ async fn a_body_over_the_cap_to_a_handler_answering_413_gets_the_cap_named() {
     assert_eq!(doc["limit"], KIB);
 }
 
+/// A body that says it is at its end, then yields `data` once.
+struct EndedButNot {
+    data: Option<Bytes>,
+}
+
+impl http_body::Body for EndedButNot {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        std::task::Poll::Ready(
+            self.data
+                .take()
+                .map(|data| Ok(http_body::Frame::data(data))),
+        )
+    }
+
+    fn is_end_stream(&self) -> bool {
+        true
+    }
+}
+
+/// A service that reads the whole body and answers with its length, or
+/// with the read error.
+fn reading() -> impl tower::Service<
+    Request<tower_admission::bounds::CappedBody<EndedButNot>>,
+    Response = Response<String>,
+    Error = std::convert::Infallible,
+    Future = impl Send,
+> + Clone {
+    tower::service_fn(
+        |req: Request<tower_admission::bounds::CappedBody<EndedButNot>>| async move {
+            Ok(match req.into_body().collect().await {
+                Ok(body) => Response::new(format!("read {}", body.to_bytes().len())),
+                Err(err) => Response::new(format!("error: {err}")),
+            })
+        },
+    )
+}
+
+#[tokio::test]
+async fn a_request_that_cannot_trip_a_cap_gets_the_inner_response_as_it_was() {
+    // No body, no encoding, no length: nothing to cap, so nothing wraps the
+    // body or boxes the response.
+    let service = tower::ServiceBuilder::new()
+        .layer(BodyLimitsLayer::new(KIB, KIB))
+        .service(reading());
+    let req = Request::get("/").body(EndedButNot { data: None }).unwrap();
+    let response = service.oneshot(req).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    match response.into_body() {
+        http_body_util::Either::Left(http_body_util::Either::Left(body)) => {
+            assert_eq!(body, "read 0")
+        }
+        _ => panic!("the inner response was wrapped"),
+    }
+}
+
+#[tokio::test]
+async fn a_body_that_yields_data_after_reporting_its_end_is_an_error_not_bytes_past_the_caps() {
+    // It looks empty, so it skips the caps: the data it yields anyway is
+    // refused as it comes, here 2 KiB past a 1 KiB cap.
+    let service = tower::ServiceBuilder::new()
+        .layer(BodyLimitsLayer::new(KIB, KIB))
+        .service(reading());
+    let data = Bytes::from(vec![b'a'; 2 * KIB]);
+    let req = Request::post("/")
+        .body(EndedButNot { data: Some(data) })
+        .unwrap();
+    let response = service.oneshot(req).await.unwrap();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(
+        body,
+        "error: the request body yielded data after reporting its end"
+    );
+}
+
 // ---------------------------------------------------------------- query validation
 
 fn rules() -> QueryRules {

@@ -1,5 +1,7 @@
 //! Wire-byte and decoded-byte caps, composed from tower-http's
 //! [`RequestBodyLimit`] and [`RequestDecompression`].
+//!
+//! [`RequestDecompression`]: tower_http::decompression::RequestDecompression
 
 use std::error::Error as StdError;
 use std::fmt;
@@ -16,19 +18,27 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::{Either, Full, LengthLimitError};
 use pin_project_lite::pin_project;
 use tower::{Layer, Service};
-use tower_http::decompression::{RequestDecompression, RequestDecompressionLayer};
-use tower_http::limit::{RequestBodyLimit, RequestBodyLimitLayer};
+use tower_http::body::{Limited, UnsyncBoxBody};
+use tower_http::decompression::{
+    DecompressionBody, RequestDecompressionFuture, RequestDecompressionLayer,
+};
+use tower_http::limit::{RequestBodyLimit, ResponseBody, ResponseFuture as LimitFuture};
 
 use crate::reject::{is_grpc, Rejection, SizeCap};
 
 type BoxError = Box<dyn StdError + Send + Sync>;
 
-/// The composed stack inside [`BodyLimits`], outermost first.
-type Stack<S> = RequestBodyLimit<LimitProbe<RequestDecompression<RequestBodyLimit<LimitProbe<S>>>>>;
+/// A request body after the caps and the decompressor, outermost first:
+/// decoded probe, decoded cap, decompressor, wire probe, wire cap.
+type Decoded<B> = ProbedBody<Limited<DecompressionBody<ProbedBody<Limited<B>>>>>;
+
+/// The response body of the tower-http stack: the inner one, boxed.
+type StackBody = ResponseBody<UnsyncBoxBody<Bytes, BoxError>>;
 
 /// Caps the bytes of a request body on the wire and after decompression.
 ///
-/// Builds [`BodyLimits`]. The stack, outermost first:
+/// Builds [`BodyLimits`]. A request that can trip a cap passes this stack,
+/// outermost first:
 ///
 /// 1. tower-http [`RequestBodyLimit`] with the wire cap (early 413 when
 ///    `content-length` is over it, a length error while streaming otherwise);
@@ -38,9 +48,15 @@ type Stack<S> = RequestBodyLimit<LimitProbe<RequestDecompression<RequestBodyLimi
 /// 4. tower-http [`RequestBodyLimit`] with the decoded cap;
 /// 5. a probe that records a decoded-cap trip.
 ///
+/// A request that cannot trip one (no body, no `content-encoding`, and a
+/// `content-length`, if any, within both caps) goes straight to the inner
+/// service.
+///
 /// [`BodyLimits`] turns every over-cap outcome into
 /// [`Rejection::PayloadTooLarge`] naming the cap, whatever the handler answered
 /// when its body read failed.
+///
+/// [`RequestDecompression`]: tower_http::decompression::RequestDecompression
 #[derive(Debug, Clone)]
 pub struct BodyLimitsLayer {
     wire_bytes: usize,
@@ -85,45 +101,33 @@ impl<S> Layer<S> for BodyLimitsLayer {
     type Service = BodyLimits<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        let decoded = LimitProbe {
-            inner,
-            stage: Stage::Decoded,
-        };
-        let decoded = RequestBodyLimitLayer::new(self.decoded_bytes).layer(decoded);
-        let decompress = self.decompression.clone().layer(decoded);
-        let wire = LimitProbe {
-            inner: decompress,
-            stage: Stage::Wire,
-        };
         BodyLimits {
-            inner: RequestBodyLimitLayer::new(self.wire_bytes).layer(wire),
-            wire_bytes: self.wire_bytes,
-            decoded_bytes: self.decoded_bytes,
+            inner,
+            caps: self.clone(),
         }
     }
 }
 
 /// Service built by [`BodyLimitsLayer`].
 ///
-/// Clones share nothing but configuration: each request that can trip a cap
-/// carries its own probe.
+/// The inner service receives a [`CappedBody`]. Clones share nothing but
+/// configuration: each request that can trip a cap carries its own probe.
 ///
 /// With the `axum` feature it also disables axum's `DefaultBodyLimit` (2 MB)
 /// for the requests it passes on with a body: the decoded cap replaces it. A
 /// `DefaultBodyLimit` layer placed inside this one still applies.
 #[derive(Clone)]
 pub struct BodyLimits<S> {
-    inner: Stack<S>,
-    wire_bytes: usize,
-    decoded_bytes: usize,
+    inner: S,
+    caps: BodyLimitsLayer,
 }
 
 impl<S: fmt::Debug> fmt::Debug for BodyLimits<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BodyLimits")
-            .field("inner", self.get_ref())
-            .field("wire_bytes", &self.wire_bytes)
-            .field("decoded_bytes", &self.decoded_bytes)
+            .field("inner", &self.inner)
+            .field("wire_bytes", &self.caps.wire_bytes)
+            .field("decoded_bytes", &self.caps.decoded_bytes)
             .finish()
     }
 }
@@ -131,65 +135,83 @@ impl<S: fmt::Debug> fmt::Debug for BodyLimits<S> {
 impl<S> BodyLimits<S> {
     /// The wrapped service.
     pub fn get_ref(&self) -> &S {
-        &self.inner.get_ref().inner.get_ref().get_ref().inner
+        &self.inner
     }
 
     /// The wrapped service, mutably.
     pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner.get_mut().inner.get_mut().get_mut().inner
+        &mut self.inner
     }
 
     /// Consumes this service, returning the wrapped one.
     pub fn into_inner(self) -> S {
         self.inner
-            .into_inner()
-            .inner
-            .into_inner()
-            .into_inner()
-            .inner
     }
 }
 
 impl<S, B, RB> Service<Request<B>> for BodyLimits<S>
 where
-    B: Body,
-    Stack<S>: Service<Request<B>, Response = Response<RB>>,
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+    S: Service<Request<CappedBody<B>>, Response = Response<RB>>,
+    RB: Body<Data = Bytes> + Send + 'static,
+    RB::Error: Into<BoxError>,
 {
-    type Response = Response<Either<RB, Full<Bytes>>>;
-    type Error = <Stack<S> as Service<Request<B>>>::Error;
-    type Future = ResponseFuture<<Stack<S> as Service<Request<B>>>::Future>;
+    type Response = Response<Either<Either<RB, StackBody>, Full<Bytes>>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future, StackFuture<S::Future, RB, S::Error>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
-        let watch = may_trip(&req, self.wire_bytes.min(self.decoded_bytes)).then(|| {
-            let probe = Probe::default();
-            req.extensions_mut().insert(probe.clone());
-            Watch {
-                probe,
-                grpc: is_grpc(req.headers()),
-                encoding: req.headers().get(CONTENT_ENCODING).cloned(),
-                wire_bytes: self.wire_bytes,
-                decoded_bytes: self.decoded_bytes,
-            }
-        });
+        let caps = &self.caps;
+        if !may_trip(&req, caps.wire_bytes.min(caps.decoded_bytes)) {
+            let req = req.map(|body| CappedBody {
+                kind: Kind::Plain { body },
+            });
+            return ResponseFuture {
+                state: State::Plain {
+                    future: self.inner.call(req),
+                },
+            };
+        }
+        let probe = Probe::default();
+        req.extensions_mut().insert(probe.clone());
+        let watch = Watch {
+            probe,
+            grpc: is_grpc(req.headers()),
+            encoding: req.headers().get(CONTENT_ENCODING).cloned(),
+            wire_bytes: caps.wire_bytes,
+            decoded_bytes: caps.decoded_bytes,
+        };
+        // The tower-http stack is built around the inner service for this
+        // call: its layers hold no state of their own, and the inner service
+        // was made ready by `poll_ready`.
+        let decoded = RequestBodyLimit::new(
+            Enter {
+                inner: &mut self.inner,
+            },
+            caps.decoded_bytes,
+        );
+        let wire = WireProbe {
+            inner: caps.decompression.layer(decoded),
+        };
+        let mut stack = RequestBodyLimit::new(wire, caps.wire_bytes);
         // axum's `DefaultBodyLimit::disable()` layered over the stack for this
         // call: it inserts one `Copy` marker, whose type is private to axum.
-        // An empty body (all `may_trip` lets through) cannot trip axum's
-        // limit, so it goes without.
         #[cfg(feature = "axum")]
-        let inner = if watch.is_some() {
-            axum::extract::DefaultBodyLimit::disable()
-                .layer(&mut self.inner)
-                .call(req)
-        } else {
-            self.inner.call(req)
-        };
+        let future = axum::extract::DefaultBodyLimit::disable()
+            .layer(&mut stack)
+            .call(req);
         #[cfg(not(feature = "axum"))]
-        let inner = self.inner.call(req);
-        ResponseFuture { inner, watch }
+        let future = stack.call(req);
+        ResponseFuture {
+            state: State::Capped {
+                capped: Box::pin(Capped { future, watch }),
+            },
+        }
     }
 }
 
@@ -217,6 +239,186 @@ fn may_trip<B: Body>(req: &Request<B>, caps: usize) -> bool {
     }
 }
 
+pin_project! {
+    /// The request body that [`BodyLimits`] passes to its inner service.
+    ///
+    /// A request that could trip a cap gets its body through the caps and
+    /// the decompressor: frames are decoded bytes, and an exceeded cap is a
+    /// [`LengthLimitError`] (boxed). A request that could not gets its body
+    /// as it came, already at its end; should such a body yield data anyway,
+    /// that is an error, never bytes past the caps.
+    pub struct CappedBody<B>
+    where
+        B: Body,
+        B::Error: Into<BoxError>,
+    {
+        #[pin]
+        kind: Kind<B>,
+    }
+}
+
+pin_project! {
+    #[project = KindProj]
+    enum Kind<B>
+    where
+        B: Body,
+        B::Error: Into<BoxError>,
+    {
+        Plain {
+            #[pin]
+            body: B,
+        },
+        // Boxed: the plain body, the common case, stays small to move.
+        Decoded {
+            body: Pin<Box<Decoded<B>>>,
+        },
+    }
+}
+
+impl<B> fmt::Debug for CappedBody<B>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match self.kind {
+            Kind::Plain { .. } => "plain",
+            Kind::Decoded { .. } => "decoded",
+        };
+        f.debug_struct("CappedBody")
+            .field("kind", &kind)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A body that reported its end and then yielded data.
+#[derive(Debug)]
+struct DataAfterEnd;
+
+impl fmt::Display for DataAfterEnd {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("the request body yielded data after reporting its end")
+    }
+}
+
+impl StdError for DataAfterEnd {}
+
+impl<B> Body for CappedBody<B>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.project().kind.project() {
+            KindProj::Plain { body } => match ready!(body.poll_frame(cx)) {
+                Some(Ok(frame)) if frame.data_ref().is_some_and(|d| !d.is_empty()) => {
+                    Poll::Ready(Some(Err(DataAfterEnd.into())))
+                }
+                Some(Ok(frame)) => Poll::Ready(Some(Ok(frame))),
+                Some(Err(err)) => Poll::Ready(Some(Err(err.into()))),
+                None => Poll::Ready(None),
+            },
+            KindProj::Decoded { body } => body.as_mut().poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            Kind::Plain { body } => body.is_end_stream(),
+            Kind::Decoded { body } => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            Kind::Plain { body } => body.size_hint(),
+            Kind::Decoded { body } => body.size_hint(),
+        }
+    }
+}
+
+/// The response future of the tower-http stack.
+type StackFuture<F, RB, E> =
+    LimitFuture<RequestDecompressionFuture<LimitFuture<F>, ResponseBody<RB>, E>>;
+
+/// The decoded cap's probe, innermost in the stack: it marks the decoded
+/// stage and hands the body to the inner service as a [`CappedBody`].
+struct Enter<'a, S> {
+    inner: &'a mut S,
+}
+
+impl<S, B> Service<Request<Limited<DecompressionBody<ProbedBody<Limited<B>>>>>> for Enter<'_, S>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+    S: Service<Request<CappedBody<B>>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(
+        &mut self,
+        req: Request<Limited<DecompressionBody<ProbedBody<Limited<B>>>>>,
+    ) -> S::Future {
+        let req = probed(req, Stage::Decoded);
+        self.inner.call(req.map(|body| CappedBody {
+            kind: Kind::Decoded {
+                body: Box::pin(body),
+            },
+        }))
+    }
+}
+
+/// The wire cap's probe, between the wire cap and the decompressor.
+struct WireProbe<S> {
+    inner: S,
+}
+
+impl<S, B> Service<Request<B>> for WireProbe<S>
+where
+    S: Service<Request<ProbedBody<B>>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> S::Future {
+        self.inner.call(probed(req, Stage::Wire))
+    }
+}
+
+/// Marks that `req` got past the cap of `stage` and wraps its body in a
+/// [`ProbedBody`] for that stage.
+fn probed<B>(req: Request<B>, stage: Stage) -> Request<ProbedBody<B>> {
+    let probe = req.extensions().get::<Probe>().cloned();
+    if let Some(probe) = &probe {
+        probe
+            .0
+            .passed
+            .fetch_or(stage.passed_bit(), Ordering::AcqRel);
+    }
+    req.map(|inner| ProbedBody {
+        inner,
+        probe,
+        stage,
+    })
+}
+
 /// What the response future of a request that can trip a cap needs.
 #[derive(Debug)]
 struct Watch {
@@ -227,71 +429,113 @@ struct Watch {
     decoded_bytes: usize,
 }
 
-pin_project! {
-    /// Response future of [`BodyLimits`].
-    pub struct ResponseFuture<F> {
-        #[pin]
-        inner: F,
-        // `None` when the request cannot trip a cap: the response passes
-        // unchanged.
-        watch: Option<Watch>,
-    }
-}
-
-impl<F> fmt::Debug for ResponseFuture<F> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ResponseFuture")
-            .field("watch", &self.watch)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<F, RB, E> Future for ResponseFuture<F>
-where
-    F: Future<Output = Result<Response<RB>, E>>,
-{
-    type Output = Result<Response<Either<RB, Full<Bytes>>>, E>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
-        let response = ready!(this.inner.poll(cx))?;
-        let Some(watch) = this.watch else {
-            return Poll::Ready(Ok(response.map(Either::Left)));
-        };
-        let state = &watch.probe.0;
+impl Watch {
+    /// The response to a request that went through the caps: the inner one,
+    /// or the refusal of the cap that tripped.
+    fn answer<RB, SB>(
+        &mut self,
+        response: Response<SB>,
+    ) -> Response<Either<Either<RB, SB>, Full<Bytes>>> {
+        let state = &self.probe.0;
         let passed = state.passed.load(Ordering::Acquire);
         let status = response.status();
         let rejection = match state.tripped.load(Ordering::Acquire) {
-            TRIPPED_WIRE => Some(too_large(SizeCap::WireBytes, watch.wire_bytes)),
-            TRIPPED_DECODED => Some(too_large(SizeCap::DecodedBytes, watch.decoded_bytes)),
+            TRIPPED_WIRE => Some(too_large(SizeCap::WireBytes, self.wire_bytes)),
+            TRIPPED_DECODED => Some(too_large(SizeCap::DecodedBytes, self.decoded_bytes)),
             // tower-http answered before the probe below it ran: its early
             // `content-length` 413, or the decompressor's 415.
             _ if passed & PASSED_WIRE == 0 && status == StatusCode::PAYLOAD_TOO_LARGE => {
-                Some(too_large(SizeCap::WireBytes, watch.wire_bytes))
+                Some(too_large(SizeCap::WireBytes, self.wire_bytes))
             }
             _ if passed & PASSED_DECODED == 0 && status == StatusCode::PAYLOAD_TOO_LARGE => {
-                Some(too_large(SizeCap::DecodedBytes, watch.decoded_bytes))
+                Some(too_large(SizeCap::DecodedBytes, self.decoded_bytes))
             }
             _ if passed & PASSED_DECODED == 0 && status == StatusCode::UNSUPPORTED_MEDIA_TYPE => {
-                let encoding = watch
+                let encoding = self
                     .encoding
                     .take()
                     .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
                     .unwrap_or_default();
                 let accept = response.headers().get(ACCEPT_ENCODING).cloned();
                 let mut rejected =
-                    Rejection::UnsupportedEncoding { encoding }.into_layer_response(watch.grpc);
+                    Rejection::UnsupportedEncoding { encoding }.into_layer_response(self.grpc);
                 if let Some(accept) = accept {
                     rejected.headers_mut().insert(ACCEPT_ENCODING, accept);
                 }
-                return Poll::Ready(Ok(rejected));
+                return rejected;
             }
             _ => None,
         };
-        Poll::Ready(Ok(match rejection {
-            Some(rejection) => rejection.into_layer_response(watch.grpc),
-            None => response.map(Either::Left),
-        }))
+        match rejection {
+            Some(rejection) => rejection.into_layer_response(self.grpc),
+            None => response.map(|body| Either::Left(Either::Right(body))),
+        }
+    }
+}
+
+pin_project! {
+    /// Response future of [`BodyLimits`].
+    pub struct ResponseFuture<F, C> {
+        #[pin]
+        state: State<F, C>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<F, C> {
+        // The request could not trip a cap: the inner future, its response
+        // passed unchanged.
+        Plain {
+            #[pin]
+            future: F,
+        },
+        // Boxed, so that the plain future stays small to move.
+        Capped {
+            capped: Pin<Box<Capped<C>>>,
+        },
+    }
+}
+
+pin_project! {
+    struct Capped<C> {
+        #[pin]
+        future: C,
+        watch: Watch,
+    }
+}
+
+impl<F, C> fmt::Debug for ResponseFuture<F, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let watch = match &self.state {
+            State::Plain { .. } => None,
+            State::Capped { capped } => Some(&capped.watch),
+        };
+        f.debug_struct("ResponseFuture")
+            .field("watch", &watch)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<F, C, RB, SB, E> Future for ResponseFuture<F, C>
+where
+    F: Future<Output = Result<Response<RB>, E>>,
+    C: Future<Output = Result<Response<SB>, E>>,
+{
+    type Output = Result<Response<Either<Either<RB, SB>, Full<Bytes>>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().state.project() {
+            StateProj::Plain { future } => {
+                let response = ready!(future.poll(cx))?;
+                Poll::Ready(Ok(response.map(|body| Either::Left(Either::Left(body)))))
+            }
+            StateProj::Capped { capped } => {
+                let capped = capped.as_mut().project();
+                let response = ready!(capped.future.poll(cx))?;
+                Poll::Ready(Ok(capped.watch.answer(response)))
+            }
+        }
     }
 }
 
@@ -342,77 +586,11 @@ impl Stage {
     }
 }
 
-/// One probe inside [`BodyLimits`]: marks that the request got past the cap
-/// above it and wraps the body in a [`ProbedBody`].
-///
-/// Only [`BodyLimitsLayer`] builds it; it appears in the request body type a
-/// handler receives.
-#[derive(Clone)]
-pub struct LimitProbe<S> {
-    inner: S,
-    stage: Stage,
-}
-
-impl<S: fmt::Debug> fmt::Debug for LimitProbe<S> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LimitProbe")
-            .field("inner", &self.inner)
-            .field("stage", &self.stage)
-            .finish()
-    }
-}
-
-impl<S> LimitProbe<S> {
-    /// The wrapped service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The wrapped service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// Consumes the probe, returning the wrapped service.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
-}
-
-impl<S, B> Service<Request<B>> for LimitProbe<S>
-where
-    S: Service<Request<ProbedBody<B>>>,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = S::Future;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: Request<B>) -> Self::Future {
-        let probe = req.extensions().get::<Probe>().cloned();
-        if let Some(probe) = &probe {
-            probe
-                .0
-                .passed
-                .fetch_or(self.stage.passed_bit(), Ordering::AcqRel);
-        }
-        let stage = self.stage;
-        self.inner.call(req.map(|inner| ProbedBody {
-            inner,
-            probe,
-            stage,
-        }))
-    }
-}
-
 pin_project! {
     /// A request body inside [`BodyLimits`] that records when the cap
     /// directly around it is exceeded. Frames and errors pass through
     /// unchanged.
-    pub struct ProbedBody<B> {
+    struct ProbedBody<B> {
         #[pin]
         inner: B,
         probe: Option<Probe>,

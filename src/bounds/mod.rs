@@ -37,21 +37,22 @@
 //! `content-length` is already over it, or a body error while the handler
 //! reads. In the second case the handler (axum's `Json`, `Bytes`...)
 //! answers with a response of its own. [`BodyLimits`] therefore puts a
-//! per-request probe into the extensions; a [`LimitProbe`] under each
-//! tower-http limit records that the request got past it, and wraps the body
-//! in a [`ProbedBody`] that records which cap's
-//! [`LengthLimitError`](http_body_util::LengthLimitError) went by first.
+//! per-request probe into the extensions; a probe under each tower-http
+//! limit records that the request got past it, and wraps the body so as to
+//! record which cap's [`LengthLimitError`](http_body_util::LengthLimitError)
+//! went by first.
 //! When the inner response arrives, [`BodyLimits`] replaces it with the
 //! problem+json 413 naming `wire-bytes` or `decoded-bytes`, and maps
 //! tower-http's own early 413 and 415 the same way. A handler that reads
 //! the body in a task that outlives its response is not covered.
 //!
-//! A request that cannot trip anything gets no probe, and its response
-//! passes unchanged: its body is already at its end
+//! A request that cannot trip anything skips the tower-http stack, and its
+//! response passes unchanged: its body is already at its end
 //! ([`is_end_stream`](http_body::Body::is_end_stream), or a size hint of at
 //! most 0 bytes), it has no `content-encoding`, and its `content-length`, if
-//! any, is within both caps. A body that yields data after reporting its
-//! end would go unwatched.
+//! any, is within both caps. The inner service gets every body as a
+//! [`CappedBody`]; one that yields data after reporting its end gets an
+//! error in place of that data.
 //!
 //! # Example
 //!
@@ -102,7 +103,7 @@ mod body;
 mod items;
 mod query;
 
-pub use body::{BodyLimits, BodyLimitsLayer, LimitProbe, ProbedBody};
+pub use body::{BodyLimits, BodyLimitsLayer, CappedBody};
 pub use items::{
     count_batch_items, parse_batch, BatchError, BatchItems, BatchItemsLayer, ItemCount,
 };
