@@ -101,12 +101,13 @@ fn decisions(only: Option<&str>) {
     }
 }
 
-fn http() {
+/// Seconds for `HTTP_BATCH` requests to each of `stacks`, per round after
+/// the warm-up, the order rotating between rounds.
+fn time_rounds(stacks: &[common::stacks::Stack]) -> Vec<Vec<f64>> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    let stacks = common::stacks::stacks();
     let time = |stack: &common::stacks::Stack| -> Duration {
         rt.block_on(async {
             let start = Instant::now();
@@ -117,9 +118,9 @@ fn http() {
             start.elapsed()
         })
     };
-    let mut rounds: Vec<[f64; 4]> = Vec::with_capacity(ROUNDS);
+    let mut rounds = Vec::with_capacity(ROUNDS);
     for round in 0..WARMUP_ROUNDS + ROUNDS {
-        let mut times = [0.0; 4];
+        let mut times = vec![0.0; stacks.len()];
         for i in 0..stacks.len() {
             let s = (i + round) % stacks.len();
             times[s] = time(&stacks[s]).as_secs_f64();
@@ -128,6 +129,12 @@ fn http() {
             rounds.push(times);
         }
     }
+    rounds
+}
+
+fn http() {
+    let stacks = common::stacks::stacks();
+    let rounds = time_rounds(&stacks);
     let ratio = |a: usize, b: usize| summary(rounds.iter().map(|t| t[a] / t[b]).collect());
     println!("| stack | ratio to bare axum (median) | quartiles |");
     println!("|---|---:|---|");
@@ -175,35 +182,13 @@ fn http() {
 /// Bare axum, tower_governor and the whole stack cut after each of its
 /// layers, timed as [`http`] times its stacks: the time each layer adds.
 fn layers() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
     let [bare, governor, ..] = common::stacks::stacks();
     let mut stacks = vec![bare, governor];
     stacks.extend((1..=6).map(common::stacks::first_layers));
     let names = ["bare axum", "tower_governor"]
         .into_iter()
         .chain(common::inbound::LAYERS.iter().copied());
-    let mut rounds: Vec<Vec<f64>> = Vec::with_capacity(ROUNDS);
-    for round in 0..WARMUP_ROUNDS + ROUNDS {
-        let mut times = vec![0.0; stacks.len()];
-        for i in 0..stacks.len() {
-            let s = (i + round) % stacks.len();
-            let stack = &stacks[s];
-            times[s] = rt.block_on(async {
-                let start = Instant::now();
-                for _ in 0..HTTP_BATCH {
-                    let response = stack.app.clone().oneshot(stack.request()).await;
-                    assert_eq!(response.unwrap().status(), 200);
-                }
-                start.elapsed().as_secs_f64()
-            });
-        }
-        if round >= WARMUP_ROUNDS {
-            rounds.push(times);
-        }
-    }
+    let rounds = time_rounds(&stacks);
     let median = |mut v: Vec<f64>| {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]

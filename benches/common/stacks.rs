@@ -35,7 +35,8 @@ impl Stack {
 }
 
 /// The whole stack cut after its first `n` layers ([`inbound::first_layers`]),
-/// named `stack_N`, for `n` in 1 to 5, finalised as [`stacks`] are.
+/// named `stack_N`, for `n` in 1 to 5 (6 is the whole stack), finalised as
+/// [`stacks`] are.
 #[allow(dead_code)] // used by the instructions bench and `PAIRED=layers` only
 pub(crate) fn first_layers(n: usize) -> Stack {
     Stack {
