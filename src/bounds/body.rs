@@ -190,7 +190,7 @@ where
         // call: its layers hold no state of their own, and the inner service
         // was made ready by `poll_ready`.
         let decoded = RequestBodyLimit::new(
-            Enter {
+            DecodedProbe {
                 inner: &mut self.inner,
             },
             caps.decoded_bytes,
@@ -349,11 +349,12 @@ type StackFuture<F, RB, E> =
 
 /// The decoded cap's probe, innermost in the stack: it marks the decoded
 /// stage and hands the body to the inner service as a [`CappedBody`].
-struct Enter<'a, S> {
+struct DecodedProbe<'a, S> {
     inner: &'a mut S,
 }
 
-impl<S, B> Service<Request<Limited<DecompressionBody<ProbedBody<Limited<B>>>>>> for Enter<'_, S>
+impl<S, B> Service<Request<Limited<DecompressionBody<ProbedBody<Limited<B>>>>>>
+    for DecodedProbe<'_, S>
 where
     B: Body,
     B::Error: Into<BoxError>,
