@@ -247,6 +247,32 @@ pin_project! {
     /// [`LengthLimitError`] (boxed). A request that could not gets its body
     /// as it came, already at its end; should such a body yield data anyway,
     /// that is an error, never bytes past the caps.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use http::{Request, Response, StatusCode};
+    /// use http_body_util::{BodyExt, Full};
+    /// use tower::{ServiceBuilder, ServiceExt};
+    /// use tower_admission::bounds::{BodyLimitsLayer, CappedBody};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// // The inner service reads the body through caps of 16 bytes.
+    /// let service = ServiceBuilder::new()
+    ///     .layer(BodyLimitsLayer::new(16, 16))
+    ///     .service_fn(|req: Request<CappedBody<Full<Bytes>>>| async move {
+    ///         let read = req.into_body().collect().await.map(|b| b.to_bytes().len());
+    ///         Ok::<_, std::convert::Infallible>(Response::new(format!("{read:?}")))
+    ///     });
+    /// let send = |body: &'static [u8]| {
+    ///     let request = Request::new(Full::new(Bytes::from_static(body)));
+    ///     service.clone().oneshot(request)
+    /// };
+    /// let read = send(b"hello").await.unwrap().into_body().collect().await.unwrap();
+    /// assert_eq!(read.to_bytes(), "Ok(5)");
+    /// let refused = send(&[b'a'; 32]).await.unwrap();
+    /// assert_eq!(refused.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    /// # });
+    /// ```
     pub struct CappedBody<B>
     where
         B: Body,
