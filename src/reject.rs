@@ -122,8 +122,8 @@ use crate::quota::Outcome;
 ///     .layer(QuotaLayer::builder(MemoryStore::new()).quota(quota).scope(Scope::Aggregate).build()?)
 ///     .map_response(|r: Response<Empty<Bytes>>| r.map(Either::<_, Full<Bytes>>::Left))
 ///     .service(handler);
-/// let refused = service.clone().oneshot(Request::new(())).await?;
-/// assert_eq!(refused.status(), 200);
+/// let admitted = service.clone().oneshot(Request::new(())).await?;
+/// assert_eq!(admitted.status(), 200);
 /// let refused = service.oneshot(Request::new(())).await?;
 /// assert_eq!(refused.status(), 429);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
