@@ -53,6 +53,15 @@ const NANO: u128 = 1_000_000_000;
 /// least this part of it, as (numerator, denominator); see [`RateLease`].
 const HELD_BACK: (u64, u64) = (3, 4);
 
+/// A measured demand: other instances' targets count it as it is (the
+/// script's ARGV[4]).
+const MEASURED: u8 = 0;
+/// A guessed demand: other instances' targets count it as the whole budget.
+const GUESS: u8 = 1;
+/// A demand held back by its grant: other instances' targets count it as
+/// twice itself, at most the whole budget.
+const HELD_BACK_FLAG: u8 = 2;
+
 /// The largest budget, in milli-units per second (about 10^9 per second),
 /// so that every sum in the script stays exact in Lua's doubles.
 const MAX_RATE_MILLI: u64 = 1 << 40;
@@ -189,8 +198,9 @@ pub struct LeaseStoreBuilder {
 struct Args {
     op: &'static str,
     demand: Rate,
-    /// The demand is a guess: nothing has been measured yet.
-    guess: bool,
+    /// How others count the demand: `MEASURED`, `GUESS` or
+    /// `HELD_BACK_FLAG`.
+    guess: u8,
     budget: Rate,
     lease_us: u64,
     /// The grant held by the instance's own account: rate, µs left.
@@ -202,7 +212,7 @@ impl Args {
         Args {
             op,
             demand: Rate::ZERO,
-            guess: false,
+            guess: 0,
             budget: Rate::ZERO,
             lease_us: 0,
             held: (Rate::ZERO, 0),
@@ -240,8 +250,8 @@ pub struct InstanceGrant {
     /// The demand it last reported.
     pub demand: Rate,
     /// Whether that demand was a guess (its first refresh, nothing measured
-    /// yet) or held back by its grant. Others' targets count such a demand
-    /// as the whole budget.
+    /// yet) or held back by its grant. Others' targets count a guess as the
+    /// whole budget and a held-back demand as twice itself, at most that.
     pub guessed: bool,
     /// The grants it may still be spending, by expiry, rates decreasing; the
     /// last one is its latest grant.
@@ -376,7 +386,7 @@ impl LeaseStore {
             .arg(args.op)
             .arg(id)
             .arg(args.demand.0)
-            .arg(u8::from(args.guess))
+            .arg(args.guess)
             .arg(args.budget.0)
             .arg(args.lease_us)
             .arg(args.held.0 .0)
@@ -548,7 +558,7 @@ fn parse_table(v: &Value) -> Option<GrantTable> {
             _ => return None,
         };
         let demand = int(at + 1)?;
-        let guessed = int(at + 2)? == 1;
+        let guessed = int(at + 2)? != 0;
         let count = int(at + 3)?;
         at += 4;
         let mut steps = Vec::new();
@@ -638,7 +648,8 @@ pub struct LeaseStatus {
 ///    targets sum to `R`, so what small demands leave goes to larger ones.
 ///    Another instance's demand that is still a guess (its first refresh,
 ///    nothing measured) counts as `R` here: a guess must not let `j` take
-///    what the other may need;
+///    what the other may need. A held-back one (below) counts as twice
+///    itself, at most `R`: what its grant can grow to by its next report;
 /// 2. grants `g = min(target_j, R − Σ_{i≠j} commitment_i(now))`, valid for
 ///    the lease length `L` (`expiry = now + L`, default 5 s);
 /// 3. adds the step `(g, now + L)` and keeps `j`'s older steps: **a lowered
@@ -685,9 +696,11 @@ pub struct LeaseStatus {
 /// bucket, or a [`LeasedBudget`](crate::outbound::LeasedBudget) share, to
 /// fill at a rate above zero). Callers that queue and wait then attempt
 /// about as fast as the grant lets them, so the count understates what
-/// they want. Such a window reports at least twice the grant, flagged as a
-/// guess is: no other instance's target takes what it may need, and its own
-/// grant at most doubles per refresh. Not the whole budget `R`: after Redis
+/// they want. Such a window reports at least twice the grant, flagged: other
+/// instances' targets count it as twice that report (at most `R`), room for
+/// its next doubling, and its own grant at most doubles per refresh. Not
+/// counted as `R`, as a guess is: a small held-back instance would strand
+/// the difference for every other one. Not reported as `R`: after Redis
 /// restarts empty, the first instance back would be granted all of it while
 /// the others still spend their grants. Waits shorter than that (an
 /// instance at or below its need) leave the measured figure, and so does a
@@ -891,9 +904,9 @@ impl State {
     /// since the window started, at least twice the grant if the window was
     /// held back (a window shorter than a quarter of the refresh period is
     /// kept open and the previous figure reported).
-    /// The flag says whether others must count the demand as the whole
-    /// budget: a guess, or held back.
-    fn take_demand(&mut self, x: Timestamp, cfg: &Settings) -> (Rate, bool) {
+    /// The flag says how others' targets count the demand: as measured, as
+    /// the whole budget (a guess) or as twice itself (held back).
+    fn take_demand(&mut self, x: Timestamp, cfg: &Settings) -> (Rate, u8) {
         let mut held = false;
         let measured = if self.mode_at(x) != LeaseMode::Granted {
             self.guessing = true;
@@ -922,7 +935,14 @@ impl State {
         };
         let demand = measured.max(cfg.min_demand).min(cfg.rate);
         self.demand = demand;
-        (demand, self.guessing || held)
+        let flag = if self.guessing {
+            GUESS
+        } else if held {
+            HELD_BACK_FLAG
+        } else {
+            MEASURED
+        };
+        (demand, flag)
     }
 
     fn status(&self, x: Timestamp, cfg: &Settings) -> LeaseStatus {

@@ -16,7 +16,8 @@
 -- ARGV[1]: 'g' (grant), 'r' (release) or 's' (snapshot, read only).
 -- ARGV[2]: the instance id.
 -- ARGV[3]: its demand (milli-units/s); ARGV[4]: 1 if that demand is a guess
--- (nothing measured yet), else 0; ARGV[5]: the budget R (milli-units/s);
+-- (nothing measured yet), 2 if held back by its grant, else 0; ARGV[5]: the
+-- budget R (milli-units/s);
 -- ARGV[6]: the lease length L (µs).
 -- ARGV[7], ARGV[8]: the grant the instance holds by its own account (rate,
 --          µs it still has), 0 0 for none. Merged as a step: after a lost
@@ -38,7 +39,9 @@
 -- to R (no cap when the demands fit). The grant is min(target, headroom).
 -- Another instance's guessed demand counts as R when the caller's target is
 -- computed: a guess must not let the caller take what that instance may
--- need, since capacity once granted is stranded for a lease length.
+-- need, since capacity once granted is stranded for a lease length. A
+-- held-back one counts as twice itself, at most R: room for its next
+-- doubling, without stranding the rest.
 --
 -- 'g' returns { grant, expiry, now, recheck, target, live }: the grant rate
 -- and its expiry (µs), the script's time, and, when the grant is below the
@@ -52,7 +55,7 @@ local key = KEYS[1]
 local op = ARGV[1]
 local me = 'i:' .. (ARGV[2] or '')
 local demand = tonumber(ARGV[3])
-local guess = ARGV[4] == '1'
+local guess = tonumber(ARGV[4]) or 0
 local R = tonumber(ARGV[5])
 local L = tonumber(ARGV[6])
 local held_rate = tonumber(ARGV[7])
@@ -74,11 +77,11 @@ local function parse(value)
   for k = 3, #nums - 1, 2 do
     if nums[k + 1] > now then steps[#steps + 1] = { nums[k], nums[k + 1] } end
   end
-  return nums[1] or 0, nums[2] == 1, steps
+  return nums[1] or 0, nums[2] or 0, steps
 end
 
 local function encode(d, g, steps)
-  local parts = { string.format('%d', d), g and '1' or '0' }
+  local parts = { string.format('%d', d), string.format('%d', g) }
   for _, s in ipairs(steps) do
     parts[#parts + 1] = string.format('%d', s[1])
     parts[#parts + 1] = string.format('%d', s[2])
@@ -134,7 +137,7 @@ if op == 's' then
   for _, f in ipairs(ids) do
     out[#out + 1] = string.sub(f, 3)
     out[#out + 1] = dem[f]
-    out[#out + 1] = guessed[f] and 1 or 0
+    out[#out + 1] = guessed[f]
     out[#out + 1] = #steps[f]
     for _, s in ipairs(steps[f]) do
       out[#out + 1] = s[1]
@@ -185,10 +188,17 @@ if held_rate > 0 and held_left > 0 then
 end
 
 -- Max-min fair water level over the live demands (nil: every demand fits),
--- another instance's guessed demand counted as R.
+-- another instance's guessed demand counted as R, a held-back one as twice
+-- itself.
 local eff = {}
 for _, f in ipairs(ids) do
-  if guessed[f] and f ~= me then eff[f] = R else eff[f] = dem[f] end
+  if f == me or guessed[f] == 0 then
+    eff[f] = dem[f]
+  elseif guessed[f] == 2 then
+    eff[f] = math.min(R, 2 * dem[f])
+  else
+    eff[f] = R
+  end
 end
 local order = {}
 for _, f in ipairs(ids) do order[#order + 1] = f end
