@@ -9,6 +9,13 @@
 //!   - fixed window: at most L per aligned window;
 //!   - sliding log: at most L in every `(t - W, t]`;
 //!   - token bucket: at most `floor(B + r·T)` in every interval of length T.
+//! - **Several policies on one key, one of them a shadow.** Random
+//!   interleavings of admissions and settlements on a quota of two enforcing
+//!   policies and a shadow one keep each enforcing policy's bound, as above,
+//!   with each policy's net cost (what each gave back is read from that
+//!   policy). And the shadow policy is invisible: at every step, on a key of
+//!   its own, the same quota without it gives the same admissions, waits and
+//!   enforcing decisions, before and after every settlement.
 //! - **Changed policies.** Random changes of every number between decisions
 //!   never panic, and no wait is longer than the new policy's own window
 //!   (twice it for the weighted window) or time to refill from empty.
@@ -41,14 +48,22 @@ enum Kind {
 /// A policy of `kind`: limit or capacity `limit`; window `window` µs, or for
 /// the bucket `refill` tokens per `window` µs.
 fn policy(kind: Kind, limit: u64, refill: u64, window: u64) -> Policy {
+    named("p", (kind, limit, refill, window))
+}
+
+/// [`policy`] named `name`.
+fn named(name: &str, (kind, limit, refill, window): Spec) -> Policy {
     let w = Duration::from_micros(window);
     match kind {
-        Kind::Fixed => Policy::fixed_window("p", limit, w),
-        Kind::Log => Policy::sliding_log("p", limit, w),
-        Kind::Bucket => Policy::token_bucket("p", limit, refill, w),
+        Kind::Fixed => Policy::fixed_window(name, limit, w),
+        Kind::Log => Policy::sliding_log(name, limit, w),
+        Kind::Bucket => Policy::token_bucket(name, limit, refill, w),
     }
     .unwrap()
 }
+
+/// A policy's kind, limit, refill and window, as [`policy`] takes them.
+type Spec = (Kind, u64, u64, u64);
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -176,6 +191,113 @@ fn check_bound(
     Ok(())
 }
 
+/// Each enforcing policy's remaining capacity on `key`, from a decision of
+/// cost 0.
+async fn remaining<S: Store>(store: &S, quota: &Quota, key: &Arc<str>) -> [u64; 2] {
+    let d = store.decide(quota, key, 0).await.unwrap();
+    [d.decisions[0].remaining, d.decisions[1].remaining]
+}
+
+/// Runs `ops` on a quota of policies `a` and `b` and the shadow `s` on
+/// `key`, and on the quota of `a` and `b` alone on a key of its own; checks
+/// that both answer alike and that `a` and `b` keep their bounds.
+async fn stacked_run<S: Store>(
+    store: &S,
+    clock: &ManualClock,
+    key: Arc<str>,
+    [a, b, s]: [Spec; 3],
+    ops: Vec<Op>,
+) -> Result<(), TestCaseError> {
+    let shadowed = Quota::new("q", [named("a", a), named("b", b), named("s", s).shadow()]).unwrap();
+    let bare = Quota::new("q", [named("a", a), named("b", b)]).unwrap();
+    let bare_key: Arc<str> = format!("{key}-bare").into();
+    let mut now = START;
+    // Per charge: time, net cost in `a` and in `b`, and the holds of each
+    // quota's admission.
+    let mut charges: Vec<(u64, [u64; 2], Holds, Holds)> = Vec::new();
+    for op in ops {
+        match op {
+            Op::Admit { gap, cost } => {
+                now += gap;
+                clock.set(Timestamp(now));
+                let with = store.decide(&shadowed, &key, cost).await.unwrap();
+                let without = store.decide(&bare, &bare_key, cost).await.unwrap();
+                prop_assert_eq!(with.admitted, without.admitted, "admitted at {}", now);
+                prop_assert_eq!(with.retry_after(&shadowed), without.retry_after(&bare));
+                prop_assert_eq!(&with.decisions[..2], &without.decisions[..]);
+                if with.admitted {
+                    charges.push((now, [cost, cost], with.holds, without.holds));
+                }
+            }
+            Op::Settle { gap, which, delta } => {
+                if charges.is_empty() {
+                    continue;
+                }
+                now += gap;
+                clock.set(Timestamp(now));
+                let c = which % charges.len();
+                let before = remaining(store, &shadowed, &key).await;
+                prop_assert_eq!(before, remaining(store, &bare, &bare_key).await);
+                let (_, net, with, without) = &mut charges[c];
+                *with = store.settle(&shadowed, &key, with, delta).await.unwrap();
+                *without = store
+                    .settle(&bare, &bare_key, without, delta)
+                    .await
+                    .unwrap();
+                let after = remaining(store, &shadowed, &key).await;
+                prop_assert_eq!(
+                    after,
+                    remaining(store, &bare, &bare_key).await,
+                    "after a settle of {}",
+                    delta
+                );
+                if delta < 0 {
+                    for k in 0..2 {
+                        let back = after[k].saturating_sub(before[k]);
+                        prop_assert!(
+                            back <= delta.unsigned_abs() && back <= net[k],
+                            "policy {} gave back {} of {}",
+                            k,
+                            back,
+                            net[k]
+                        );
+                        net[k] -= back;
+                    }
+                }
+            }
+        }
+        for (k, &(kind, limit, refill, window)) in [a, b].iter().enumerate() {
+            let view: Vec<Charge> = charges
+                .iter()
+                .map(|&(at, net, ..)| Charge {
+                    at,
+                    net: net[k],
+                    holds: Holds::default(),
+                })
+                .collect();
+            check_bound(kind, limit, refill, window, &view)?;
+        }
+    }
+    Ok(())
+}
+
+/// Two enforcing policies and a shadow one, of any kinds and numbers; the
+/// operations' costs and gaps follow the first.
+fn stacked_case() -> impl Strategy<Value = ([Spec; 3], Vec<Op>)> {
+    let spec = || {
+        (
+            prop_oneof![Just(Kind::Fixed), Just(Kind::Log), Just(Kind::Bucket)],
+            1u64..=20,
+            1u64..=7,
+            prop_oneof![Just(10_000u64), Just(60_000_000u64), 1_000u64..=5_000_000],
+        )
+    };
+    [spec(), spec(), spec()].prop_flat_map(|specs| {
+        let (_, limit, _, window) = specs[0];
+        (Just(specs), ops(limit, window))
+    })
+}
+
 fn settlement_case() -> impl Strategy<Value = ((Kind, u64, u64, u64), Vec<Op>)> {
     let kind = prop_oneof![Just(Kind::Fixed), Just(Kind::Log), Just(Kind::Bucket)];
     (
@@ -278,6 +400,18 @@ fn settlement_never_breaks_the_bounds_in_memory() {
 }
 
 #[test]
+fn shadowed_policies_on_one_key_keep_their_bounds_through_settlement_in_memory() {
+    let clock = ManualClock::default();
+    let store = memory(&clock);
+    let keys = Keys(AtomicU64::new(0));
+    runner(512)
+        .run(&stacked_case(), |(specs, ops)| {
+            block_on(stacked_run(&store, &clock, keys.next(), specs, ops))
+        })
+        .unwrap();
+}
+
+#[test]
 fn changed_policies_never_lock_out_in_memory() {
     let clock = ManualClock::default();
     let store = memory(&clock);
@@ -312,6 +446,20 @@ mod redis {
         runner(128)
             .run(&settlement_case(), |(case, ops)| {
                 rt.block_on(settle_run(&store, &clock, keys.next(), case, ops))
+            })
+            .unwrap();
+    }
+
+    #[test]
+    fn shadowed_policies_on_one_key_keep_their_bounds_through_settlement_in_redis() {
+        let server = support::RedisServer::start();
+        let clock = ManualClock::default();
+        let store = store(&server, &clock);
+        let keys = Keys(AtomicU64::new(0));
+        let rt = runtime();
+        runner(128)
+            .run(&stacked_case(), |(specs, ops)| {
+                rt.block_on(stacked_run(&store, &clock, keys.next(), specs, ops))
             })
             .unwrap();
     }
