@@ -538,3 +538,246 @@ async fn a_settle_of_unknown_outcome_is_never_given_back_twice() {
         assert_eq!(left.decisions[0].remaining, remaining);
     }
 }
+
+/// What the shared store does with one call in [`flaky_settlement_run`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Call {
+    /// Answers.
+    Answers,
+    /// Fails before recording anything.
+    Down,
+    /// Records, then times out: the outcome is unknown to the caller.
+    Lost,
+}
+
+/// A memory store whose next decide and settle each do as told.
+#[derive(Clone)]
+struct Flaky {
+    inner: MemoryStore<ManualClock>,
+    decide: Arc<parking_lot::Mutex<Call>>,
+    settle: Arc<parking_lot::Mutex<Call>>,
+}
+
+impl Store for Flaky {
+    type DecideFuture = Boxed<QuotaDecision>;
+    type SettleFuture = Boxed<Holds>;
+
+    fn decide(&self, quota: &Quota, key: &Arc<str>, cost: u64) -> Self::DecideFuture {
+        let answer = match *self.decide.lock() {
+            Call::Answers => self.inner.decide(quota, key, cost).into_inner(),
+            Call::Down => Err(StoreError::Unavailable {
+                message: "down".into(),
+            }),
+            Call::Lost => {
+                // Decided and recorded; the reply is what is lost.
+                drop(self.inner.decide(quota, key, cost).into_inner());
+                Err(StoreError::Timeout)
+            }
+        };
+        Box::pin(std::future::ready(answer))
+    }
+
+    fn settle(
+        &self,
+        quota: &Quota,
+        key: &Arc<str>,
+        holds: &Holds,
+        delta: i64,
+    ) -> Self::SettleFuture {
+        let call = *self.settle.lock();
+        let answer = match call {
+            Call::Down => Err(StoreError::Unavailable {
+                message: "down".into(),
+            }),
+            _ => self.inner.settle(quota, key, holds, delta).into_inner(),
+        };
+        Box::pin(std::future::ready(match call {
+            Call::Lost => Err(StoreError::Timeout),
+            _ => answer,
+        }))
+    }
+}
+
+/// One request of [`flaky_settlement_run`]: how the shared store takes its
+/// decide and its settle, its cost, and what it settles at (none: it never
+/// settles).
+#[derive(Debug, Clone, Copy)]
+struct FlakyStep {
+    decide: Call,
+    settle: Call,
+    cost: u64,
+    actual: Option<u64>,
+}
+
+/// The shared limit, and the local share while the store fails (a quarter).
+const SHARED: u64 = 40;
+const LOCAL: u64 = 10;
+
+/// The net cost of a charge of `cost` settled at `actual`, in a store that
+/// held `used` of `limit` before the charge: a refund gives back what the
+/// charge holds, an extra charge takes at most what is left.
+fn settled(used: u64, limit: u64, cost: u64, actual: u64) -> u64 {
+    if actual <= cost {
+        actual
+    } else {
+        cost + (actual - cost).min(limit - used - cost)
+    }
+}
+
+/// Runs `steps` through the quota layer over a flaky shared store and
+/// checks every answer and both stores' use against a model: an admission
+/// the shared store answered is recorded and settled there (a settle lost
+/// after it was applied counts as applied, one that failed changes
+/// nothing); one it failed to answer falls back to the local share, which
+/// records and settles it, and a decide lost after the store recorded it
+/// stays consumed there, never given back.
+async fn flaky_settlement_run(steps: &[FlakyStep]) {
+    let clock = clock();
+    let flaky = Flaky {
+        inner: memory(&clock),
+        decide: Arc::new(parking_lot::Mutex::new(Call::Answers)),
+        settle: Arc::new(parking_lot::Mutex::new(Call::Answers)),
+    };
+    // The local store runs on the system clock: a log over a year, so
+    // nothing leaves either store during the run.
+    let quota = Quota::new(
+        "api",
+        [Policy::sliding_log("per-year", SHARED, 365 * DAY)
+            .unwrap()
+            .on_failure(FailureMode::LocalShare {
+                divisor: NonZeroU64::new(SHARED / LOCAL).unwrap(),
+            })],
+    )
+    .unwrap();
+    let limiter = Limiter::new(flaky.clone());
+    let settle_call = flaky.settle.clone();
+    let layer = QuotaLayer::with_limiter(limiter.clone())
+        .quota(quota.clone())
+        .cost(|parts| header(&parts.headers, "x-cost").unwrap_or(1))
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route(
+            "/",
+            get(
+                move |Extension(settlement): Extension<Settlement>, headers: http::HeaderMap| {
+                    let settle_call = settle_call.clone();
+                    async move {
+                        if let Some(actual) = header(&headers, "x-actual") {
+                            *settle_call.lock() = match header(&headers, "x-settle") {
+                                Some(0) => Call::Answers,
+                                Some(1) => Call::Down,
+                                _ => Call::Lost,
+                            };
+                            // A failed settle leaves the charge as it was.
+                            let _ = settlement.settle(actual).await;
+                        }
+                        "ok"
+                    }
+                },
+            ),
+        )
+        .layer(layer);
+    let key: Arc<str> = "alice".into();
+    let shared_used = || {
+        SHARED
+            - flaky
+                .inner
+                .decide(&quota, &key, 0)
+                .into_inner()
+                .unwrap()
+                .decisions[0]
+                .remaining
+    };
+    let (mut shared, mut local) = (0u64, 0u64);
+    for (i, step) in steps.iter().enumerate() {
+        *flaky.decide.lock() = step.decide;
+        let mut req = alice();
+        let headers = req.headers_mut();
+        headers.insert("x-cost", step.cost.into());
+        if let Some(actual) = step.actual {
+            headers.insert("x-actual", actual.into());
+            let code: u64 = match step.settle {
+                Call::Answers => 0,
+                Call::Down => 1,
+                Call::Lost => 2,
+            };
+            headers.insert("x-settle", code.into());
+        }
+        let status = app.clone().oneshot(req).await.unwrap().status();
+        let settle = |used: u64, limit: u64, shared_store: bool| match step.actual {
+            // A settle that failed at the shared store changes nothing.
+            Some(_) if shared_store && step.settle == Call::Down => step.cost,
+            Some(actual) => settled(used, limit, step.cost, actual),
+            None => step.cost,
+        };
+        let expected = match step.decide {
+            Call::Answers if shared + step.cost <= SHARED => {
+                shared += settle(shared, SHARED, true);
+                StatusCode::OK
+            }
+            Call::Answers => StatusCode::TOO_MANY_REQUESTS,
+            Call::Down | Call::Lost => {
+                if step.decide == Call::Lost && shared + step.cost <= SHARED {
+                    // Recorded, unknown to the caller: consumed for good.
+                    shared += step.cost;
+                }
+                if step.cost > LOCAL {
+                    // More than the share can ever admit, not more than
+                    // the real limit: a transient refusal.
+                    StatusCode::SERVICE_UNAVAILABLE
+                } else if local + step.cost <= LOCAL {
+                    local += settle(local, LOCAL, false);
+                    StatusCode::OK
+                } else {
+                    StatusCode::TOO_MANY_REQUESTS
+                }
+            }
+        };
+        assert_eq!(status, expected, "step {i} of {steps:?}");
+        assert_eq!(
+            shared_used(),
+            shared,
+            "shared store's use after step {i} of {steps:?}"
+        );
+    }
+    let stats = limiter.stats();
+    let lost = steps.iter().filter(|s| s.decide == Call::Lost).count() as u64;
+    assert_eq!(stats.unknown_outcomes, lost, "{steps:?}");
+}
+
+/// The number in header `name`, if any.
+fn header(headers: &http::HeaderMap, name: &str) -> Option<u64> {
+    headers.get(name)?.to_str().ok()?.parse().ok()
+}
+
+/// Failure modes and settlement through the layer, on random requests:
+/// each is decided by a shared store that answers, is down or loses the
+/// reply, costs 1 to 15, and settles at 0 to 20 (or never) through a shared
+/// store that answers, is down or loses that reply. Every answer and both
+/// stores' use match the model of [`flaky_settlement_run`] after every
+/// request: no refund reaches a store that did not record the charge, no
+/// unknown outcome is given back, and neither the shared limit nor the
+/// local share is exceeded.
+#[tokio::test]
+async fn failure_modes_and_settlement_keep_each_store_to_what_it_recorded() {
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+    let call = |rng: &mut StdRng| match rng.random_range(0..4) {
+        0 | 1 => Call::Answers,
+        2 => Call::Down,
+        _ => Call::Lost,
+    };
+    for seed in 0..2_000 {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let steps: Vec<FlakyStep> = (0..rng.random_range(1..=30))
+            .map(|_| FlakyStep {
+                decide: call(&mut rng),
+                settle: call(&mut rng),
+                cost: rng.random_range(1..=15),
+                actual: rng.random_bool(0.7).then(|| rng.random_range(0..=20)),
+            })
+            .collect();
+        flaky_settlement_run(&steps).await;
+    }
+}
