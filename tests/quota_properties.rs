@@ -383,44 +383,45 @@ fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
-fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    runtime().block_on(f)
+/// Runs `cases` cases of `strategy` through `case`, each on a key of its
+/// own, on one runtime.
+fn run_cases<T: Strategy, F: std::future::Future<Output = Result<(), TestCaseError>>>(
+    cases: u32,
+    strategy: T,
+    case: impl Fn(Arc<str>, T::Value) -> F,
+) {
+    let keys = Keys(AtomicU64::new(0));
+    let rt = runtime();
+    runner(cases)
+        .run(&strategy, |value| rt.block_on(case(keys.next(), value)))
+        .unwrap();
 }
 
 #[test]
 fn settlement_never_breaks_the_bounds_in_memory() {
     let clock = ManualClock::default();
     let store = memory(&clock);
-    let keys = Keys(AtomicU64::new(0));
-    runner(512)
-        .run(&settlement_case(), |(case, ops)| {
-            block_on(settle_run(&store, &clock, keys.next(), case, ops))
-        })
-        .unwrap();
+    run_cases(512, settlement_case(), |key, (case, ops)| {
+        settle_run(&store, &clock, key, case, ops)
+    });
 }
 
 #[test]
 fn shadowed_policies_on_one_key_keep_their_bounds_through_settlement_in_memory() {
     let clock = ManualClock::default();
     let store = memory(&clock);
-    let keys = Keys(AtomicU64::new(0));
-    runner(512)
-        .run(&stacked_case(), |(specs, ops)| {
-            block_on(stacked_run(&store, &clock, keys.next(), specs, ops))
-        })
-        .unwrap();
+    run_cases(512, stacked_case(), |key, (specs, ops)| {
+        stacked_run(&store, &clock, key, specs, ops)
+    });
 }
 
 #[test]
 fn changed_policies_never_lock_out_in_memory() {
     let clock = ManualClock::default();
     let store = memory(&clock);
-    let keys = Keys(AtomicU64::new(0));
-    runner(512)
-        .run(&change_case(), |steps| {
-            block_on(change_run(&store, &clock, keys.next(), steps))
-        })
-        .unwrap();
+    run_cases(512, change_case(), |key, steps| {
+        change_run(&store, &clock, key, steps)
+    });
 }
 
 #[cfg(feature = "redis")]
@@ -441,13 +442,9 @@ mod redis {
         let server = support::RedisServer::start();
         let clock = ManualClock::default();
         let store = store(&server, &clock);
-        let keys = Keys(AtomicU64::new(0));
-        let rt = runtime();
-        runner(128)
-            .run(&settlement_case(), |(case, ops)| {
-                rt.block_on(settle_run(&store, &clock, keys.next(), case, ops))
-            })
-            .unwrap();
+        run_cases(128, settlement_case(), |key, (case, ops)| {
+            settle_run(&store, &clock, key, case, ops)
+        });
     }
 
     #[test]
@@ -455,13 +452,9 @@ mod redis {
         let server = support::RedisServer::start();
         let clock = ManualClock::default();
         let store = store(&server, &clock);
-        let keys = Keys(AtomicU64::new(0));
-        let rt = runtime();
-        runner(128)
-            .run(&stacked_case(), |(specs, ops)| {
-                rt.block_on(stacked_run(&store, &clock, keys.next(), specs, ops))
-            })
-            .unwrap();
+        run_cases(128, stacked_case(), |key, (specs, ops)| {
+            stacked_run(&store, &clock, key, specs, ops)
+        });
     }
 
     #[test]
@@ -469,12 +462,8 @@ mod redis {
         let server = support::RedisServer::start();
         let clock = ManualClock::default();
         let store = store(&server, &clock);
-        let keys = Keys(AtomicU64::new(0));
-        let rt = runtime();
-        runner(128)
-            .run(&change_case(), |steps| {
-                rt.block_on(change_run(&store, &clock, keys.next(), steps))
-            })
-            .unwrap();
+        run_cases(128, change_case(), |key, steps| {
+            change_run(&store, &clock, key, steps)
+        });
     }
 }
