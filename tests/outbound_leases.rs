@@ -968,6 +968,18 @@ enum Change {
     SlowReply(u64),
 }
 
+/// Ticks 1 ms, then notes each live instance spending the fallback.
+async fn tick_noting_fallbacks(fleet: &mut Fleet, fell_back: &mut Vec<String>) {
+    fleet.tick(MS).await;
+    fell_back.extend(
+        fleet
+            .nodes
+            .iter()
+            .filter(|n| n.alive && n.status().mode == LeaseMode::Fallback)
+            .map(|n| n.id.clone()),
+    );
+}
+
 /// What a random fleet did, for the printout.
 struct RandomRun {
     seed: u64,
@@ -1037,14 +1049,7 @@ async fn random_fleet(seed: u64) -> RandomRun {
     let mut fell_back = Vec::new();
     for (at, change) in changes {
         while fleet.t < at {
-            fleet.tick(MS).await;
-            fell_back.extend(
-                fleet
-                    .nodes
-                    .iter()
-                    .filter(|n| n.alive && n.status().mode == LeaseMode::Fallback)
-                    .map(|n| n.id.clone()),
-            );
+            tick_noting_fallbacks(&mut fleet, &mut fell_back).await;
         }
         let live: Vec<usize> = (0..fleet.nodes.len())
             .filter(|&i| fleet.nodes[i].alive)
@@ -1068,14 +1073,7 @@ async fn random_fleet(seed: u64) -> RandomRun {
     }
     let (from, to) = (28 * SEC, 32 * SEC);
     while fleet.t < to {
-        fleet.tick(MS).await;
-        fell_back.extend(
-            fleet
-                .nodes
-                .iter()
-                .filter(|n| n.alive && n.status().mode == LeaseMode::Fallback)
-                .map(|n| n.id.clone()),
-        );
+        tick_noting_fallbacks(&mut fleet, &mut fell_back).await;
     }
     assert_eq!(
         fell_back,
