@@ -200,7 +200,7 @@ struct Args {
     demand: Rate,
     /// How others count the demand: `MEASURED`, `GUESS` or
     /// `HELD_BACK_FLAG`.
-    guess: u8,
+    flag: u8,
     budget: Rate,
     lease_us: u64,
     /// The grant held by the instance's own account: rate, µs left.
@@ -212,7 +212,7 @@ impl Args {
         Args {
             op,
             demand: Rate::ZERO,
-            guess: 0,
+            flag: MEASURED,
             budget: Rate::ZERO,
             lease_us: 0,
             held: (Rate::ZERO, 0),
@@ -386,7 +386,7 @@ impl LeaseStore {
             .arg(args.op)
             .arg(id)
             .arg(args.demand.0)
-            .arg(args.guess)
+            .arg(args.flag)
             .arg(args.budget.0)
             .arg(args.lease_us)
             .arg(args.held.0 .0)
@@ -1352,7 +1352,7 @@ impl<C: Clock> RateLease<C> {
             }
             let x = inner.clock.now();
             s.advance(x, cfg);
-            let (demand, guess) = s.take_demand(x, cfg);
+            let (demand, flag) = s.take_demand(x, cfg);
             let held = if s.phase == Phase::Active && x < s.until {
                 (s.grant, s.until.0 - x.0)
             } else {
@@ -1361,7 +1361,7 @@ impl<C: Clock> RateLease<C> {
             let args = Args {
                 op: "g",
                 demand,
-                guess,
+                flag,
                 budget: cfg.rate,
                 lease_us: cfg.lease_us,
                 held,

@@ -48,14 +48,14 @@
 -- target, the earliest time (µs) at which the target should fit, from the
 -- other instances' steps and targets (0 when it fits now or never will).
 -- 'r' deletes the instance (its holder has stopped spending) and returns
--- { now }. 's' returns { now, n, then per instance: id, demand, guessed
--- (0/1), #steps, rate1, exp1, ... }.
+-- { now }. 's' returns { now, n, then per instance: id, demand, flag
+-- (as ARGV[4]), #steps, rate1, exp1, ... }.
 
 local key = KEYS[1]
 local op = ARGV[1]
 local me = 'i:' .. (ARGV[2] or '')
 local demand = tonumber(ARGV[3])
-local guess = tonumber(ARGV[4]) or 0
+local flag = tonumber(ARGV[4]) or 0
 local R = tonumber(ARGV[5])
 local L = tonumber(ARGV[6])
 local held_rate = tonumber(ARGV[7])
@@ -114,7 +114,7 @@ local function prune(steps)
   return kept
 end
 
-local ids, dem, guessed, steps = {}, {}, {}, {}
+local ids, dem, flags, steps = {}, {}, {}, {}
 local all = redis.call('HGETALL', key)
 for k = 1, #all, 2 do
   local f = all[k]
@@ -123,7 +123,7 @@ for k = 1, #all, 2 do
     if #st > 0 or f == me then
       ids[#ids + 1] = f
       dem[f] = d
-      guessed[f] = g
+      flags[f] = g
       steps[f] = st
     elseif op ~= 's' then
       -- Every grant of this instance has expired: it is gone.
@@ -137,7 +137,7 @@ if op == 's' then
   for _, f in ipairs(ids) do
     out[#out + 1] = string.sub(f, 3)
     out[#out + 1] = dem[f]
-    out[#out + 1] = guessed[f]
+    out[#out + 1] = flags[f]
     out[#out + 1] = #steps[f]
     for _, s in ipairs(steps[f]) do
       out[#out + 1] = s[1]
@@ -182,7 +182,7 @@ if steps[me] == nil then
   steps[me] = {}
 end
 dem[me] = demand
-guessed[me] = guess
+flags[me] = flag
 if held_rate > 0 and held_left > 0 then
   table.insert(steps[me], { held_rate, now + held_left })
 end
@@ -192,9 +192,9 @@ end
 -- itself.
 local eff = {}
 for _, f in ipairs(ids) do
-  if f == me or guessed[f] == 0 then
+  if f == me or flags[f] == 0 then
     eff[f] = dem[f]
-  elseif guessed[f] == 2 then
+  elseif flags[f] == 2 then
     eff[f] = math.min(R, 2 * dem[f])
   else
     eff[f] = R
@@ -259,6 +259,6 @@ if grant < want then
   end
 end
 
-redis.call('HSET', key, me, encode(demand, guess, steps[me]))
+redis.call('HSET', key, me, encode(demand, flag, steps[me]))
 save_time()
 return { grant, expiry, now, recheck, want, #ids }
