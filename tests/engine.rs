@@ -781,3 +781,101 @@ async fn failure_modes_and_settlement_keep_each_store_to_what_it_recorded() {
         flaky_settlement_run(&steps).await;
     }
 }
+
+/// An app charged by `quota` through `limiter` at the request's `x-cost`,
+/// with `RateLimit` fields on every answer, whose handler settles at
+/// `x-actual` when the request carries it.
+fn settling_app(limiter: Limiter<MemoryStore<ManualClock>>, quota: Quota) -> Router {
+    let layer = QuotaLayer::with_limiter(limiter)
+        .quota(quota)
+        .cost(|parts| header(&parts.headers, "x-cost").unwrap_or(1))
+        .headers_on_success(true)
+        .build()
+        .unwrap();
+    Router::new()
+        .route(
+            "/",
+            get(
+                |Extension(settlement): Extension<Settlement>, headers: http::HeaderMap| async move {
+                    if let Some(actual) = header(&headers, "x-actual") {
+                        settlement.settle(actual).await.unwrap();
+                    }
+                    "ok"
+                },
+            ),
+        )
+        .layer(layer)
+}
+
+/// The status, `Retry-After`, `RateLimit-Policy`, `RateLimit` and body of a
+/// response, as they reach the caller.
+async fn answer(response: http::Response<Body>) -> (StatusCode, Vec<String>, String) {
+    let status = response.status();
+    let fields = ["retry-after", "ratelimit-policy", "ratelimit"]
+        .iter()
+        .flat_map(|name| {
+            response
+                .headers()
+                .get_all(*name)
+                .iter()
+                .map(move |v| format!("{name}: {}", v.to_str().unwrap()))
+        })
+        .collect();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, fields, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// A shadow policy is invisible to callers through everything that touches
+/// the same key: on 300 random sequences of requests (gaps of 0 to 20 s,
+/// costs of 1 to 6, two in three settled at 0 to 8), a quota of a sliding
+/// log and a bucket beside a tight shadow window answers exactly as the same
+/// quota without it, status, `Retry-After`, `RateLimit` fields and problem
+/// body alike. The shadow window refuses in at least a third of the
+/// sequences, or the test would prove nothing.
+#[tokio::test]
+async fn a_shadow_policy_is_invisible_through_random_admissions_and_settlements() {
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+    let enforcing = || {
+        [
+            Policy::sliding_log("per-minute", 10, Duration::from_secs(60)).unwrap(),
+            Policy::token_bucket("burst", 4, 10, Duration::from_secs(60)).unwrap(),
+        ]
+    };
+    let shadow = Policy::fixed_window("per-hour", 3, Duration::from_secs(3_600))
+        .unwrap()
+        .shadow();
+    let [log, bucket] = enforcing();
+    let shadowed = Quota::new("api", [log, bucket, shadow]).unwrap();
+    let bare = Quota::new("api", enforcing()).unwrap();
+    let mut refusing = 0;
+    for seed in 0..300 {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let clock = clock();
+        let limiter = Limiter::new(memory(&clock));
+        let app_with = settling_app(limiter.clone(), shadowed.clone());
+        let app_without = settling_app(Limiter::new(memory(&clock)), bare.clone());
+        for _ in 0..rng.random_range(1..=25) {
+            clock.advance(Duration::from_millis(rng.random_range(0..=20_000)));
+            let cost = rng.random_range(1..=6u64);
+            let actual = rng.random_bool(0.66).then(|| rng.random_range(0..=8u64));
+            let request = || {
+                let mut req = alice();
+                req.headers_mut().insert("x-cost", cost.into());
+                if let Some(actual) = actual {
+                    req.headers_mut().insert("x-actual", actual.into());
+                }
+                req
+            };
+            let a = answer(app_with.clone().oneshot(request()).await.unwrap()).await;
+            let b = answer(app_without.clone().oneshot(request()).await.unwrap()).await;
+            assert_eq!(a, b, "seed {seed}: cost {cost}, settled at {actual:?}");
+        }
+        refusing += u64::from(limiter.stats().shadow_refusals > 0);
+    }
+    assert!(
+        refusing * 3 >= 300,
+        "the shadow window refused in {refusing} of 300 sequences"
+    );
+    println!("the shadow window refused in {refusing} of 300 sequences");
+}
