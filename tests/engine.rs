@@ -563,18 +563,10 @@ impl Store for Flaky {
     type SettleFuture = Boxed<Holds>;
 
     fn decide(&self, quota: &Quota, key: &Arc<str>, cost: u64) -> Self::DecideFuture {
-        let answer = match *self.decide.lock() {
-            Call::Answers => self.inner.decide(quota, key, cost).into_inner(),
-            Call::Down => Err(StoreError::Unavailable {
-                message: "down".into(),
-            }),
-            Call::Lost => {
-                // Decided and recorded; the reply is what is lost.
-                drop(self.inner.decide(quota, key, cost).into_inner());
-                Err(StoreError::Timeout)
-            }
-        };
-        Box::pin(std::future::ready(answer))
+        let call = *self.decide.lock();
+        Box::pin(std::future::ready(
+            call.apply(|| self.inner.decide(quota, key, cost).into_inner()),
+        ))
     }
 
     fn settle(
@@ -585,16 +577,26 @@ impl Store for Flaky {
         delta: i64,
     ) -> Self::SettleFuture {
         let call = *self.settle.lock();
-        let answer = match call {
+        Box::pin(std::future::ready(call.apply(|| {
+            self.inner.settle(quota, key, holds, delta).into_inner()
+        })))
+    }
+}
+
+impl Call {
+    /// The answer to a call that `store` would answer.
+    fn apply<T>(self, store: impl FnOnce() -> Result<T, StoreError>) -> Result<T, StoreError> {
+        match self {
+            Call::Answers => store(),
             Call::Down => Err(StoreError::Unavailable {
                 message: "down".into(),
             }),
-            _ => self.inner.settle(quota, key, holds, delta).into_inner(),
-        };
-        Box::pin(std::future::ready(match call {
-            Call::Lost => Err(StoreError::Timeout),
-            _ => answer,
-        }))
+            Call::Lost => {
+                // Applied; the reply is what is lost.
+                drop(store());
+                Err(StoreError::Timeout)
+            }
+        }
     }
 }
 
@@ -650,34 +652,7 @@ async fn flaky_settlement_run(steps: &[FlakyStep]) {
     )
     .unwrap();
     let limiter = Limiter::new(flaky.clone());
-    let settle_call = flaky.settle.clone();
-    let layer = QuotaLayer::with_limiter(limiter.clone())
-        .quota(quota.clone())
-        .cost(|parts| header(&parts.headers, "x-cost").unwrap_or(1))
-        .build()
-        .unwrap();
-    let app = Router::new()
-        .route(
-            "/",
-            get(
-                move |Extension(settlement): Extension<Settlement>, headers: http::HeaderMap| {
-                    let settle_call = settle_call.clone();
-                    async move {
-                        if let Some(actual) = header(&headers, "x-actual") {
-                            *settle_call.lock() = match header(&headers, "x-settle") {
-                                Some(0) => Call::Answers,
-                                Some(1) => Call::Down,
-                                _ => Call::Lost,
-                            };
-                            // A failed settle leaves the charge as it was.
-                            let _ = settlement.settle(actual).await;
-                        }
-                        "ok"
-                    }
-                },
-            ),
-        )
-        .layer(layer);
+    let app = settling_app(limiter.clone(), quota.clone());
     let key: Arc<str> = "alice".into();
     let shared_used = || {
         SHARED
@@ -692,19 +667,13 @@ async fn flaky_settlement_run(steps: &[FlakyStep]) {
     let (mut shared, mut local) = (0u64, 0u64);
     for (i, step) in steps.iter().enumerate() {
         *flaky.decide.lock() = step.decide;
-        let mut req = alice();
-        let headers = req.headers_mut();
-        headers.insert("x-cost", step.cost.into());
-        if let Some(actual) = step.actual {
-            headers.insert("x-actual", actual.into());
-            let code: u64 = match step.settle {
-                Call::Answers => 0,
-                Call::Down => 1,
-                Call::Lost => 2,
-            };
-            headers.insert("x-settle", code.into());
-        }
-        let status = app.clone().oneshot(req).await.unwrap().status();
+        *flaky.settle.lock() = step.settle;
+        let status = app
+            .clone()
+            .oneshot(charged(step.cost, step.actual))
+            .await
+            .unwrap()
+            .status();
         let settle = |used: u64, limit: u64, shared_store: bool| match step.actual {
             // A settle that failed at the shared store changes nothing.
             Some(_) if shared_store && step.settle == Call::Down => step.cost,
@@ -746,6 +715,17 @@ async fn flaky_settlement_run(steps: &[FlakyStep]) {
     assert_eq!(stats.unknown_outcomes, lost, "{steps:?}");
 }
 
+/// Alice's request to [`settling_app`], charged `cost` and settled at
+/// `actual`, if any.
+fn charged(cost: u64, actual: Option<u64>) -> Request<Body> {
+    let mut req = alice();
+    req.headers_mut().insert("x-cost", cost.into());
+    if let Some(actual) = actual {
+        req.headers_mut().insert("x-actual", actual.into());
+    }
+    req
+}
+
 /// The number in header `name`, if any.
 fn header(headers: &http::HeaderMap, name: &str) -> Option<u64> {
     headers.get(name)?.to_str().ok()?.parse().ok()
@@ -784,8 +764,10 @@ async fn failure_modes_and_settlement_keep_each_store_to_what_it_recorded() {
 
 /// An app charged by `quota` through `limiter` at the request's `x-cost`,
 /// with `RateLimit` fields on every answer, whose handler settles at
-/// `x-actual` when the request carries it.
-fn settling_app(limiter: Limiter<MemoryStore<ManualClock>>, quota: Quota) -> Router {
+/// `x-actual` when the request carries it and answers `ok`, or `settle
+/// failed` (the charge is then as it was, or as if applied when the outcome
+/// is unknown).
+fn settling_app<St: Store>(limiter: Limiter<St>, quota: Quota) -> Router {
     let layer = QuotaLayer::with_limiter(limiter)
         .quota(quota)
         .cost(|parts| header(&parts.headers, "x-cost").unwrap_or(1))
@@ -797,10 +779,10 @@ fn settling_app(limiter: Limiter<MemoryStore<ManualClock>>, quota: Quota) -> Rou
             "/",
             get(
                 |Extension(settlement): Extension<Settlement>, headers: http::HeaderMap| async move {
-                    if let Some(actual) = header(&headers, "x-actual") {
-                        settlement.settle(actual).await.unwrap();
+                    match header(&headers, "x-actual") {
+                        Some(actual) if settlement.settle(actual).await.is_err() => "settle failed",
+                        _ => "ok",
                     }
-                    "ok"
                 },
             ),
         )
@@ -859,16 +841,22 @@ async fn a_shadow_policy_is_invisible_through_random_admissions_and_settlements(
             clock.advance(Duration::from_millis(rng.random_range(0..=20_000)));
             let cost = rng.random_range(1..=6u64);
             let actual = rng.random_bool(0.66).then(|| rng.random_range(0..=8u64));
-            let request = || {
-                let mut req = alice();
-                req.headers_mut().insert("x-cost", cost.into());
-                if let Some(actual) = actual {
-                    req.headers_mut().insert("x-actual", actual.into());
-                }
-                req
-            };
-            let a = answer(app_with.clone().oneshot(request()).await.unwrap()).await;
-            let b = answer(app_without.clone().oneshot(request()).await.unwrap()).await;
+            let a = answer(
+                app_with
+                    .clone()
+                    .oneshot(charged(cost, actual))
+                    .await
+                    .unwrap(),
+            )
+            .await;
+            let b = answer(
+                app_without
+                    .clone()
+                    .oneshot(charged(cost, actual))
+                    .await
+                    .unwrap(),
+            )
+            .await;
             assert_eq!(a, b, "seed {seed}: cost {cost}, settled at {actual:?}");
         }
         refusing += u64::from(limiter.stats().shadow_refusals > 0);
