@@ -663,12 +663,14 @@ async fn an_instance_whose_demand_fits_its_grant_reports_its_measured_demand() {
         reports[1..],
         [
             (1_000, 8_000, 8_000, 12_000),
-            (5_000, 8_000, 8_000, 24_000),
-            (9_000, 8_000, 8_000, 48_000),
-            (13_000, 8_000, 8_000, 96_000),
-            (17_000, 8_000, 8_000, 192_000),
+            (5_000, 8_000, 8_000, 24_250),
+            (9_000, 8_000, 8_000, 48_500),
+            (13_000, 8_000, 8_000, 97_250),
+            (17_000, 8_000, 8_000, 194_500),
         ],
-        "small reports what it measured, below and at its grant; big, held back, twice its grant"
+        "small reports what it measured, below and at its grant; big, held back, at least twice \
+         its grant (its queue's head, told to wait at most until the next refresh, also looks \
+         at each refresh: 24.25/s against 2 x 12/s)"
     );
     let arrivals: Vec<u64> = (1..=8 * 20).map(|k| START + k * 125 * MS).collect();
     assert_eq!(
@@ -677,8 +679,8 @@ async fn an_instance_whose_demand_fits_its_grant_reports_its_measured_demand() {
     );
     assert_eq!(
         fleet.nodes[big].status().grant,
-        Rate::per_second(192),
-        "big doubles its grant per refresh toward the rest, 232/s"
+        Rate::from_milli(194_500),
+        "big at least doubles its grant per refresh toward the rest, 232/s"
     );
 }
 
@@ -1143,6 +1145,43 @@ async fn random_fleets_keep_every_bound_through_joins_deaths_releases_and_slow_r
         "share of what the fleet could use, 28 s to 32 s: lowest {:.3}, median {:.3}",
         used[0],
         used[used.len() / 2]
+    );
+}
+
+/// A grant of 0.005/s fills one unit in 200 s, but the refresh due in 1 s
+/// may raise it: the wait told never runs past that refresh. Once the
+/// refresh is overdue (or in flight), the wait is the one the rate gives.
+#[tokio::test]
+async fn no_wait_runs_past_the_next_refresh() {
+    let server = RedisServer::start();
+    let redis = ManualClock::new(Timestamp(START));
+    let local = ManualClock::new(Timestamp(START));
+    let lease = RateLease::builder(
+        store(&server, Some(&redis)),
+        BUDGET,
+        Rate::from_milli(5),
+        NonZeroU32::new(1).unwrap(),
+    )
+    .instance_id("slow")
+    .clock(local.clone())
+    .build()
+    .unwrap();
+    let s = lease.refresh().await.unwrap();
+    assert_eq!(s.grant, Rate::from_milli(5));
+    // The first refresh reports a guess; the next is due a quarter period
+    // (1 s) later.
+    assert_eq!(s.next_refresh.0, START + SEC);
+    local.advance(Duration::from_millis(200));
+    assert_eq!(
+        lease.try_acquire(1),
+        Err(Duration::from_millis(800)),
+        "until the refresh due at 1 s, not the 199.8 s that one unit takes at 0.005/s"
+    );
+    local.advance(Duration::from_millis(900));
+    assert_eq!(
+        lease.try_acquire(1),
+        Err(Duration::from_millis(198_900)),
+        "the refresh is overdue: the rate's own wait"
     );
 }
 

@@ -53,6 +53,16 @@ const NANO: u128 = 1_000_000_000;
 /// least this part of it, as (numerator, denominator); see [`RateLease`].
 const HELD_BACK: (u64, u64) = (3, 4);
 
+/// `wait_us`, at least 1, but never past `next_refresh` when that is after
+/// `now`: the refresh may change the rate the wait was computed at.
+pub(crate) fn cap_at_refresh(wait_us: u64, next_refresh: Timestamp, now: Timestamp) -> u64 {
+    let wait = wait_us.max(1);
+    match next_refresh.0.saturating_sub(now.0) {
+        0 => wait,
+        until => wait.min(until),
+    }
+}
+
 /// A measured demand: other instances' targets count it as it is (the
 /// script's ARGV[4]).
 const MEASURED: u8 = 0;
@@ -1231,8 +1241,11 @@ impl<C: Clock> RateLease<C> {
     /// the time held back. With no rate to spend (starting, or a zero grant)
     /// the wait is the time to the next refresh; a cost above
     /// [`max_cost`](RateLeaseBuilder::max_cost), or a released lease, is
-    /// refused with `Duration::MAX`. A wait that crosses the grant's expiry
-    /// is an estimate: the rate after it is not known yet.
+    /// refused with `Duration::MAX`. No wait runs past a refresh that is due
+    /// later, which may change the rate: a caller told to wait until then
+    /// looks again then. (Uncapped, a grant of a few thousandths per second
+    /// told a caller to wait minutes for one unit.) While a refresh is
+    /// overdue or in flight, the wait is the one the current rate gives.
     pub fn try_acquire_at(&self, cost: u64, now: Timestamp) -> Result<(), Duration> {
         let cfg = &self.inner.cfg;
         let mut s = self.inner.state.lock();
@@ -1265,7 +1278,11 @@ impl<C: Clock> RateLease<C> {
         }
         let missing = need - s.tokens;
         let micros = missing.div_ceil(u128::from(rate.0));
-        let wait = u64::try_from(micros).unwrap_or(u64::MAX).max(1);
+        let wait = cap_at_refresh(
+            u64::try_from(micros).unwrap_or(u64::MAX),
+            s.next_refresh,
+            now,
+        );
         s.note_wait(now, wait);
         Err(Duration::from_micros(wait))
     }

@@ -8,6 +8,7 @@ use parking_lot::Mutex;
 
 use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::outbound::budget::Counters;
+use crate::outbound::lease::cap_at_refresh;
 use crate::outbound::{AttemptBudget, BudgetStats, LeaseMode, Rate, RateLease, Refusal, Share};
 use crate::ConfigError;
 
@@ -206,7 +207,11 @@ impl<C: Clock> LeasedBudget<C> {
                 lease.until_next_refresh().max(Duration::from_millis(1))
             } else {
                 let micros = (need - bucket.tokens).div_ceil(rate);
-                let micros = u64::try_from(micros).unwrap_or(u64::MAX).max(1);
+                let micros = cap_at_refresh(
+                    u64::try_from(micros).unwrap_or(u64::MAX),
+                    lease.status_at(now).next_refresh,
+                    now,
+                );
                 lease.note_held_back(cost, now, micros);
                 Duration::from_micros(micros)
             };
