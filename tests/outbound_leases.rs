@@ -1003,8 +1003,8 @@ struct RandomRun {
 /// R. At the end: send starts in every window of 100 ms, 1 s and 5 s within
 /// the bound, no instance ever on the fallback (there is no fault), and from
 /// 28 s to 32 s, after three leases without change, the fleet sends at least
-/// 85% of what it could use (docs/leases.md, "Utilization", says why not
-/// all: a queue's head that looks again counts its attempt again).
+/// 90% of what it could use, the fleet target (docs/leases.md, "Random
+/// arrivals", says why not all).
 async fn random_fleet(seed: u64) -> RandomRun {
     let mut rng = StdRng::seed_from_u64(seed);
     let server = RedisServer::start();
@@ -1101,8 +1101,8 @@ async fn random_fleet(seed: u64) -> RandomRun {
         .count() as u64;
     let used = sent as f64 / usable as f64;
     assert!(
-        sent * 100 >= usable * 85,
-        "seed {seed}: {sent} sends from {} s to {} s, under 85% of min(R, live demand {demand}/s) · 4 s = {usable}",
+        sent * 10 >= usable * 9,
+        "seed {seed}: {sent} sends from {} s to {} s, under 90% of min(R, live demand {demand}/s) · 4 s = {usable}",
         from / SEC,
         to / SEC
     );
@@ -1117,7 +1117,8 @@ async fn random_fleet(seed: u64) -> RandomRun {
 }
 
 /// Seeds 1 to 24 (`SEEDS=4,17` runs those only). Seed 17 fails if a
-/// held-back demand counts as `R` in the others' targets: 84.6% sent.
+/// held-back demand counts as `R` in the others' targets (84.6% sent), and
+/// seed 4 if a wait may run past the next refresh (85.5%).
 #[tokio::test]
 async fn random_fleets_keep_every_bound_through_joins_deaths_releases_and_slow_replies() {
     let seeds: Vec<u64> = match std::env::var("SEEDS") {
