@@ -1243,9 +1243,8 @@ impl<C: Clock> RateLease<C> {
     /// [`max_cost`](RateLeaseBuilder::max_cost), or a released lease, is
     /// refused with `Duration::MAX`. No wait runs past a refresh that is due
     /// later, which may change the rate: a caller told to wait until then
-    /// looks again then. (Uncapped, a grant of a few thousandths per second
-    /// told a caller to wait minutes for one unit.) While a refresh is
-    /// overdue or in flight, the wait is the one the current rate gives.
+    /// looks again then. While a refresh is overdue or in flight, the wait
+    /// is the one the current rate gives.
     pub fn try_acquire_at(&self, cost: u64, now: Timestamp) -> Result<(), Duration> {
         let cfg = &self.inner.cfg;
         let mut s = self.inner.state.lock();
