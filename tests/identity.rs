@@ -274,14 +274,21 @@ async fn answer_subject(req: Request<Body>) -> Result<Response<Body>, Infallible
     Ok(Response::new(Body::from(who)))
 }
 
-/// Claims to be ready at once but waits: the service must still answer,
-/// through its boxed path.
-struct ClaimsReady {
+/// Answers at once for some requests (a cached certificate) and waits for
+/// the others: counts both kinds of call.
+struct SometimesNow {
+    now: Arc<AtomicUsize>,
     calls: Arc<AtomicUsize>,
 }
 
-impl Authenticator for ClaimsReady {
-    const READY: bool = true;
+impl Authenticator for SometimesNow {
+    fn authenticate_now(&self, parts: &Parts) -> Option<Result<Identity, AuthError>> {
+        self.now.fetch_add(1, Ordering::SeqCst);
+        parts
+            .headers
+            .contains_key("x-cached")
+            .then(|| Ok(Identity::new("cached", "internal", "service")))
+    }
 
     async fn authenticate(&self, _parts: &Parts) -> Result<Identity, AuthError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
@@ -291,11 +298,25 @@ impl Authenticator for ClaimsReady {
 }
 
 #[tokio::test]
-async fn an_authenticator_claiming_ready_that_waits_is_awaited() {
-    let calls = Arc::new(AtomicUsize::new(0));
-    let layer = AuthenticateLayer::new(ClaimsReady {
+async fn each_request_is_authenticated_once_now_or_by_waiting() {
+    let (now, calls) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let layer = AuthenticateLayer::new(SometimesNow {
+        now: Arc::clone(&now),
         calls: Arc::clone(&calls),
     });
+    let cached = Request::builder()
+        .header("x-cached", "1")
+        .body(Body::empty())
+        .unwrap();
+    let response = layer
+        .layer(tower::service_fn(answer_subject))
+        .oneshot(cached)
+        .await
+        .unwrap();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body, "cached");
+    // Answered at once: the waiting method was never called.
+    assert_eq!((now.load(Ordering::SeqCst), calls.load(Ordering::SeqCst)), (1, 0));
     let handler = tower::service_fn(answer_subject);
     let response = layer
         .layer(handler)
@@ -305,8 +326,8 @@ async fn an_authenticator_claiming_ready_that_waits_is_awaited() {
     assert_eq!(response.status(), StatusCode::OK);
     let body = response.into_body().collect().await.unwrap().to_bytes();
     assert_eq!(body, "late");
-    // The first future was dropped after its one poll; the second answered.
-    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    // No answer at once, so one awaited call: never two.
+    assert_eq!((now.load(Ordering::SeqCst), calls.load(Ordering::SeqCst)), (2, 1));
 }
 
 #[tokio::test]

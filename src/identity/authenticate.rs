@@ -2,7 +2,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{ready, Context, Poll, Waker};
+use std::task::{ready, Context, Poll};
 
 use http::request::Parts;
 use http::{Request, Response};
@@ -18,9 +18,9 @@ use crate::reject::{is_grpc, RefusalBody, Rejection};
 /// a trait), so implementations may be written as `async fn` when their body
 /// is `Send`, and a synchronous implementation such as [`ApiKeys`] returns
 /// [`std::future::Ready`]. [`AuthenticateService`] boxes the future once per
-/// request so that its own future type stays nameable, unless the
-/// authenticator sets [`READY`](Self::READY): then it polls the future once,
-/// in `call`, and allocates nothing.
+/// request so that its own future type stays nameable, unless
+/// [`authenticate_now`](Self::authenticate_now) answers first: then it
+/// decides in `call` and allocates nothing.
 ///
 /// Implementations read only what the transport or an earlier trusted layer
 /// established (an `Authorization` header checked against a secret, a TLS
@@ -43,17 +43,16 @@ use crate::reject::{is_grpc, RefusalBody, Rejection};
 ///
 /// [`ApiKeys`]: super::ApiKeys
 pub trait Authenticator {
-    /// True when the future of [`authenticate`](Self::authenticate) is
-    /// always ready on its first poll: the authenticator never waits, as
-    /// [`ApiKeys`] never does. [`AuthenticateService`] then authenticates in
-    /// `call`, in place, without boxing a future. Default `false`.
-    ///
-    /// Set it only for an authenticator that never waits: if its future is
-    /// pending on that first poll anyway, the service drops it and calls
-    /// `authenticate` once more in a boxed future, which it awaits.
+    /// The answer of [`authenticate`](Self::authenticate) when it needs no
+    /// waiting, as [`ApiKeys`] never does; `None` (the default) when it may
+    /// wait. [`AuthenticateService`] calls this first, in `call`, and calls
+    /// `authenticate` only on `None`: each request is authenticated once.
     ///
     /// [`ApiKeys`]: super::ApiKeys
-    const READY: bool = false;
+    fn authenticate_now(&self, parts: &Parts) -> Option<Result<Identity, AuthError>> {
+        let _ = parts;
+        None
+    }
 
     /// Returns the caller's identity, or why there is none.
     fn authenticate(
@@ -63,7 +62,9 @@ pub trait Authenticator {
 }
 
 impl<A: Authenticator + ?Sized> Authenticator for Arc<A> {
-    const READY: bool = A::READY;
+    fn authenticate_now(&self, parts: &Parts) -> Option<Result<Identity, AuthError>> {
+        (**self).authenticate_now(parts)
+    }
 
     fn authenticate(
         &self,
@@ -184,34 +185,28 @@ where
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         let (mut parts, body) = req.into_parts();
-        if A::READY {
-            // Decided here, in place: no future to box, and the inner
-            // service that `poll_ready` prepared is called at once.
-            let ready = {
-                let future = std::pin::pin!(self.authenticator.authenticate(&parts));
-                future.poll(&mut Context::from_waker(Waker::noop()))
-            };
-            // Each arm builds the future where it is returned: the inner
-            // future, large, is not copied once more.
-            match ready {
-                Poll::Ready(Ok(identity)) => {
-                    parts.extensions.insert(identity);
-                    return ResponseFuture {
-                        state: State::Calling {
-                            future: self.inner.call(Request::from_parts(parts, body)),
-                        },
-                    };
-                }
-                Poll::Ready(Err(err)) => {
-                    return ResponseFuture {
-                        state: State::Refused {
-                            reason: err.reason(),
-                            grpc: is_grpc(&parts.headers),
-                        },
-                    }
-                }
-                Poll::Pending => {}
+        // Decided here, in place: no future to box, and the inner service
+        // that `poll_ready` prepared is called at once. Each arm builds the
+        // future where it is returned: the inner future, large, is not
+        // copied once more.
+        match self.authenticator.authenticate_now(&parts) {
+            Some(Ok(identity)) => {
+                parts.extensions.insert(identity);
+                return ResponseFuture {
+                    state: State::Calling {
+                        future: self.inner.call(Request::from_parts(parts, body)),
+                    },
+                };
             }
+            Some(Err(err)) => {
+                return ResponseFuture {
+                    state: State::Refused {
+                        reason: err.reason(),
+                        grpc: is_grpc(&parts.headers),
+                    },
+                }
+            }
+            None => {}
         }
         // `call` awaits authentication before it calls the inner service, so
         // it takes the service that `poll_ready` prepared and leaves a clone.
