@@ -316,7 +316,10 @@ async fn each_request_is_authenticated_once_now_or_by_waiting() {
     let body = response.into_body().collect().await.unwrap().to_bytes();
     assert_eq!(body, "cached");
     // Answered at once: the waiting method was never called.
-    assert_eq!((now.load(Ordering::SeqCst), calls.load(Ordering::SeqCst)), (1, 0));
+    assert_eq!(
+        (now.load(Ordering::SeqCst), calls.load(Ordering::SeqCst)),
+        (1, 0)
+    );
     let handler = tower::service_fn(answer_subject);
     let response = layer
         .layer(handler)
@@ -327,7 +330,10 @@ async fn each_request_is_authenticated_once_now_or_by_waiting() {
     let body = response.into_body().collect().await.unwrap().to_bytes();
     assert_eq!(body, "late");
     // No answer at once, so one awaited call: never two.
-    assert_eq!((now.load(Ordering::SeqCst), calls.load(Ordering::SeqCst)), (2, 1));
+    assert_eq!(
+        (now.load(Ordering::SeqCst), calls.load(Ordering::SeqCst)),
+        (2, 1)
+    );
 }
 
 #[tokio::test]
