@@ -41,7 +41,12 @@ impl Inline {
                     && word(held, len - 8) == word(key, len - 8)
             }
             4.. => half(held, 0) == half(key, 0) && half(held, len - 4) == half(key, len - 4),
-            _ => held[..len] == *key,
+            0 => true,
+            // The first, middle and last bytes cover up to 3 (a slice
+            // compare would call `memcmp`).
+            _ => {
+                held[0] == key[0] && held[len / 2] == key[len / 2] && held[len - 1] == key[len - 1]
+            }
         }
     }
 }
