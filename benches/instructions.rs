@@ -19,7 +19,9 @@
 //! ```
 //!
 //! `stack_1` to `stack_5` are the whole stack cut after its first N layers
-//! (`benches/common/inbound.rs`), for the cost of each layer.
+//! (`benches/common/inbound.rs`), for the cost of each layer;
+//! `passthrough_1` and `passthrough_6` are bare axum behind layers that only
+//! pass through, for what `Router::layer` and nesting cost.
 
 mod common;
 
@@ -56,6 +58,12 @@ fn main() {
         .find(|s| s.name == variant)
     {
         return requests(&stack, total / 10);
+    }
+    if let Some(n) = variant
+        .strip_prefix("passthrough_")
+        .and_then(|n| n.parse().ok())
+    {
+        return requests(&common::stacks::passthrough(n), total / 10);
     }
     if let Some(n) = variant.strip_prefix("stack_").and_then(|n| n.parse().ok()) {
         return requests(&common::stacks::first_layers(n), total / 10);

@@ -6,6 +6,8 @@
 #   VARIANTS="bare_axum tower_governor quota_layer whole_stack" benches/instructions.sh
 #   VARIANTS="bare_axum stack_1 stack_2 stack_3 stack_4 stack_5 whole_stack" benches/instructions.sh
 #                                                  # the cost of each layer of the stack
+#   VARIANTS="bare_axum passthrough_1 passthrough_6 tower_governor" benches/instructions.sh
+#                                                  # what Router::layer and nesting cost
 #   SMOKE=1 benches/instructions.sh                # CI: debug build, a few variants,
 #                                                  # small counts; checks the table only
 set -euo pipefail
@@ -41,7 +43,7 @@ count() {
   for v in $variants; do
     full=$(count "$v" "$measured"); none=$(count "$v" 0)
     case "$v" in # the HTTP stacks count one request per 10 decisions
-      bare_axum | tower_governor | quota_layer | whole_stack | stack_[1-5]) per=$(( (full - none) * 10 / measured )) ;;
+      bare_axum | tower_governor | quota_layer | whole_stack | stack_[1-5] | passthrough_*) per=$(( (full - none) * 10 / measured )) ;;
       *) per=$(( (full - none) / measured )) ;;
     esac
     [ -z "$base" ] && base=$per

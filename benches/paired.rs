@@ -17,7 +17,9 @@
 //!
 //! `PAIRED=decisions` or `PAIRED=http` runs only that part; `PAIRED=layers`
 //! times bare axum, tower_governor and the whole stack cut after each of its
-//! layers, to give each layer's share of the time it adds;
+//! layers, to give each layer's share of the time it adds, and bare axum
+//! behind 6 and behind 1 layers that only pass through, for what nesting
+//! and `Router::layer` cost before any layer's work;
 //! `PAIRED_ONLY=token_bucket,free_plan` keeps the decision rows of those
 //! quotas and skips the HTTP part, to rerun a few rows.
 
@@ -185,9 +187,15 @@ fn layers() {
     let [bare, governor, ..] = common::stacks::stacks();
     let mut stacks = vec![bare, governor];
     stacks.extend((1..=6).map(common::stacks::first_layers));
+    stacks.push(common::stacks::passthrough(6));
+    stacks.push(common::stacks::passthrough(1));
     let names = ["bare axum", "tower_governor"]
         .into_iter()
-        .chain(common::inbound::LAYERS.iter().copied());
+        .chain(common::inbound::LAYERS.iter().copied())
+        .chain([
+            "bare axum + 6 pass-through layers",
+            "bare axum + 1 pass-through layer",
+        ]);
     let rounds = time_rounds(&stacks);
     let median = |mut v: Vec<f64>| {
         v.sort_by(f64::total_cmp);
@@ -201,14 +209,15 @@ fn layers() {
     for (i, name) in names.enumerate() {
         let per_request = median(rounds.iter().map(|t| t[i]).collect()) / HTTP_BATCH as f64 * 1e9;
         // A layer's cut against the one before it; tower_governor against bare.
-        let before = if i <= 2 { 0 } else { i - 1 };
+        // The pass-through stacks (from 8 on) against bare axum too.
+        let before = if i <= 2 || i >= 8 { 0 } else { i - 1 };
         let added = median(rounds.iter().map(|t| t[i] - t[before]).collect());
         if i == 0 {
             println!("| {name} | {per_request:.0} | | |");
         } else {
             println!(
                 "| {} | {per_request:.0} | {:.0} | {:.2} |",
-                if i == 1 {
+                if i == 1 || i >= 8 {
                     name.to_string()
                 } else {
                     format!("+ {name}")

@@ -97,3 +97,78 @@ fn unfinalised() -> [Stack; 4] {
         },
     ]
 }
+
+/// Bare axum behind `n` layers (1, or else 6, in one `Router::layer`) that do
+/// nothing but wrap the service and its future, as every layer does: what
+/// `Router::layer` and each level of nesting cost before any layer's own
+/// work (`PAIRED=layers`, variants `passthrough_N` of the instructions
+/// bench).
+#[allow(dead_code)] // used by the instructions bench and `PAIRED=layers` only
+pub(crate) fn passthrough(n: usize) -> Stack {
+    use pass::PassLayer as P;
+    let b = tower::ServiceBuilder::new();
+    let app = match n {
+        1 => base().layer(b.layer(P)),
+        _ => base().layer(b.layer(P).layer(P).layer(P).layer(P).layer(P).layer(P)),
+    };
+    Stack {
+        name: "passthrough",
+        app: app.with_state(()),
+    }
+}
+
+#[allow(dead_code)]
+mod pass {
+    //! A layer that passes everything through: its service holds an `Arc`
+    //! (cloned per request, as axum clones the stack) and its future holds
+    //! the inner one beside a small field, like the crate's layers.
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    #[derive(Clone, Copy)]
+    pub(crate) struct PassLayer;
+
+    impl<S> tower::Layer<S> for PassLayer {
+        type Service = Pass<S>;
+        fn layer(&self, inner: S) -> Pass<S> {
+            Pass(inner, std::sync::Arc::new(0))
+        }
+    }
+
+    #[derive(Clone)]
+    pub(crate) struct Pass<S>(S, std::sync::Arc<u64>);
+
+    impl<S: tower::Service<R>, R> tower::Service<R> for Pass<S> {
+        type Response = S::Response;
+        type Error = S::Error;
+        type Future = PassFuture<S::Future>;
+        fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+            self.0.poll_ready(cx)
+        }
+        fn call(&mut self, req: R) -> Self::Future {
+            PassFuture {
+                inner: self.0.call(req),
+                extra: None,
+            }
+        }
+    }
+
+    pin_project_lite::pin_project! {
+        pub(crate) struct PassFuture<F> {
+            #[pin]
+            inner: F,
+            extra: Option<[u64; 4]>,
+        }
+    }
+
+    impl<F: Future> Future for PassFuture<F> {
+        type Output = F::Output;
+        fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+            let this = self.project();
+            let out = std::task::ready!(this.inner.poll(cx));
+            std::hint::black_box(this.extra.take());
+            Poll::Ready(out)
+        }
+    }
+}
