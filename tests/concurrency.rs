@@ -984,3 +984,312 @@ fn a_permit_freed_while_a_caller_queues_reaches_it() {
     assert_eq!((layer.in_flight(), layer.queued()), (0, 0));
     assert_eq!(layer.stats().refused_global_deadline, 0);
 }
+
+/// A small deterministic generator for the random schedules below.
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `lo..=hi`.
+    fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next() % (hi - lo + 1)
+    }
+}
+
+/// Which request a handler call serves.
+#[derive(Clone, Copy)]
+struct RequestNo(usize);
+
+/// Where each request of a random schedule is, as the test sees it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Seen {
+    NotSent,
+    Waiting,
+    /// Its handler runs since this millisecond.
+    Running(u64),
+    Answered,
+    GaveUp,
+}
+
+/// One request of a random schedule: every time is a whole millisecond and
+/// even, so the checks, made at odd milliseconds, see no event half done.
+#[derive(Debug, Clone, Copy)]
+struct Planned {
+    user: usize,
+    arrive: u64,
+    work: u64,
+    /// When the caller gives up, after arriving, if it is still unanswered.
+    give_up: Option<u64>,
+}
+
+/// Random arrivals of several users through a global cap and a per-identity
+/// cap, each queueing with a deadline or shedding load, with handlers of
+/// random length and callers that give up while queued or running. At
+/// every millisecond between events:
+///
+/// - the handlers running stay within both caps, and the layer's counts
+///   agree with what the callers see (in flight, queued, per identity);
+/// - no permit idles while a request waits for it: a global queue only
+///   while every global permit is held, an identity queue only while that
+///   identity holds all its permits;
+///
+/// and each answer is the one its time allows: a 200 after its handler
+/// ran, a queue-full refusal at once, an identity deadline exactly at its
+/// deadline, a global one within both deadlines, every caller answered by
+/// then, and a user's admitted requests started in arrival order. 1,000
+/// schedules; `SEEDS=4,17` picks some.
+#[test]
+fn random_arrivals_deadlines_and_callers_giving_up_keep_both_caps_and_idle_no_permit() {
+    let seeds: Vec<u64> = match std::env::var("SEEDS") {
+        Ok(s) => s.split(',').map(|s| s.trim().parse().unwrap()).collect(),
+        Err(_) => (0..1000).collect(),
+    };
+    for seed in seeds {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap()
+            .block_on(random_schedule(seed));
+    }
+}
+
+/// The longest handler, and the longest a caller waits before giving up.
+const MAX_WORK_MS: u64 = 40;
+const MAX_GIVE_UP_MS: u64 = 50;
+
+async fn random_schedule(seed: u64) {
+    let mut rng = SplitMix(seed);
+    // Deadlines are even, so a deadline falls on an even millisecond.
+    let g = rng.range(1, 4) as usize;
+    let gq = rng.range(0, 6) as usize;
+    let gd = 2 * rng.range(1, 15);
+    let p = rng.range(1, 3) as usize;
+    let pq = rng.range(0, 4) as usize;
+    let pd = 2 * rng.range(1, 15);
+    let users = rng.range(1, 5) as usize;
+    let n = rng.range(20, 200) as usize;
+    let mut at = 0;
+    let plan: Vec<Planned> = (0..n)
+        .map(|_| {
+            at += 2 * rng.range(0, 3);
+            Planned {
+                user: rng.range(0, users as u64 - 1) as usize,
+                arrive: at,
+                work: 2 * rng.range(1, MAX_WORK_MS / 2),
+                give_up: (rng.range(0, 3) == 0).then(|| 2 * rng.range(0, MAX_GIVE_UP_MS / 2)),
+            }
+        })
+        .collect();
+    let context = format!(
+        "seed {seed}: global ({g}, {gq}, {gd} ms), per identity ({p}, {pq}, {pd} ms), {users} users"
+    );
+    let layer = ConcurrencyLayer::builder()
+        .global(g, gq, Duration::from_millis(gd))
+        .per_identity(p, pq, Duration::from_millis(pd))
+        .build()
+        .unwrap();
+    let seen = Arc::new(std::sync::Mutex::new(vec![Seen::NotSent; n]));
+    let start = Instant::now();
+    let ms = move || u64::try_from(start.elapsed().as_millis()).unwrap();
+    let handler = {
+        let seen = seen.clone();
+        service_fn(move |req: Request<Body>| {
+            let seen = seen.clone();
+            async move {
+                let RequestNo(i) = *req.extensions().get::<RequestNo>().unwrap();
+                seen.lock().unwrap()[i] = Seen::Running(ms());
+                tokio::time::sleep(Duration::from_millis(work_of(&req))).await;
+                Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
+            }
+        })
+    };
+    let service = layer.layer(handler);
+    let callers: Vec<_> = plan
+        .iter()
+        .enumerate()
+        .map(|(i, planned)| {
+            let (service, seen, planned) = (service.clone(), seen.clone(), *planned);
+            tokio::spawn(async move {
+                tokio::time::sleep_until(start + Duration::from_millis(planned.arrive)).await;
+                seen.lock().unwrap()[i] = Seen::Waiting;
+                let mut req = request(Some(&format!("user-{}", planned.user)));
+                req.extensions_mut().insert(RequestNo(i));
+                req.extensions_mut().insert(Work(planned.work));
+                let call = async {
+                    let response = service.oneshot(req).await.unwrap();
+                    let status = response.status().as_u16();
+                    let reason = response.extensions().get::<OverloadReason>().copied();
+                    let _ = response.into_body().collect().await.unwrap();
+                    (status, reason)
+                };
+                let give_up = async {
+                    match planned.give_up {
+                        Some(after) => tokio::time::sleep(Duration::from_millis(after)).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                let answer = tokio::select! {
+                    biased;
+                    answer = call => Some(answer),
+                    () = give_up => None,
+                };
+                let was = std::mem::replace(
+                    &mut seen.lock().unwrap()[i],
+                    if answer.is_some() {
+                        Seen::Answered
+                    } else {
+                        Seen::GaveUp
+                    },
+                );
+                (answer, was, ms())
+            })
+        })
+        .collect();
+    // Every caller is answered or gone by then.
+    let last = plan.last().map_or(0, |p| p.arrive) + (pd + gd + MAX_WORK_MS).max(MAX_GIVE_UP_MS);
+    for tick in (1..=last + 1).step_by(2) {
+        tokio::time::sleep_until(start + Duration::from_millis(tick)).await;
+        check_caps(&layer, &seen.lock().unwrap(), &plan, (g, p), &context, tick);
+    }
+    let mut admitted_starts: Vec<Vec<(u64, u64)>> = vec![Vec::new(); users];
+    let mut refused = [0u64; 4];
+    for (i, caller) in callers.into_iter().enumerate() {
+        let (answer, was, answered_at) = caller.await.unwrap();
+        let planned = plan[i];
+        let waited = answered_at - planned.arrive;
+        let context = format!("{context}, request {i} {planned:?}: {answer:?} after {waited} ms");
+        let Some((status, reason)) = answer else {
+            assert_eq!(Some(waited), planned.give_up, "{context}");
+            continue;
+        };
+        match (status, reason) {
+            (200, None) => {
+                let Seen::Running(started) = was else {
+                    panic!("{context}: answered 200 from {was:?}");
+                };
+                assert_eq!(answered_at, started + planned.work, "{context}");
+                assert!(started - planned.arrive <= pd + gd, "{context}");
+                admitted_starts[planned.user].push((planned.arrive, started));
+            }
+            (429, Some(OverloadReason::QueueFull)) => {
+                assert_eq!(waited, 0, "{context}");
+                refused[0] += 1;
+            }
+            (429, Some(OverloadReason::DeadlinePassed)) => {
+                assert!(pq > 0 && waited == pd, "{context}");
+                refused[1] += 1;
+            }
+            (503, Some(OverloadReason::QueueFull)) => {
+                assert!(waited <= pd, "{context}");
+                refused[2] += 1;
+            }
+            (503, Some(OverloadReason::DeadlinePassed)) => {
+                assert!(gq > 0 && (gd..=gd + pd).contains(&waited), "{context}");
+                refused[3] += 1;
+            }
+            other => panic!("{context}: unexpected {other:?}"),
+        }
+    }
+    for (user, mut starts) in admitted_starts.into_iter().enumerate() {
+        starts.sort();
+        for pair in starts.windows(2) {
+            let ((a0, s0), (a1, s1)) = (pair[0], pair[1]);
+            assert!(
+                a0 == a1 || s0 <= s1,
+                "{context}: user-{user} arrived at {a0} and {a1} but started at {s0} and {s1}"
+            );
+        }
+    }
+    let stats = layer.stats();
+    assert_eq!(
+        [
+            stats.refused_identity_queue_full,
+            stats.refused_identity_deadline,
+            stats.refused_global_queue_full,
+            stats.refused_global_deadline,
+        ],
+        refused,
+        "{context}"
+    );
+    assert_eq!(stats.refused_too_many_identities, 0, "{context}");
+    assert_eq!(
+        (
+            layer.in_flight(),
+            layer.queued(),
+            layer.tracked_identities()
+        ),
+        (0, 0, 0),
+        "{context}"
+    );
+}
+
+/// How long the handler of `req` works, in milliseconds.
+#[derive(Clone, Copy)]
+struct Work(u64);
+
+fn work_of(req: &Request<Body>) -> u64 {
+    req.extensions().get::<Work>().unwrap().0
+}
+
+/// The checks made between events; see the test above.
+fn check_caps(
+    layer: &ConcurrencyLayer,
+    seen: &[Seen],
+    plan: &[Planned],
+    (g, p): (usize, usize),
+    context: &str,
+    tick: u64,
+) {
+    let context = format!("{context}, at {tick} ms");
+    let users = plan.iter().map(|r| r.user).max().unwrap_or(0) + 1;
+    let mut running = vec![0; users];
+    let mut waiting = vec![0; users];
+    for (state, planned) in seen.iter().zip(plan) {
+        match state {
+            Seen::Running(_) => running[planned.user] += 1,
+            Seen::Waiting => waiting[planned.user] += 1,
+            _ => {}
+        }
+    }
+    let total: usize = running.iter().sum();
+    assert!(total <= g, "{context}: {total} running");
+    assert_eq!(layer.in_flight(), total, "{context}");
+    let global_queue = layer.queued();
+    if total < g {
+        assert_eq!(global_queue, 0, "{context}: a global permit idles");
+    }
+    let mut waiting_for_global = 0;
+    let mut tracked = 0;
+    for user in 0..users {
+        let subject = format!("user-{user}");
+        let holding = layer.identity_in_flight(&subject);
+        let queued = layer.identity_queued(&subject);
+        let context = format!("{context}, {subject}");
+        assert!(
+            running[user] <= p && holding <= p,
+            "{context}: {holding} held"
+        );
+        assert!(holding >= running[user], "{context}: {holding} held");
+        // Holding a permit and not running: waiting in the global queue.
+        waiting_for_global += holding - running[user];
+        assert_eq!(
+            waiting[user],
+            queued + holding - running[user],
+            "{context}: waiting"
+        );
+        if holding < p {
+            assert_eq!(queued, 0, "{context}: an identity permit idles");
+        }
+        tracked += usize::from(holding + queued > 0);
+    }
+    assert_eq!(waiting_for_global, global_queue, "{context}");
+    assert_eq!(layer.tracked_identities(), tracked, "{context}");
+}
