@@ -254,7 +254,14 @@ impl<St> Config<St> {
     /// the request's head, needed only when [`Config::reads_parts`]; its
     /// extensions are `extensions`.
     pub(crate) fn resolve(&self, extensions: &Extensions, parts: Option<&Parts>) -> Resolved<'_> {
-        let identity = extensions.get::<Identity>();
+        // An aggregate or custom key with no plans reads no identity: a
+        // lookup in the extensions saved.
+        let identity =
+            if self.plans.is_empty() && !matches!(self.scope, Scope::Subject | Scope::Tenant) {
+                None
+            } else {
+                extensions.get::<Identity>()
+            };
         let planned = identity
             .and_then(|id| self.plans.get(id.plan()))
             .or(self.default_quota.as_ref());
