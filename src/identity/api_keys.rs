@@ -1,7 +1,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::future::{ready, Future};
-use std::hash::{BuildHasherDefault, Hash, Hasher};
+use std::hash::{Hash, Hasher};
 
 use http::header::AUTHORIZATION;
 use http::request::Parts;
@@ -55,7 +55,7 @@ pub const MAX_AUTHORIZATION_LEN: usize = 4096;
 /// ```
 #[derive(Clone, Default)]
 pub struct ApiKeys {
-    keys: HashMap<KeyDigest, Identity, BuildHasherDefault<DigestHasher>>,
+    keys: HashMap<KeyDigest, Identity>,
 }
 
 /// A SHA-256 digest whose equality is constant-time.
@@ -87,25 +87,6 @@ impl Hash for KeyDigest {
     /// The 32 bytes in one write, without the length an array would add.
     fn hash<H: Hasher>(&self, state: &mut H) {
         state.write(&self.0);
-    }
-}
-
-/// Hashes a [`KeyDigest`] by its first 8 bytes: a SHA-256 digest is already
-/// uniform, and the table holds only configured keys, so hashing it again
-/// would buy nothing.
-#[derive(Default)]
-struct DigestHasher(u64);
-
-impl Hasher for DigestHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        let mut first = [0; 8];
-        let n = bytes.len().min(8);
-        first[..n].copy_from_slice(&bytes[..n]);
-        self.0 ^= u64::from_ne_bytes(first);
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
     }
 }
 
