@@ -66,7 +66,8 @@ pub(crate) fn huge_bucket(name: &str) -> Result<Policy, ConfigError> {
     Policy::token_bucket(name, 1_000_000_000, 1_000_000, Duration::from_secs(1))
 }
 
-/// The per-user quota: a sliding log of 10^9 per second **and** a huge
+/// The per-user quota: a sliding log of 10^6 per second (the most a log
+/// takes) **and** a huge
 /// bucket, like the sample API's free plan (a sliding log of 100 per minute
 /// and a bucket of 20 at 100 per minute) but never refusing. The log's
 /// window is 1 s, so it holds about one second of admissions.
@@ -74,7 +75,7 @@ pub(crate) fn per_user_quota() -> Result<Quota, ConfigError> {
     Quota::new(
         "bench-user",
         [
-            Policy::sliding_log("per-second", 1_000_000_000, Duration::from_secs(1))?,
+            Policy::sliding_log("per-second", 1_000_000, Duration::from_secs(1))?,
             huge_bucket("burst")?,
         ],
     )

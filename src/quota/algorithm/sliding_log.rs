@@ -365,11 +365,22 @@ impl SlidingLogState {
 }
 
 impl SlidingLog {
+    /// The largest limit: the log keeps one entry per admission, so this
+    /// bounds a key's entries.
+    pub(crate) const MAX_LIMIT: u64 = 1_000_000;
+
     /// A log admitting at most `limit` cost in every window of
-    /// `window_micros` µs. Both must be at least 1.
+    /// `window_micros` µs. Both must be at least 1, and `limit` at most
+    /// [`MAX_LIMIT`](Self::MAX_LIMIT).
     pub(crate) fn new(limit: u64, window_micros: u64) -> Result<Self, ConfigError> {
         if limit == 0 {
             return Err(ConfigError::new("limit", "must be at least 1"));
+        }
+        if limit > Self::MAX_LIMIT {
+            return Err(ConfigError::new(
+                "limit",
+                "must be at most 1,000,000: a sliding log keeps one entry per admission",
+            ));
         }
         if window_micros == 0 {
             return Err(ConfigError::new("window", "must be at least 1 µs"));
@@ -405,15 +416,10 @@ impl SlidingLog {
     }
 
     /// `Err` when the Lua script could not decide this policy exactly in
-    /// doubles: the limit and the window must be at most 2^50.
+    /// doubles: the window must be at most 2^50 (the limit, at most
+    /// [`MAX_LIMIT`](Self::MAX_LIMIT), always is).
     #[cfg(feature = "redis")]
     pub(crate) fn lua_exact(&self) -> Result<(), ConfigError> {
-        if self.limit > LUA_MAX {
-            return Err(ConfigError::new(
-                "limit",
-                "must be at most 2^50 for the redis store",
-            ));
-        }
         if self.window > LUA_MAX {
             return Err(ConfigError::new(
                 "window",
@@ -670,13 +676,14 @@ mod tests {
     fn new_names_the_field() {
         assert_eq!(SlidingLog::new(0, 1).unwrap_err().field(), "limit");
         assert_eq!(SlidingLog::new(1, 0).unwrap_err().field(), "window");
+        // One entry per admission: the limit bounds a key's entries.
+        assert!(SlidingLog::new(SlidingLog::MAX_LIMIT, 1).is_ok());
+        let over = SlidingLog::new(SlidingLog::MAX_LIMIT + 1, 1).unwrap_err();
+        assert_eq!(over.field(), "limit");
+        assert!(over.to_string().contains("at most 1,000,000"), "{over}");
         #[cfg(feature = "redis")]
         {
             assert!(log(1_000_000, 366 * 24 * 3600 * SEC).lua_exact().is_ok());
-            assert_eq!(
-                log(LUA_MAX + 1, 1).lua_exact().unwrap_err().field(),
-                "limit"
-            );
             assert_eq!(
                 log(1, LUA_MAX + 1).lua_exact().unwrap_err().field(),
                 "window"
@@ -1099,11 +1106,10 @@ mod tests {
                     prop_oneof![
                         24 => Just(None),
                         6 => (1u64..=40, 1u64..=100).prop_map(Some),
-                        1 => Just(Some((u64::MAX, u64::MAX))),
+                        1 => Just(Some((SlidingLog::MAX_LIMIT, u64::MAX))),
                         1 => (1u64..=3, prop_oneof![Just(u64::MAX), Just(1u64 << 62)])
                             .prop_map(Some),
-                        1 => (prop_oneof![Just(u64::MAX), Just(1u64 << 60)], 1u64..=100)
-                            .prop_map(Some),
+                        1 => (Just(SlidingLog::MAX_LIMIT), 1u64..=100).prop_map(Some),
                     ],
                     prop_oneof![8 => -10i64..=20, 1 => -200i64..=200],
                     prop_oneof![5 => 0u64..=45, 1 => Just(u64::MAX), 1 => Just(1u64 << 62)],
