@@ -339,3 +339,61 @@ fn keys_alike_up_to_any_length_keep_their_own_state() {
     }
     assert_eq!(store.len(), shapes.len() * keys.len());
 }
+
+/// A full store of 64 keys: shadow policies never keep a key's room, so they
+/// never turn an enforcing quota's new key into `StoreError::Full` (a 503).
+#[test]
+fn shadow_policies_never_keep_room_from_a_full_store() {
+    use futures_util::FutureExt;
+    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let store = MemoryStore::with_config(
+        MemoryConfig::new(NonZeroUsize::new(64).unwrap()),
+        clock.clone(),
+    );
+    let decide = |quota: &Quota, key: &str| {
+        store
+            .decide(quota, &Arc::from(key), 1)
+            .now_or_never()
+            .unwrap()
+    };
+    let per_second = || Policy::fixed_window("per-second", 5, Duration::from_secs(1)).unwrap();
+    let hourly = || {
+        Policy::sliding_log("hourly", 5, Duration::from_secs(3600))
+            .unwrap()
+            .shadow()
+    };
+    // 64 keys of an enforcing per-second window beside a shadow hourly log.
+    let watched = Quota::new("watched", [per_second(), hourly()]).unwrap();
+    for i in 0..64 {
+        assert!(decide(&watched, &format!("user{i}")).unwrap().admitted);
+    }
+    clock.advance(Duration::from_secs(2));
+    // Not full: a sweep keeps what the shadow log still holds.
+    assert_eq!((store.sweep(), store.len()), (0, 64));
+    // Full: a new key drops one whose enforcing window is over. Before, the
+    // shadow log kept every key, and the new one was refused for an hour.
+    assert!(decide(&watched, "newcomer").unwrap().admitted);
+    assert_eq!(store.len(), 1);
+
+    // A quota of shadow policies only fills the store...
+    let shadow_only = Quota::new("shadow-only", [hourly()]).unwrap();
+    for i in 0..63 {
+        assert!(decide(&shadow_only, &format!("user{i}")).unwrap().admitted);
+    }
+    assert_eq!(store.len(), 64);
+    // ...and an enforcing quota's new keys still find room at once (63 of
+    // them: the newcomer's window is live).
+    let enforcing = Quota::new("enforcing", [per_second()]).unwrap();
+    for i in 0..63 {
+        assert!(decide(&enforcing, &format!("user{i}")).unwrap().admitted);
+    }
+    assert_eq!(store.len(), 64);
+    // Full of live enforcing keys: a shadow-only key is decided, not kept...
+    assert!(decide(&shadow_only, "late").unwrap().admitted);
+    assert_eq!(store.len(), 64);
+    // ...and an enforcing one is refused, as before.
+    assert!(matches!(
+        decide(&enforcing, "late"),
+        Err(StoreError::Full { .. })
+    ));
+}

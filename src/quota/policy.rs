@@ -196,6 +196,8 @@ pub struct Quota {
     /// once: it identifies the quota's state layout in stores.
     layout: u64,
     policies: Arc<[Policy]>,
+    /// Every policy is a shadow: the quota only watches.
+    shadow_only: bool,
     /// The keys of `tower_admission_quota_decisions_total` for this quota,
     /// admitted then refused: built once, not at every decision.
     #[cfg(feature = "metrics")]
@@ -246,6 +248,7 @@ impl Quota {
         }
         Ok(Quota {
             layout: layout_hash(&name, &policies),
+            shadow_only: policies.iter().all(Policy::is_shadow),
             #[cfg(feature = "metrics")]
             decision_keys: Arc::new(["admitted", "refused"].map(|result| {
                 let labels = vec![
@@ -282,6 +285,12 @@ impl Quota {
         self.layout
     }
 
+    /// True when every policy is a shadow: the quota refuses nothing.
+    #[inline]
+    pub(crate) fn is_shadow_only(&self) -> bool {
+        self.shadow_only
+    }
+
     /// The policies, in order.
     #[inline]
     pub fn policies(&self) -> &[Policy] {
@@ -294,6 +303,7 @@ impl Quota {
             name: self.name.clone(),
             layout: self.layout,
             policies: self.policies.iter().map(|p| p.share(divisor)).collect(),
+            shadow_only: self.shadow_only,
             #[cfg(feature = "metrics")]
             decision_keys: self.decision_keys.clone(),
         }

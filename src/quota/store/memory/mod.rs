@@ -72,6 +72,12 @@ impl Default for MemoryConfig {
 /// - **Lossless eviction.** Only state equivalent to fresh (an expired window,
 ///   a full bucket) is ever dropped, so dropping inflates no quota. Refusals
 ///   create no state at all.
+/// - **Shadow policies never keep a key's room.** A full store also drops a
+///   key whose enforcing policies' states are fresh, its shadow policies'
+///   state with it (they start fresh), and a quota of shadow policies only
+///   takes no room from a full store: its new keys are decided from fresh
+///   and not recorded. So a shadow policy never turns an enforcing
+///   quota's new key into [`StoreError::Full`].
 /// - **When full of live keys**, a request for a *new* key gets
 ///   [`StoreError::Full`], with the time until the earliest key expires.
 ///   Before answering so, a full store drops every key that has become
@@ -89,7 +95,7 @@ impl Default for MemoryConfig {
 ///   32-byte box while the state has a fraction of a µs, a refund's offset
 ///   or more than 2^32 µs between its TAT and its last write), 56 for one
 ///   fixed window, 64 for one weighted window, 112 for one sliding log, and
-///   200 for any other quota of up to two policies. A sliding log keeps
+///   208 for any other quota of up to two policies. A sliding log keeps
 ///   one entry inline and more in a buffer of 8 bytes an entry (16 when
 ///   its entries span 2^32 µs or 2^32 of cost).
 ///   `examples/memory_per_key.rs` measures it.
@@ -128,7 +134,8 @@ struct Inner<C> {
     max_keys: usize,
     /// Keys held in all shards: the cap is global.
     len: AtomicUsize,
-    /// No key anywhere can be dropped before this time (a lower bound).
+    /// No key anywhere can be dropped before this time, even by a full
+    /// store (a lower bound).
     next_expiry: AtomicU64,
     shards: Box<[Padded<Mutex<Shard>>]>,
 }
@@ -163,8 +170,8 @@ struct Shard {
     /// The keys of each quota layout met in this shard, one table each;
     /// the first inline, on the lock's cache lines.
     tables: smallvec::SmallVec<[Tables; 1]>,
-    /// No key can be dropped before this time: a lower bound of every
-    /// key's `fresh_at`.
+    /// No key can be dropped before this time, even by a full store: a
+    /// lower bound of every key's [`droppable_at`].
     next_expiry: u64,
 }
 
@@ -173,7 +180,21 @@ struct Shard {
 #[derive(Debug)]
 struct Tables {
     layout: u64,
+    /// Every policy of the quota that last decided here is a shadow: the
+    /// keys hold no state that refuses, and a full store may drop them.
+    shadow_only: bool,
     kind: Kind,
+}
+
+/// What a sweep drops.
+#[derive(Debug, Clone, Copy)]
+enum Sweep {
+    /// Keys whose every state is equivalent to fresh: losing them loses
+    /// nothing.
+    Fresh,
+    /// Also, for a full store, keys whose enforcing states are: a shadow
+    /// policy's state is dropped with them and starts fresh.
+    Full,
 }
 
 #[derive(Debug)]
@@ -211,6 +232,8 @@ struct Slot {
     states: States,
     /// From this time every state is equivalent to fresh.
     fresh_at: u64,
+    /// From this time every enforcing policy's state is.
+    enforced_at: u64,
 }
 
 /// The slot of a quota of one policy other than a token bucket.
@@ -355,6 +378,23 @@ trait Entry: Keyed + Sized {
     /// Keeps [`fresh_at`](Entry::fresh_at) up to date after a change.
     fn refresh(&mut self, quota: &Quota);
     fn fresh_at(&self) -> u64;
+    /// From this time the enforcing policies' states are equivalent to
+    /// fresh: a full store may drop the key then, whatever its shadow
+    /// policies still hold. A quota of one policy: see [`droppable_at`].
+    fn enforced_at(&self) -> u64 {
+        self.fresh_at()
+    }
+}
+
+/// When a full store may drop `entry`, of a table whose quota is
+/// `shadow_only` or not: shadow policies never keep a key's room.
+#[inline]
+fn droppable_at<E: Entry>(entry: &E, shadow_only: bool) -> u64 {
+    if shadow_only {
+        0
+    } else {
+        entry.enforced_at()
+    }
 }
 
 impl Keyed for Slot {
@@ -378,11 +418,14 @@ impl Entry for Slot {
     }
 
     fn new(quota: &Quota, key: StoredKey, states: States) -> Self {
-        Slot {
+        let mut slot = Slot {
             key,
-            fresh_at: fresh_at(quota, &states),
             states,
-        }
+            fresh_at: 0,
+            enforced_at: 0,
+        };
+        slot.refresh(quota);
+        slot
     }
 
     fn fresh_state(quota: &Quota) -> States {
@@ -400,11 +443,22 @@ impl Entry for Slot {
 
     fn refresh(&mut self, quota: &Quota) {
         debug_assert!(states_match(quota, &self.states));
-        self.fresh_at = fresh_at(quota, &self.states);
+        (self.fresh_at, self.enforced_at) = (0, 0);
+        for (p, s) in quota.policies().iter().zip(&self.states) {
+            let at = p.algorithm().fresh_at(s).as_micros();
+            self.fresh_at = self.fresh_at.max(at);
+            if !p.is_shadow() {
+                self.enforced_at = self.enforced_at.max(at);
+            }
+        }
     }
 
     fn fresh_at(&self) -> u64 {
         self.fresh_at
+    }
+
+    fn enforced_at(&self) -> u64 {
+        self.enforced_at
     }
 }
 
@@ -598,14 +652,14 @@ impl<C: Clock> MemoryStore<C> {
 
     /// Drops every key whose state is equivalent to fresh; returns how many.
     pub fn sweep(&self) -> usize {
-        self.sweep_at(self.inner.clock.now().as_micros())
+        self.sweep_at(self.inner.clock.now().as_micros(), Sweep::Fresh)
     }
 
-    fn sweep_at(&self, now: u64) -> usize {
+    fn sweep_at(&self, now: u64, sweep: Sweep) -> usize {
         let mut swept = 0;
         for shard in self.inner.shards.iter() {
             let mut shard = shard.0.lock();
-            let dropped = shard.sweep(now, &self.inner.hasher);
+            let dropped = shard.sweep(now, &self.inner.hasher, sweep);
             // Under the shard's lock, as a full store's own sweep does: a
             // new key's sweep that finds these keys gone finds their room
             // free too, not only once this sweep has passed every shard.
@@ -786,8 +840,9 @@ impl<C: Clock> MemoryStore<C> {
         let now = self.inner.clock.now();
         let hash = key_hash(&self.inner.hasher, quota.layout(), key.as_bytes());
         let mut shard = self.shard(hash).lock();
+        let shadow_only = quota.is_shadow_only();
         let found = shard
-            .table::<E>(quota.layout())
+            .table::<E>(quota.layout(), shadow_only)
             .and_then(|table| table.find_mut(hash, key));
         let Some(entry) = found else {
             return self.insert_new::<E, R>(shard, quota, key, hash, now, change);
@@ -796,14 +851,14 @@ impl<C: Clock> MemoryStore<C> {
         entry.refresh(quota);
         // A refund can bring the key's expiry forward (rarely: the bounds are
         // read first, so decisions write no shared line).
-        let fresh_at = entry.fresh_at();
-        if fresh_at < shard.next_expiry {
-            shard.next_expiry = fresh_at;
+        let droppable = droppable_at(entry, shadow_only);
+        if droppable < shard.next_expiry {
+            shard.next_expiry = droppable;
         }
-        if fresh_at < self.inner.next_expiry.load(Ordering::Relaxed) {
+        if droppable < self.inner.next_expiry.load(Ordering::Relaxed) {
             self.inner
                 .next_expiry
-                .fetch_min(fresh_at, Ordering::Relaxed);
+                .fetch_min(droppable, Ordering::Relaxed);
         }
         Ok(result)
     }
@@ -832,10 +887,16 @@ impl<C: Clock> MemoryStore<C> {
                 let retry_after = Duration::from_micros(next.saturating_sub(now));
                 Err(StoreError::Full { retry_after })
             };
+            let shadow_only = quota.is_shadow_only();
             if !self.reserve() {
-                // Full: drop what has become fresh, here first, then everywhere.
+                // A quota that only watches takes no room from a full store
+                // (nor sweeps it): its key is decided from fresh, unrecorded.
+                if shadow_only {
+                    return Ok(result);
+                }
+                // Full: drop what a full store may, here first, then everywhere.
                 let swept = if now >= shard.next_expiry {
-                    shard.sweep(now, &self.inner.hasher)
+                    shard.sweep(now, &self.inner.hasher, Sweep::Full)
                 } else {
                     0
                 };
@@ -843,7 +904,7 @@ impl<C: Clock> MemoryStore<C> {
                 if !self.reserve() {
                     drop(shard);
                     if now >= self.inner.next_expiry.load(Ordering::Relaxed) {
-                        self.sweep_at(now);
+                        self.sweep_at(now, Sweep::Full);
                     }
                     if !self.reserve() {
                         return full(self);
@@ -851,14 +912,15 @@ impl<C: Clock> MemoryStore<C> {
                     shard = self.shard(hash).lock();
                 }
             }
-            shard.next_expiry = shard.next_expiry.min(entry.fresh_at());
-            if entry.fresh_at() < self.inner.next_expiry.load(Ordering::Relaxed) {
+            let droppable = droppable_at(&entry, shadow_only);
+            shard.next_expiry = shard.next_expiry.min(droppable);
+            if droppable < self.inner.next_expiry.load(Ordering::Relaxed) {
                 self.inner
                     .next_expiry
-                    .fetch_min(entry.fresh_at(), Ordering::Relaxed);
+                    .fetch_min(droppable, Ordering::Relaxed);
             }
             let layout = quota.layout();
-            let table = shard.table_or_new::<E>(layout);
+            let table = shard.table_or_new::<E>(layout, shadow_only);
             // Another thread may have inserted the key while the lock was dropped.
             if table.find_mut(hash, key).is_some() || !table.has_room() {
                 self.inner.len.fetch_sub(1, Ordering::Relaxed);
@@ -899,19 +961,22 @@ impl<C: Clock> MemoryStore<C> {
 }
 
 impl Shard {
-    /// The table of `layout` in slot type `E`, if this shard has one.
+    /// The table of `layout` in slot type `E`, if this shard has one,
+    /// noting whether its quota is now `shadow_only`.
     #[inline]
-    fn table<E: Entry>(&mut self, layout: u64) -> Option<&mut Table<E>> {
+    fn table<E: Entry>(&mut self, layout: u64, shadow_only: bool) -> Option<&mut Table<E>> {
         self.tables.iter_mut().find_map(|t| {
-            if t.layout == layout {
-                E::table(&mut t.kind)
-            } else {
-                None
+            if t.layout != layout {
+                return None;
             }
+            if t.shadow_only != shadow_only {
+                t.shadow_only = shadow_only;
+            }
+            E::table(&mut t.kind)
         })
     }
 
-    fn table_or_new<E: Entry>(&mut self, layout: u64) -> &mut Table<E> {
+    fn table_or_new<E: Entry>(&mut self, layout: u64, shadow_only: bool) -> &mut Table<E> {
         let at = self
             .tables
             .iter_mut()
@@ -919,27 +984,36 @@ impl Shard {
         let at = at.unwrap_or_else(|| {
             self.tables.push(Tables {
                 layout,
+                shadow_only,
                 kind: E::new_table(),
             });
             self.tables.len() - 1
         });
-        let table = E::table(&mut self.tables[at].kind);
+        let tables = &mut self.tables[at];
+        tables.shadow_only = shadow_only;
+        let table = E::table(&mut tables.kind);
         table.expect("the table of this layout and slot type")
     }
 
-    fn sweep(&mut self, now: u64, hasher: &RandomState) -> usize {
+    /// Drops the keys that `sweep` may drop at `now`; returns how many.
+    fn sweep(&mut self, now: u64, hasher: &RandomState, sweep: Sweep) -> usize {
         fn retain_live<E: Entry>(
             table: &mut Table<E>,
-            layout: u64,
+            (layout, shadow_only): (u64, bool),
             now: u64,
+            sweep: Sweep,
             next: &mut u64,
             hasher: &RandomState,
         ) -> usize {
             table.retain(
                 |e| {
-                    let live = e.fresh_at() > now;
+                    let droppable = droppable_at(e, shadow_only);
+                    let live = match sweep {
+                        Sweep::Fresh => e.fresh_at() > now,
+                        Sweep::Full => droppable > now,
+                    };
                     if live {
-                        *next = (*next).min(e.fresh_at());
+                        *next = (*next).min(droppable);
                     }
                     live
                 },
@@ -949,8 +1023,9 @@ impl Shard {
         let mut next = u64::MAX;
         let mut swept = 0;
         for t in &mut self.tables {
-            swept += each_table!(&mut t.kind, |table| retain_live(
-                table, t.layout, now, &mut next, hasher
+            let table = (t.layout, t.shadow_only);
+            swept += each_table!(&mut t.kind, |kind| retain_live(
+                kind, table, now, sweep, &mut next, hasher
             ));
         }
         self.next_expiry = next;
@@ -974,17 +1049,6 @@ fn states_match(quota: &Quota, states: &[State]) -> bool {
             .iter()
             .zip(states)
             .all(|(p, s)| p.algorithm().owns(s))
-}
-
-#[inline]
-fn fresh_at(quota: &Quota, states: &[State]) -> u64 {
-    quota
-        .policies()
-        .iter()
-        .zip(states)
-        .map(|(p, s)| p.algorithm().fresh_at(s).as_micros())
-        .max()
-        .unwrap_or(0)
 }
 
 /// One policy's state that is equivalent to fresh, read as fresh: the Redis
@@ -1073,7 +1137,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<Lone<SlidingWindow>>(), 64);
         assert_eq!(std::mem::size_of::<Lone<SlidingLog>>(), 112);
         // Two states inline, the largest being a sliding log's.
-        assert_eq!(std::mem::size_of::<Slot>(), 200);
+        assert_eq!(std::mem::size_of::<Slot>(), 208);
         // A shard's lock and its first table share its two cache lines.
         assert_eq!(std::mem::size_of::<Padded<Mutex<Shard>>>(), 128);
     }
