@@ -211,6 +211,33 @@ async fn multi_policy_refusal_consumes_nothing<S: Store>(c: Ctx<'_, S>) {
     assert_eq!(next.decisions[1].remaining, 16);
 }
 
+async fn a_refusal_reports_each_policy_as_it_stands<S: Store>(c: Ctx<'_, S>) {
+    // The bucket refuses at 30 s. The log, which would admit, reports what
+    // it holds: 9 remaining, and whole again in 30 s, when its one entry
+    // leaves (not in 60 s, as if this request had been recorded).
+    let q = Quota::new(
+        "as-it-stands",
+        [
+            Policy::sliding_log("per-minute", 10, MIN).unwrap(),
+            Policy::token_bucket("burst", 1, 1, MIN).unwrap(),
+        ],
+    )
+    .unwrap();
+    let k = c.key("k");
+    c.at_ms(NOON);
+    assert!(c.decide(&q, &k, 1).await.admitted);
+    c.at_ms(NOON + 30_000);
+    let refused = c.decide(&q, &k, 1).await;
+    assert!(!refused.admitted);
+    let (log, bucket) = (&refused.decisions[0], &refused.decisions[1]);
+    assert!(log.admitted);
+    assert_eq!((log.remaining, log.reset), (9, Duration::from_secs(30)));
+    assert_eq!(
+        (bucket.remaining, bucket.retry_after),
+        (0, Some(Duration::from_secs(30)))
+    );
+}
+
 async fn cost_over_capacity_is_never_admitted<S: Store>(c: Ctx<'_, S>) {
     for q in all_algorithms(10) {
         let k = c.key(q.policies()[0].name());
@@ -494,6 +521,7 @@ suite!(
     token_bucket_admits_23_in_2s_and_120_in_60s,
     weighted_window_exact_numbers,
     multi_policy_refusal_consumes_nothing,
+    a_refusal_reports_each_policy_as_it_stands,
     cost_over_capacity_is_never_admitted,
     clock_set_backwards_inflates_nothing,
     retry_after_is_exact,

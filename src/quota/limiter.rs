@@ -335,7 +335,7 @@ impl<S: Store> Limiter<S> {
         let verdict = match result {
             Ok(mut decision) => {
                 let holds = std::mem::take(&mut decision.holds);
-                let mut verdict = self.verdict(quota, decision, cost);
+                let mut verdict = self.verdict(quota, decision);
                 if verdict.is_admitted() {
                     verdict.recorded = Recorded::Shared(holds);
                 }
@@ -435,7 +435,7 @@ impl<S: Store> Limiter<S> {
         match self.local.decide_now(&local_quota, key, cost) {
             Ok(mut decision) => {
                 let holds = std::mem::take(&mut decision.holds);
-                let mut verdict = self.verdict(&local_quota, decision, cost);
+                let mut verdict = self.verdict(&local_quota, decision);
                 if let Outcome::CostExceedsCapacity { .. } = verdict.outcome {
                     // Over the local share but within the real limit: a
                     // transient refusal while the store is down.
@@ -468,7 +468,7 @@ impl<S: Store> Limiter<S> {
     /// Turns a store decision into a verdict: the outcome from the enforcing
     /// policies only, shadow counts and logs.
     #[inline(always)]
-    fn verdict(&self, quota: &Quota, mut decision: QuotaDecision, cost: u64) -> Verdict {
+    fn verdict(&self, quota: &Quota, decision: QuotaDecision) -> Verdict {
         if let ([policy], true) = (quota.policies(), decision.admitted) {
             if !policy.is_shadow() || decision.decisions[0].admitted {
                 return Verdict::new(Outcome::Admitted, decision.decisions);
@@ -493,11 +493,6 @@ impl<S: Store> Limiter<S> {
         }
         if decision.admitted {
             return Verdict::new(Outcome::Admitted, decision.decisions);
-        }
-        // Nothing was recorded: policies that would have admitted still hold
-        // the cost they reported as taken.
-        for d in decision.decisions.iter_mut().filter(|d| d.admitted) {
-            d.remaining = d.remaining.saturating_add(cost).min(d.limit);
         }
         let refusing = || {
             quota

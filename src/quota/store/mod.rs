@@ -53,7 +53,9 @@ pub trait Store: Clone + Send + Sync + 'static {
     ///
     /// Shadow policies are checked and reported but never block: when every
     /// enforcing policy admits, the admission is recorded in every policy
-    /// that admitted it.
+    /// that admitted it. When one refuses, nothing is recorded, and each
+    /// policy that would have admitted reports its state as it stands: what
+    /// remains and when it is whole again without this request.
     fn decide(&self, quota: &Quota, key: &Arc<str>, cost: u64) -> Self::DecideFuture;
 
     /// Settles the admission that returned `holds`: `delta > 0` charges more,

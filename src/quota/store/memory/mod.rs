@@ -1084,18 +1084,22 @@ fn decide(quota: &Quota, states: &mut [State], now: Timestamp, cost: u64) -> Quo
         decisions.push(d);
     }
     let mut holds = Holds::default();
+    let policies = quota.policies().iter().zip(states.iter_mut());
     if admitted {
-        for ((policy, state), d) in quota
-            .policies()
-            .iter()
-            .zip(states.iter_mut())
-            .zip(&decisions)
-        {
+        for ((policy, state), d) in policies.zip(&decisions) {
             holds.0.push(if d.admitted {
                 policy.algorithm().record(state, now, cost)
             } else {
                 Hold::default()
             });
+        }
+    } else {
+        // Nothing recorded: a policy that would have admitted reports its
+        // state as it stands, as a check of nothing finds it.
+        for ((policy, state), d) in policies.zip(&mut decisions) {
+            if d.admitted {
+                *d = policy.algorithm().check(state, now, 0);
+            }
         }
     }
     QuotaDecision {

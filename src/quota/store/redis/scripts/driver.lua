@@ -19,7 +19,8 @@
 --
 -- Decide returns { admitted, then per policy: admitted, remaining,
 -- retry_after (µs, -1 for none), reset (µs), and the hold: mark, frac,
--- amount (zeros when nothing was recorded) }. Settle returns per policy the
+-- amount (zeros when nothing was recorded) }. On a refusal a policy that
+-- would have admitted reports its state as it stands (a check of cost 0). Settle returns per policy the
 -- hold after it: mark, frac, amount.
 -- Nothing is written before every argument has been read, so a refusal
 -- consumes nothing and an error leaves the state as it was. A state that is
@@ -85,15 +86,19 @@ for _, p in ipairs(policies) do
   out[#out + 1] = 0
   out[#out + 1] = 0
 end
-if out[1] == 1 then
-  for i, p in ipairs(policies) do
-    if p.admitted then
-      local mark, frac, held = p.algo.record(p.state, now, amount)
-      local base = 1 + (i - 1) * 7
-      out[base + 5] = mark
-      out[base + 6] = frac
-      out[base + 7] = held
-    end
+for i, p in ipairs(policies) do
+  local base = 1 + (i - 1) * 7
+  if p.admitted and out[1] == 1 then
+    local mark, frac, held = p.algo.record(p.state, now, amount)
+    out[base + 5] = mark
+    out[base + 6] = frac
+    out[base + 7] = held
+  elseif p.admitted then
+    -- Nothing recorded: the policy reports its state as it stands, as a
+    -- check of nothing finds it.
+    local _, remaining, _, reset = p.algo.check(p.state, now, 0)
+    out[base + 2] = remaining
+    out[base + 4] = reset
   end
 end
 for _, p in ipairs(policies) do
