@@ -449,3 +449,110 @@ async fn an_attempt_is_not_overtaken_while_its_refusal_is_on_the_way() {
         sent.lock().unwrap()
     );
 }
+
+/// A deadline too far for the clock (`Duration::MAX`) means waiting as long
+/// as it takes: the second attempt waits the refill of one token, 1 s.
+#[tokio::test(start_paused = true)]
+async fn an_endless_deadline_waits_as_long_as_it_takes() {
+    let start = tokio::time::Instant::now();
+    let budget = budget_5();
+    let sent: Sent = Arc::default();
+    let service = DependencyBudgetLayer::new(budget.clone())
+        .wait_up_to(Duration::MAX)
+        .layer(recording(start, &sent));
+    for name in ["first", "second"] {
+        service
+            .clone()
+            .oneshot(Request::new(name.to_owned()))
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        *sent.lock().unwrap(),
+        [("first".to_owned(), 0), ("second".to_owned(), 200)]
+    );
+    assert_eq!(budget.stats().waited_micros, 200_000);
+}
+
+/// An attempt whose deadline passes while it waits behind an earlier one
+/// never takes what that one waits for: it is refused with the earlier
+/// one's refusal and the wait that one still has. Bucket 10 at 10/s,
+/// empty: `A` (cost 5) waits 500 ms; `B` (cost 1, 1 ms later, 200 ms
+/// deadline) is refused at 201 ms, told 299 ms, and `A` is sent at 500 ms.
+#[tokio::test(start_paused = true)]
+async fn a_waiter_whose_deadline_passes_never_takes_the_heads_capacity() {
+    let start = tokio::time::Instant::now();
+    let budget = DependencyBudget::builder(store(), "order")
+        .normal(Policy::token_bucket("normal", 10, 10, SECOND).unwrap())
+        .retry(Policy::token_bucket("retry", 10, 10, SECOND).unwrap())
+        .build()
+        .unwrap();
+    for _ in 0..10 {
+        budget.try_acquire(Share::Normal, 1).await.unwrap();
+    }
+    let sent: Sent = Arc::default();
+    let long = DependencyBudgetLayer::new(budget.clone())
+        .cost(|req: &Request<String>| if req.body() == "A" { 5 } else { 1 })
+        .wait_up_to(Duration::from_millis(500));
+    let short = long.clone().wait_up_to(Duration::from_millis(200));
+    let a = tokio::spawn(
+        long.layer(recording(start, &sent))
+            .oneshot(Request::new("A".to_owned())),
+    );
+    tokio::task::yield_now().await;
+    tokio::time::advance(Duration::from_millis(1)).await;
+    let b = tokio::spawn(
+        short
+            .layer(recording(start, &sent))
+            .oneshot(Request::new("B".to_owned())),
+    );
+    let refused = b.await.unwrap().unwrap_err();
+    assert_eq!(start.elapsed(), Duration::from_millis(201));
+    assert!(
+        matches!(
+            refused,
+            BudgetError::Refused(Refusal::Exhausted {
+                share: Share::Normal,
+                wait
+            }) if wait == Duration::from_millis(299)
+        ),
+        "{refused:?}"
+    );
+    a.await.unwrap().unwrap();
+    assert_eq!(*sent.lock().unwrap(), [("A".to_owned(), 500)]);
+    assert_eq!(budget.stats().refused, 1);
+}
+
+/// Partitions hold at least 1 of every limit each, so a limit or capacity
+/// below the partition count would let them admit more than the whole: such
+/// a split is refused, naming `partitions` and the most the budget allows.
+#[test]
+fn partitions_that_would_admit_more_than_the_whole_are_refused() {
+    let build = |normal: Policy, retry: Policy, n| {
+        DependencyBudget::builder(MemoryStore::new(), "b")
+            .normal(normal)
+            .retry(retry)
+            .partitions(n, Pick::Random { probes: 1 })
+            .build()
+            .map(|_| ())
+    };
+    let bucket = |capacity, refill| Policy::token_bucket("tb", capacity, refill, SECOND).unwrap();
+    // Sliding log 5 per s over 8 partitions would admit 8 at one instant.
+    let log = || Policy::sliding_log("sl", 5, SECOND).unwrap();
+    let err = build(log(), log(), 8).unwrap_err();
+    assert_eq!(err.field(), "partitions");
+    assert!(err.reason().contains("at most 5 partitions"), "{err}");
+    // Retry burst 4 over 8 partitions would admit 8 at one instant.
+    let err = build(bucket(20, 200), bucket(4, 40), 8).unwrap_err();
+    assert_eq!(err.field(), "partitions");
+    assert!(err.reason().contains("at most 4 partitions"), "{err}");
+    let window = Policy::fixed_window("fw", 3, SECOND).unwrap();
+    assert_eq!(
+        build(window.clone(), window, 10).unwrap_err().field(),
+        "partitions"
+    );
+    // As many partitions as the smallest capacity: each holds exactly 1.
+    assert_eq!(build(bucket(20, 200), bucket(4, 40), 4), Ok(()));
+    // A refill below the partition count divides exactly (a slower refill).
+    assert_eq!(build(bucket(20, 3), bucket(4, 3), 4), Ok(()));
+}

@@ -1822,3 +1822,65 @@ async fn an_unreachable_limiter_gives_the_fallback_unless_fail_open_was_chosen()
         }
     }
 }
+
+/// A released lease never admits again, and a budget over it says so at
+/// once, whatever its share buckets hold: `Unavailable` with
+/// `Duration::MAX`, never a finite wait. Through the layer the attempt is
+/// refused at its first look instead of looking again until its deadline.
+#[tokio::test]
+async fn a_leased_budget_over_a_released_lease_refuses_at_once_for_good() {
+    let server = RedisServer::start();
+    let redis = ManualClock::new(Timestamp(START));
+    let (lease, local) = granted_solo(&server, &redis).await;
+    let budget = LeasedBudget::new(lease.clone(), Rate::per_second(40)).unwrap();
+    // Both share buckets fill for 1 s, then the lease is released.
+    local.advance(Duration::from_secs(1));
+    lease.release().await.unwrap();
+    let released = Err(Refusal::Unavailable {
+        wait: Duration::MAX,
+    });
+    for share in [Share::Normal, Share::Retry] {
+        assert_eq!(budget.try_acquire_now(share, 1), released);
+        local.advance(Duration::from_millis(300));
+        assert_eq!(budget.try_acquire_now(share, 1), released);
+    }
+    tokio::time::pause();
+    let started = tokio::time::Instant::now();
+    let client = tower::service_fn(|_req: http::Request<String>| async {
+        Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+    });
+    let refused = DependencyBudgetLayer::new(budget.clone())
+        .layer(client)
+        .oneshot(http::Request::new(String::new()))
+        .await
+        .unwrap_err();
+    assert_eq!(started.elapsed(), Duration::ZERO);
+    assert!(
+        matches!(refused, BudgetError::Refused(Refusal::Unavailable { wait }) if wait == Duration::MAX),
+        "{refused:?}"
+    );
+    assert_eq!((budget.stats().normal, budget.stats().refused), (0, 5));
+}
+
+/// Before the first refresh there is no rate to spend: the budget gives the
+/// lease's own wait, the time to the next refresh (`retry_every`, 250 ms,
+/// when one is due), not a 1 ms wait to poll on.
+#[tokio::test]
+async fn a_leased_budget_with_no_rate_yet_waits_as_its_lease_says() {
+    let server = RedisServer::start();
+    let local = ManualClock::new(Timestamp(START));
+    let lease = solo(store(&server, None), &local);
+    let budget = LeasedBudget::new(lease.clone(), Rate::per_second(40)).unwrap();
+    assert_eq!(lease.status().mode, LeaseMode::Starting);
+    let retry_every = Duration::from_millis(250);
+    assert_eq!(lease.try_acquire(1), Err(retry_every));
+    for share in [Share::Normal, Share::Retry] {
+        assert_eq!(
+            budget.try_acquire_now(share, 1),
+            Err(Refusal::Exhausted {
+                share,
+                wait: retry_every
+            })
+        );
+    }
+}

@@ -649,3 +649,62 @@ async fn bad_settings_and_requests_are_typed_errors() {
     );
     assert!(!err.needs_repair());
 }
+
+/// A region added to a running budget (240 all in eu, then a split of 120
+/// eu + 120 us) is not seeded at its initial share: eu still holds 240, so
+/// us at 120 would raise the sum to 360. `initialize` refuses and changes
+/// nothing; the region is created at 0 and allocation moved to it by a
+/// transfer. A cut above the total, as an older version could leave, is
+/// never reported as a snapshot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_region_added_later_never_raises_the_sum() {
+    let eu = RedisServer::start();
+    let us = RedisServer::start();
+    let v1 = RegionalBudget::builder(TOTAL)
+        .name("pay")
+        .region("eu", &eu.url(), 240)
+        .build()
+        .unwrap();
+    assert_eq!(v1.initialize().await, Ok(Initialized::Seeded));
+    let v2 = RegionalBudget::builder(TOTAL)
+        .name("pay")
+        .region("eu", &eu.url(), 120)
+        .region("us", &us.url(), 120)
+        .build()
+        .unwrap();
+    assert_eq!(
+        v2.initialize().await,
+        Err(RegionError::AboveTotal {
+            sum: 360,
+            total: 240
+        })
+    );
+    let us_state = "tower-admission:regions:{pay:us}:state";
+    assert_eq!(us.cli(&["EXISTS", us_state]).trim(), "0");
+    assert_eq!(v2.recover_lost("us").await, Ok(true));
+    assert_eq!(
+        v2.transfer(&TransferId::random(), "eu", "us", 120).await,
+        Ok(TransferOutcome::Applied)
+    );
+    let snap = v2.snapshot().await.unwrap();
+    assert_eq!(
+        snap.allocations().collect::<Vec<_>>(),
+        [("eu", 120), ("us", 120)]
+    );
+    assert_eq!(v2.initialize().await, Ok(Initialized::AlreadyInitialized));
+
+    // The state the unchecked seeding left: eu 240 and us 120.
+    eu.cli(&[
+        "HSET",
+        "tower-admission:regions:{pay:eu}:state",
+        "alloc",
+        "240",
+    ]);
+    assert_eq!(
+        v2.snapshot().await,
+        Err(RegionError::AboveTotal {
+            sum: 360,
+            total: 240
+        })
+    );
+}

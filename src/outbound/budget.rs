@@ -2,6 +2,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::quota::algorithm::Algorithm;
 use crate::quota::{Limiter, Outcome, Policy, Quota, Store};
 use crate::ConfigError;
 
@@ -19,6 +20,9 @@ pub enum Share {
 ///
 /// Each of `N` partitions holds `1/N` of every policy (limit and rate), so
 /// together they never admit more than the whole budget, whichever is picked.
+/// A part holds at least 1, so a budget whose smallest limit (a token
+/// bucket's capacity) is below `N` is refused at
+/// [`build`](DependencyBudgetBuilder::build).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Pick {
@@ -395,28 +399,48 @@ impl<St: Store> DependencyBudgetBuilder<St> {
         self
     }
 
-    /// Splits the budget into `n` partitions of `1/n` each, picked by `pick`.
-    /// Default: one partition.
+    /// Splits the budget into `n` partitions of `1/n` each, picked by `pick`,
+    /// `n` at most the smallest limit of either share. Default: one partition.
     pub fn partitions(mut self, n: usize, pick: Pick) -> Self {
         self.partitions = n;
         self.pick = pick;
         self
     }
 
-    /// The budget. Fails when a share is missing, the partition count is 0
-    /// or above 1,024, or the store cannot decide the shares.
+    /// The budget. Fails when a share is missing, the partition count is 0,
+    /// above 1,024 or above a share's limit (a token bucket's capacity),
+    /// or the store cannot decide the shares.
     pub fn build(self) -> Result<DependencyBudget<St>, ConfigError> {
         let n = self.partitions;
         if n == 0 || n > 1024 {
             return Err(ConfigError::new("partitions", "must be 1 to 1,024"));
         }
         let divisor = std::num::NonZeroU64::new(n as u64).unwrap_or(std::num::NonZeroU64::MIN);
-        let share = |policy: Option<Policy>, field: &'static str| {
-            let policy = policy.ok_or_else(|| ConfigError::new(field, "is required"))?;
-            Quota::new(&format!("{}-{field}", self.name), [policy.share(divisor)])
+        let required = |policy: &Option<Policy>, field| {
+            policy
+                .clone()
+                .ok_or_else(|| ConfigError::new(field, "is required"))
         };
-        let normal = share(self.normal.clone(), "normal")?;
-        let retry = share(self.retry.clone(), "retry")?;
+        let (normal, retry) = (
+            required(&self.normal, "normal")?,
+            required(&self.retry, "retry")?,
+        );
+        let most = normal.algorithm().limit().min(retry.algorithm().limit());
+        let share = |policy: &Policy, field: &'static str| {
+            let part = policy.share(divisor);
+            if let Some(quantity) = exceeded_by_parts(policy, &part, divisor.get()) {
+                return Err(ConfigError::new(
+                    "partitions",
+                    format!(
+                        "{n} partitions would each hold at least 1 of the {field} share's {quantity}, \
+                         more than the whole together; at most {most} partitions fit this budget"
+                    ),
+                ));
+            }
+            Quota::new(&format!("{}-{field}", self.name), [part])
+        };
+        let normal = share(&normal, "normal")?;
+        let retry = share(&retry, "retry")?;
         self.limiter.validate(&normal)?;
         self.limiter.validate(&retry)?;
         let keys = (0..n).map(|i| Arc::from(format!("p{i}"))).collect();
@@ -431,4 +455,27 @@ impl<St: Store> DependencyBudgetBuilder<St> {
             }),
         })
     }
+}
+
+/// The quantity of `whole` that `n` copies of `part` exceed together, if
+/// any: the limit (a token bucket's capacity), which [`Policy::share`] keeps
+/// at least 1, or a token bucket's refill rate.
+fn exceeded_by_parts(whole: &Policy, part: &Policy, n: u64) -> Option<&'static str> {
+    let (whole, part) = (whole.algorithm(), part.algorithm());
+    let limit = match whole {
+        Algorithm::TokenBucket(_) => "capacity",
+        _ => "limit",
+    };
+    if u128::from(part.limit()) * u128::from(n) > u128::from(whole.limit()) {
+        return Some(limit);
+    }
+    if let (Algorithm::TokenBucket(whole), Algorithm::TokenBucket(part)) = (whole, part) {
+        // One token every p/q µs: n parts refill n·q'/p' per µs, the whole q/p.
+        let (p, q) = whole.interval_micros();
+        let (p_part, q_part) = part.interval_micros();
+        if u128::from(n) * u128::from(q_part) * u128::from(p) > u128::from(q) * u128::from(p_part) {
+            return Some("refill");
+        }
+    }
+    None
 }

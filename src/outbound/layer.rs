@@ -29,7 +29,10 @@ type CostFn<B> = Arc<dyn Fn(&Request<B>) -> u64 + Send + Sync>;
 ///   [`wait_up_to`](Self::wait_up_to) (1 s), in arrival order per share (a
 ///   later attempt never takes capacity an earlier one is waiting for, from
 ///   the moment the earlier one first looked at the budget);
-///   [`fail_fast`](Self::fail_fast) refuses at once. Either way the caller gets
+///   [`fail_fast`](Self::fail_fast) refuses at once. An attempt whose
+///   deadline passes while it waits behind another never looks: it is
+///   refused with the refusal the one ahead last got and the wait that one
+///   still has (at least 1 ms), a lower bound on its own. Either way the caller gets
 ///   [`BudgetError::Refused`] carrying the wait, never a response. To keep
 ///   that order, a share's attempts look at the budget one at a time: with
 ///   a budget that answers over the network (a `DependencyBudget` over a
@@ -83,6 +86,46 @@ pub struct DependencyBudgetLayer<Bu, B> {
 #[derive(Debug, Default)]
 struct Queue {
     head: tokio::sync::Mutex<()>,
+    /// The refusal the head is sleeping on and the instant its wait ends.
+    head_wait: parking_lot::Mutex<Option<(Refusal, Instant)>>,
+}
+
+impl Queue {
+    /// The refusal of an attempt whose deadline passed behind the head:
+    /// the head's last refusal with the wait it still has, at least 1 ms.
+    fn refusal_behind_head(&self, share: Share) -> Refusal {
+        let remaining = |until: Instant| {
+            until
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(1))
+        };
+        match self.head_wait.lock().clone() {
+            Some((Refusal::Unavailable { .. }, until)) => Refusal::Unavailable {
+                wait: remaining(until),
+            },
+            Some((_, until)) => Refusal::Exhausted {
+                share,
+                wait: remaining(until),
+            },
+            // The head has not been refused yet.
+            None => Refusal::Exhausted {
+                share,
+                wait: Duration::from_millis(1),
+            },
+        }
+    }
+}
+
+/// Holds the head of a [`Queue`]; forgets the head's wait when released.
+struct Head<'a> {
+    queue: &'a Queue,
+    _lock: tokio::sync::MutexGuard<'a, ()>,
+}
+
+impl Drop for Head<'_> {
+    fn drop(&mut self) {
+        *self.queue.head_wait.lock() = None;
+    }
 }
 
 /// One queue per share, so a retry waiting for the retry share never holds
@@ -105,23 +148,35 @@ async fn acquire<Bu: AttemptBudget>(
     let Some(deadline) = deadline else {
         return budget.charge(share, cost).await;
     };
-    let _head = match queue.head.try_lock() {
-        Ok(head) => head,
+    let lock = match queue.head.try_lock() {
+        Ok(lock) => lock,
         Err(_) => match tokio::time::timeout_at(deadline, queue.head.lock()).await {
-            Ok(head) => head,
-            // The deadline passed behind other waiters: one last look.
-            Err(_) => return budget.charge(share, cost).await,
+            Ok(lock) => lock,
+            Err(_) => return Err(queue.refusal_behind_head(share)),
         },
     };
+    let _head = Head { queue, _lock: lock };
     loop {
         match budget.charge(share, cost).await {
             Ok(()) => return Ok(()),
             Err(refusal) => match refusal.wait().and_then(|w| Instant::now().checked_add(w)) {
-                Some(until) if until <= deadline => tokio::time::sleep_until(until).await,
+                Some(until) if until <= deadline => {
+                    *queue.head_wait.lock() = Some((refusal, until));
+                    tokio::time::sleep_until(until).await;
+                }
                 _ => return Err(refusal),
             },
         }
     }
+}
+
+/// The instant `wait` from now, or one far beyond any wait when the clock
+/// cannot represent it.
+fn deadline_after(wait: Duration) -> Instant {
+    /// About 30 years: far beyond any wait, and representable.
+    const FAR: Duration = Duration::from_secs(30 * 365 * 24 * 3600);
+    let now = Instant::now();
+    now.checked_add(wait).unwrap_or(now + FAR)
 }
 
 impl<Bu: Clone, B> Clone for DependencyBudgetLayer<Bu, B> {
@@ -162,6 +217,8 @@ impl<Bu: AttemptBudget, B> DependencyBudgetLayer<Bu, B> {
 
     /// Waits for capacity for at most `deadline` per attempt, then refuses.
     /// An attempt whose wait would end past the deadline is refused at once.
+    /// A deadline the clock cannot represent (`Duration::MAX`) waits as long
+    /// as it takes; only a wait that never ends is refused.
     pub fn wait_up_to(mut self, deadline: Duration) -> Self {
         self.wait = Some(deadline);
         self
@@ -292,7 +349,7 @@ where
         let cost = self.layer.cost.as_ref().map_or(1, |f| f(&req));
         let budget = self.layer.budget.clone();
         let queues = self.layer.queues.clone();
-        let deadline = self.layer.wait.map(|d| Instant::now() + d);
+        let deadline = self.layer.wait.map(deadline_after);
         let ready = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, ready);
         Box::pin(async move {

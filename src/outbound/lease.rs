@@ -840,6 +840,15 @@ impl State {
         }
     }
 
+    /// The wait at `x` with no rate to spend (starting, or a zero grant):
+    /// the time to the next refresh, or `retry_every` when one is due.
+    fn wait_without_rate(&self, x: Timestamp, cfg: &Settings) -> Duration {
+        match self.next_refresh.0.saturating_sub(x.0) {
+            0 => Duration::from_micros(cfg.retry_us),
+            until => Duration::from_micros(until),
+        }
+    }
+
     fn mode_at(&self, x: Timestamp) -> LeaseMode {
         match self.phase {
             Phase::Starting => LeaseMode::Starting,
@@ -1267,13 +1276,7 @@ impl<C: Clock> RateLease<C> {
         }
         let rate = s.rate_at(now, cfg);
         if rate.0 == 0 {
-            let until_refresh = s.next_refresh.0.saturating_sub(now.0);
-            let wait = if until_refresh > 0 {
-                until_refresh
-            } else {
-                cfg.retry_us
-            };
-            return Err(Duration::from_micros(wait));
+            return Err(s.wait_without_rate(now, cfg));
         }
         let missing = need - s.tokens;
         let micros = missing.div_ceil(u128::from(rate.0));
@@ -1319,6 +1322,15 @@ impl<C: Clock> RateLease<C> {
     /// The local time now, on the lease's clock.
     pub(crate) fn now(&self) -> Timestamp {
         self.inner.clock.now()
+    }
+
+    /// The wait [`try_acquire_at`](Self::try_acquire_at) gives at `now`
+    /// when there is no rate to spend.
+    pub(crate) fn wait_without_rate(&self, now: Timestamp) -> Duration {
+        self.inner
+            .state
+            .lock()
+            .wait_without_rate(now, &self.inner.cfg)
     }
 
     /// Whether the fallback admits without limit ([`RateLeaseBuilder::fail_open`]).

@@ -16,6 +16,11 @@ use crate::ConfigError;
 /// times a span in µs.
 const NANO: u128 = 1_000_000_000;
 
+/// The refusal of a released lease: this budget never admits again.
+const RELEASED: Refusal = Refusal::Unavailable {
+    wait: Duration::MAX,
+};
+
 /// A [`DependencyBudget`](crate::outbound::DependencyBudget) for a fleet that
 /// keeps Redis off the send path (feature `redis`): every attempt is spent
 /// from one [`RateLease`] on the **whole** budget, locally, and each share
@@ -34,6 +39,10 @@ const NANO: u128 = 1_000_000_000;
 ///   need, nor the reverse. A share's bucket holds its part of the lease's
 ///   burst, and at least two attempts of the largest cost, so that a share
 ///   waiting while the other emptied the lease's bucket loses nothing.
+/// - **No rate** (before the first refresh, or a zero grant): the wait is
+///   the lease's own, the time to its next refresh. A **released** lease
+///   refuses every attempt at once with [`Refusal::Unavailable`] and
+///   `Duration::MAX`: the budget never admits again.
 /// - **Fail-open** leases ([`RateLeaseBuilder::fail_open`](crate::outbound::RateLeaseBuilder::fail_open))
 ///   admit every attempt, share or not, while they are in the fallback.
 /// - **Demand** reported to the grant script counts every attempt, refused
@@ -164,11 +173,14 @@ impl<C: Clock> LeasedBudget<C> {
     fn charge_at(&self, share: Share, cost: u64, now: Timestamp) -> Result<(), Refusal> {
         let inner = &*self.inner;
         let lease = &inner.lease;
+        let status = lease.status_at(now);
+        if status.mode == LeaseMode::Released {
+            return Err(RELEASED);
+        }
         if cost > lease.max_cost() {
             lease.note_demand(cost);
             return Err(Refusal::CostExceedsBudget { share, cost });
         }
-        let status = lease.status_at(now);
         if lease.fails_open() && status.mode == LeaseMode::Fallback {
             let result = lease.try_acquire_at(cost, now);
             return match result {
@@ -204,7 +216,7 @@ impl<C: Clock> LeasedBudget<C> {
         if bucket.tokens < need {
             let wait = if rate == 0 {
                 lease.note_demand(cost);
-                lease.until_next_refresh().max(Duration::from_millis(1))
+                lease.wait_without_rate(now)
             } else {
                 let micros = (need - bucket.tokens).div_ceil(rate);
                 let micros = cap_at_refresh(
@@ -223,10 +235,8 @@ impl<C: Clock> LeasedBudget<C> {
                 inner.stats.admitted(share);
                 Ok(())
             }
-            // Duration::MAX: released, this budget never admits again.
-            Err(Duration::MAX) => Err(Refusal::Unavailable {
-                wait: Duration::MAX,
-            }),
+            // Released since the status was read.
+            Err(Duration::MAX) => Err(RELEASED),
             Err(wait) => Err(Refusal::Exhausted { share, wait }),
         }
     }

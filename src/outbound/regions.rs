@@ -103,7 +103,8 @@ const MAX_ID: usize = 128;
 /// [`TransferError::StateLost`]), because re-creating a region at its
 /// initial share after the others have changed could raise the sum above
 /// the total. [`initialize`](Self::initialize) re-seeds missing regions
-/// only while every surviving region is untouched since seeding; otherwise
+/// only while every surviving region is untouched since seeding and their
+/// shares fit under the total; otherwise
 /// an operator calls [`recover_lost`](Self::recover_lost), which re-creates
 /// the region with allocation 0: the sum stays at most the total, and the
 /// lost share is gone until someone decides where it belongs. Run each
@@ -314,6 +315,15 @@ impl RegionalBudget {
     /// returns [`RegionError::StateLost`] and changes nothing; see
     /// [`recover_lost`](Self::recover_lost).
     ///
+    /// Seeding never raises the sum above the total: when the surviving
+    /// allocations plus the missing regions' initial shares exceed it (a
+    /// region added to a budget whose surviving regions still hold the old
+    /// split), this returns [`RegionError::AboveTotal`] and changes nothing.
+    /// Create such a region at 0 with [`recover_lost`](Self::recover_lost)
+    /// and [`transfer`](Self::transfer) allocation to it. The check reads the
+    /// surviving regions in the same reads that find the missing ones, so
+    /// processes initializing at once must share one split.
+    ///
     /// ```no_run
     /// # use tower_admission::outbound::{Initialized, RegionalBudget};
     /// # async fn run(budget: RegionalBudget) -> Result<(), Box<dyn std::error::Error>> {
@@ -347,14 +357,17 @@ impl RegionalBudget {
                 regions: missing.iter().map(|r| r.name.to_string()).collect(),
             });
         }
+        let surviving = states.iter().flatten().map(|s| s.allocation);
+        self.check_at_most_total(surviving.chain(missing.iter().map(|r| r.initial)))?;
         for region in missing {
             self.seed(region, region.initial).await?;
         }
         Ok(Initialized::Seeded)
     }
 
-    /// Re-creates a region whose state is missing with allocation **0**;
-    /// returns false (and changes nothing) if the region has state.
+    /// Re-creates a region whose state is missing (lost, or added to a
+    /// running budget) with allocation **0**; returns false (and changes
+    /// nothing) if the region has state.
     ///
     /// This is the safe recovery after a region's Redis lost its data: the
     /// other regions plus the amounts in flight hold at most the total, so a
@@ -441,9 +454,11 @@ impl RegionalBudget {
     /// (`seq`) and each receiver keeps the highest number it credited from
     /// each donor, so that is checked exactly. A cut that is not consistent
     /// (a whole transfer ran between two of the reads) is read again, up to
-    /// 64 times, then [`RegionError::NotConsistent`]. In the result,
-    /// `sum() <= total()` and, unless a region was recovered after a state
-    /// loss, `sum() + in_flight() == total()`.
+    /// 64 times, then [`RegionError::NotConsistent`]. A consistent cut
+    /// above the total (regions seeded under different splits) is
+    /// [`RegionError::AboveTotal`], so in the result `sum() <= total()`
+    /// and, unless a region was recovered after a state loss,
+    /// `sum() + in_flight() == total()`.
     ///
     /// ```no_run
     /// # use tower_admission::outbound::RegionalBudget;
@@ -470,6 +485,7 @@ impl RegionalBudget {
             }
             let states: Vec<RegionState> = states.into_iter().flatten().collect();
             if self.is_consistent(&states) {
+                self.check_at_most_total(states.iter().map(|s| s.allocation))?;
                 return Ok(Snapshot {
                     total: self.inner.total,
                     regions: self
@@ -791,6 +807,22 @@ impl RegionalBudget {
                 "could not clear a completed transfer from the pending list; repair_all clears it"
             );
         }
+    }
+
+    /// [`RegionError::AboveTotal`] unless `allocations` sum to at most the
+    /// total.
+    fn check_at_most_total(
+        &self,
+        allocations: impl Iterator<Item = u64>,
+    ) -> Result<(), RegionError> {
+        let sum = allocations.fold(0, u64::saturating_add);
+        if sum > self.inner.total {
+            return Err(RegionError::AboveTotal {
+                sum,
+                total: self.inner.total,
+            });
+        }
+        Ok(())
     }
 
     async fn seed(&self, region: &Region, allocation: u64) -> Result<bool, RegionError> {
@@ -1904,6 +1936,15 @@ pub enum RegionError {
         /// How many times it read.
         attempts: u32,
     },
+    /// The allocations sum above the total ([`RegionalBudget::snapshot`]),
+    /// or would once the missing regions were seeded at their initial
+    /// shares ([`RegionalBudget::initialize`], which then seeds nothing).
+    AboveTotal {
+        /// The sum, with the missing regions' shares for `initialize`.
+        sum: u64,
+        /// The budget's total.
+        total: u64,
+    },
     /// A Redis reply that the scripts never produce.
     Malformed {
         /// The region.
@@ -1932,6 +1973,10 @@ impl fmt::Display for RegionError {
             RegionError::Malformed { region, message } => {
                 write!(f, "unexpected data in region `{region}`: {message}")
             }
+            RegionError::AboveTotal { sum, total } => write!(
+                f,
+                "the allocations sum to {sum}, above the total {total}, counting any region still to be seeded at its initial share"
+            ),
         }
     }
 }
