@@ -1034,3 +1034,199 @@ async fn batch_items_layer_read_error_becomes_the_byte_cap_413() {
     assert_eq!(c.charged.load(Ordering::SeqCst), 0);
     assert_eq!(c.ran.load(Ordering::SeqCst), 0);
 }
+
+// ---------------------------------------------------------------- content codings and query reasons
+
+/// A POST to the byte-counting route with one `content-encoding` line per
+/// entry of `lines`.
+fn encoded(lines: &[&str], body: impl Into<Body>) -> Request<Body> {
+    let mut req = Request::post("/stream");
+    for line in lines {
+        req = req.header(header::CONTENT_ENCODING, *line);
+    }
+    req.body(body.into()).unwrap()
+}
+
+#[tokio::test]
+async fn several_content_codings_are_415_naming_them_before_the_handler() {
+    let doubly_gzipped = gzip(&gzip(b"hello world"));
+    let cases: Vec<(&[&str], Vec<u8>, &str)> = vec![
+        (
+            &["gzip", "compress"],
+            gzip(b"hello world"),
+            "gzip, compress",
+        ),
+        (
+            &["identity", "x-unknown"],
+            b"hello".to_vec(),
+            "identity, x-unknown",
+        ),
+        (&["gzip", "gzip"], doubly_gzipped.clone(), "gzip, gzip"),
+        (&["gzip, gzip"], doubly_gzipped, "gzip, gzip"),
+        (&["identity, gzip"], gzip(b"hello world"), "identity, gzip"),
+    ];
+    for (lines, body, named) in cases {
+        let seen = Arc::new(AtomicU64::new(0));
+        let app = body_app(MIB, 8 * MIB, seen.clone());
+        let (status, response) = send(&app, encoded(lines, body)).await;
+        assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE, "{lines:?}");
+        assert_eq!(
+            response.extensions().get::<Rejection>(),
+            Some(&Rejection::UnsupportedEncoding {
+                encoding: named.to_owned()
+            }),
+            "{lines:?}"
+        );
+        assert_eq!(
+            response.headers()[header::ACCEPT_ENCODING],
+            "zstd,gzip,deflate,br",
+            "{lines:?}"
+        );
+        assert_eq!(problem(response).await["status"], 415, "{lines:?}");
+        assert_eq!(seen.load(Ordering::SeqCst), 0, "{lines:?}");
+    }
+    // A bodiless request and a gRPC one are refused the same way.
+    let seen = Arc::new(AtomicU64::new(0));
+    let app = body_app(MIB, 8 * MIB, seen.clone());
+    let grpc = Request::post("/stream")
+        .header(header::CONTENT_TYPE, "application/grpc")
+        .header(header::CONTENT_ENCODING, "gzip")
+        .header(header::CONTENT_ENCODING, "br")
+        .body(Body::from(gzip(b"hello world")))
+        .unwrap();
+    let (status, response) = send(&app, grpc).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(response.headers()["grpc-status"], "3");
+    let (status, _) = send(&app, encoded(&["gzip", "br"], Body::empty())).await;
+    assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    assert_eq!(seen.load(Ordering::SeqCst), 0);
+    // A decompressor set to pass unsupported codings through passes them
+    // undecoded, every coding named in one line.
+    let app = Router::new()
+        .route(
+            "/stream",
+            post(|headers: axum::http::HeaderMap, body: Bytes| async move {
+                let lines: Vec<_> = headers.get_all(header::CONTENT_ENCODING).iter().collect();
+                format!("{lines:?} {}", body.len())
+            }),
+        )
+        .layer(
+            BodyLimitsLayer::new(MIB, 8 * MIB).decompression(
+                tower_http::decompression::RequestDecompressionLayer::new()
+                    .pass_through_unaccepted(true),
+            ),
+        );
+    let sent = gzip(&gzip(b"hello world"));
+    let len = sent.len();
+    let (status, response) = send(&app, encoded(&["gzip", "gzip"], sent)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(text(response).await, format!("[\"gzip, gzip\"] {len}"));
+}
+
+#[tokio::test]
+async fn one_content_coding_is_matched_in_any_case() {
+    let hello = gzip(b"hello world");
+    let decoded: &[&[&str]] = &[&["GZIP"], &["Gzip"], &[" gzip "], &["gzip,"], &["", "gZiP"]];
+    for lines in decoded {
+        let seen = Arc::new(AtomicU64::new(0));
+        let app = body_app(MIB, 8 * MIB, seen.clone());
+        let (status, response) = send(&app, encoded(lines, hello.clone())).await;
+        assert_eq!(status, StatusCode::OK, "{lines:?}");
+        assert_eq!(text(response).await, "11", "{lines:?}");
+    }
+    // A lone `identity`, in any case, passes the body as it came.
+    let seen = Arc::new(AtomicU64::new(0));
+    let app = body_app(MIB, 8 * MIB, seen.clone());
+    let (status, response) = send(&app, encoded(&["IDENTITY"], "hello")).await;
+    assert_eq!(
+        (status, text(response).await),
+        (StatusCode::OK, "5".to_owned())
+    );
+    // Not a known coding in any case, nor an alias: 415 naming it as sent.
+    for unknown in ["COMPRESS", "x-gzip"] {
+        let (status, response) = send(&app, encoded(&[unknown], hello.clone())).await;
+        assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE, "{unknown}");
+        assert_eq!(
+            response.extensions().get::<Rejection>(),
+            Some(&Rejection::UnsupportedEncoding {
+                encoding: unknown.to_owned()
+            })
+        );
+    }
+    assert_eq!(seen.load(Ordering::SeqCst), 5);
+}
+
+#[test]
+fn a_span_over_the_maximum_is_named_to_the_nanosecond() {
+    let span = |max: Duration, to: &str| {
+        QueryRules::builder()
+            .max_span(max)
+            .build()
+            .unwrap()
+            .validate(Some(&format!("from=2025-01-01T00:00:00Z&to={to}")))
+    };
+    let hour = Duration::from_secs(3600);
+    assert_eq!(
+        span(hour, "2025-01-01T01:00:00.5Z").unwrap_err(),
+        vec![InvalidParameter::new(
+            "to",
+            "the range from..to spans 3600.5 s, more than the maximum of 3600 s"
+        )]
+    );
+    assert_eq!(
+        span(hour, "2025-01-01T01:00:00.000000001Z").unwrap_err(),
+        vec![InvalidParameter::new(
+            "to",
+            "the range from..to spans 3600.000000001 s, more than the maximum of 3600 s"
+        )]
+    );
+    assert_eq!(
+        span(Duration::from_millis(1500), "2025-01-01T00:00:02Z").unwrap_err(),
+        vec![InvalidParameter::new(
+            "to",
+            "the range from..to spans 2 s, more than the maximum of 1.5 s"
+        )]
+    );
+    assert!(span(hour, "2025-01-01T01:00:00Z").is_ok());
+}
+
+#[test]
+fn unlisted_unknown_parameters_are_counted_once_per_name() {
+    let mut query: String = (0..10).map(|i| format!("u{i}=1&")).collect();
+    query.push_str("k=1&k=2&k=3&u0=2&u9=3&j=1&%6B=4");
+    let err = rules().validate(Some(&query)).unwrap_err();
+    assert_eq!(err.len(), 10);
+    assert_eq!(err[0], InvalidParameter::new("u0", "unknown parameter"));
+    assert_eq!(
+        err[9],
+        InvalidParameter::new(
+            "u9",
+            "unknown parameter; 2 more unknown parameters not listed"
+        )
+    );
+}
+
+#[test]
+fn a_cursor_of_non_ascii_characters_is_refused_for_its_characters_not_its_bytes() {
+    let rules = rules(); // at most 64 characters
+    let validate = |cursor: &str| rules.validate(Some(&format!("cursor={cursor}")));
+    // 40 characters, 80 bytes.
+    assert_eq!(
+        validate(&"%C3%A9".repeat(40)).unwrap_err(),
+        vec![InvalidParameter::new(
+            "cursor",
+            "must contain only visible ASCII characters"
+        )]
+    );
+    assert_eq!(
+        validate(&"a".repeat(65)).unwrap_err(),
+        vec![InvalidParameter::new(
+            "cursor",
+            "must be at most 64 characters"
+        )]
+    );
+    assert_eq!(
+        validate(&"a".repeat(64)).unwrap().cursor,
+        Some("a".repeat(64))
+    );
+}

@@ -13,7 +13,7 @@ use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
 use http::header::{HeaderValue, ACCEPT_ENCODING, CONTENT_ENCODING, CONTENT_LENGTH};
-use http::{Request, Response, StatusCode};
+use http::{HeaderMap, Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{Either, Full, LengthLimitError};
 use pin_project_lite::pin_project;
@@ -43,8 +43,10 @@ type StackBody = ResponseBody<UnsyncBoxBody<Bytes, BoxError>>;
 /// 1. tower-http [`RequestBodyLimit`] with the wire cap (early 413 when
 ///    `content-length` is over it, a length error while streaming otherwise);
 /// 2. a probe that records a wire-cap trip;
-/// 3. tower-http [`RequestDecompression`] (gzip, deflate, br, zstd; 415 for
-///    any other `content-encoding`);
+/// 3. tower-http [`RequestDecompression`] (gzip, deflate, br, zstd, named in
+///    any case; 415 for any other `content-encoding`, `x-gzip` included, and
+///    for several codings, on several lines or as a list, of which it would
+///    decode only the first);
 /// 4. tower-http [`RequestBodyLimit`] with the decoded cap;
 /// 5. a probe that records a decoded-cap trip.
 ///
@@ -80,7 +82,9 @@ impl BodyLimitsLayer {
 
     /// Uses this tower-http decompression layer, for example one with some
     /// encodings turned off (`RequestDecompressionLayer::new().no_br()`).
-    /// An encoding that is turned off is answered with 415.
+    /// An encoding that is turned off is answered with 415. A layer set to
+    /// `pass_through_unaccepted(true)` passes such requests on undecoded
+    /// instead, several codings with their `content-encoding` in one line.
     pub fn decompression(mut self, layer: RequestDecompressionLayer) -> Self {
         self.decompression = layer;
         self
@@ -182,7 +186,7 @@ where
         let watch = Watch {
             probe,
             grpc: is_grpc(req.headers()),
-            encoding: req.headers().get(CONTENT_ENCODING).cloned(),
+            encoding: combine_content_encoding(req.headers_mut()),
             wire_bytes: caps.wire_bytes,
             decoded_bytes: caps.decoded_bytes,
         };
@@ -237,6 +241,48 @@ fn may_trip<B: Body>(req: &Request<B>, caps: usize) -> bool {
             .and_then(|len| len.parse::<usize>().ok())
             .is_none_or(|len| len > caps),
     }
+}
+
+/// Puts the `content-encoding` lines of `headers` into the one line that
+/// tower-http's decompressor reads (it reads only the first and matches
+/// exact lowercase names): the lines combined with `, ` (RFC 9110 §5.3), or,
+/// when they name exactly one coding, its name in lowercase (names are
+/// case-insensitive, RFC 9110 §8.4.1). A list of several codings matches no
+/// name, so the decompressor refuses it instead of decoding only the first.
+///
+/// Returns the lines as sent, combined, for a 415 to name.
+fn combine_content_encoding(headers: &mut HeaderMap) -> Option<HeaderValue> {
+    let mut lines = headers.get_all(CONTENT_ENCODING).iter();
+    let first = lines.next()?;
+    let sent = match lines.next() {
+        None => first.clone(),
+        Some(_) => {
+            let combined: Vec<&[u8]> = headers
+                .get_all(CONTENT_ENCODING)
+                .iter()
+                .map(HeaderValue::as_bytes)
+                .collect();
+            // Cannot fail, as lines and `, ` are valid value bytes; were it
+            // to, `,` names no coding and is refused all the same.
+            HeaderValue::from_bytes(&combined.join(&b", "[..]))
+                .unwrap_or(HeaderValue::from_static(","))
+        }
+    };
+    // Empty list elements do not count (RFC 9110 §5.6.1).
+    let mut codings = sent
+        .as_bytes()
+        .split(|&b| b == b',')
+        .map(<[u8]>::trim_ascii)
+        .filter(|coding| !coding.is_empty());
+    let lone_coding = match (codings.next(), codings.next()) {
+        (Some(one), None) => HeaderValue::from_bytes(&one.to_ascii_lowercase()).ok(),
+        _ => None,
+    };
+    headers.insert(
+        CONTENT_ENCODING,
+        lone_coding.unwrap_or_else(|| sent.clone()),
+    );
+    Some(sent)
 }
 
 pin_project! {
@@ -451,6 +497,7 @@ fn probed<B>(req: Request<B>, stage: Stage) -> Request<ProbedBody<B>> {
 struct Watch {
     probe: Probe,
     grpc: bool,
+    /// The `content-encoding` as sent, for a 415 to name.
     encoding: Option<HeaderValue>,
     wire_bytes: usize,
     decoded_bytes: usize,

@@ -20,7 +20,9 @@
 //! * **Then decompress, streaming.** tower-http's decompression yields the
 //!   decoded stream in chunks of at most 4 KiB, never the whole body, so a
 //!   1 MiB gzip bomb that inflates to 1 GiB costs no more memory than its
-//!   decoded cap. Unknown encodings get 415.
+//!   decoded cap. Coding names match in any case. Unknown encodings get
+//!   415, and so do several codings at once (on several `content-encoding`
+//!   lines or as a list), since only the first would be decoded.
 //! * **Then cap decoded bytes.** A small compressed body can decode to
 //!   anything; this cap is what actually bounds the parser and the handler.
 //!   It must sit *after* decompression, or it would count compressed bytes.

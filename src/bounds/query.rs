@@ -1,6 +1,7 @@
 //! Page and range validation of the query string.
 
 use std::borrow::Cow;
+use std::collections::HashSet;
 use std::fmt;
 use std::future::Future;
 use std::num::{NonZeroU32, NonZeroUsize};
@@ -30,8 +31,9 @@ pub const TO: &str = "to";
 pub const CURSOR: &str = "cursor";
 
 /// At most this many unknown parameters are named in one rejection; the last
-/// named one says how many more there were. Keeps a query of thousands of
-/// tiny unknown names from becoming a response many times its size.
+/// named one says how many more distinct names there were. Keeps a query of
+/// thousands of tiny unknown names from becoming a response many times its
+/// size.
 const MAX_UNKNOWN_REPORTED: usize = 10;
 /// Parameter names are echoed back cut to this many characters.
 const MAX_ECHOED_NAME: usize = 64;
@@ -255,8 +257,12 @@ impl QueryRules {
         // to four allowed ones: a valid query costs no allocation here.
         let mut seen: SmallVec<[Seen<'_>; 8]> = SmallVec::new();
         seen.resize_with(known_len, Seen::default);
+        // Unknown names as echoed, each once: the first ones listed, the
+        // others only counted. At most one set entry per pair of the query,
+        // each no longer than its name plus `…`, so the set never outgrows
+        // the query, whose length the HTTP server caps.
         let mut unknown: Vec<String> = Vec::new();
-        let mut unknown_more = 0usize;
+        let mut unlisted: HashSet<String> = HashSet::new();
 
         for (name, value) in Pairs::new(raw_query.unwrap_or("")) {
             // The first index wins, as for a name allowed twice.
@@ -276,7 +282,7 @@ impl QueryRules {
                     if unknown.len() < MAX_UNKNOWN_REPORTED {
                         unknown.push(echoed);
                     } else {
-                        unknown_more += 1;
+                        unlisted.insert(echoed);
                     }
                 }
                 None => {}
@@ -333,14 +339,15 @@ impl QueryRules {
                 if from >= to {
                     errors.push(InvalidParameter::new(TO, "must be later than from"));
                 } else if let Some(max) = rules.max_span {
-                    let span = to - from;
+                    // Positive: `from < to`.
+                    let span = (to - from).unsigned_abs();
                     if span > max {
                         errors.push(InvalidParameter::new(
                             TO,
                             format!(
                                 "the range from..to spans {} s, more than the maximum of {} s",
-                                span.whole_seconds(),
-                                max.as_secs()
+                                seconds(span),
+                                seconds(max)
                             ),
                         ));
                     }
@@ -374,8 +381,11 @@ impl QueryRules {
 
         let last = unknown.len().saturating_sub(1);
         for (i, name) in unknown.into_iter().enumerate() {
-            let reason = if i == last && unknown_more > 0 {
-                format!("unknown parameter; {unknown_more} more unknown parameters not listed")
+            let reason = if i == last && !unlisted.is_empty() {
+                format!(
+                    "unknown parameter; {} more unknown parameters not listed",
+                    unlisted.len()
+                )
             } else {
                 "unknown parameter".to_owned()
             };
@@ -545,15 +555,29 @@ fn parse_plain_utc(v: &[u8]) -> Option<OffsetDateTime> {
     Some(time::PrimitiveDateTime::new(date, time).assume_utc())
 }
 
+/// `d` in seconds, with only the fraction digits it needs (`3600`,
+/// `3600.5`), so two different durations never print the same.
+fn seconds(d: Duration) -> String {
+    match d.subsec_nanos() {
+        0 => d.as_secs().to_string(),
+        nanos => {
+            let fraction = format!("{nanos:09}");
+            format!("{}.{}", d.as_secs(), fraction.trim_end_matches('0'))
+        }
+    }
+}
+
+/// The character class first: once a cursor is all ASCII, its length in
+/// bytes is its length in characters.
 fn check_cursor(v: &str, max: usize) -> Result<(), String> {
     if v.is_empty() {
         return Err("must not be empty".to_owned());
     }
-    if v.len() > max {
-        return Err(format!("must be at most {max} characters"));
-    }
     if !v.bytes().all(|b| b.is_ascii_graphic()) {
         return Err("must contain only visible ASCII characters".to_owned());
+    }
+    if v.len() > max {
+        return Err(format!("must be at most {max} characters"));
     }
     Ok(())
 }
