@@ -1293,3 +1293,46 @@ fn check_caps(
     assert_eq!(waiting_for_global, global_queue, "{context}");
     assert_eq!(layer.tracked_identities(), tracked, "{context}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_full_identity_map_advertises_no_cap_and_retries_after_its_own_rule() {
+    let layer = |global: bool, retry_after: Option<Duration>| {
+        let mut builder = ConcurrencyLayer::builder()
+            .per_identity(2, 1, Duration::from_secs(5))
+            .max_identities(1);
+        if global {
+            builder = builder.global(10, 0, Duration::ZERO);
+        }
+        if let Some(wait) = retry_after {
+            builder = builder.retry_after(wait);
+        }
+        builder.build().unwrap()
+    };
+    for (global, retry_after, expected) in [
+        (true, None, "1"),
+        (false, None, "1"),
+        (true, Some(Duration::from_millis(6500)), "7"),
+    ] {
+        let layer = layer(global, retry_after);
+        let gauge = Gauge::default();
+        let app = app(&layer, &gauge, Duration::from_secs(1));
+        let outcomes = burst(&app, vec![request(Some("alice")), request(Some("bob"))]).await;
+        let context = format!("global {global}, retry_after {retry_after:?}");
+        assert_eq!(outcomes[0].status, 200, "{context}");
+        let bob = &outcomes[1];
+        assert_eq!(
+            (
+                bob.status,
+                bob.at_ms,
+                bob.reason.as_deref(),
+                bob.scope.as_deref()
+            ),
+            (503, 0, Some("too-many-identities"), Some("global")),
+            "{context}"
+        );
+        // The map counts callers, not requests: no concurrency quota to name.
+        assert_eq!(bob.ratelimit, None, "{context}");
+        assert_eq!(bob.retry_after.as_deref(), Some(expected), "{context}");
+        assert_eq!(layer.tracked_identities(), 0, "{context}");
+    }
+}

@@ -74,21 +74,23 @@ impl<F> ResponseFuture<F> {
 }
 
 fn refusal_response<B: RefusalBody>(refusal: Refusal, grpc: bool) -> Response<PermitBody<B>> {
-    // Each cap is advertised as a quota of concurrent requests: the
-    // caller's own ("concurrency") or the service's ("global-concurrency").
-    let cap = match refusal.rejection {
-        Rejection::Overloaded { scope, retry_after } if !grpc => Some((
+    // Each cap of requests is advertised as a quota of concurrent requests:
+    // the caller's own ("concurrency") or the service's
+    // ("global-concurrency"). A full identity map has no such cap.
+    let advertised = match (&refusal.rejection, refusal.cap) {
+        (&Rejection::Overloaded { scope, retry_after }, Some(cap)) if !grpc => Some((
             match scope {
                 OverloadScope::Identity => "concurrency",
                 _ => "global-concurrency",
             },
+            cap,
             retry_after,
         )),
         _ => None,
     };
     let mut response = refusal.rejection.into_layer_response(grpc);
-    if let Some((name, wait)) = cap {
-        crate::quota::headers::insert_concurrency(response.headers_mut(), name, refusal.cap, wait);
+    if let Some((name, cap, wait)) = advertised {
+        crate::quota::headers::insert_concurrency(response.headers_mut(), name, cap, wait);
     }
     response.extensions_mut().insert(refusal.reason);
     response

@@ -153,7 +153,7 @@ impl ConcurrencyLayerBuilder {
 
     /// Overrides the `Retry-After` of every refusal. By default it is the
     /// refusing cap's queue deadline (rounded up to whole seconds, at least
-    /// 1 s).
+    /// 1 s); 1 s for a full identity map, which has no queue.
     pub fn retry_after(mut self, wait: Duration) -> Self {
         self.retry_after = Some(wait);
         self
@@ -184,15 +184,23 @@ impl ConcurrencyLayerBuilder {
         if per_identity.is_some() && self.max_identities == 0 {
             return Err(ConfigError::new("max_identities", "must be at least 1"));
         }
+        // The map refuses a new subject at once: a load-shedding cap of
+        // identities.
+        let identity_map = Limits {
+            limit: self.max_identities,
+            queue: 0,
+            deadline: Duration::ZERO,
+            retry_after: retry_after(self.retry_after, Duration::ZERO),
+        };
         Ok(ConcurrencyLayer {
-            shared: Shared::new(global, per_identity, self.max_identities),
+            shared: Shared::new(global, per_identity, identity_map),
         })
     }
 }
 
 fn limits(
     c: CapConfig,
-    retry_after: Option<Duration>,
+    override_wait: Option<Duration>,
     [limit_field, deadline_field]: [&'static str; 2],
 ) -> Result<Limits, ConfigError> {
     if c.limit == 0 {
@@ -208,8 +216,14 @@ fn limits(
         limit: c.limit,
         queue: c.queue,
         deadline: c.deadline,
-        retry_after: retry_after
-            .unwrap_or(c.deadline)
-            .max(Duration::from_secs(1)),
+        retry_after: retry_after(override_wait, c.deadline),
     })
+}
+
+/// The `Retry-After` of a cap's refusals: the override, or else the cap's
+/// queue deadline; at least 1 s.
+fn retry_after(override_wait: Option<Duration>, deadline: Duration) -> Duration {
+    override_wait
+        .unwrap_or(deadline)
+        .max(Duration::from_secs(1))
 }

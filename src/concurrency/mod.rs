@@ -35,11 +35,15 @@
 //!
 //! # Refusals
 //!
-//! | cap | status | why |
-//! |---|---|---|
-//! | global | 503 + `Retry-After` | the *service* is full; nothing the caller did caused it |
-//! | per identity | 429 + `Retry-After` | the *caller* has too much in flight; it can fix that by waiting for its own requests |
-//! | identity map full | 503 + `Retry-After` | the service cannot track another caller |
+//! | cap | status | `RateLimit` fields | why |
+//! |---|---|---|---|
+//! | global | 503 + `Retry-After` | `"global-concurrency"` | the *service* is full; nothing the caller did caused it |
+//! | per identity | 429 + `Retry-After` | `"concurrency"` | the *caller* has too much in flight; it can fix that by waiting for its own requests |
+//! | identity map full | 503 + `Retry-After` of 1 s, as for a cap with no queue | none: the map counts callers, not requests | the service cannot track another caller |
+//!
+//! A cap's `RateLimit-Policy` and `RateLimit` fields (HTTP only) advertise
+//! it as a quota of its limit in concurrent requests, none of them left
+//! until `Retry-After`.
 //!
 //! They are [`Rejection::Overloaded`](crate::reject::Rejection::Overloaded)
 //! with [`OverloadScope::Global`](crate::reject::OverloadScope::Global) or

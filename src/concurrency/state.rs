@@ -248,7 +248,8 @@ impl Cap {
 #[derive(Debug)]
 pub(crate) struct PerIdentity {
     pub(crate) limits: Limits,
-    max_identities: usize,
+    /// The map itself, as a load-shedding cap of `limit` identities.
+    map_limits: Limits,
     hasher: RandomState,
     map: Mutex<HashTable<Entry>>,
 }
@@ -302,7 +303,7 @@ impl PerIdentity {
                 Take::QueueFull => Enter::QueueFull,
             };
         }
-        if map.len() >= self.max_identities {
+        if map.len() >= self.map_limits.limit {
             return Enter::TooManyIdentities;
         }
         let entry = Entry {
@@ -434,8 +435,9 @@ impl fmt::Debug for Guard {
 pub(crate) struct Refusal {
     pub(crate) rejection: Rejection,
     pub(crate) reason: OverloadReason,
-    /// The cap that refused, in requests.
-    pub(crate) cap: usize,
+    /// The cap of requests that refused, advertised in the `RateLimit`
+    /// fields; `None` for a full identity map, which counts callers.
+    pub(crate) cap: Option<usize>,
 }
 
 pub(crate) type AcquireFuture = Pin<Box<dyn Future<Output = Result<Guard, Refusal>> + Send>>;
@@ -472,13 +474,13 @@ impl Shared {
     pub(crate) fn new(
         global: Option<Limits>,
         per_identity: Option<Limits>,
-        max_identities: usize,
+        identity_map: Limits,
     ) -> Arc<Self> {
         Arc::new(Shared {
             global: global.map(Cap::new),
             per_identity: per_identity.map(|limits| PerIdentity {
                 limits,
-                max_identities,
+                map_limits: identity_map,
                 hasher: RandomState::new(),
                 map: Mutex::new(HashTable::new()),
             }),
@@ -522,7 +524,7 @@ impl Shared {
                 retry_after: limits.retry_after,
             },
             reason,
-            cap: limits.limit,
+            cap: (reason != OverloadReason::TooManyIdentities).then_some(limits.limit),
         }
     }
 
@@ -573,7 +575,7 @@ impl Shared {
                     return Begin::Refused(self.refuse(
                         OverloadScope::Global,
                         OverloadReason::TooManyIdentities,
-                        &limits,
+                        &ids.map_limits,
                     ))
                 }
             }
