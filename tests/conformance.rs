@@ -238,6 +238,40 @@ async fn a_refusal_reports_each_policy_as_it_stands<S: Store>(c: Ctx<'_, S>) {
     );
 }
 
+async fn a_refund_never_reaches_a_window_of_another_length<S: Store>(c: Ctx<'_, S>) {
+    // A is charged 5 in the minute [0, 60). Redeployed to 7 s windows
+    // (aligned to the epoch: [43, 50), [50, 57), [57, 64) of this minute),
+    // A's count carries into [43, 50) and rolls away; B is charged 5 in
+    // [57, 64). Rolled back to a minute at 58 s, the window is [0, 60)
+    // again, holding B's 5: A's refund must give nothing back, since A's
+    // window is gone, or the minute would admit 10 of 5.
+    let fixed = |w| Policy::fixed_window("w", 5, w).unwrap();
+    let weighted = |w| Policy::sliding_window("w", 5, w).unwrap();
+    for (name, policy) in [
+        ("fixed", &fixed as &dyn Fn(Duration) -> Policy),
+        ("weighted", &weighted),
+    ] {
+        let minute = Quota::new(name, [policy(MIN)]).unwrap();
+        let seven = Quota::new(name, [policy(Duration::from_secs(7))]).unwrap();
+        let k = c.key(name);
+        c.at_ms(NOON);
+        let a = c.decide(&minute, &k, 5).await;
+        assert!(a.admitted, "{name}");
+        c.at_ms(NOON + 45_000);
+        assert!(!c.decide(&seven, &k, 1).await.admitted, "{name}");
+        c.at_ms(NOON + 57_000);
+        assert!(c.decide(&seven, &k, 5).await.admitted, "{name}");
+        c.at_ms(NOON + 58_000);
+        c.store.settle(&minute, &k, &a.holds, -5).await.unwrap();
+        assert_eq!(
+            c.decide(&minute, &k, 0).await.decisions[0].remaining,
+            0,
+            "{name}"
+        );
+        assert!(!c.decide(&minute, &k, 1).await.admitted, "{name}");
+    }
+}
+
 async fn cost_over_capacity_is_never_admitted<S: Store>(c: Ctx<'_, S>) {
     for q in all_algorithms(10) {
         let k = c.key(q.policies()[0].name());
@@ -522,6 +556,7 @@ suite!(
     weighted_window_exact_numbers,
     multi_policy_refusal_consumes_nothing,
     a_refusal_reports_each_policy_as_it_stands,
+    a_refund_never_reaches_a_window_of_another_length,
     cost_over_capacity_is_never_admitted,
     clock_set_backwards_inflates_nothing,
     retry_after_is_exact,

@@ -33,7 +33,8 @@ use crate::quota::{Holds, Limiter, MemoryStore, Quota, Store, StoreError};
 ///   - sliding log: the charge's own entry, while it is in the window and
 ///     among the newest 1,024 entries (so a refund's work stays bounded);
 ///   - fixed and weighted windows: only while the charge's window is the
-///     current one.
+///     current one (a window of another length that ends at the same time,
+///     after a redeploy and its rollback, is not).
 ///
 ///   A refund therefore never creates capacity that the policy's bound
 ///   forbids. Extra cost charged by an earlier settle is not refunded.

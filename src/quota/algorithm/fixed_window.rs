@@ -25,6 +25,9 @@ pub struct FixedWindowState {
     start: u64,
     end: u64,
     count: u64,
+    /// How many times a stored window changed length: with `end`, it names
+    /// the window a charge was counted in.
+    epoch: u64,
 }
 
 impl FixedWindow {
@@ -74,6 +77,9 @@ impl FixedWindow {
             return now;
         }
         // A new window, or one built under another length: align to ours.
+        if s.end != 0 && s.end - s.start != self.window {
+            s.epoch = s.epoch.wrapping_add(1);
+        }
         s.start = now - now % self.window;
         s.end = s.start.saturating_add(self.window);
         now
@@ -108,7 +114,7 @@ impl FixedWindow {
         s.count += take;
         Hold {
             mark: s.end,
-            frac: 0,
+            frac: s.epoch,
             amount: take,
         }
     }
@@ -123,7 +129,7 @@ impl FixedWindow {
         delta: i64,
     ) -> Hold {
         self.roll(s, now);
-        super::settle_window(&mut s.count, self.limit, s.end, hold, delta)
+        super::settle_window(&mut s.count, self.limit, (s.end, s.epoch), hold, delta)
     }
 
     pub(crate) fn fresh_at(&self, s: &FixedWindowState) -> u64 {

@@ -76,7 +76,10 @@ pub(crate) struct Hold {
     /// entry's sequence number for the sliding log, the end of the charge's
     /// segment of the TAT timeline (whole µs) for the token bucket.
     pub(crate) mark: u64,
-    /// Token bucket only: the fractional part of `mark`; 0 elsewhere.
+    /// The token bucket: the fractional part of `mark`. The windows: the
+    /// state's epoch, which counts its changes of window length, so that a
+    /// window of another length that happens to end at `mark` is not the
+    /// charge's. 0 for the sliding log.
     pub(crate) frac: u64,
     /// Cost the charge still holds: the most a refund can give back.
     pub(crate) amount: u64,
@@ -271,16 +274,23 @@ machine! {
     SlidingWindow: SlidingWindow, SlidingWindowState;
 }
 
-/// Settles a charge on the count of the window ending at `end`: `delta > 0`
-/// charges more, capped at `limit`; `delta < 0` refunds at most what the
-/// charge holds, and only while its window (`hold.mark`) is still `end`.
-/// The one settlement rule of both window algorithms.
-pub(crate) fn settle_window(count: &mut u64, limit: u64, end: u64, hold: Hold, delta: i64) -> Hold {
+/// Settles a charge on the count of the window ending at `end` in epoch
+/// `epoch`: `delta > 0` charges more, capped at `limit`; `delta < 0` refunds
+/// at most what the charge holds, and only while its window is still the
+/// current one (`hold.mark` is `end` and `hold.frac` is `epoch`). The one
+/// settlement rule of both window algorithms.
+pub(crate) fn settle_window(
+    count: &mut u64,
+    limit: u64,
+    (end, epoch): (u64, u64),
+    hold: Hold,
+    delta: i64,
+) -> Hold {
     if delta >= 0 {
         *count += delta.unsigned_abs().min(limit.saturating_sub(*count));
         return hold;
     }
-    if hold.mark != end {
+    if hold.mark != end || hold.frac != epoch {
         return hold;
     }
     let refund = delta.unsigned_abs().min(hold.amount).min(*count);

@@ -31,6 +31,9 @@ pub struct SlidingWindowState {
     end: u64,
     current: u64,
     previous: u64,
+    /// How many times a stored window changed length: with `end`, it names
+    /// the window a charge was counted in.
+    epoch: u64,
 }
 
 impl SlidingWindow {
@@ -78,6 +81,9 @@ impl SlidingWindow {
             return now;
         }
         let start = now - now % self.window;
+        if s.end != 0 && s.end - s.start != self.window {
+            s.epoch = s.epoch.wrapping_add(1);
+        }
         if now >= s.end {
             // The counted window has ended: it is the previous one while it
             // ended less than a window ago (as `fresh_at` says).
@@ -155,7 +161,7 @@ impl SlidingWindow {
         s.current += take;
         Hold {
             mark: s.end,
-            frac: 0,
+            frac: s.epoch,
             amount: take,
         }
     }
@@ -170,7 +176,7 @@ impl SlidingWindow {
         delta: i64,
     ) -> Hold {
         self.roll(s, now);
-        super::settle_window(&mut s.current, self.limit, s.end, hold, delta)
+        super::settle_window(&mut s.current, self.limit, (s.end, s.epoch), hold, delta)
     }
 
     pub(crate) fn fresh_at(&self, s: &SlidingWindowState) -> u64 {

@@ -93,8 +93,8 @@ impl Default for MemoryConfig {
 ///   up to 22 bytes is kept inline; a longer one shares the caller's
 ///   `Arc<str>`. A slot is 40 bytes for a quota of one token bucket (plus a
 ///   32-byte box while the state has a fraction of a µs, a refund's offset
-///   or more than 2^32 µs between its TAT and its last write), 56 for one
-///   fixed window, 64 for one weighted window, 112 for one sliding log, and
+///   or more than 2^32 µs between its TAT and its last write), 64 for one
+///   fixed window, 72 for one weighted window, 112 for one sliding log, and
 ///   208 for any other quota of up to two policies. A sliding log keeps
 ///   one entry inline and more in a buffer of 8 bytes an entry (16 when
 ///   its entries span 2^32 µs or 2^32 of cost).
@@ -1137,8 +1137,8 @@ mod tests {
     fn slot_sizes() {
         // The bucket slot: the key, then a whole-µs TAT and its lag.
         assert_eq!(std::mem::size_of::<BucketSlot>(), 40);
-        assert_eq!(std::mem::size_of::<Lone<FixedWindow>>(), 56);
-        assert_eq!(std::mem::size_of::<Lone<SlidingWindow>>(), 64);
+        assert_eq!(std::mem::size_of::<Lone<FixedWindow>>(), 64);
+        assert_eq!(std::mem::size_of::<Lone<SlidingWindow>>(), 72);
         assert_eq!(std::mem::size_of::<Lone<SlidingLog>>(), 112);
         // Two states inline, the largest being a sliding log's.
         assert_eq!(std::mem::size_of::<Slot>(), 208);

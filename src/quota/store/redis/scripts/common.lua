@@ -93,7 +93,7 @@ local function ttl_ms(fresh_at, now)
   return idiv(fresh_at - now + 999, 1000) + EXPIRY_PAD_MS
 end
 
--- Settles a charge on a window's count s.c (window end s.stop): the one
+-- Settles a charge on a window's count s.c (window end s.stop, epoch s.g): the one
 -- settlement rule of both window scripts, as settle_window in
 -- src/quota/algorithm/mod.rs. Returns the hold after it.
 local function window_settle(s, delta, mark, frac, amount)
@@ -102,7 +102,7 @@ local function window_settle(s, delta, mark, frac, amount)
     s.dirty = true
     return mark, frac, amount
   end
-  if mark ~= s.stop then return mark, frac, amount end
+  if mark ~= s.stop or frac ~= s.g then return mark, frac, amount end
   local refund = min(min(-delta, amount), s.c)
   s.c = s.c - refund
   s.dirty = true

@@ -1,7 +1,9 @@
 -- tower-admission: fixed window, clock-aligned windows [kW, (k+1)W).
 -- Mirrors src/quota/algorithm/fixed_window.rs decision for decision.
 --
--- Key: a hash {s = window start µs, e = window end µs, c = cost admitted}.
+-- Key: a hash {s = window start µs, e = window end µs, c = cost admitted,
+-- g = epoch: how many times the stored window changed length, so that a
+-- charge's hold (e, g) names its window}.
 -- The state knows the window it was counted in, so a policy whose window
 -- changed reads it correctly: the count carries into the new policy's
 -- aligned window holding `now`. Expires when c == 0 or at e.
@@ -9,22 +11,26 @@
 local fixed_window = {}
 
 function fixed_window.load(key, limit, window)
-  local v = redis.call('HMGET', key, 's', 'e', 'c')
+  local v = redis.call('HMGET', key, 's', 'e', 'c', 'g')
   return {
     key = key, limit = limit, window = window,
     start = tonumber(v[1]) or 0, stop = tonumber(v[2]) or 0, c = tonumber(v[3]) or 0,
-    exists = v[1] ~= false, dirty = false,
+    g = tonumber(v[4]) or 0, exists = v[1] ~= false, dirty = false,
   }
 end
 
 -- Moves to the window of `now`, never backwards; returns the acting time.
+-- A state equivalent to fresh is read as fresh first, as the Rust store
+-- reads it (read_fresh), epoch included.
 local function fw_roll(s, now)
+  if fixed_window.fresh_at(s) <= now then s.start, s.stop, s.c, s.g = 0, 0, 0, 0 end
   now = max(now, s.start)
   if now >= s.stop then
     s.c = 0
   elseif s.stop - s.start == s.window then
     return now
   end
+  if s.stop ~= 0 and s.stop - s.start ~= s.window then s.g = s.g + 1 end
   s.start = idiv(now, s.window) * s.window
   s.stop = s.start + s.window
   s.dirty = true
@@ -46,7 +52,7 @@ function fixed_window.record(s, now, cost)
   local take = min(cost, sat_sub(s.limit, s.c))
   s.c = s.c + take
   s.dirty = true
-  return s.stop, 0, take
+  return s.stop, s.g, take
 end
 
 function fixed_window.settle(s, now, delta, mark, frac, amount)
@@ -66,6 +72,6 @@ function fixed_window.save(s, now)
     return
   end
   if not s.dirty then return end
-  redis.call('HSET', s.key, 's', s.start, 'e', s.stop, 'c', s.c)
+  redis.call('HSET', s.key, 's', s.start, 'e', s.stop, 'c', s.c, 'g', s.g)
   redis.call('PEXPIRE', s.key, ttl)
 end

@@ -2,7 +2,7 @@
 -- window). Mirrors src/quota/algorithm/sliding_window.rs decision for decision.
 --
 -- Key: ONE hash {s = current window start µs, e = its end µs, c = current
--- count, p = previous count}. The estimate is p * (1 - e/W) + c; the Rust
+-- count, p = previous count, g = epoch, as in fixed_window.lua}. The estimate is p * (1 - e/W) + c; the Rust
 -- reference compares p * (W - e) + c * W with u128 integers, here the same
 -- comparisons are made on ceil(p * (W - e) / W), computed exactly by muldiv.
 -- Expires at e + W when c > 0, at e when only p > 0.
@@ -10,20 +10,24 @@
 local sliding_window = {}
 
 function sliding_window.load(key, limit, window)
-  local v = redis.call('HMGET', key, 's', 'e', 'c', 'p')
+  local v = redis.call('HMGET', key, 's', 'e', 'c', 'p', 'g')
   return {
     key = key, limit = limit, window = window,
     start = tonumber(v[1]) or 0, stop = tonumber(v[2]) or 0,
-    c = tonumber(v[3]) or 0, p = tonumber(v[4]) or 0,
+    c = tonumber(v[3]) or 0, p = tonumber(v[4]) or 0, g = tonumber(v[5]) or 0,
     exists = v[1] ~= false, dirty = false,
   }
 end
 
 -- Rolls the windows forward, never backwards; returns the acting time.
+-- A state equivalent to fresh is read as fresh first, as the Rust store
+-- reads it (read_fresh), epoch included.
 local function sw_roll(s, now)
+  if sliding_window.fresh_at(s) <= now then s.start, s.stop, s.c, s.p, s.g = 0, 0, 0, 0, 0 end
   now = max(now, s.start)
   if now < s.stop and s.stop - s.start == s.window then return now end
   local start = idiv(now, s.window) * s.window
+  if s.stop ~= 0 and s.stop - s.start ~= s.window then s.g = s.g + 1 end
   if now >= s.stop then
     if now < s.stop + s.window then s.p = s.c else s.p = 0 end
     s.c = 0
@@ -77,7 +81,7 @@ function sliding_window.record(s, now, cost)
   local take = min(cost, sat_sub(s.limit, s.c))
   s.c = s.c + take
   s.dirty = true
-  return s.stop, 0, take
+  return s.stop, s.g, take
 end
 
 function sliding_window.settle(s, now, delta, mark, frac, amount)
@@ -92,6 +96,6 @@ function sliding_window.save(s, now)
     return
   end
   if not s.dirty then return end
-  redis.call('HSET', s.key, 's', s.start, 'e', s.stop, 'c', s.c, 'p', s.p)
+  redis.call('HSET', s.key, 's', s.start, 'e', s.stop, 'c', s.c, 'p', s.p, 'g', s.g)
   redis.call('PEXPIRE', s.key, ttl)
 end
