@@ -72,7 +72,11 @@ const SEQ_START_MAX: u64 = u64::MAX >> 1;
 ///
 /// - A shorter window drops the entries older than it at the next decision.
 ///   A longer window counts the entries still held: those inside the old
-///   window when the key was last decided (older ones were already dropped).
+///   window when the key was last decided (older ones were already
+///   dropped). Once the newest of them has left the old window the key may
+///   be gone (a sweep in memory, the key's expiry in Redis), and then it
+///   counts nothing: the answer to a key untouched that long can depend on
+///   whether that has happened yet.
 /// - A lower limit keeps every entry: the log may hold more than the new
 ///   limit, nothing of cost 1 or more is admitted until enough has left, and
 ///   the wait is until then. A higher limit admits the difference at once.

@@ -70,8 +70,10 @@ impl Default for MemoryConfig {
 ///   whatever shard they hash to: it accepts exactly `max_keys` live keys,
 ///   and [`len`](Self::len) never exceeds it.
 /// - **Lossless eviction.** Only state equivalent to fresh (an expired window,
-///   a full bucket) is ever dropped, so dropping inflates no quota. Refusals
-///   create no state at all.
+///   a full bucket) under the numbers that last decided it is ever dropped,
+///   so under unchanged numbers dropping inflates no quota. A key dropped
+///   before a redeploy to a longer window starts fresh under it, as its
+///   Redis key, expired by then, would. Refusals create no state at all.
 /// - **Shadow policies never keep a key's room.** A full store also drops a
 ///   key whose enforcing policies' states are fresh, its shadow policies'
 ///   state with it (they start fresh), and a quota of shadow policies only
