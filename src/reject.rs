@@ -673,16 +673,7 @@ impl Rejection {
         let headers = response.headers_mut();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
         headers.insert("grpc-status", HeaderValue::from(self.grpc_code()));
-        // The detail is ASCII without control characters; percent-encode the rest.
-        let message: String = self
-            .detail()
-            .chars()
-            .map(|c| match c {
-                ' '..='~' if c != '%' => c.to_string(),
-                _ => format!("%{:02X}", c as u32 & 0xff),
-            })
-            .collect();
-        if let Ok(v) = HeaderValue::from_str(&message) {
+        if let Ok(v) = HeaderValue::from_str(&grpc_message(&self.detail())) {
             headers.insert("grpc-message", v);
         }
         self.insert_pushback(headers);
@@ -713,10 +704,38 @@ fn join(policies: &[Arc<str>]) -> String {
     names(policies).join(", ")
 }
 
+/// `detail` as a `grpc-message`: its UTF-8 bytes, each outside the visible
+/// ASCII range (and `%`) percent-encoded, as the gRPC wire format asks.
+#[cfg(any(test, not(feature = "tonic")))]
+fn grpc_message(detail: &str) -> String {
+    use std::fmt::Write as _;
+    let mut message = String::with_capacity(detail.len());
+    for b in detail.bytes() {
+        match b {
+            b' '..=b'~' if b != b'%' => message.push(char::from(b)),
+            _ => {
+                let _ = write!(message, "%{b:02X}");
+            }
+        }
+    }
+    message
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use http_body_util::BodyExt;
+
+    /// Every byte of a non-ASCII character is encoded (`é` is C3 A9), not
+    /// the character's low byte, and `%` itself.
+    #[test]
+    fn grpc_messages_percent_encode_utf8_bytes() {
+        assert_eq!(
+            grpc_message("page_size é 100%…"),
+            "page_size %C3%A9 100%25%E2%80%A6"
+        );
+        assert_eq!(grpc_message("plain ~ text"), "plain ~ text");
+    }
 
     /// Every body type carries the same refusal: status, headers and bytes.
     #[tokio::test]
