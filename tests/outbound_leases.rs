@@ -1884,3 +1884,43 @@ async fn a_leased_budget_with_no_rate_yet_waits_as_its_lease_says() {
         );
     }
 }
+
+/// A share's bucket fills at the rate of the time it fills, so a grant
+/// never fills the time before it. B holds a zero grant for 5 s beside A,
+/// then, A gone, the whole rate: its retry share (40/s, a burst of 1 s)
+/// starts empty and sends 7 in the next 177 ms, not its whole burst of 40
+/// on top of what A may have sent from its own full bucket.
+#[tokio::test]
+async fn a_share_fills_from_its_grant_not_from_the_time_before_it() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(Timestamp(START));
+    let store = store(&server, Some(&clock));
+    let lease = |id: &str| {
+        RateLease::builder(
+            store.clone(),
+            BUDGET,
+            Rate::per_second(R),
+            NonZeroU32::new(40).unwrap(),
+        )
+        .instance_id(id)
+        .initial_demand(Rate::per_second(R))
+        .burst(Duration::from_secs(1))
+        .clock(clock.clone())
+        .build()
+        .unwrap()
+    };
+    let (a, b) = (lease("a"), lease("b"));
+    assert_eq!(a.refresh().await.unwrap().grant, Rate::per_second(R));
+    assert_eq!(b.refresh().await.unwrap().grant, Rate::ZERO);
+    let budget = LeasedBudget::new(b.clone(), Rate::per_second(40)).unwrap();
+    clock.advance(Duration::from_micros(L + MARGIN));
+    assert_eq!(b.refresh().await.unwrap().grant, Rate::per_second(R));
+    let mut sent = 0;
+    for _ in 0..177 {
+        clock.advance(Duration::from_millis(1));
+        while budget.try_acquire_now(Share::Retry, 1).is_ok() {
+            sent += 1;
+        }
+    }
+    assert_eq!(sent, 7);
+}

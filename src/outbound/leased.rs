@@ -103,6 +103,9 @@ struct Inner<C: Clock> {
 struct ShareBucket {
     tokens: u128,
     last: Timestamp,
+    /// The share's rate when the bucket was last filled, milli-units per
+    /// second.
+    rate: u128,
 }
 
 impl<C: Clock> LeasedBudget<C> {
@@ -123,15 +126,31 @@ impl<C: Clock> LeasedBudget<C> {
         let empty = ShareBucket {
             tokens: 0,
             last: now,
+            rate: 0,
         };
-        Ok(LeasedBudget {
+        let budget = LeasedBudget {
             inner: Arc::new(Inner {
                 lease,
                 retry,
                 shares: Mutex::new([empty; 2]),
                 stats,
             }),
-        })
+        };
+        // The buckets fill from now at the rate the lease has now.
+        let rate = budget.inner.lease.status_at(now).rate;
+        let rates = [Share::Normal, Share::Retry].map(|share| budget.fill_rate(share, rate));
+        for (bucket, rate) in budget.inner.shares.lock().iter_mut().zip(rates) {
+            bucket.rate = rate;
+        }
+        Ok(budget)
+    }
+
+    /// The rate `share`'s bucket fills at while the lease's rate is `rate`:
+    /// its part of it, milli-units per second.
+    fn fill_rate(&self, share: Share, rate: Rate) -> u128 {
+        let total = u128::from(self.inner.lease.rate().as_milli());
+        let part = u128::from(self.share_rate(share).as_milli());
+        u128::from(rate.as_milli()) * part / total
     }
 
     /// The lease every attempt is spent from.
@@ -193,8 +212,7 @@ impl<C: Clock> LeasedBudget<C> {
         }
         let total = u128::from(lease.rate().as_milli());
         let part = u128::from(self.share_rate(share).as_milli());
-        // The share's part of the lease's rate now, milli-units per second.
-        let rate = u128::from(status.rate.as_milli()) * part / total;
+        let rate = self.fill_rate(share, status.rate);
         // Two attempts at least: a share that is full while the other share
         // has just emptied the lease's bucket keeps what it accrues meanwhile.
         let capacity = (u128::from(status.capacity) * part / total)
@@ -208,10 +226,15 @@ impl<C: Clock> LeasedBudget<C> {
         }];
         let elapsed = now.0.saturating_sub(bucket.last.0);
         bucket.last = Timestamp(bucket.last.0.max(now.0));
+        // The rate changed at a refresh since the last fill, at a time not
+        // known here: the time since then fills at the lower of the two, so
+        // a grant never fills the time before it retroactively.
+        let filled = rate.min(bucket.rate);
+        bucket.rate = rate;
         bucket.tokens = bucket
             .tokens
             .min(capacity)
-            .saturating_add(rate * u128::from(elapsed))
+            .saturating_add(filled * u128::from(elapsed))
             .min(capacity);
         if bucket.tokens < need {
             let wait = if rate == 0 {
