@@ -236,6 +236,48 @@ async fn open_and_unknown_admissions_never_settle_the_shared_store() {
     }
 }
 
+/// A local share that admits while the store's outcome is unknown keeps its
+/// charge, as every unknown outcome does: the shared store may hold it too.
+/// A local share of 5 (10 per minute, halved); each request costs 5 and
+/// settles to 0. With the outcome known (the store refused the call), the
+/// local charge is refunded and every request passes; with it unknown,
+/// only the first does.
+#[tokio::test]
+async fn a_local_share_never_refunds_an_unknown_outcome() {
+    for (unknown, statuses) in [(false, [200, 200, 200]), (true, [200, 429, 429])] {
+        let store = Failing::default();
+        store.unknown.store(unknown, Ordering::Relaxed);
+        let policy = Policy::sliding_log("per-minute", 10, Duration::from_secs(60))
+            .unwrap()
+            .on_failure(FailureMode::LocalShare {
+                divisor: NonZeroU64::new(2).unwrap(),
+            });
+        let layer = QuotaLayer::builder(store.clone())
+            .quota(Quota::new("api", [policy]).unwrap())
+            .cost(|_| 5)
+            .build()
+            .unwrap();
+        let app = Router::new().route("/", get(settle_to_zero)).layer(layer);
+        let mut seen = Vec::new();
+        for _ in 0..3 {
+            seen.push(
+                app.clone()
+                    .oneshot(alice())
+                    .await
+                    .unwrap()
+                    .status()
+                    .as_u16(),
+            );
+        }
+        assert_eq!(seen, statuses, "unknown: {unknown}");
+        assert_eq!(
+            store.settles.load(Ordering::Relaxed),
+            0,
+            "unknown: {unknown}"
+        );
+    }
+}
+
 /// A decision dropped before the store answered (the caller gave up while
 /// the store stalled) is counted as abandoned, through the limiter and
 /// through the layer alike, and as neither admitted nor refused; one the

@@ -443,7 +443,9 @@ impl<S: Store> Limiter<S> {
                         wait: UNAVAILABLE_RETRY_AFTER,
                     };
                 }
-                if verdict.is_admitted() {
+                // An unknown outcome may stand in the shared store too: it is
+                // never refunded, so its local charge is not settleable.
+                if verdict.is_admitted() && !unknown {
                     verdict.recorded = Recorded::Local(Box::new((local_quota.clone(), holds)));
                 }
                 verdict.fail(error, Some(local_quota));
