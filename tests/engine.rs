@@ -674,7 +674,7 @@ fn settled(used: u64, limit: u64, cost: u64, actual: u64) -> u64 {
 /// after it was applied counts as applied, one that failed changes
 /// nothing); one it failed to answer falls back to the local share, which
 /// records and settles it, and a decide lost after the store recorded it
-/// stays consumed there, never given back.
+/// stays consumed there, and in the local share, never given back.
 async fn flaky_settlement_run(steps: &[FlakyStep]) {
     let clock = clock();
     let flaky = Flaky {
@@ -738,7 +738,11 @@ async fn flaky_settlement_run(steps: &[FlakyStep]) {
                     // the real limit: a transient refusal.
                     StatusCode::SERVICE_UNAVAILABLE
                 } else if local + step.cost <= LOCAL {
-                    local += settle(local, LOCAL, false);
+                    // An unknown outcome is never refunded, locally either.
+                    local += match step.decide {
+                        Call::Lost => step.cost,
+                        _ => settle(local, LOCAL, false),
+                    };
                     StatusCode::OK
                 } else {
                     StatusCode::TOO_MANY_REQUESTS
