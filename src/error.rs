@@ -43,3 +43,24 @@ impl fmt::Display for ConfigError {
 }
 
 impl std::error::Error for ConfigError {}
+
+/// The longest deadline of one Redis call: a deadline bounds the latency of
+/// what waits on the call, so one of minutes would hide a failure.
+#[cfg(feature = "redis")]
+pub(crate) const MAX_REDIS_DEADLINE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// `deadline` of a Redis call, checked: above zero, at most
+/// [`MAX_REDIS_DEADLINE`].
+#[cfg(feature = "redis")]
+pub(crate) fn redis_deadline(deadline: std::time::Duration) -> Result<(), ConfigError> {
+    if deadline.is_zero() {
+        return Err(ConfigError::new("deadline", "must be more than zero"));
+    }
+    if deadline > MAX_REDIS_DEADLINE {
+        return Err(ConfigError::new(
+            "deadline",
+            "must be at most 60 s: it bounds how long a caller waits on Redis",
+        ));
+    }
+    Ok(())
+}

@@ -1633,6 +1633,16 @@ fn bad_settings_name_their_field() {
         LeaseStore::builder("nope").build().unwrap_err().field(),
         "url"
     );
+    for deadline in [Duration::ZERO, Duration::from_secs(61)] {
+        assert_eq!(
+            LeaseStore::builder("redis://127.0.0.1:1/")
+                .deadline(deadline)
+                .build()
+                .unwrap_err()
+                .field(),
+            "deadline"
+        );
+    }
     assert_eq!(shared.key("dep"), "admission:{lease:dep}");
     assert!(LeaseStore::script_source().contains("redis.call('TIME')"));
 }

@@ -479,8 +479,8 @@ impl LeaseStoreBuilder {
         self
     }
 
-    /// The deadline of each call (connecting included), default 100 ms.
-    /// Calls run in the background, never on the send path.
+    /// The deadline of each call (connecting included), default 100 ms, at
+    /// most 60 s. Calls run in the background, never on the send path.
     pub fn deadline(mut self, deadline: Duration) -> Self {
         self.deadline = deadline;
         self
@@ -506,9 +506,7 @@ impl LeaseStoreBuilder {
                 ),
             ));
         }
-        if self.deadline.is_zero() {
-            return Err(ConfigError::new("deadline", "must be more than zero"));
-        }
+        crate::error::redis_deadline(self.deadline)?;
         let client = redis::Client::open(self.url.as_str())
             .map_err(|e| ConfigError::new("url", e.to_string()))?;
         let clock = if self.clock.is_some() {

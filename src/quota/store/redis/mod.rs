@@ -367,9 +367,9 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// The deadline of each decision, default 50 ms. A call still unanswered
-    /// at the deadline fails with [`StoreError::Timeout`] (or
-    /// [`StoreError::Unavailable`] if it was never sent).
+    /// The deadline of each decision, default 50 ms, at most 60 s. A call
+    /// still unanswered at the deadline fails with [`StoreError::Timeout`]
+    /// (or [`StoreError::Unavailable`] if it was never sent).
     pub fn deadline(mut self, deadline: Duration) -> Self {
         self.deadline = deadline;
         self
@@ -425,9 +425,7 @@ impl RedisStoreBuilder {
                 ),
             ));
         }
-        if self.deadline.is_zero() {
-            return Err(ConfigError::new("deadline", "must be more than zero"));
-        }
+        crate::error::redis_deadline(self.deadline)?;
         if self.connect_timeout.is_zero() {
             return Err(ConfigError::new(
                 "connect_timeout",
@@ -662,11 +660,19 @@ mod tests {
             .build()
             .unwrap_err();
         assert_eq!(err.field(), "prefix");
-        let err = RedisStore::builder("redis://127.0.0.1:1/")
-            .deadline(Duration::ZERO)
-            .build()
-            .unwrap_err();
-        assert_eq!(err.field(), "deadline");
+        for (store, deadline) in [
+            (RedisStore::builder("redis://127.0.0.1:1/"), Duration::ZERO),
+            (RedisStore::builder("redis://127.0.0.1:1/"), Duration::MAX),
+            (
+                RedisStore::cluster_builder(["redis://127.0.0.1:1/"]),
+                Duration::MAX,
+            ),
+        ] {
+            // Too long once panicked: at the first decision on one server,
+            // in `build` for a cluster.
+            let err = store.deadline(deadline).build().unwrap_err();
+            assert_eq!(err.field(), "deadline");
+        }
         let err = RedisStore::builder("not a url").build().unwrap_err();
         assert_eq!(err.field(), "url");
         let err = RedisStore::builder("redis://127.0.0.1:1/")
