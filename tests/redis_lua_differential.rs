@@ -434,6 +434,44 @@ fn every_key_expires_when_its_state_becomes_fresh() {
     }
 }
 
+/// The production script: a log redeployed with a longer window keeps its
+/// entries until they leave the new window, so its key's expiry moves with
+/// the window even on a decision that records nothing. Before, the key
+/// kept the old window's expiry and Redis dropped entries that still held
+/// the new limit: 3 per 300 ms, then 3 per 30 s admitted 3 more 300 ms on.
+#[test]
+fn a_longer_window_moves_the_logs_expiry_on_a_refusal_too() {
+    let server = RedisServer::start();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let store = RedisStore::builder(server.url())
+        .deadline(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let log = |window| Quota::new("api", [Policy::sliding_log("per", 3, window).unwrap()]).unwrap();
+    let (old, new) = (
+        log(Duration::from_millis(300)),
+        log(Duration::from_secs(30)),
+    );
+    let key: Arc<str> = "grow".into();
+    let pttl = || -> i64 {
+        let redis_key = &store.keys(&new, &key)[0];
+        server.cli(&["pttl", redis_key]).trim().parse().unwrap()
+    };
+    rt.block_on(async {
+        for _ in 0..3 {
+            assert!(store.decide(&old, &key, 1).await.unwrap().admitted);
+        }
+        assert!(pttl() <= 300);
+        assert!(!store.decide(&new, &key, 1).await.unwrap().admitted);
+    });
+    // 30 s after the newest entry, less the few ms the calls took.
+    let after = pttl();
+    assert!((25_000..=30_000).contains(&after), "PTTL {after} ms");
+}
+
 /// The weighted window's products beyond 2^53 (here about 2^89) go through
 /// the script's exact limb arithmetic and still match the u128 reference.
 #[test]

@@ -254,5 +254,10 @@ function sliding_log.save(s, now)
     redis.call('DEL', s.key)
     return
   end
-  if s.dirty then redis.call('PEXPIRE', s.key, ttl) end
+  -- A decision that changed nothing still moves the expiry out when the
+  -- window has grown since the last write (PTTL rounds down: a margin of
+  -- 1 ms keeps an unchanged window from rewriting it).
+  if s.dirty or redis.call('PTTL', s.key) + 1 < ttl then
+    redis.call('PEXPIRE', s.key, ttl)
+  end
 end
