@@ -283,6 +283,48 @@ async fn restart_recovers_without_rebuild_and_the_quota_resets() {
     assert_eq!(admitted, 10);
 }
 
+/// A refund from before a restart that lost the data never takes back a
+/// charge made after it: a window's first state after the loss begins a
+/// new epoch (its start time), which the old hold does not name. A charges
+/// 10 of 10 per minute; Redis restarts empty; B charges 10; A's refund to 0
+/// leaves B's 10 standing (before, it freed them and 10 more passed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_from_before_a_restart_takes_nothing_from_a_later_charge() {
+    let mut server = RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .deadline(Duration::from_secs(2))
+        .reconnect_backoff(Duration::ZERO, Duration::ZERO)
+        .build()
+        .unwrap();
+    for quota in [
+        Quota::new(
+            "fixed",
+            [Policy::fixed_window("per-minute", 10, Duration::from_secs(60)).unwrap()],
+        )
+        .unwrap(),
+        Quota::new(
+            "weighted",
+            [Policy::sliding_window("per-minute", 10, Duration::from_secs(60)).unwrap()],
+        )
+        .unwrap(),
+    ] {
+        let key: Arc<str> = "alice".into();
+        let a = store.decide(&quota, &key, 10).await.unwrap();
+        assert!(a.admitted);
+        server.kill();
+        server.restart();
+        // The first call after the restart may find the old socket closed.
+        let mut b = store.decide(&quota, &key, 10).await;
+        if b.is_err() {
+            b = store.decide(&quota, &key, 10).await;
+        }
+        assert!(b.unwrap().admitted);
+        store.settle(&quota, &key, &a.holds, -10).await.unwrap();
+        let after = store.decide(&quota, &key, 0).await.unwrap();
+        assert_eq!(after.decisions[0].remaining, 0, "{}", quota.name());
+    }
+}
+
 /// A store built while Redis is down answers `Unavailable` at once, then
 /// works as soon as Redis is up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,4 +1,4 @@
-use crate::quota::algorithm::{micros, never, Hold};
+use crate::quota::algorithm::{micros, never, next_epoch, Hold};
 use crate::quota::Decision;
 use crate::ConfigError;
 
@@ -25,8 +25,8 @@ pub struct FixedWindowState {
     start: u64,
     end: u64,
     count: u64,
-    /// How many times a stored window changed length: with `end`, it names
-    /// the window a charge was counted in.
+    /// Names, with `end`, the window a charge was counted in: see
+    /// [`next_epoch`](super::next_epoch).
     epoch: u64,
 }
 
@@ -77,9 +77,7 @@ impl FixedWindow {
             return now;
         }
         // A new window, or one built under another length: align to ours.
-        if s.end != 0 && s.end - s.start != self.window {
-            s.epoch = s.epoch.wrapping_add(1);
-        }
+        s.epoch = next_epoch(s.epoch, s.start, s.end, self.window, now);
         s.start = now - now % self.window;
         s.end = s.start.saturating_add(self.window);
         now

@@ -274,6 +274,23 @@ machine! {
     SlidingWindow: SlidingWindow, SlidingWindowState;
 }
 
+/// The epoch of a window state moving to a new window of length `window`
+/// at `now`, from `[start, end)` in `epoch`: with the window's end it names
+/// the window a charge was counted in, so that a refund reaches only that
+/// one. A state's first window (`end` 0: fresh, or its store lost it) takes
+/// the time it began, which no earlier life of the key had; each change of
+/// length adds 1; a roll to the next window of the same length keeps it
+/// (the end moves on).
+pub(crate) fn next_epoch(epoch: u64, start: u64, end: u64, window: u64, now: u64) -> u64 {
+    if end == 0 {
+        now
+    } else if end - start != window {
+        epoch.wrapping_add(1)
+    } else {
+        epoch
+    }
+}
+
 /// Settles a charge on the count of the window ending at `end` in epoch
 /// `epoch`: `delta > 0` charges more, capped at `limit`; `delta < 0` refunds
 /// at most what the charge holds, and only while its window is still the

@@ -1,4 +1,4 @@
-use crate::quota::algorithm::{micros, never, Hold};
+use crate::quota::algorithm::{micros, never, next_epoch, Hold};
 use crate::quota::Decision;
 use crate::ConfigError;
 
@@ -31,8 +31,8 @@ pub struct SlidingWindowState {
     end: u64,
     current: u64,
     previous: u64,
-    /// How many times a stored window changed length: with `end`, it names
-    /// the window a charge was counted in.
+    /// Names, with `end`, the window a charge was counted in: see
+    /// [`next_epoch`](super::next_epoch).
     epoch: u64,
 }
 
@@ -81,9 +81,7 @@ impl SlidingWindow {
             return now;
         }
         let start = now - now % self.window;
-        if s.end != 0 && s.end - s.start != self.window {
-            s.epoch = s.epoch.wrapping_add(1);
-        }
+        s.epoch = next_epoch(s.epoch, s.start, s.end, self.window, now);
         if now >= s.end {
             // The counted window has ended: it is the previous one while it
             // ended less than a window ago (as `fresh_at` says).

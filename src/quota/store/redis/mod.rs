@@ -135,7 +135,11 @@ fn script_source(injected_clock: bool) -> String {
 /// latest writes, **forgets recent admissions: the affected quotas reset**
 /// and clients get up to a full extra limit. Persistence (AOF with `fsync`)
 /// and `WAIT`-based replication narrow the window; nothing here closes it.
-/// The fault tests show the reset.
+/// The fault tests show the reset. A refund of a charge made before the
+/// loss never reaches a window or log entry made after it (a window's
+/// first state begins a new epoch, an entry is named by its time); a token
+/// bucket's can, since its hold names only a span of the bucket's timeline,
+/// which a new bucket may cover again: up to that charge's cost more.
 ///
 /// # Example
 ///

@@ -93,6 +93,14 @@ local function ttl_ms(fresh_at, now)
   return idiv(fresh_at - now + 999, 1000) + EXPIRY_PAD_MS
 end
 
+-- The epoch of a window state moving to a new window at now: next_epoch in
+-- src/quota/algorithm/mod.rs.
+local function window_epoch(s, now)
+  if s.stop == 0 then return now end
+  if s.stop - s.start ~= s.window then return s.g + 1 end
+  return s.g
+end
+
 -- Settles a charge on a window's count s.c (window end s.stop, epoch s.g): the one
 -- settlement rule of both window scripts, as settle_window in
 -- src/quota/algorithm/mod.rs. Returns the hold after it.

@@ -30,7 +30,7 @@ local function fw_roll(s, now)
   elseif s.stop - s.start == s.window then
     return now
   end
-  if s.stop ~= 0 and s.stop - s.start ~= s.window then s.g = s.g + 1 end
+  s.g = window_epoch(s, now)
   s.start = idiv(now, s.window) * s.window
   s.stop = s.start + s.window
   s.dirty = true

@@ -27,7 +27,7 @@ local function sw_roll(s, now)
   now = max(now, s.start)
   if now < s.stop and s.stop - s.start == s.window then return now end
   local start = idiv(now, s.window) * s.window
-  if s.stop ~= 0 and s.stop - s.start ~= s.window then s.g = s.g + 1 end
+  s.g = window_epoch(s, now)
   if now >= s.stop then
     if now < s.stop + s.window then s.p = s.c else s.p = 0 end
     s.c = 0
