@@ -529,17 +529,26 @@ async fn a_lost_region_never_raises_the_sum() {
     assert_eq!(b.recover_lost("us").await, Ok(true));
     assert_eq!(b.recover_lost("us").await, Ok(false));
     assert_eq!(b.allocation("us").await, Ok(0));
-    assert_eq!(b.repair(&id).await, Ok(RepairOutcome::Completed));
-    assert_eq!(b.repair(&id).await, Ok(RepairOutcome::AlreadyComplete));
-    assert_eq!(allocations(&b).await, [55, 25, 60]);
+    // The debit was made against the lost state of us: never credited to
+    // the new one, and dropped from the pending list.
+    let lost = TransferError::ReceiverRecreated {
+        id: id.clone(),
+        from: "eu".into(),
+        to: "us".into(),
+        amount: 25,
+    };
+    assert_eq!(b.repair(&id).await, Err(lost.clone()));
+    assert_eq!(b.repair(&id).await, Err(lost));
+    assert_eq!(b.pending().await, Ok(vec![]));
+    assert_eq!(allocations(&b).await, [55, 0, 60]);
     let snap = b.snapshot().await.unwrap();
-    assert_eq!(snap.sum(), 140);
+    assert_eq!(snap.sum(), 115);
     assert!(snap.sum() <= TOTAL);
     assert_eq!(
-        b.transfer(&TransferId::random(), "us", "ap", 5).await,
+        b.transfer(&TransferId::random(), "ap", "us", 5).await,
         Ok(TransferOutcome::Applied)
     );
-    assert_eq!(allocations(&b).await, [55, 20, 65]);
+    assert_eq!(allocations(&b).await, [55, 5, 55]);
 }
 
 /// Bad settings and bad requests are typed errors, found before any Redis
@@ -707,4 +716,98 @@ async fn a_region_added_later_never_raises_the_sum() {
             total: 240
         })
     );
+}
+
+/// The receiver loses its data after a transfer to it was credited and
+/// passed on (eu → us 30, then us → ap 110), and is recovered at 0. The
+/// debit was bound to the receiver's lost state, so a retry, a repair and a
+/// repair of a stale pending mark are all refused: crediting the new state
+/// would count the 30 twice (270 of 240).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_recreated_after_a_debit_is_never_credited_it() {
+    let mut f = fleet().await;
+    let b = f.budget.clone();
+    let t1 = TransferId::new("t1-eu-us-30").unwrap();
+    assert_eq!(
+        b.transfer(&t1, "eu", "us", 30).await,
+        Ok(TransferOutcome::Applied)
+    );
+    let t2 = TransferId::new("t2-us-ap-110").unwrap();
+    assert_eq!(
+        b.transfer(&t2, "us", "ap", 110).await,
+        Ok(TransferOutcome::Applied)
+    );
+    // A pending mark left behind, as when the settle step failed.
+    let record = f.servers[EU].cli(&["HGET", &key("eu", "debits"), t1.as_str()]);
+    f.servers[EU].cli(&["HSET", &key("eu", "pending"), t1.as_str(), record.trim()]);
+
+    f.servers[US].restart(); // no SAVE: us comes back empty
+    let _ = b.allocation("us").await; // the first call may find the old connection dead
+    assert_eq!(b.recover_lost("us").await, Ok(true));
+    assert_eq!(allocations(&b).await, [70, 0, 170]);
+
+    let lost = TransferError::ReceiverRecreated {
+        id: t1.clone(),
+        from: "eu".into(),
+        to: "us".into(),
+        amount: 30,
+    };
+    let report = b.repair_all().await;
+    assert_eq!(report.errors(), std::slice::from_ref(&lost));
+    assert!(report.completed().is_empty());
+    assert_eq!(
+        b.pending().await,
+        Ok(vec![]),
+        "dropped from the pending list"
+    );
+    assert_eq!(b.transfer(&t1, "eu", "us", 30).await, Err(lost.clone()));
+    assert_eq!(b.repair(&t1).await, Err(lost.clone()));
+    assert!(!lost.needs_repair());
+    assert_eq!(allocations(&b).await, [70, 0, 170]);
+    assert_eq!(b.snapshot().await.unwrap().sum(), TOTAL);
+
+    // New transfers to the recovered region are bound to its new state.
+    assert_eq!(
+        b.transfer(&TransferId::random(), "ap", "us", 20).await,
+        Ok(TransferOutcome::Applied)
+    );
+    assert_eq!(allocations(&b).await, [70, 20, 150]);
+}
+
+/// The donor loses its data after a completed transfer (eu → us 30), is
+/// recovered at 0 and receives 50. A retry of the transfer finds no debit
+/// record on eu, but us holds the credit from eu's earlier state: the new
+/// debit is given back, and the retry answers what happened before,
+/// `AlreadyApplied`, with nothing moved, however often it is retried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_after_the_donor_lost_its_data_moves_nothing() {
+    let mut f = fleet().await;
+    let b = f.budget.clone();
+    let t1 = TransferId::new("t1").unwrap();
+    assert_eq!(
+        b.transfer(&t1, "eu", "us", 30).await,
+        Ok(TransferOutcome::Applied)
+    );
+    f.servers[EU].restart(); // no SAVE: eu comes back empty
+    let _ = b.allocation("eu").await;
+    assert_eq!(b.recover_lost("eu").await, Ok(true));
+    assert_eq!(
+        b.transfer(&TransferId::new("t3").unwrap(), "ap", "eu", 50)
+            .await,
+        Ok(TransferOutcome::Applied)
+    );
+    assert_eq!(allocations(&b).await, [50, 110, 10]);
+
+    for _ in 0..2 {
+        assert_eq!(
+            b.transfer(&t1, "eu", "us", 30).await,
+            Ok(TransferOutcome::AlreadyApplied)
+        );
+        assert_eq!(allocations(&b).await, [50, 110, 10]);
+    }
+    assert_eq!(b.repair(&t1).await, Ok(RepairOutcome::AlreadyComplete));
+    assert_eq!(b.pending().await, Ok(vec![]));
+    let snap = b.snapshot().await.unwrap();
+    assert_eq!((snap.sum(), snap.in_flight()), (170, 0));
+    assert_eq!(hlen(&f.servers[US], "us", "credits"), 1);
 }

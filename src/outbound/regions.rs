@@ -16,6 +16,7 @@ use crate::ConfigError;
 const DEBIT: &str = include_str!("scripts/regions_debit.lua");
 const CREDIT: &str = include_str!("scripts/regions_credit.lua");
 const SEED: &str = include_str!("scripts/regions_seed.lua");
+const REFUND: &str = include_str!("scripts/regions_refund.lua");
 
 /// Allocations are integers in Lua doubles: exact below 2^53.
 const MAX_TOTAL: u64 = (1 << 53) - 1;
@@ -44,9 +45,15 @@ const MAX_ID: usize = 128;
 ///
 /// | step | where | what it does | the sum afterwards |
 /// |---|---|---|---|
-/// | 1. debit (`regions_debit.lua`) | donor's Redis | refuses unless the donor holds at least the amount; else subtracts it and records the transfer id as debited (with amount and receiver) | total − amount: the amount is in flight |
-/// | 2. credit (`regions_credit.lua`) | receiver's Redis | sent **only after the debit was confirmed**; adds the amount and records the id as credited, or does nothing if the id was already credited | total |
+/// | 1. debit (`regions_debit.lua`) | donor's Redis | refuses unless the donor holds at least the amount; else subtracts it and records the transfer id as debited (with amount, receiver and the receiver's epoch) | total − amount: the amount is in flight |
+/// | 2. credit (`regions_credit.lua`) | receiver's Redis | sent **only after the debit was confirmed**; adds the amount and records the id as credited, or does nothing if the id was already credited; refuses if the receiver's epoch is not the recorded one | total |
 /// | 3. settle (`HDEL`) | donor's Redis | drops the id from the donor's list of pending debits | unchanged |
+///
+/// Each region's state carries an **epoch**, drawn at random when it is
+/// seeded or recovered. The debit is bound to the receiver's epoch as last
+/// seen by this process (read first if never seen), and the credit lands
+/// only in that state of the receiver, never in one re-created after a
+/// state loss (see [State loss](#state-loss)).
 ///
 /// The donor always decreases first and the receiver increases only after,
 /// so the amount is never counted in two places; between the steps the sum
@@ -69,6 +76,17 @@ const MAX_ID: usize = 128;
 /// credit, which the receiver applies at most once. Any error for which
 /// [`TransferError::needs_repair`] is true may have left a debit behind.
 /// A refused transfer records nothing, so its id may be used again later.
+///
+/// A donor that lost its data has forgotten its debits. A retry of a
+/// transfer it had debited debits it again, but the receiver keeps, with
+/// each credit, the donor epoch it came from: it refuses the new debit
+/// because it already holds the id from the donor's earlier state, and the
+/// donor is given the amount back (`regions_refund.lua`, recorded on the
+/// debit, step [`Step::Refund`]). The retry answers
+/// [`TransferOutcome::AlreadyApplied`], or [`TransferError::Conflict`] if
+/// the earlier credit was of another amount; nothing has moved twice. A
+/// retry naming another receiver than the first time cannot be recognised
+/// this way and is a new transfer.
 ///
 /// # Deadlines and errors
 ///
@@ -110,6 +128,15 @@ const MAX_ID: usize = 128;
 /// lost share is gone until someone decides where it belongs. Run each
 /// region's Redis with persistence (AOF) to make this rare.
 ///
+/// A re-created receiver has a new epoch, and no debit made against its
+/// lost state is ever credited to it: the lost state may have received that
+/// amount already and passed it on, so crediting it again could raise the
+/// sum above the total. Such a transfer, retried or repaired, fails with
+/// [`TransferError::ReceiverRecreated`] and is dropped from the pending
+/// list; its amount is lost from the sum, which stays at most the total. So
+/// is a new transfer debited against the lost state by a process that had
+/// not seen the recovery yet.
+///
 /// # Keys
 ///
 /// Region `r` of budget `b` keeps, in its own Redis, four keys sharing the
@@ -118,9 +145,9 @@ const MAX_ID: usize = 128;
 /// | key | holds |
 /// |---|---|
 /// | `tower-admission:regions:{b:r}:state` | hash: `alloc`, `debited` and `credited` (running totals), `seq` (debits so far), `epoch`, `from:<donor>` (highest seq credited from each donor) |
-/// | `tower-admission:regions:{b:r}:debits` | hash: transfer id → `amount:to:seq:epoch`, every debit ever made here |
+/// | `tower-admission:regions:{b:r}:debits` | hash: transfer id → `amount:to:seq:epoch:to_epoch` (this region's epoch and the receiver's), with `:refunded` once given back; every debit ever made here |
 /// | `tower-admission:regions:{b:r}:pending` | hash: the same records, for debits whose credit is not yet confirmed |
-/// | `tower-admission:regions:{b:r}:credits` | hash: `donor:id` → `amount:seq`, every credit ever applied here |
+/// | `tower-admission:regions:{b:r}:credits` | hash: `donor:id` → `amount:seq:donor_epoch`, every credit ever applied here |
 ///
 /// The two ledgers grow by one field per transfer and are never trimmed
 /// here: forgetting an id would make a late retry of it apply twice.
@@ -166,6 +193,7 @@ struct Inner {
     debit: Script,
     credit: Script,
     seed: Script,
+    refund: Script,
 }
 
 /// One region: its Redis, its keys and its connection slot.
@@ -178,6 +206,9 @@ struct Region {
     pending_key: String,
     credits_key: String,
     slot: tokio::sync::Mutex<Option<Live>>,
+    /// The epoch of the region's state as last seen; a new debit to this
+    /// region is bound to it.
+    epoch: std::sync::Mutex<Option<String>>,
 }
 
 /// A live multiplexed connection; `closed` is set when Redis closes it or a
@@ -372,9 +403,13 @@ impl RegionalBudget {
     /// This is the safe recovery after a region's Redis lost its data: the
     /// other regions plus the amounts in flight hold at most the total, so a
     /// region at 0 keeps the sum at most the total. The share the region
-    /// held is not restored. Transfers to and from it work again at once;
-    /// pending transfers to it can be repaired (they credit the new state).
-    /// Debits it had made are forgotten with its data. After a recovery the
+    /// held is not restored. Transfers to and from it work again at once.
+    /// The new state has a new epoch: transfers to it debited before the
+    /// recovery are never credited to it, and [`repair`](Self::repair),
+    /// [`repair_all`](Self::repair_all) and retries report them as
+    /// [`TransferError::ReceiverRecreated`], their amounts lost from the sum.
+    /// Debits it had made are forgotten with its data (a retry of one is
+    /// given back, see [`RegionalBudget`]). After a recovery the
     /// identity `sum + in_flight == total` of a [`Snapshot`] no longer holds
     /// (the lost share is missing from both), while `sum <= total` does.
     ///
@@ -541,13 +576,20 @@ impl RegionalBudget {
     /// confirmed, so the sum of the allocations never exceeds the total.
     /// Calling it again with the same `id` is safe and never moves the
     /// amount twice: it completes a half-done transfer, or does nothing.
+    /// If the receiver was re-created after the debit
+    /// ([`recover_lost`](Self::recover_lost)), it cannot be completed: the
+    /// call fails with [`TransferError::ReceiverRecreated`], and the amount
+    /// is lost from the sum.
     ///
     /// Errors: [`TransferError::ZeroAmount`], [`UnknownRegion`](TransferError::UnknownRegion)
     /// and [`SameRegion`](TransferError::SameRegion) before any Redis call;
     /// [`Insufficient`](TransferError::Insufficient) and
     /// [`Conflict`](TransferError::Conflict) from the donor, with nothing
     /// changed; [`Unreachable`](TransferError::Unreachable) and
-    /// [`StateLost`](TransferError::StateLost) naming the [`Step`]. After a
+    /// [`StateLost`](TransferError::StateLost) naming the [`Step`] (at
+    /// [`Step::Lookup`], the receiver could not be read before a new debit,
+    /// and nothing changed); [`ReceiverRecreated`](TransferError::ReceiverRecreated).
+    /// After a
     /// failed credit the amount is in flight until [`repair`](Self::repair).
     /// So it is when the future is dropped between the two steps (under an
     /// outer timeout, say): call it again with the same `id`, or let
@@ -584,27 +626,25 @@ impl RegionalBudget {
             });
         }
 
-        // Step 1: the debit, on the donor. Nothing else happens unless it is
-        // confirmed.
-        let mut invocation = self.inner.debit.prepare_invoke();
-        invocation
-            .key(&donor.state_key)
-            .key(&donor.debits_key)
-            .key(&donor.pending_key)
-            .arg(id.as_str())
-            .arg(amount)
-            .arg(to);
-        let reply = self
-            .call(donor, Request::Script(&invocation))
-            .await
-            .map_err(|e| e.into_transfer(donor, Step::Debit))?;
-        let (record, debited_now) = match parse_debit(reply) {
+        // Step 1: the debit, on the donor, bound to the receiver's state as
+        // last seen (read first if never seen). Nothing else happens unless
+        // it is confirmed.
+        let mut to_epoch = receiver.known_epoch().unwrap_or_default();
+        let mut reply = self.debit(donor, id, amount, to, &to_epoch).await?;
+        if matches!(reply, Some(DebitReply::EpochNeeded)) {
+            to_epoch = self.read_epoch(receiver).await?;
+            reply = self.debit(donor, id, amount, to, &to_epoch).await?;
+        }
+        let (record, debited_now) = match reply {
             Some(DebitReply::Now { seq, epoch }) => {
+                donor.remember_epoch(Some(&epoch));
                 let record = Record {
                     amount,
                     to: to.to_owned(),
                     seq,
                     epoch,
+                    to_epoch,
+                    refunded: false,
                 };
                 (record, true)
             }
@@ -632,20 +672,27 @@ impl RegionalBudget {
                     step: Step::Debit,
                 })
             }
-            None => return Err(malformed(donor, "unexpected reply to the debit script")),
+            Some(DebitReply::EpochNeeded) | None => {
+                return Err(malformed(donor, "unexpected reply to the debit script"))
+            }
         };
 
-        // Step 2: the credit, on the receiver, at most once per id.
-        let credited_now = self.credit(donor, receiver, id, &record).await?;
-        // Step 3: clear the pending mark; a failure leaves a stale mark that
-        // repair_all clears, the transfer itself is complete.
-        self.settle(donor, id).await;
-        Ok(if debited_now {
-            TransferOutcome::Applied
-        } else if credited_now {
-            TransferOutcome::Completed
-        } else {
-            TransferOutcome::AlreadyApplied
+        // Steps 2 and 3.
+        Ok(match self.finish(donor, receiver, id, &record).await? {
+            Credit::Now | Credit::Before if debited_now => TransferOutcome::Applied,
+            Credit::Now => TransferOutcome::Completed,
+            Credit::Before => TransferOutcome::AlreadyApplied,
+            Credit::Refunded { credited_earlier } if credited_earlier == amount => {
+                TransferOutcome::AlreadyApplied
+            }
+            Credit::Refunded { credited_earlier } => {
+                return Err(TransferError::Conflict {
+                    id: id.clone(),
+                    from: from.to_owned(),
+                    recorded_to: to.to_owned(),
+                    recorded_amount: credited_earlier,
+                })
+            }
         })
     }
 
@@ -655,7 +702,10 @@ impl RegionalBudget {
     ///
     /// The debit record is looked up in every region (an id names one
     /// transfer per donor; if several donors recorded the same id, each is
-    /// finished). Every region must answer the lookup.
+    /// finished). Every region must answer the lookup. A transfer whose
+    /// receiver was re-created after its debit is never credited: this
+    /// returns [`TransferError::ReceiverRecreated`] and drops it from the
+    /// pending list.
     ///
     /// ```no_run
     /// # use tower_admission::outbound::{RegionalBudget, RepairOutcome, TransferId};
@@ -698,8 +748,10 @@ impl RegionalBudget {
                 .ok_or_else(|| TransferError::UnknownRegion {
                     region: record.to.clone(),
                 })?;
-            completed |= self.credit(donor, receiver, id, &record).await?;
-            self.settle(donor, id).await;
+            completed |= matches!(
+                self.finish(donor, receiver, id, &record).await?,
+                Credit::Now
+            );
         }
         Ok(if completed {
             RepairOutcome::Completed
@@ -710,7 +762,10 @@ impl RegionalBudget {
 
     /// Repairs every pending transfer of every region (see
     /// [`pending`](Self::pending) and [`repair`](Self::repair)); never
-    /// credits twice. It goes on past failures and reports them.
+    /// credits twice. It goes on past failures and reports them, a transfer
+    /// whose receiver was re-created after its debit as
+    /// [`TransferError::ReceiverRecreated`] (once: it is dropped from the
+    /// pending list).
     ///
     /// ```no_run
     /// # use tower_admission::outbound::RegionalBudget;
@@ -736,15 +791,9 @@ impl RegionalBudget {
                     });
                     continue;
                 };
-                match self.credit(donor, receiver, &pending.id, &record).await {
-                    Ok(credited_now) => {
-                        self.settle(donor, &pending.id).await;
-                        if credited_now {
-                            report.completed.push(pending);
-                        } else {
-                            report.already_complete += 1;
-                        }
-                    }
+                match self.finish(donor, receiver, &pending.id, &record).await {
+                    Ok(Credit::Now) => report.completed.push(pending),
+                    Ok(Credit::Before | Credit::Refunded { .. }) => report.already_complete += 1,
                     Err(e) => report.errors.push(e),
                 }
             }
@@ -756,14 +805,104 @@ impl RegionalBudget {
         self.inner.regions.iter().find(|r| &*r.name == name)
     }
 
-    /// Step 2: credits `record` to `receiver`; true if applied by this call.
+    /// Step 1: runs the debit script; `to_epoch` empty only looks the id up.
+    async fn debit(
+        &self,
+        donor: &Region,
+        id: &TransferId,
+        amount: u64,
+        to: &str,
+        to_epoch: &str,
+    ) -> Result<Option<DebitReply>, TransferError> {
+        let mut invocation = self.inner.debit.prepare_invoke();
+        invocation
+            .key(&donor.state_key)
+            .key(&donor.debits_key)
+            .key(&donor.pending_key)
+            .arg(id.as_str())
+            .arg(amount)
+            .arg(to)
+            .arg(to_epoch);
+        let reply = self
+            .call(donor, Request::Script(&invocation))
+            .await
+            .map_err(|e| e.into_transfer(donor, Step::Debit))?;
+        Ok(parse_debit(reply))
+    }
+
+    /// Reads the epoch of `region`'s state. A new debit to a receiver whose
+    /// state cannot be read is not made.
+    async fn read_epoch(&self, region: &Region) -> Result<String, TransferError> {
+        let mut cmd = redis::cmd("HGET");
+        cmd.arg(&region.state_key).arg("epoch");
+        let reply = self
+            .call(region, Request::Cmd(&cmd))
+            .await
+            .map_err(|e| e.into_transfer(region, Step::Lookup))?;
+        match reply {
+            Value::Nil => {
+                region.remember_epoch(None);
+                Err(TransferError::StateLost {
+                    region: region.name.to_string(),
+                    step: Step::Lookup,
+                })
+            }
+            value => {
+                let epoch = text(&value).ok_or_else(|| malformed(region, "unreadable epoch"))?;
+                region.remember_epoch(Some(&epoch));
+                Ok(epoch)
+            }
+        }
+    }
+
+    /// Steps 2 and 3 for a confirmed debit: credits it (or gives it back,
+    /// see [`Credit::Refunded`]), then clears its pending mark. A debit the
+    /// receiver refuses for good is dropped from the pending list.
+    async fn finish(
+        &self,
+        donor: &Region,
+        receiver: &Region,
+        id: &TransferId,
+        record: &Record,
+    ) -> Result<Credit, TransferError> {
+        if record.refunded {
+            return Ok(Credit::Refunded {
+                credited_earlier: record.amount,
+            });
+        }
+        let credit = match self.credit(donor, receiver, id, record).await {
+            Ok(Credit::Refunded { credited_earlier }) => {
+                self.refund(donor, id, record).await?;
+                return Ok(Credit::Refunded { credited_earlier });
+            }
+            Err(e @ TransferError::ReceiverRecreated { .. }) => {
+                tracing::warn!(
+                    from = &*donor.name,
+                    to = &*receiver.name,
+                    id = id.as_str(),
+                    amount = record.amount,
+                    "the receiver was re-created after this debit: never credited, the amount is lost"
+                );
+                Err(e)
+            }
+            Err(e) => return Err(e),
+            credited => credited,
+        };
+        // Step 3: clear the pending mark; a failure leaves a stale mark that
+        // repair_all clears.
+        self.settle(donor, id).await;
+        credit
+    }
+
+    /// Step 2: credits `record` to `receiver`, in the receiver state the
+    /// debit was bound to and at most once per donor state and id.
     async fn credit(
         &self,
         donor: &Region,
         receiver: &Region,
         id: &TransferId,
         record: &Record,
-    ) -> Result<bool, TransferError> {
+    ) -> Result<Credit, TransferError> {
         let mut invocation = self.inner.credit.prepare_invoke();
         invocation
             .key(&receiver.state_key)
@@ -772,26 +911,80 @@ impl RegionalBudget {
             .arg(id.as_str())
             .arg(record.amount)
             .arg(record.seq)
-            .arg(&record.epoch);
+            .arg(&record.epoch)
+            .arg(&record.to_epoch);
         let reply = self
             .call(receiver, Request::Script(&invocation))
             .await
             .map_err(|e| e.into_transfer(receiver, Step::Credit))?;
-        let reply = ints(reply).ok_or_else(|| malformed(receiver, "unexpected credit reply"))?;
-        match reply.as_slice() {
-            [1, _] => Ok(true),
-            [2, a] if u64::try_from(*a).ok() == Some(record.amount) => Ok(false),
-            [2, a] => Err(TransferError::Conflict {
+        let unexpected = || malformed(receiver, "unexpected credit reply");
+        let Value::Array(items) = reply else {
+            return Err(unexpected());
+        };
+        let code = items.first().and_then(int).ok_or_else(unexpected)?;
+        let amount = || {
+            items
+                .get(1)
+                .and_then(int)
+                .and_then(|a| u64::try_from(a).ok())
+                .ok_or_else(unexpected)
+        };
+        match code {
+            1 => Ok(Credit::Now),
+            2 if amount()? == record.amount => Ok(Credit::Before),
+            2 => Err(TransferError::Conflict {
                 id: id.clone(),
                 from: donor.name.to_string(),
                 recorded_to: receiver.name.to_string(),
-                recorded_amount: u64::try_from(*a).unwrap_or(0),
+                recorded_amount: amount()?,
             }),
-            [-1] => Err(TransferError::StateLost {
-                region: receiver.name.to_string(),
-                step: Step::Credit,
+            3 => Ok(Credit::Refunded {
+                credited_earlier: amount()?,
             }),
-            _ => Err(malformed(receiver, "unexpected credit reply")),
+            -1 => {
+                receiver.remember_epoch(None);
+                Err(TransferError::StateLost {
+                    region: receiver.name.to_string(),
+                    step: Step::Credit,
+                })
+            }
+            -2 => {
+                let epoch = items.get(1).and_then(text).ok_or_else(unexpected)?;
+                receiver.remember_epoch(Some(&epoch));
+                Err(TransferError::ReceiverRecreated {
+                    id: id.clone(),
+                    from: donor.name.to_string(),
+                    to: receiver.name.to_string(),
+                    amount: record.amount,
+                })
+            }
+            _ => Err(unexpected()),
+        }
+    }
+
+    /// Gives back a debit that the receiver refuses for good because it
+    /// holds a credit under the same id from an earlier state of the donor.
+    async fn refund(
+        &self,
+        donor: &Region,
+        id: &TransferId,
+        record: &Record,
+    ) -> Result<(), TransferError> {
+        let mut invocation = self.inner.refund.prepare_invoke();
+        invocation
+            .key(&donor.state_key)
+            .key(&donor.debits_key)
+            .key(&donor.pending_key)
+            .arg(id.as_str())
+            .arg(record.as_written());
+        let reply = self
+            .call(donor, Request::Script(&invocation))
+            .await
+            .map_err(|e| e.into_transfer(donor, Step::Refund))?;
+        match int(&reply) {
+            // 0: given back already, or the record left with a state loss.
+            Some(0 | 1) => Ok(()),
+            _ => Err(malformed(donor, "unexpected reply to the refund script")),
         }
     }
 
@@ -828,13 +1021,19 @@ impl RegionalBudget {
     async fn seed(&self, region: &Region, allocation: u64) -> Result<bool, RegionError> {
         let epoch = format!("{:016x}", rand::random::<u64>());
         let mut invocation = self.inner.seed.prepare_invoke();
-        invocation.key(&region.state_key).arg(allocation).arg(epoch);
+        invocation
+            .key(&region.state_key)
+            .arg(allocation)
+            .arg(&epoch);
         let reply = self
             .call(region, Request::Script(&invocation))
             .await
             .map_err(|e| e.into_region(region))?;
         match int(&reply) {
-            Some(1) => Ok(true),
+            Some(1) => {
+                region.remember_epoch(Some(&epoch));
+                Ok(true)
+            }
             Some(0) => Ok(false),
             _ => Err(RegionError::Malformed {
                 region: region.name.to_string(),
@@ -879,10 +1078,12 @@ impl RegionalBudget {
                     region: region.name.to_string(),
                     message: e.to_string(),
                 })?;
-            RegionState::parse(&map).map_err(|message| RegionError::Malformed {
+            let state = RegionState::parse(&map).map_err(|message| RegionError::Malformed {
                 region: region.name.to_string(),
                 message,
-            })
+            })?;
+            region.remember_epoch(state.as_ref().map(|s| s.epoch.as_str()));
+            Ok(state)
         }))
         .await;
         reads.into_iter().collect()
@@ -1008,6 +1209,16 @@ impl Drop for Unanswered<'_> {
 }
 
 impl Region {
+    fn known_epoch(&self) -> Option<String> {
+        self.epoch.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Records the epoch just read from this region; `None` if its state is
+    /// missing.
+    fn remember_epoch(&self, epoch: Option<&str>) {
+        *self.epoch.lock().unwrap_or_else(|e| e.into_inner()) = epoch.map(str::to_owned);
+    }
+
     /// The live connection, or a new one.
     async fn acquire(&self, connect_timeout: Duration) -> redis::RedisResult<Live> {
         let mut slot = self.slot.lock().await;
@@ -1082,31 +1293,70 @@ struct Record {
     amount: u64,
     to: String,
     seq: u64,
+    /// The donor's epoch when it debited.
     epoch: String,
+    /// The receiver's epoch the transfer was started against.
+    to_epoch: String,
+    /// Given back by `regions_refund.lua`.
+    refunded: bool,
 }
 
 impl Record {
-    /// `amount:to:seq:epoch`
+    /// `amount:to:seq:epoch:to_epoch`, with `:refunded` once given back.
     fn parse(s: &str) -> Option<Record> {
-        let mut parts = s.splitn(4, ':');
-        let amount = parts.next()?.parse().ok()?;
-        let to = parts.next()?.to_owned();
-        let seq = parts.next()?.parse().ok()?;
-        let epoch = parts.next()?.to_owned();
-        Some(Record {
+        let mut parts = s.split(':');
+        let record = Record {
+            amount: parts.next()?.parse().ok()?,
+            to: parts.next()?.to_owned(),
+            seq: parts.next()?.parse().ok()?,
+            epoch: parts.next()?.to_owned(),
+            to_epoch: parts.next()?.to_owned(),
+            refunded: match parts.next() {
+                None => false,
+                Some("refunded") => true,
+                Some(_) => return None,
+            },
+        };
+        parts.next().is_none().then_some(record)
+    }
+
+    /// The record as `regions_debit.lua` wrote it (before any refund).
+    fn as_written(&self) -> String {
+        let Record {
             amount,
             to,
             seq,
             epoch,
-        })
+            to_epoch,
+            ..
+        } = self;
+        format!("{amount}:{to}:{seq}:{epoch}:{to_epoch}")
     }
 }
 
+/// What the credit step found on the receiver.
+enum Credit {
+    /// Credited by this call.
+    Now,
+    /// Credited before; nothing changed.
+    Before,
+    /// The receiver holds a credit under this id from an earlier state of
+    /// the donor, of this amount; the debit was given back.
+    Refunded { credited_earlier: u64 },
+}
+
 enum DebitReply {
-    Now { seq: u64, epoch: String },
+    Now {
+        seq: u64,
+        epoch: String,
+    },
     Before(Record),
-    Refused { available: u64 },
+    Refused {
+        available: u64,
+    },
     Missing,
+    /// Not debited before, and no receiver epoch was given.
+    EpochNeeded,
 }
 
 fn parse_debit(reply: Value) -> Option<DebitReply> {
@@ -1124,11 +1374,14 @@ fn parse_debit(reply: Value) -> Option<DebitReply> {
             seq: unsigned(items.get(2)?)?,
             epoch: text(items.get(3)?)?,
             to: text(items.get(4)?)?,
+            to_epoch: text(items.get(5)?)?,
+            refunded: unsigned(items.get(6)?)? == 1,
         })),
         0 => Some(DebitReply::Refused {
             available: unsigned(items.get(1)?)?,
         }),
         -1 => Some(DebitReply::Missing),
+        -2 => Some(DebitReply::EpochNeeded),
         _ => None,
     }
 }
@@ -1138,13 +1391,6 @@ fn int(v: &Value) -> Option<i64> {
         Value::Int(i) => Some(*i),
         Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
         Value::SimpleString(s) => s.parse().ok(),
-        _ => None,
-    }
-}
-
-fn ints(v: Value) -> Option<Vec<i64>> {
-    match v {
-        Value::Array(items) => items.iter().map(int).collect(),
         _ => None,
     }
 }
@@ -1313,6 +1559,7 @@ impl RegionalBudgetBuilder {
                 pending_key: format!("{tag}:pending"),
                 credits_key: format!("{tag}:credits"),
                 slot: tokio::sync::Mutex::new(None),
+                epoch: std::sync::Mutex::new(None),
             });
         }
         if sum != u128::from(self.total) {
@@ -1333,6 +1580,7 @@ impl RegionalBudgetBuilder {
                 debit: Script::new(DEBIT),
                 credit: Script::new(CREDIT),
                 seed: Script::new(SEED),
+                refund: Script::new(REFUND),
             }),
         })
     }
@@ -1436,7 +1684,8 @@ pub enum TransferOutcome {
     /// An earlier call had debited the donor; this call made the missing
     /// credit.
     Completed,
-    /// The transfer had been fully applied before; nothing changed.
+    /// The transfer had been fully applied before; nothing changed (a debit
+    /// made again after the donor's state loss was given back).
     AlreadyApplied,
 }
 
@@ -1569,8 +1818,9 @@ impl RepairReport {
         &self.completed
     }
 
-    /// How many pending entries were already credited (only their pending
-    /// mark was cleared).
+    /// How many pending entries were already complete: credited (only their
+    /// pending mark was cleared), or debited again after the donor's state
+    /// loss and given back.
     ///
     /// ```no_run
     /// # async fn run(budget: tower_admission::outbound::RegionalBudget) {
@@ -1581,7 +1831,8 @@ impl RepairReport {
         self.already_complete
     }
 
-    /// The failures; those transfers stay pending for a later repair.
+    /// The failures; those transfers stay pending for a later repair, except
+    /// [`TransferError::ReceiverRecreated`], which can never be credited.
     ///
     /// ```no_run
     /// # async fn run(budget: tower_admission::outbound::RegionalBudget) {
@@ -1721,8 +1972,13 @@ pub enum Step {
     /// Step 2, on the receiver's Redis. The donor **has been debited**: the
     /// amount is in flight until a repair credits it.
     Credit,
-    /// Finding debit records for a repair; nothing was changed.
+    /// Reading before any change: the receiver's epoch before a transfer's
+    /// debit, or the debit records for a repair; nothing was changed.
     Lookup,
+    /// Giving back a debit the receiver refuses for good (it was credited
+    /// under the same id from an earlier state of the donor). The donor is
+    /// debited until a repair gives it back.
+    Refund,
 }
 
 impl fmt::Display for Step {
@@ -1731,6 +1987,7 @@ impl fmt::Display for Step {
             Step::Debit => "debit",
             Step::Credit => "credit",
             Step::Lookup => "lookup",
+            Step::Refund => "refund",
         })
     }
 }
@@ -1811,6 +2068,22 @@ pub enum TransferError {
         /// The amount recorded for the id.
         recorded_amount: u64,
     },
+    /// The receiver's state was re-created ([`RegionalBudget::recover_lost`])
+    /// after this transfer's debit, so the credit is refused, now and on
+    /// every retry or repair: the lost state may have received the amount
+    /// already and passed it on, and crediting it again could raise the sum
+    /// above the total. The donor stays debited and the amount is lost from
+    /// the sum; the transfer is dropped from the pending list.
+    ReceiverRecreated {
+        /// The id.
+        id: TransferId,
+        /// The donor, debited.
+        from: String,
+        /// The receiver, never credited.
+        to: String,
+        /// The amount lost.
+        amount: u64,
+    },
     /// A Redis reply that the scripts never send (the keys were changed by
     /// something else).
     Malformed {
@@ -1823,7 +2096,7 @@ pub enum TransferError {
 
 impl TransferError {
     /// True if the amount is, or may be, in flight after this error: the
-    /// donor was debited (the credit failed), or the debit's outcome is
+    /// donor was debited (the credit or a refund failed), or the debit's outcome is
     /// unknown. [`RegionalBudget::repair`] with the same id finishes it.
     ///
     /// ```
@@ -1836,7 +2109,10 @@ impl TransferError {
                 step,
                 outcome_unknown,
                 ..
-            } => *step == Step::Credit || (*step == Step::Debit && *outcome_unknown),
+            } => {
+                matches!(step, Step::Credit | Step::Refund)
+                    || (*step == Step::Debit && *outcome_unknown)
+            }
             TransferError::StateLost { step, .. } => *step == Step::Credit,
             _ => false,
         }
@@ -1869,7 +2145,7 @@ impl fmt::Display for TransferError {
                 if *outcome_unknown {
                     f.write_str(" (outcome unknown)")?;
                 }
-                if *step == Step::Credit {
+                if matches!(step, Step::Credit | Step::Refund) {
                     f.write_str("; the donor is debited, repair the transfer")?;
                 }
                 write!(f, ": {message}")
@@ -1886,6 +2162,15 @@ impl fmt::Display for TransferError {
             } => write!(
                 f,
                 "transfer id `{id}` from `{from}` was already used for {recorded_amount} to `{recorded_to}`"
+            ),
+            TransferError::ReceiverRecreated {
+                id,
+                from,
+                to,
+                amount,
+            } => write!(
+                f,
+                "transfer `{id}` of {amount} from `{from}` can never be credited: `{to}` was re-created after the debit; the amount is lost"
             ),
             TransferError::Malformed { region, message } => {
                 write!(f, "unexpected data in region `{region}`: {message}")
