@@ -49,16 +49,19 @@ impl std::error::Error for ConfigError {}
 #[cfg(feature = "redis")]
 pub(crate) const MAX_REDIS_DEADLINE: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// `deadline` of a Redis call, checked: above zero, at most
-/// [`MAX_REDIS_DEADLINE`].
+/// `deadline`, the deadline of a Redis call named `field`, checked: above
+/// zero, at most [`MAX_REDIS_DEADLINE`].
 #[cfg(feature = "redis")]
-pub(crate) fn redis_deadline(deadline: std::time::Duration) -> Result<(), ConfigError> {
+pub(crate) fn redis_deadline(
+    field: &'static str,
+    deadline: std::time::Duration,
+) -> Result<(), ConfigError> {
     if deadline.is_zero() {
-        return Err(ConfigError::new("deadline", "must be more than zero"));
+        return Err(ConfigError::new(field, "must be more than zero"));
     }
     if deadline > MAX_REDIS_DEADLINE {
         return Err(ConfigError::new(
-            "deadline",
+            field,
             "must be at most 60 s: it bounds how long a caller waits on Redis",
         ));
     }

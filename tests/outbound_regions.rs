@@ -603,14 +603,16 @@ async fn bad_settings_and_requests_are_typed_errors() {
         ),
         "name"
     );
-    assert_eq!(
-        field(
-            RegionalBudget::builder(240)
-                .region("eu", &url, 240)
-                .call_timeout(Duration::ZERO)
-        ),
-        "call_timeout"
-    );
+    for timeout in [Duration::ZERO, Duration::MAX] {
+        assert_eq!(
+            field(
+                RegionalBudget::builder(240)
+                    .region("eu", &url, 240)
+                    .call_timeout(timeout)
+            ),
+            "call_timeout"
+        );
+    }
     assert_eq!(TransferId::new("").unwrap_err().field(), "transfer_id");
     assert!(TransferId::new("x".repeat(129)).is_err());
     assert!(TransferId::new("tab\there").is_err());

@@ -506,7 +506,7 @@ impl LeaseStoreBuilder {
                 ),
             ));
         }
-        crate::error::redis_deadline(self.deadline)?;
+        crate::error::redis_deadline("deadline", self.deadline)?;
         let client = redis::Client::open(self.url.as_str())
             .map_err(|e| ConfigError::new("url", e.to_string()))?;
         let clock = if self.clock.is_some() {

@@ -1485,7 +1485,7 @@ impl RegionalBudgetBuilder {
     }
 
     /// The deadline of every Redis call (connecting included), default
-    /// 500 ms. It must not be zero.
+    /// 500 ms: above zero, at most 60 s.
     ///
     /// ```
     /// # use tower_admission::outbound::RegionalBudget;
@@ -1527,9 +1527,7 @@ impl RegionalBudgetBuilder {
         if self.regions.is_empty() {
             return Err(ConfigError::new("regions", "at least one region is needed"));
         }
-        if self.call_timeout.is_zero() {
-            return Err(ConfigError::new("call_timeout", "must not be zero"));
-        }
+        crate::error::redis_deadline("call_timeout", self.call_timeout)?;
         let mut sum: u128 = 0;
         let mut regions: Vec<Region> = Vec::with_capacity(self.regions.len());
         for (name, url, initial) in &self.regions {

@@ -429,7 +429,7 @@ impl RedisStoreBuilder {
                 ),
             ));
         }
-        crate::error::redis_deadline(self.deadline)?;
+        crate::error::redis_deadline("deadline", self.deadline)?;
         if self.connect_timeout.is_zero() {
             return Err(ConfigError::new(
                 "connect_timeout",
