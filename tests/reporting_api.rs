@@ -614,3 +614,218 @@ async fn unknown_routes_methods_and_media_types_are_problems() {
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert_eq!(headers["content-type"], "application/problem+json");
 }
+
+/// `GET /v1/reports` on `range` from `cursor`: status, rows and next cursor.
+async fn report_page(app: &Router, query: &str) -> (StatusCode, usize, Value) {
+    let (status, _, body) = send(app, get(&format!("/v1/reports?{query}"), Some("demo-pro"))).await;
+    let rows = body["rows"].as_array().map_or(0, Vec::len);
+    (status, rows, body["next_cursor"].clone())
+}
+
+#[tokio::test]
+async fn a_cursor_past_the_range_is_an_empty_last_page() {
+    let (app, _) = api();
+    let range = "page_size=5&from=2026-01-01T00:00:00Z&to=2026-01-02T00:00:00Z";
+    // The one-day range has 24 hourly rows: from 20, the last 4.
+    let last = report_page(&app, &format!("{range}&cursor=20")).await;
+    assert_eq!(last, (StatusCode::OK, 4, Value::Null));
+    // At or past the end, however large (2^63 and u64::MAX included): an
+    // empty page with no next cursor.
+    for cursor in [
+        "24",
+        "100000000",
+        "9223372036854775807",
+        "9223372036854775808",
+        "18446744073709551615",
+    ] {
+        let page = report_page(&app, &format!("{range}&cursor={cursor}")).await;
+        assert_eq!(page, (StatusCode::OK, 0, Value::Null), "cursor {cursor}");
+    }
+}
+
+#[tokio::test]
+async fn ranges_that_end_in_the_year_9999_are_answered() {
+    use time::format_description::well_known::Rfc3339;
+    use time::OffsetDateTime;
+    let at = |t: &str| OffsetDateTime::parse(t, &Rfc3339).unwrap();
+    let (from, to) = (at("9999-12-31T00:00:00Z"), at("9999-12-31T23:30:00Z"));
+    // The 25th hour cannot be represented: it ends the range, as `to` does.
+    let (rows, next) = data::page("m", from, to, 30, 0);
+    assert_eq!((rows.len(), next), (24, None));
+    assert_eq!(rows[23].at, "9999-12-31T23:00:00Z");
+    assert_eq!(data::page("m", from, to, 30, u64::MAX).0.len(), 0);
+
+    let (app, _) = api();
+    let range = "from=9999-12-31T00:00:00Z&to=9999-12-31T23:30:00Z";
+    let first = report_page(&app, &format!("page_size=10&{range}")).await;
+    assert_eq!(first, (StatusCode::OK, 10, json!("10")));
+    let rest = report_page(&app, &format!("page_size=30&{range}&cursor=10")).await;
+    assert_eq!(rest, (StatusCode::OK, 14, Value::Null));
+
+    // A batch item over the same range reads its 24 rows.
+    let (url, _mock) = roomy_mock().await;
+    let (app, _) = api_with(dependency(&url, roomy_budget()));
+    let item =
+        json!({"metric": "latency", "from": "9999-12-31T00:00:00Z", "to": "9999-12-31T23:30:00Z"});
+    let req = Request::post("/v1/reports/batch")
+        .header("authorization", "Bearer demo-pro")
+        .header("content-type", "application/json")
+        .body(Body::from(json!({ "items": [item] }).to_string()))
+        .unwrap();
+    let (status, _, body) = send(&app, req).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["items"], json!([{"metric": "latency", "rows": 24}]));
+}
+
+#[test]
+fn job_span_and_dependency_values_are_refused_with_their_key_paths() {
+    let cases = [
+        (
+            ("job_queue = 100", "job_queue = 0"),
+            "batch.job_queue: must be at least 1",
+        ),
+        (
+            ("job_workers = 2", "job_workers = 0"),
+            "batch.job_workers: must be at least 1",
+        ),
+        (
+            ("job_retention = \"10m\"", "job_retention = \"0ms\""),
+            "batch.job_retention: must be above zero",
+        ),
+        (
+            ("max_span = \"31d\"", "max_span = \"0d\""),
+            "query.max_span: must be above zero",
+        ),
+        (
+            ("timeout = \"10s\"", "timeout = \"0s\""),
+            "dependency.timeout: must be above zero",
+        ),
+        (
+            ("normal_per_second = 200", "normal_per_second = 10000000001"),
+            "dependency.normal_per_second: ",
+        ),
+        (
+            (
+                "retry_per_second = 40",
+                "retry_per_second = 18446744073709551615",
+            ),
+            "dependency.retry_per_second: ",
+        ),
+    ];
+    for ((from, to), expected) in cases {
+        match Config::parse(&edited(from, to)) {
+            Ok(_) => panic!("{to:?} was accepted; expected {expected:?}"),
+            Err(e) => {
+                let e = e.to_string();
+                assert!(
+                    e.starts_with(expected),
+                    "{to:?}: got {e:?}, expected {expected:?}"
+                );
+            }
+        }
+    }
+}
+
+/// A batch request of `items` for `key`, item `bad` replaced by `with`.
+fn batch_with(key: &str, items: usize, bad: usize, with: Value) -> Request<Body> {
+    let item =
+        json!({"metric": "latency", "from": "2026-01-01T00:00:00Z", "to": "2026-01-02T00:00:00Z"});
+    let mut items = vec![item; items];
+    items[bad] = with;
+    Request::post("/v1/reports/batch")
+        .header("authorization", format!("Bearer {key}"))
+        .header("content-type", "application/json")
+        .body(Body::from(json!({ "items": items }).to_string()))
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_batch_refused_for_a_bad_item_keeps_no_work_charge() {
+    let (app, _) = api();
+    let bad_from = json!({"metric": "latency", "from": "yesterday", "to": "2026-01-02T00:00:00Z"});
+    let backwards =
+        json!({"metric": "latency", "from": "2026-01-02T00:00:00Z", "to": "2026-01-01T00:00:00Z"});
+    // Sync-sized and job-sized batches, each refused 400 naming its item.
+    let refused = [
+        (
+            batch_with("demo-free", 100, 99, bad_from.clone()),
+            "items[99].from",
+        ),
+        (
+            batch_with("demo-free", 100, 0, backwards),
+            "items[0]: need from < to",
+        ),
+        (batch_with("demo-free", 100, 50, json!(7)), "items[50]"),
+        (
+            batch_with("demo-free", 150, 149, bad_from),
+            "items[149].from",
+        ),
+    ];
+    for (req, detail) in refused {
+        let (status, headers, body) = send(&app, req).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+        assert_eq!(headers["content-type"], "application/problem+json");
+        let text = body.to_string();
+        assert!(text.contains(detail), "{body}");
+    }
+    // Not JSON: 415 before anything is read or charged.
+    let mut req = post_batch("demo-free", 100);
+    req.headers_mut()
+        .insert("content-type", http::HeaderValue::from_static("text/plain"));
+    assert_eq!(send(&app, req).await.0, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    // The whole 2,000 units of the free work quota are still there.
+    for _ in 0..2 {
+        let (status, _, body) = send(&app, post_batch("demo-free", 1000)).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    }
+    let (status, headers, body) = send(&app, post_batch("demo-free", 1)).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    let left: Vec<&str> = headers
+        .get_all("ratelimit")
+        .iter()
+        .map(|v| v.to_str().unwrap())
+        .collect();
+    assert!(left[0].starts_with("\"units-per-minute\";r=0;"), "{left:?}");
+}
+
+#[tokio::test]
+async fn a_batch_refused_by_a_full_job_queue_keeps_no_work_charge() {
+    // A dependency that accepts connections and never answers: the first
+    // job runs (and waits) for as long as the test does.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", silent.local_addr().unwrap());
+    let config = Config::parse(
+        &edited("job_queue = 100", "job_queue = 1").replace("job_workers = 2", "job_workers = 1"),
+    )
+    .unwrap();
+    let (app, _) = api_of(&config, dependency(&url, roomy_budget()));
+    let (status, headers, _) = send(&app, post_batch("demo-free", 500)).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    let running = headers["location"].to_str().unwrap().to_owned();
+    let mut started = false;
+    for _ in 0..10 {
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+        let (_, _, body) = send(&app, get(&running, Some("demo-free"))).await;
+        if body["status"] == "running" {
+            started = true;
+            break;
+        }
+    }
+    assert!(started, "the first job never started");
+    // One job waits; 1,000 of the 2,000 free units are charged.
+    assert_eq!(
+        send(&app, post_batch("demo-free", 500)).await.0,
+        StatusCode::ACCEPTED
+    );
+    // The queue is full: 503, and the charge is given back each time. Were
+    // the 600 kept, the first 1,000 would be 429; were that 1,000 kept too,
+    // the second would be.
+    for items in [600, 1000, 1000] {
+        let (status, headers, body) = send(&app, post_batch("demo-free", items)).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{items}: {body}");
+        assert_eq!(headers["retry-after"], "1");
+    }
+    drop(silent);
+}

@@ -6,18 +6,23 @@
 //! ```
 //!
 //! `GET /v1/reports` also charges the per-user work quota its page size and
-//! settles it to the rows actually returned. `POST /v1/reports/batch` charges
-//! the work quota one unit per item before any item runs; then every item
-//! makes two calls to the dependency, through its budget
-//! ([`crate::dependency`]), at most five items at once.
+//! settles it to the rows actually returned; a cursor past the range's end
+//! gives an empty last page. `POST /v1/reports/batch` counts its items
+//! ([`BatchItemsLayer`]) and charges the work quota one unit per item before
+//! any item runs; then every item makes two calls to the dependency, through
+//! its budget ([`crate::dependency`]), at most five items at once. A batch
+//! refused after that charge, for an invalid item (400) or a full job queue
+//! (503), gives the whole charge back; one whose dependency calls fail (503)
+//! keeps it, since its items ran.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Request, State};
 use axum::http::StatusCode;
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
@@ -26,13 +31,12 @@ use serde_json::json;
 use time::OffsetDateTime;
 use tower::ServiceBuilder;
 use tower_admission::bounds::{
-    parse_batch, BodyLimitsLayer, QueryRules, UnknownParams, ValidateQueryLayer, ValidatedQuery,
+    parse_batch, BatchItemsLayer, BodyLimitsLayer, ItemCount, QueryRules, UnknownParams,
+    ValidateQueryLayer, ValidatedQuery,
 };
 use tower_admission::identity::{AuthenticateLayer, Identity};
 use tower_admission::jobs::{accepted_response, JobId, JobQueue, JobStatus};
-use tower_admission::quota::{
-    headers, Limiter, Quota, QuotaLayer, QuotaLayerBuilder, Scope, Settlement, Store,
-};
+use tower_admission::quota::{Quota, QuotaLayer, QuotaLayerBuilder, Scope, Settlement, Store};
 use tower_admission::reject::Rejection;
 use tower_admission::ConfigError;
 
@@ -48,6 +52,14 @@ pub(crate) struct BatchItem {
     pub(crate) to: String,
 }
 
+/// An item whose range was checked: what a batch runs.
+#[derive(Debug, Clone)]
+pub(crate) struct CheckedItem {
+    metric: String,
+    from: OffsetDateTime,
+    to: OffsetDateTime,
+}
+
 /// One item's answer.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub(crate) struct ItemResult {
@@ -55,15 +67,11 @@ pub(crate) struct ItemResult {
     pub(crate) rows: usize,
 }
 
-type Jobs = JobQueue<Vec<BatchItem>, Vec<ItemResult>, String>;
+type Jobs = JobQueue<Vec<CheckedItem>, Vec<ItemResult>, String>;
 
 #[derive(Clone)]
-struct AppState<St> {
+struct AppState {
     dependency: Dependency,
-    work: Limiter<St>,
-    /// Work quotas by plan, and the default plan's name.
-    work_quotas: Arc<BTreeMap<String, Quota>>,
-    default_plan: Arc<str>,
     limits: Arc<Limits>,
     jobs: Jobs,
 }
@@ -120,6 +128,18 @@ pub(crate) fn app<St: Store>(
     let rows = for_plans(QuotaLayer::builder(store.clone()), &quotas.work)
         .cost(ValidatedQuery::page_cost)
         .build()?;
+    // The same work quotas, charged one unit per batch item: the handler
+    // settles a refused batch's charge back to zero.
+    let items = for_plans(QuotaLayer::builder(store.clone()), &quotas.work)
+        .cost(|parts| {
+            parts
+                .extensions
+                .get::<ItemCount>()
+                .map_or(0, |n| u64::try_from(n.0).unwrap_or(u64::MAX))
+        })
+        .build()?;
+    let max_items = std::num::NonZeroUsize::new(config.batch.max_items)
+        .ok_or_else(|| ConfigError::new("batch.max_items", "must be at least 1"))?;
     let (default_page, max_page) = config.page_sizes();
     let rules = QueryRules::builder()
         .page_size(default_page, max_page)
@@ -139,7 +159,7 @@ pub(crate) fn app<St: Store>(
         .capacity(config.batch.job_queue)
         .workers(config.batch.job_workers)
         .finished_ttl(config.batch.job_retention.0)
-        .build(move |items: Vec<BatchItem>| {
+        .build(move |items: Vec<CheckedItem>| {
             let (dependency, limits) = for_jobs.clone();
             async move {
                 let tally = Arc::new(Tally::default());
@@ -150,17 +170,22 @@ pub(crate) fn app<St: Store>(
         })?;
     let state = AppState {
         dependency,
-        work: Limiter::new(store),
-        work_quotas: Arc::new(quotas.work),
-        default_plan: config.default_plan.as_str().into(),
         limits,
         jobs: jobs.clone(),
     };
 
     let protected = Router::new()
         .route("/v1/reports", get(list_reports).route_layer(rows))
-        .route("/v1/reports/batch", post(batch::<St>))
-        .route("/v1/jobs/{id}", get(job_status::<St>))
+        .route(
+            "/v1/reports/batch",
+            post(batch).route_layer(
+                ServiceBuilder::new()
+                    .layer(axum::middleware::from_fn(require_json))
+                    .layer(BatchItemsLayer::new(max_items))
+                    .layer(items),
+            ),
+        )
+        .route("/v1/jobs/{id}", get(job_status))
         .with_state(state)
         .route_layer(
             ServiceBuilder::new()
@@ -195,12 +220,15 @@ async fn list_reports(
 ) -> Response {
     let now = OffsetDateTime::now_utc();
     let to = query.to.unwrap_or(now);
-    let from = query.from.unwrap_or(to - time::Duration::days(1));
+    let from = query
+        .from
+        .unwrap_or_else(|| to.checked_sub(time::Duration::days(1)).unwrap_or(to));
     let cursor = query
         .cursor
         .as_deref()
         .and_then(|c| c.parse().ok())
         .unwrap_or(0);
+    // A cursor past the range's end, however large, is an empty last page.
     let (rows, next) = data::page("requests", from, to, query.page_size, cursor);
     // Charged the page size up front; settle to the rows actually read.
     if let Err(e) = settlement.settle(rows.len() as u64).await {
@@ -215,13 +243,11 @@ async fn list_reports(
     .into_response()
 }
 
-async fn batch<St: Store>(
-    who: Identity,
-    State(state): State<AppState<St>>,
-    headers: http::HeaderMap,
-    body: Bytes,
-) -> Response {
-    let json = headers
+/// Refuses a batch that is not JSON with 415, before its body is read or
+/// anything is charged.
+async fn require_json(req: Request, next: Next) -> Response {
+    let json = req
+        .headers()
         .get(http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.split(';').next())
@@ -233,31 +259,33 @@ async fn batch<St: Store>(
             json!({}),
         );
     }
-    let items: Vec<BatchItem> = match parse_batch(&body, state.limits.max_items) {
+    next.run(req).await
+}
+
+/// Runs a batch whose items were counted and charged to the work quota.
+/// A batch refused from here on (an invalid item, a full job queue) gives
+/// the charge back.
+async fn batch(
+    who: Identity,
+    State(state): State<AppState>,
+    Extension(settlement): Extension<Settlement>,
+    body: Bytes,
+) -> Response {
+    // The count passed; an item can still be malformed or out of range.
+    let items = match parse_batch::<BatchItem>(&body, state.limits.max_items) {
+        Ok(items) => check_items(&state.limits, items),
+        Err(e) => {
+            let refused = e.into_rejection().into_response(false).into_response();
+            return refund(&settlement, refused).await;
+        }
+    };
+    let items = match items {
         Ok(items) => items,
-        Err(e) => return e.into_rejection().into_response(false).into_response(),
+        Err(detail) => {
+            let refused = problem(StatusCode::BAD_REQUEST, &detail, json!({}));
+            return refund(&settlement, refused).await;
+        }
     };
-    let Some(quota) = state
-        .work_quotas
-        .get(who.plan())
-        .or_else(|| state.work_quotas.get(&*state.default_plan))
-    else {
-        return problem(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "no work quota",
-            json!({}),
-        );
-    };
-    // Every item is work: charge them all before any runs.
-    let verdict = state
-        .work
-        .check(quota, who.subject_arc(), items.len() as u64)
-        .await;
-    if let Some(rejection) = Rejection::from_outcome(verdict.outcome(), items.len() as u64) {
-        let mut response = rejection.into_response(false);
-        headers::insert(response.headers_mut(), quota, &verdict);
-        return response.into_response();
-    }
     if items.len() <= state.limits.sync_items {
         let tally = Arc::new(Tally::default());
         let result = run_batch(&state.dependency, &state.limits, &items, &tally).await;
@@ -266,11 +294,9 @@ async fn batch<St: Store>(
             Ok(results) => {
                 Json(json!({ "items": results, "dependency": dependency })).into_response()
             }
-            Err(BatchError::Item(detail)) => {
-                problem(StatusCode::BAD_REQUEST, &detail, json!({})).into_response()
-            }
-            Err(BatchError::Call(e)) => {
+            Err(e) => {
                 // The crate's 503, with what was called before it gave up.
+                // The items ran, so their charge stays.
                 let rejection = Rejection::DependencyUnavailable {
                     retry_after: e.retry_after(),
                 };
@@ -288,13 +314,22 @@ async fn batch<St: Store>(
             Ok(response) => response.into_response(),
             Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
         },
-        Err(full) => full.into_response(false).into_response(),
+        // The service had no room: nothing ran, so nothing stays charged.
+        Err(full) => refund(&settlement, full.into_response(false).into_response()).await,
     }
 }
 
-async fn job_status<St: Store>(
+/// Gives a refused batch's work charge back, then answers `refused`.
+async fn refund(settlement: &Settlement, refused: Response) -> Response {
+    if let Err(e) = settlement.settle(0).await {
+        tracing::warn!(%e, "could not refund the work quota of a refused batch");
+    }
+    refused
+}
+
+async fn job_status(
     who: Identity,
-    State(state): State<AppState<St>>,
+    State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Response {
     let status = id
@@ -331,35 +366,11 @@ fn problem(status: StatusCode, detail: &str, extra: serde_json::Value) -> Respon
     response
 }
 
-/// Why a batch failed.
-#[derive(Debug)]
-enum BatchError {
-    /// An item is invalid; nothing was called.
-    Item(String),
-    /// A dependency call gave no answer.
-    Call(CallError),
-}
-
-impl std::fmt::Display for BatchError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            BatchError::Item(detail) => f.write_str(detail),
-            BatchError::Call(e) => e.fmt(f),
-        }
-    }
-}
-
-/// Checks every item, then makes each item's dependency calls, then reads
-/// its rows.
-async fn run_batch(
-    dependency: &Dependency,
-    limits: &Limits,
-    items: &[BatchItem],
-    tally: &Arc<Tally>,
-) -> Result<Vec<ItemResult>, BatchError> {
+/// Checks every item's range: `from < to`, within the longest span.
+fn check_items(limits: &Limits, items: Vec<BatchItem>) -> Result<Vec<CheckedItem>, String> {
     use time::format_description::well_known::Rfc3339;
-    let spans = items
-        .iter()
+    items
+        .into_iter()
         .enumerate()
         .map(|(i, item)| {
             let from = OffsetDateTime::parse(&item.from, &Rfc3339)
@@ -372,20 +383,28 @@ async fn run_batch(
                     limits.max_span.as_secs()
                 ));
             }
-            Ok((from, to))
+            Ok(CheckedItem {
+                metric: item.metric,
+                from,
+                to,
+            })
         })
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(BatchError::Item)?;
+        .collect()
+}
+
+/// Makes each item's dependency calls, then reads its rows.
+async fn run_batch(
+    dependency: &Dependency,
+    limits: &Limits,
+    items: &[CheckedItem],
+    tally: &Arc<Tally>,
+) -> Result<Vec<ItemResult>, CallError> {
     let metrics: Vec<&str> = items.iter().map(|item| item.metric.as_str()).collect();
-    dependency
-        .call_for_items(&metrics, tally)
-        .await
-        .map_err(BatchError::Call)?;
+    dependency.call_for_items(&metrics, tally).await?;
     Ok(items
         .iter()
-        .zip(spans)
-        .map(|(item, (from, to))| {
-            let (rows, _) = data::page(&item.metric, from, to, limits.max_page_size, 0);
+        .map(|item| {
+            let (rows, _) = data::page(&item.metric, item.from, item.to, limits.max_page_size, 0);
             ItemResult {
                 metric: item.metric.clone(),
                 rows: rows.len(),

@@ -154,6 +154,19 @@ pub(crate) struct Dependency {
     pub(crate) timeout: Span,
 }
 
+impl Dependency {
+    /// The token bucket of one share of the in-memory budget: `per_second`
+    /// refilled every second, with a burst of 25 ms of it (at least 1).
+    pub(crate) fn share_policy(share: &str, per_second: u64) -> Result<Policy, ConfigError> {
+        Policy::token_bucket(
+            share,
+            (per_second / 40).max(1),
+            per_second,
+            Duration::from_secs(1),
+        )
+    }
+}
+
 /// A duration written with a unit: `250ms`, `2s`, `60s`, `5m`, `1h`, `31d`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Span(pub(crate) Duration);
@@ -270,6 +283,13 @@ impl Config {
         };
         at_least_one("body.max_wire_bytes", self.body.max_wire_bytes as u64)?;
         at_least_one("body.max_decoded_bytes", self.body.max_decoded_bytes as u64)?;
+        let above_zero = |path: &str, span: Span| {
+            if span.0.is_zero() {
+                Err(bad(path, "must be above zero"))
+            } else {
+                Ok(())
+            }
+        };
         at_least_one(
             "query.default_page_size",
             u64::from(self.query.default_page_size),
@@ -280,11 +300,15 @@ impl Config {
                 "must be at least query.default_page_size",
             ));
         }
+        above_zero("query.max_span", self.query.max_span)?;
         at_least_one("batch.sync_items", self.batch.sync_items as u64)?;
         if self.batch.max_items < self.batch.sync_items {
             return Err(bad("batch.max_items", "must be at least batch.sync_items"));
         }
         at_least_one("batch.active_items", self.batch.active_items as u64)?;
+        at_least_one("batch.job_queue", self.batch.job_queue as u64)?;
+        at_least_one("batch.job_workers", self.batch.job_workers as u64)?;
+        above_zero("batch.job_retention", self.batch.job_retention)?;
         at_least_one(
             "dependency.normal_per_second",
             self.dependency.normal_per_second,
@@ -293,7 +317,17 @@ impl Config {
             "dependency.retry_per_second",
             self.dependency.retry_per_second,
         )?;
+        // Each rate must make a token bucket, as the in-memory budget builds.
+        let rates = [
+            ("normal", self.dependency.normal_per_second),
+            ("retry", self.dependency.retry_per_second),
+        ];
+        for (share, per_second) in rates {
+            Dependency::share_policy(share, per_second)
+                .map_err(|e| bad(format!("dependency.{share}_per_second"), e.reason()))?;
+        }
         at_least_one("dependency.attempts", u64::from(self.dependency.attempts))?;
+        above_zero("dependency.timeout", self.dependency.timeout)?;
         self.concurrency_layer()
             .map_err(|e| bad(format!("concurrency.{}", e.field()), e.to_string()))?;
         Ok(())

@@ -24,7 +24,7 @@ use tower::{ServiceBuilder, ServiceExt};
 use tower_admission::outbound::{
     Attempt, AttemptBudget, BudgetError, DependencyBudget, DependencyBudgetLayer, RetryAttempts,
 };
-use tower_admission::quota::{MemoryStore, Policy};
+use tower_admission::quota::MemoryStore;
 use tower_admission::ConfigError;
 
 use crate::config;
@@ -99,21 +99,16 @@ impl std::fmt::Display for CallError {
 pub(crate) fn memory_budget(
     settings: &config::Dependency,
 ) -> Result<DependencyBudget<MemoryStore>, ConfigError> {
-    let second = Duration::from_secs(1);
-    let (normal, retry) = (settings.normal_per_second, settings.retry_per_second);
     DependencyBudget::builder(MemoryStore::new(), "dependency")
-        .normal(Policy::token_bucket(
+        .normal(config::Dependency::share_policy(
             "normal",
-            burst(normal),
-            normal,
-            second,
+            settings.normal_per_second,
         )?)
-        .retry(Policy::token_bucket("retry", burst(retry), retry, second)?)
+        .retry(config::Dependency::share_policy(
+            "retry",
+            settings.retry_per_second,
+        )?)
         .build()
-}
-
-fn burst(per_second: u64) -> u64 {
-    (per_second / 40).max(1)
 }
 
 impl Dependency {
