@@ -1934,3 +1934,80 @@ async fn a_share_fills_from_its_grant_not_from_the_time_before_it() {
     }
     assert_eq!(sent, 7);
 }
+
+/// A refresh held on a hung connection that reaches Redis after the lease
+/// was released changes nothing: the release stays the last word, and the
+/// other instance is granted the whole budget. A new lease under the same
+/// id is not shut out. Before, the late refresh put `x` back with its
+/// grant, and `y` got half.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refresh_reaching_redis_after_the_release_changes_nothing() {
+    let server = RedisServer::start();
+    let proxy = StallProxy::start(server.port()).await;
+    let (redis, local) = (
+        ManualClock::new(Timestamp(START)),
+        ManualClock::new(Timestamp(START)),
+    );
+    let lease_store = |url: String| {
+        LeaseStore::builder(url)
+            .prefix("t")
+            .deadline(Duration::from_millis(200))
+            .test_clock(redis.clone())
+            .build()
+            .unwrap()
+    };
+    let (via_proxy, direct) = (lease_store(proxy.url()), lease_store(server.url()));
+    let lease = |store: &LeaseStore, id: &str, demand: u64| {
+        RateLease::builder(
+            store.clone(),
+            BUDGET,
+            Rate::per_second(R),
+            NonZeroU32::new(40).unwrap(),
+        )
+        .instance_id(id)
+        .initial_demand(Rate::per_second(demand))
+        .clock(local.clone())
+        .build()
+        .unwrap()
+    };
+    let (x, y) = (lease(&via_proxy, "x", R / 2), lease(&direct, "y", R));
+    assert_eq!(x.refresh().await.unwrap().grant, Rate::per_second(R / 2));
+    assert_eq!(y.refresh().await.unwrap().grant, Rate::per_second(R / 2));
+
+    proxy.stall_open_connections();
+    // Sent on the hung connection, where it waits out its deadline; the
+    // release waits for it, then goes out on a new connection.
+    let held = tokio::spawn({
+        let x = x.clone();
+        async move { x.refresh().await }
+    });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(x.release().await, Ok(()));
+    assert_eq!(
+        held.await.unwrap().map(|s| s.mode),
+        Err(LeaseError::Released)
+    );
+    let calls = support::command_calls(&server, &["evalsha"]);
+    proxy.resume();
+    // The held refresh runs once its bytes reach Redis.
+    for _ in 0..500 {
+        if support::command_calls(&server, &["evalsha"]) > calls {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(support::command_calls(&server, &["evalsha"]), calls + 1);
+    assert!(direct.grants(BUDGET).await.unwrap().instance("x").is_none());
+    // y's callers now want the whole budget, and get it.
+    for _ in 0..1_000 {
+        let _ = y.try_acquire(1);
+    }
+    local.advance(Duration::from_secs(1));
+    redis.advance(Duration::from_secs(1));
+    assert_eq!(y.refresh().await.unwrap().grant, Rate::per_second(R));
+
+    // A new lease under the same id (a restarted process) is counted.
+    let again = lease(&direct, "x", R);
+    assert_eq!(again.refresh().await.unwrap().grant, Rate::ZERO);
+    assert!(direct.grants(BUDGET).await.unwrap().instance("x").is_some());
+}

@@ -207,6 +207,8 @@ pub struct LeaseStoreBuilder {
 #[derive(Debug, Clone, Copy)]
 struct Args {
     op: &'static str,
+    /// The calling lease's life (0 for a snapshot).
+    life: u64,
     demand: Rate,
     /// How others count the demand: `MEASURED`, `GUESS` or
     /// `HELD_BACK_FLAG`.
@@ -221,6 +223,7 @@ impl Args {
     const fn op_only(op: &'static str) -> Args {
         Args {
             op,
+            life: 0,
             demand: Rate::ZERO,
             flag: MEASURED,
             budget: Rate::ZERO,
@@ -382,8 +385,21 @@ impl LeaseStore {
         })
     }
 
-    async fn release(&self, key: &str, id: &str) -> Result<(), LeaseError> {
-        self.call(key, id, &Args::op_only("r")).await.map(drop)
+    /// Deletes instance `id`'s grants; for `lease_us` after, a refresh of
+    /// its `life` that reaches Redis late changes nothing.
+    async fn release(
+        &self,
+        key: &str,
+        id: &str,
+        life: u64,
+        lease_us: u64,
+    ) -> Result<(), LeaseError> {
+        let args = Args {
+            life,
+            lease_us,
+            ..Args::op_only("r")
+        };
+        self.call(key, id, &args).await.map(drop)
     }
 
     /// One script call under the deadline. The arguments (and the injected
@@ -401,7 +417,8 @@ impl LeaseStore {
             .arg(args.lease_us)
             .arg(args.held.0 .0)
             .arg(args.held.1)
-            .arg(now);
+            .arg(now)
+            .arg(format!("{:016x}", args.life));
         let run = async {
             let (gen, mut conn) = self.connection().await?;
             let unanswered = Unanswered { store: self, gen };
@@ -763,6 +780,10 @@ struct Shared<C> {
     key: String,
     budget: Box<str>,
     id: Box<str>,
+    /// This lease's life, random: after a release, Redis ignores a refresh
+    /// of this life that was still on its way, not one of a new lease under
+    /// the same id.
+    life: u64,
     cfg: Settings,
     clock: C,
     state: Mutex<State>,
@@ -1221,6 +1242,7 @@ impl<C: Clock> RateLeaseBuilder<C> {
                 store: self.store,
                 budget: self.budget.into(),
                 id: id.into(),
+                life: rand::random(),
                 cfg,
                 clock: self.clock,
                 state: Mutex::new(state),
@@ -1386,6 +1408,7 @@ impl<C: Clock> RateLease<C> {
             };
             let args = Args {
                 op: "g",
+                life: self.inner.life,
                 demand,
                 flag,
                 budget: cfg.rate,
@@ -1530,7 +1553,10 @@ impl<C: Clock> RateLease<C> {
 
     /// Stops spending (every later attempt is refused) and then deletes this
     /// instance's grants in Redis, so its share returns at once instead of
-    /// at expiry. Call it on a clean shutdown; it is final.
+    /// at expiry. Call it on a clean shutdown; it is final: for a lease
+    /// length after it, a refresh of this lease that reaches Redis late (sent
+    /// on a connection that hung) changes nothing there. A new lease under
+    /// the same instance id is not held back by it.
     pub async fn release(&self) -> Result<(), LeaseError> {
         {
             let mut s = self.inner.state.lock();
@@ -1544,9 +1570,10 @@ impl<C: Clock> RateLease<C> {
         // A refresh in flight finishes first (its reply is ignored), so the
         // release is the last word on this instance.
         let _one = self.inner.refreshing.lock().await;
-        self.inner
+        let inner = &self.inner;
+        inner
             .store
-            .release(&self.inner.key, &self.inner.id)
+            .release(&inner.key, &inner.id, inner.life, inner.cfg.lease_us)
             .await
     }
 }

@@ -7,6 +7,10 @@
 --
 -- KEYS[1]: the budget's key, prefix:{lease:budget}, a hash:
 --   `_t`       the last time the script ran (µs): time never moves backwards;
+--   `x:<id>`   a released instance: "<life>:<until>". Until then a grant call
+--              of that life (one sent before the release, reaching Redis
+--              late) changes nothing; one of another life (a new lease under
+--              the same id) clears it.
 --   `i:<id>`   one instance: "demand,provisional,rate1,exp1,rate2,exp2,..."
 --              (milli-units per second, 0/1, µs). The (rate, exp) pairs are the instance's
 --              *steps*: every grant it may still be spending, each counted
@@ -23,6 +27,8 @@
 --          µs it still has), 0 0 for none. Merged as a step: after a lost
 --          state (Redis restarted empty) the grants still being spent are
 --          counted again from their holders' first call.
+-- ARGV[9]: the injected time (test-only script). ARGV[10]: the calling
+--          lease's life, random per lease.
 --
 -- The rule. An instance's commitment at time t is the highest rate of its
 -- steps that expire after t. Every profile is non-increasing in t, so the
@@ -47,13 +53,17 @@
 -- and its expiry (µs), the script's time, and, when the grant is below the
 -- target, the earliest time (µs) at which the target should fit, from the
 -- other instances' steps and targets (0 when it fits now or never will).
--- 'r' deletes the instance (its holder has stopped spending) and returns
--- { now }. 's' returns { now, n, then per instance: id, demand, flag
+-- 'r' deletes the instance (its holder has stopped spending), leaves its
+-- `x:` mark for L, and returns { now }. A grant call that finds its own
+-- life's mark returns { 0, now, now, 0, 0, live } and writes nothing. 's' returns { now, n, then per instance: id, demand, flag
 -- (as ARGV[4]), #steps, rate1, exp1, ... }.
 
 local key = KEYS[1]
 local op = ARGV[1]
 local me = 'i:' .. (ARGV[2] or '')
+local mark = 'x:' .. (ARGV[2] or '')
+local life = ARGV[10] or ''
+local marks = {}
 local demand = tonumber(ARGV[3])
 local flag = tonumber(ARGV[4]) or 0
 local R = tonumber(ARGV[5])
@@ -118,7 +128,14 @@ local ids, dem, flags, steps = {}, {}, {}, {}
 local all = redis.call('HGETALL', key)
 for k = 1, #all, 2 do
   local f = all[k]
-  if f ~= '_t' then
+  if string.sub(f, 1, 2) == 'x:' then
+    local l, u = string.match(all[k + 1], '^([^:]*):(%d+)$')
+    if u ~= nil and tonumber(u) > now then
+      marks[f] = { l, tonumber(u) }
+    elseif op ~= 's' then
+      redis.call('HDEL', key, f)
+    end
+  elseif f ~= '_t' then
     local d, g, st = parse(all[k + 1])
     if #st > 0 or f == me then
       ids[#ids + 1] = f
@@ -147,13 +164,17 @@ if op == 's' then
   return out
 end
 
--- Sets the key's expiry to the last step's, or deletes a key with no step.
+-- Sets the key's expiry to the last step's or mark's, or deletes a key
+-- with neither.
 local function save_time()
   local horizon = now
   for _, f in ipairs(ids) do
     for _, s in ipairs(steps[f]) do
       if s[2] > horizon then horizon = s[2] end
     end
+  end
+  for _, m in pairs(marks) do
+    if m[2] > horizon then horizon = m[2] end
   end
   if horizon <= now then
     redis.call('DEL', key)
@@ -172,11 +193,23 @@ if op == 'r' then
     end
     ids = rest
   end
+  if L > 0 then
+    marks[mark] = { life, now + L }
+    redis.call('HSET', key, mark, life .. ':' .. string.format('%d', now + L))
+  end
   save_time()
   return { now }
 end
 
 -- op == 'g'
+local released = marks[mark]
+if released ~= nil then
+  if released[1] == life then
+    return { 0, now, now, 0, 0, #ids }
+  end
+  marks[mark] = nil
+  redis.call('HDEL', key, mark)
+end
 if steps[me] == nil then
   ids[#ids + 1] = me
   steps[me] = {}
