@@ -61,19 +61,23 @@ fn store(server: &RedisServer, redis_time: Option<&ManualClock>) -> LeaseStore {
 
 type Builder = RateLeaseBuilder<ManualClock>;
 
-/// The only instance, asking for the whole budget, on `local` time.
-fn solo(store: LeaseStore, local: &ManualClock) -> RateLease<ManualClock> {
+/// Instance `id` of the budget on `store`, its first demand `demand` per
+/// second, on `local` time.
+fn instance(store: &LeaseStore, id: &str, demand: u64, local: &ManualClock) -> Builder {
     RateLease::builder(
-        store,
+        store.clone(),
         BUDGET,
         Rate::per_second(R),
         NonZeroU32::new(40).unwrap(),
     )
-    .instance_id("solo")
-    .initial_demand(Rate::per_second(R))
+    .instance_id(id)
+    .initial_demand(Rate::per_second(demand))
     .clock(local.clone())
-    .build()
-    .unwrap()
+}
+
+/// The only instance, asking for the whole budget, on `local` time.
+fn solo(store: LeaseStore, local: &ManualClock) -> RateLease<ManualClock> {
+    instance(&store, "solo", R, local).build().unwrap()
 }
 
 /// One simulated instance.
@@ -1906,18 +1910,10 @@ async fn a_share_fills_from_its_grant_not_from_the_time_before_it() {
     let clock = ManualClock::new(Timestamp(START));
     let store = store(&server, Some(&clock));
     let lease = |id: &str| {
-        RateLease::builder(
-            store.clone(),
-            BUDGET,
-            Rate::per_second(R),
-            NonZeroU32::new(40).unwrap(),
-        )
-        .instance_id(id)
-        .initial_demand(Rate::per_second(R))
-        .burst(Duration::from_secs(1))
-        .clock(clock.clone())
-        .build()
-        .unwrap()
+        instance(&store, id, R, &clock)
+            .burst(Duration::from_secs(1))
+            .build()
+            .unwrap()
     };
     let (a, b) = (lease("a"), lease("b"));
     assert_eq!(a.refresh().await.unwrap().grant, Rate::per_second(R));
@@ -1958,17 +1954,7 @@ async fn a_refresh_reaching_redis_after_the_release_changes_nothing() {
     };
     let (via_proxy, direct) = (lease_store(proxy.url()), lease_store(server.url()));
     let lease = |store: &LeaseStore, id: &str, demand: u64| {
-        RateLease::builder(
-            store.clone(),
-            BUDGET,
-            Rate::per_second(R),
-            NonZeroU32::new(40).unwrap(),
-        )
-        .instance_id(id)
-        .initial_demand(Rate::per_second(demand))
-        .clock(local.clone())
-        .build()
-        .unwrap()
+        instance(store, id, demand, &local).build().unwrap()
     };
     let (x, y) = (lease(&via_proxy, "x", R / 2), lease(&direct, "y", R));
     assert_eq!(x.refresh().await.unwrap().grant, Rate::per_second(R / 2));
