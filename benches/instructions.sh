@@ -17,7 +17,9 @@ if [ "${SMOKE:-0}" = 1 ]; then
   cargo build --all-features --bench instructions >/dev/null 2>&1
   bin=$(ls -t target/debug/deps/instructions-* | grep -v '\.d$' | head -1)
   export WARMUP=2000
-  measured=1000
+  # Enough that the run-to-run spread of quanta's clock calibration (up to
+  # about 4M instructions in a debug build) never turns a count negative.
+  measured=20000
   variants="${VARIANTS:-governor token_bucket whole_stack}"
 else
   cargo build --release --bench instructions >/dev/null 2>&1
