@@ -556,3 +556,83 @@ fn partitions_that_would_admit_more_than_the_whole_are_refused() {
     // A refill below the partition count divides exactly (a slower refill).
     assert_eq!(build(bucket(20, 3), bucket(4, 3), 4), Ok(()));
 }
+
+/// A dependency that answers its first arrival with `first` (status and
+/// headers) and every later one with 200, logging arrivals.
+fn failing_once(
+    arrivals: Arrivals,
+    start: tokio::time::Instant,
+    first: Response<String>,
+) -> impl Service<Request<String>, Response = Response<String>, Error = Infallible, Future: Send>
+       + Clone
+       + Send {
+    let first = Arc::new(Mutex::new(Some(first)));
+    tower::service_fn(move |req: Request<String>| {
+        let arrivals = arrivals.clone();
+        let first = first.clone();
+        async move {
+            let attempt = req.extensions().get::<Attempt>().map_or(1, |a| a.number());
+            arrivals
+                .0
+                .lock()
+                .unwrap()
+                .push((start.elapsed().as_micros() as u64, attempt));
+            let response = first.lock().unwrap().take();
+            Ok(response.unwrap_or_else(|| Response::new(String::new())))
+        }
+    })
+}
+
+/// The dependency's own wait is obeyed: a 429 with `Retry-After: 1` is
+/// retried after exactly 1 s (the jittered backoff is at most 10 ms), a
+/// trailers-only gRPC `UNAVAILABLE` with a pushback of 300 ms after 300 ms,
+/// and a wait above `max_server_wait` or a negative pushback is not retried:
+/// the caller gets the dependency's answer. Before, every one of them was
+/// retried within 10 ms.
+#[tokio::test(start_paused = true)]
+async fn a_retry_waits_as_long_as_the_dependency_asks() {
+    let grpc = |status: &str, pushback: &str| {
+        Response::builder()
+            .header("content-type", "application/grpc")
+            .header("grpc-status", status)
+            .header("grpc-retry-pushback-ms", pushback)
+            .body(String::new())
+            .unwrap()
+    };
+    let http = |status: StatusCode, retry_after: &str| {
+        Response::builder()
+            .status(status)
+            .header("retry-after", retry_after)
+            .body(String::new())
+            .unwrap()
+    };
+    // (first answer, expected arrival times in µs, expected final status)
+    let cases = [
+        (
+            http(StatusCode::TOO_MANY_REQUESTS, "1"),
+            vec![0, 1_000_000],
+            200,
+        ),
+        (
+            http(StatusCode::SERVICE_UNAVAILABLE, "2"),
+            vec![0, 2_000_000],
+            200,
+        ),
+        (http(StatusCode::TOO_MANY_REQUESTS, "3"), vec![0], 429),
+        (grpc("14", "300"), vec![0, 300_000], 200),
+        (grpc("8", "-1"), vec![0], 200),
+    ];
+    for (first, expected, status) in cases {
+        let asked = format!("{:?}", first.headers());
+        let start = tokio::time::Instant::now();
+        let arrivals = Arrivals::default();
+        let client = ServiceBuilder::new()
+            .retry(RetryAttempts::new(3).max_server_wait(2 * SECOND))
+            .layer(DependencyBudgetLayer::new(budget_240()))
+            .service(failing_once(arrivals.clone(), start, first));
+        let response = client.oneshot(Request::new(String::new())).await.unwrap();
+        assert_eq!(response.status().as_u16(), status, "{asked}");
+        let times: Vec<u64> = arrivals.0.lock().unwrap().iter().map(|a| a.0).collect();
+        assert_eq!(times, expected, "{asked}");
+    }
+}

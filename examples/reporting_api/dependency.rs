@@ -2,7 +2,7 @@
 //! call attempt passes through:
 //!
 //! ```text
-//! tower::retry (RetryAttempts: 429 and 5xx, backoff with jitter)
+//! tower::retry (RetryAttempts: 429 and 5xx, backoff with jitter, obeying Retry-After)
 //!   -> DependencyBudgetLayer (normal share for first attempts, retry share for retries)
 //!   -> HTTP client
 //! ```

@@ -1,8 +1,8 @@
 use std::future::Future;
 use std::pin::Pin;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
-use http::{Request, Response};
+use http::{HeaderMap, Request, Response, StatusCode};
 
 use crate::outbound::BudgetError;
 
@@ -37,7 +37,18 @@ impl Attempt {
 /// jitter, up to a total of `max_attempts`:
 ///
 /// - responses with status 429 or 5xx;
+/// - gRPC responses that end in their headers (trailers-only) with
+///   `grpc-status` `RESOURCE_EXHAUSTED` (8) or `UNAVAILABLE` (14);
 /// - errors of the inner service ([`BudgetError::Inner`]).
+///
+/// **The dependency's wait is obeyed.** A failed response that asks for a
+/// wait (`Retry-After` in seconds or as an HTTP date, or gRPC's
+/// `grpc-retry-pushback-ms`) is retried no sooner than that: the delay is
+/// the longer of the jittered backoff and the wait asked for. A wait longer
+/// than [`max_server_wait`](Self::max_server_wait) (default 1 s), and a
+/// gRPC pushback that is negative or not a number (gRPC's "do not retry"),
+/// end the retries: the response goes back to the caller as it is. A
+/// `Retry-After` that does not parse is ignored.
 ///
 /// A refusal by the budget itself ([`BudgetError::Refused`]) is not retried:
 /// it already waited as long as it was allowed to. Requests are cloned for
@@ -50,6 +61,7 @@ pub struct RetryAttempts {
     max_attempts: u32,
     base: Duration,
     cap: Duration,
+    max_server_wait: Duration,
 }
 
 impl RetryAttempts {
@@ -60,7 +72,16 @@ impl RetryAttempts {
             max_attempts: max_attempts.max(1),
             base: Duration::from_millis(10),
             cap: Duration::from_secs(1),
+            max_server_wait: Duration::from_secs(1),
         }
+    }
+
+    /// The longest wait a failed response may ask for and still be retried
+    /// (after that wait). Default 1 s; with `Duration::ZERO` only responses
+    /// that ask for no wait at all are retried.
+    pub fn max_server_wait(mut self, max: Duration) -> Self {
+        self.max_server_wait = max;
+        self
     }
 
     /// The backoff: before retry `n` (n = 1 for the second attempt) a random
@@ -91,25 +112,29 @@ impl<B: Clone, R, E> tower::retry::Policy<Request<B>, Response<R>, BudgetError<E
         req: &mut Request<B>,
         result: &mut Result<Response<R>, BudgetError<E>>,
     ) -> Option<Self::Future> {
-        let failed = match result {
-            Ok(response) => {
-                let status = response.status();
-                status == http::StatusCode::TOO_MANY_REQUESTS || status.is_server_error()
+        let asked = match result {
+            Ok(response) if is_failure(response) => {
+                match asked_wait(response.headers(), SystemTime::now()) {
+                    Asked::Nothing => Duration::ZERO,
+                    Asked::Wait(wait) if wait <= self.max_server_wait => wait,
+                    Asked::Wait(_) | Asked::NoRetry => return None,
+                }
             }
-            Err(BudgetError::Inner(_)) => true,
-            Err(_) => false,
+            Ok(_) => return None,
+            Err(BudgetError::Inner(_)) => Duration::ZERO,
+            Err(_) => return None,
         };
         let attempt = req
             .extensions()
             .get::<Attempt>()
             .copied()
             .unwrap_or(Attempt::FIRST);
-        if !failed || attempt.number() >= self.max_attempts {
+        if attempt.number() >= self.max_attempts {
             return None;
         }
         let next = attempt.next();
         req.extensions_mut().insert(next);
-        let delay = self.delay(attempt.number());
+        let delay = self.delay(attempt.number()).max(asked);
         Some(Box::pin(tokio::time::sleep(delay)))
     }
 
@@ -124,5 +149,100 @@ impl<B: Clone, R, E> tower::retry::Policy<Request<B>, Response<R>, BudgetError<E
             clone.extensions_mut().insert(Attempt::FIRST);
         }
         Some(clone)
+    }
+}
+
+/// gRPC status codes retried when a response ends in its headers.
+const RESOURCE_EXHAUSTED: &[u8] = b"8";
+const UNAVAILABLE: &[u8] = b"14";
+
+/// A response worth retrying: 429, 5xx, or a trailers-only gRPC
+/// `RESOURCE_EXHAUSTED` or `UNAVAILABLE`.
+fn is_failure<R>(response: &Response<R>) -> bool {
+    let status = response.status();
+    if status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error() {
+        return true;
+    }
+    matches!(
+        response.headers().get("grpc-status").map(|v| v.as_bytes()),
+        Some(RESOURCE_EXHAUSTED | UNAVAILABLE)
+    )
+}
+
+/// What a failed response asks of the next attempt.
+#[derive(Debug, PartialEq, Eq)]
+enum Asked {
+    /// No wait, or none that parses.
+    Nothing,
+    /// No sooner than this.
+    Wait(Duration),
+    /// Not at all: a gRPC pushback that is negative or not a number.
+    NoRetry,
+}
+
+/// The wait in `grpc-retry-pushback-ms`, else in `Retry-After` (seconds or
+/// an HTTP date, counted from `now`).
+fn asked_wait(headers: &HeaderMap, now: SystemTime) -> Asked {
+    if let Some(pushback) = headers.get("grpc-retry-pushback-ms") {
+        return match pushback.to_str().ok().map(|v| v.trim().parse::<u64>()) {
+            Some(Ok(ms)) => Asked::Wait(Duration::from_millis(ms)),
+            _ => Asked::NoRetry,
+        };
+    }
+    let Some(value) = headers
+        .get(http::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+    else {
+        return Asked::Nothing;
+    };
+    if let Ok(seconds) = value.parse::<u64>() {
+        return Asked::Wait(Duration::from_secs(seconds));
+    }
+    match httpdate::parse_http_date(value) {
+        Ok(at) => Asked::Wait(at.duration_since(now).unwrap_or_default()),
+        Err(_) => Asked::Nothing,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.append(*name, value.parse().unwrap());
+        }
+        map
+    }
+
+    #[test]
+    fn asked_waits_are_read_from_either_header() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let asked = |pairs: &[(&'static str, &str)]| asked_wait(&headers(pairs), now);
+        let secs = |s| Asked::Wait(Duration::from_secs(s));
+        assert_eq!(asked(&[]), Asked::Nothing);
+        assert_eq!(asked(&[("retry-after", "3")]), secs(3));
+        assert_eq!(asked(&[("retry-after", " 0 ")]), secs(0));
+        assert_eq!(asked(&[("retry-after", "soon")]), Asked::Nothing);
+        assert_eq!(asked(&[("retry-after", "-1")]), Asked::Nothing);
+        // A date is counted from now; one in the past asks for no wait.
+        let in_30s = httpdate::fmt_http_date(now + Duration::from_secs(30));
+        assert_eq!(asked(&[("retry-after", &in_30s)]), secs(30));
+        assert_eq!(
+            asked(&[("retry-after", "Sun, 06 Nov 1994 08:49:37 GMT")]),
+            secs(0)
+        );
+        // gRPC's pushback wins over Retry-After; a bad one forbids the retry.
+        let both = [("grpc-retry-pushback-ms", "250"), ("retry-after", "9")];
+        assert_eq!(asked(&both), Asked::Wait(Duration::from_millis(250)));
+        for bad in ["-1", "abc", "1.5", ""] {
+            assert_eq!(
+                asked(&[("grpc-retry-pushback-ms", bad)]),
+                Asked::NoRetry,
+                "{bad:?}"
+            );
+        }
     }
 }
