@@ -488,3 +488,82 @@ async fn awaiting_store_gives_the_same_answers() {
         ]
     );
 }
+
+/// A store that records every key it is asked about, over a memory store.
+#[derive(Clone)]
+struct KeyLog {
+    inner: MemoryStore<ManualClock>,
+    keys: Arc<std::sync::Mutex<Vec<Arc<str>>>>,
+}
+
+impl Store for KeyLog {
+    type DecideFuture = <MemoryStore<ManualClock> as Store>::DecideFuture;
+    type SettleFuture = <MemoryStore<ManualClock> as Store>::SettleFuture;
+
+    fn decide(&self, quota: &Quota, key: &Arc<str>, cost: u64) -> Self::DecideFuture {
+        self.keys.lock().unwrap().push(key.clone());
+        self.inner.decide(quota, key, cost)
+    }
+
+    fn settle(
+        &self,
+        quota: &Quota,
+        key: &Arc<str>,
+        holds: &Holds,
+        delta: i64,
+    ) -> Self::SettleFuture {
+        self.inner.settle(quota, key, holds, delta)
+    }
+}
+
+/// A store never holds more than 65 bytes of key per tracked key, however
+/// long the subject or the key function's answer (a 64 KiB subject was
+/// kept whole: 100,000 such keys are 6.4 GB), and long keys stay apart:
+/// two that differ in their last byte have their own state, and a short key
+/// spelled as a long key's stored form does not reach it.
+#[tokio::test]
+async fn long_keys_are_stored_bounded_and_stay_distinct() {
+    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let store = KeyLog {
+        inner: store(&clock),
+        keys: Default::default(),
+    };
+    let one = Quota::new(
+        "one",
+        [Policy::fixed_window("per-minute", 1, MINUTE).unwrap()],
+    )
+    .unwrap();
+    let app = Router::new().route("/", get(|| async { "ok" })).layer(
+        QuotaLayer::builder(store.clone())
+            .quota(one.clone())
+            .build()
+            .unwrap(),
+    );
+    let long = |last: char| Identity::new(format!("{}{last}", "s".repeat(65_535)), "acme", "free");
+    let status = |id: Identity| {
+        let app = app.clone();
+        async move { app.oneshot(request(Some(id), "/")).await.unwrap().status() }
+    };
+    assert_eq!(status(long('a')).await, StatusCode::OK);
+    assert_eq!(status(long('a')).await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(status(long('b')).await, StatusCode::OK);
+    let stored_a = store.keys.lock().unwrap()[0].clone();
+    assert!(stored_a.len() <= 65, "{} bytes", stored_a.len());
+    // The stored form, sent as a subject of its own, is another key.
+    assert_eq!(
+        status(Identity::new(stored_a.clone(), "acme", "free")).await,
+        StatusCode::OK
+    );
+    // Short keys are kept as they are.
+    assert_eq!(
+        status(Identity::new("bob", "acme", "free")).await,
+        StatusCode::OK
+    );
+    let keys = store.keys.lock().unwrap().clone();
+    assert_eq!(keys.len(), 5);
+    assert_eq!(&*keys[4], "bob");
+    assert!(keys.iter().all(|k| k.len() <= 65));
+    assert_eq!(keys[0], keys[1]);
+    let distinct: std::collections::HashSet<_> = keys.iter().collect();
+    assert_eq!(distinct.len(), 4);
+}

@@ -12,6 +12,11 @@ use crate::quota::{headers, Limiter, Quota, QuotaService, Store};
 use crate::ConfigError;
 
 /// What a quota is keyed on.
+///
+/// A key of more than 64 bytes, or one that begins with `#`, is kept in the
+/// store as `#` and its SHA-256 in hex (65 bytes): a store holds a bounded
+/// number of bytes per key however long the subjects or the key function's
+/// answers, and no key can spell another's digest.
 #[derive(Clone)]
 #[non_exhaustive]
 pub enum Scope {
@@ -266,11 +271,11 @@ impl<St> Config<St> {
             .and_then(|id| self.plans.get(id.plan()))
             .or(self.default_quota.as_ref());
         let key = match (&self.scope, parts) {
-            (Scope::Subject, _) => identity.map(|id| Cow::Owned(id.subject_arc().clone())),
-            (Scope::Tenant, _) => identity.map(|id| Cow::Owned(id.tenant_arc().clone())),
+            (Scope::Subject, _) => identity.map(|id| Cow::Owned(bounded(id.subject_arc()))),
+            (Scope::Tenant, _) => identity.map(|id| Cow::Owned(bounded(id.tenant_arc()))),
             (Scope::Aggregate, _) => Some(Cow::Borrowed(aggregate_key())),
             (Scope::Custom(f), Some(parts)) => match f(parts) {
-                Some(key) => Some(Cow::Owned(key)),
+                Some(key) => Some(Cow::Owned(bounded(&key))),
                 None => return Resolved::Skip,
             },
             (Scope::Custom(_), None) => unreachable!("a key function reads the parts"),
@@ -288,6 +293,31 @@ impl<St> Config<St> {
             }
         }
     }
+}
+
+/// Keys longer than this many bytes are stored by their digest.
+const MAX_KEY_BYTES: usize = 64;
+
+/// What begins a stored digest.
+const DIGEST_MARK: char = '#';
+
+/// The key a store keeps for `key`: the key itself when it has at most
+/// [`MAX_KEY_BYTES`] bytes, else `#` and its SHA-256 in hex (65 bytes). A
+/// key that begins with `#` is always digested, so no key as given can
+/// spell another's digest.
+#[inline]
+fn bounded(key: &Arc<str>) -> Arc<str> {
+    if key.len() <= MAX_KEY_BYTES && !key.starts_with(DIGEST_MARK) {
+        return key.clone();
+    }
+    use sha2::Digest;
+    use std::fmt::Write;
+    let mut digested = String::with_capacity(1 + 64);
+    digested.push(DIGEST_MARK);
+    for byte in sha2::Sha256::digest(key.as_bytes()) {
+        let _ = write!(digested, "{byte:02x}");
+    }
+    digested.into()
 }
 
 /// The one key of [`Scope::Aggregate`], shared by every request without a
