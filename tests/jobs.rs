@@ -318,6 +318,7 @@ fn bad_configuration_names_the_field() {
         build(JobQueue::builder().finished_ttl(Duration::ZERO)),
         "finished_ttl"
     );
+    assert_eq!(build(JobQueue::builder().per_owner(0)), "per_owner");
     // Outside a Tokio runtime.
     assert_eq!(build(JobQueue::builder()), "runtime");
 }
@@ -354,4 +355,75 @@ async fn a_shutdown_given_up_on_leaves_the_drain_for_the_next_one() {
     queue.shutdown().await;
     assert_eq!(queue.running(), 0);
     assert_eq!(queue.completed_total(), 1);
+}
+
+/// An owner's cap counts its jobs waiting and running: alice gets exactly 2
+/// of 5 in, with 429 for the rest, while bob still gets his in; each of
+/// alice's jobs that finishes lets exactly one more in. Before, alice alone
+/// could fill the whole queue.
+#[tokio::test(start_paused = true)]
+async fn one_owner_cannot_take_the_whole_queue() {
+    let gate = Arc::new(Semaphore::new(0));
+    let queue = {
+        let gate = Arc::clone(&gate);
+        JobQueue::builder()
+            .capacity(10)
+            .workers(1)
+            .per_owner(2)
+            .retry_after(Duration::from_secs(7))
+            .build(move |n: u32| {
+                let gate = Arc::clone(&gate);
+                async move {
+                    gate.acquire().await.unwrap().forget();
+                    Ok::<_, String>(n)
+                }
+            })
+            .unwrap()
+    };
+    let submit = |owner: &str, n: u32| queue.submit(owner, n);
+    let results: Vec<_> = (0..5).map(|n| submit("alice", n)).collect();
+    assert_eq!(results.iter().filter(|r| r.is_ok()).count(), 2);
+    let busy = SubmitError::OwnerBusy {
+        limit: 2,
+        retry_after: Duration::from_secs(7),
+    };
+    assert!(results[2..].iter().all(|r| *r == Err(busy)));
+    assert!(submit("bob", 10).is_ok());
+    assert!(submit("bob", 11).is_ok());
+    assert_eq!(
+        submit("bob", 12),
+        Err(SubmitError::OwnerBusy {
+            limit: 2,
+            retry_after: Duration::from_secs(7)
+        })
+    );
+
+    let response = busy.into_response(false);
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(response.headers()[RETRY_AFTER], "7");
+    assert_eq!(
+        response.headers()["ratelimit-policy"],
+        "\"jobs-per-owner\";q=2;qu=\"concurrent-requests\""
+    );
+    assert_eq!(
+        busy.rejection(),
+        Rejection::Overloaded {
+            scope: OverloadScope::Identity,
+            retry_after: Duration::from_secs(7),
+        }
+    );
+
+    // alice's first job (the one running) finishes: one more of hers fits.
+    settle().await;
+    gate.add_permits(1);
+    settle().await;
+    assert!(submit("alice", 5).is_ok());
+    assert_eq!(submit("alice", 6), Err(busy));
+    // Everything finishes: alice has room for 2 again, and no owner is tracked.
+    gate.add_permits(5);
+    settle().await;
+    assert_eq!(queue.running() + queue.queued(), 0);
+    assert!(submit("alice", 7).is_ok());
+    assert!(submit("alice", 8).is_ok());
+    assert_eq!(submit("alice", 9), Err(busy));
 }

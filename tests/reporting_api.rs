@@ -313,7 +313,9 @@ async fn batches_answer_200_202_or_413_by_size() {
 #[tokio::test]
 async fn batch_items_are_charged_to_the_work_quota() {
     let (url, _mock) = roomy_mock().await;
-    let (app, _) = api_with(dependency(&url, roomy_budget()));
+    // Room for every job of the user, so the work quota alone refuses.
+    let config = Config::parse(&edited("jobs_per_user = 4", "jobs_per_user = 20")).unwrap();
+    let (app, _) = api_of(&config, dependency(&url, roomy_budget()));
     // The free work quota is 2,000 units per minute, one per item: 13 batches
     // of 150 use 1,950, and the 14th (2,100) is refused by that policy alone.
     for _ in 0..13 {
@@ -689,6 +691,10 @@ fn job_span_and_dependency_values_are_refused_with_their_key_paths() {
             "batch.job_workers: must be at least 1",
         ),
         (
+            ("jobs_per_user = 4", "jobs_per_user = 0"),
+            "batch.jobs_per_user: must be at least 1",
+        ),
+        (
             ("job_retention = \"10m\"", "job_retention = \"0ms\""),
             "batch.job_retention: must be above zero",
         ),
@@ -827,5 +833,33 @@ async fn a_batch_refused_by_a_full_job_queue_keeps_no_work_charge() {
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{items}: {body}");
         assert_eq!(headers["retry-after"], "1");
     }
+    drop(silent);
+}
+
+#[tokio::test]
+async fn a_user_with_jobs_per_user_jobs_gets_429_and_others_still_get_in() {
+    // A dependency that never answers: accepted jobs stay waiting or running.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", silent.local_addr().unwrap());
+    let config = Config::parse(&edited("jobs_per_user = 4", "jobs_per_user = 2")).unwrap();
+    let (app, _) = api_of(&config, dependency(&url, roomy_budget()));
+    for _ in 0..2 {
+        assert_eq!(
+            send(&app, post_batch("demo-free", 101)).await.0,
+            StatusCode::ACCEPTED
+        );
+    }
+    let (status, headers, body) = send(&app, post_batch("demo-free", 101)).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert_eq!(headers["retry-after"], "1");
+    assert_eq!(
+        headers["ratelimit-policy"],
+        "\"jobs-per-owner\";q=2;qu=\"concurrent-requests\""
+    );
+    // Another user of the same plan is not held back by alice's jobs.
+    assert_eq!(
+        send(&app, post_batch("demo-globex", 101)).await.0,
+        StatusCode::ACCEPTED
+    );
     drop(silent);
 }

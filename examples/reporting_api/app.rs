@@ -158,6 +158,7 @@ pub(crate) fn app<St: Store>(
     let jobs = JobQueue::builder()
         .capacity(config.batch.job_queue)
         .workers(config.batch.job_workers)
+        .per_owner(config.batch.jobs_per_user)
         .finished_ttl(config.batch.job_retention.0)
         .build(move |items: Vec<CheckedItem>| {
             let (dependency, limits) = for_jobs.clone();
@@ -314,8 +315,9 @@ async fn batch(
             Ok(response) => response.into_response(),
             Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
         },
-        // The service had no room: nothing ran, so nothing stays charged.
-        Err(full) => refund(&settlement, full.into_response(false).into_response()).await,
+        // No room, in the service or for this user: nothing ran, so nothing
+        // stays charged.
+        Err(refused) => refund(&settlement, refused.into_response(false).into_response()).await,
     }
 }
 

@@ -117,6 +117,8 @@ pub(crate) struct Batch {
     pub(crate) job_queue: usize,
     /// Jobs run at once.
     pub(crate) job_workers: usize,
+    /// Jobs one user may have waiting or running.
+    pub(crate) jobs_per_user: usize,
     /// How long a finished job can be read.
     pub(crate) job_retention: Span,
 }
@@ -308,6 +310,7 @@ impl Config {
         at_least_one("batch.active_items", self.batch.active_items as u64)?;
         at_least_one("batch.job_queue", self.batch.job_queue as u64)?;
         at_least_one("batch.job_workers", self.batch.job_workers as u64)?;
+        at_least_one("batch.jobs_per_user", self.batch.jobs_per_user as u64)?;
         above_zero("batch.job_retention", self.batch.job_retention)?;
         at_least_one(
             "dependency.normal_per_second",

@@ -19,6 +19,12 @@
 //!   fields advertise the queue as a quota of `concurrent-requests`, used up.
 //! * **Running jobs**: at most [`workers`](JobQueueBuilder::workers); each
 //!   worker is one Tokio task running one job at a time.
+//! * **Per owner** (optional): at most [`per_owner`](JobQueueBuilder::per_owner)
+//!   jobs waiting or running for one owner; a submit over it is refused with
+//!   [`SubmitError::OwnerBusy`], a `429` + `Retry-After`
+//!   ([`OverloadScope::Identity`](crate::reject::OverloadScope::Identity)):
+//!   the caller can fix it by waiting for its own jobs, and one caller
+//!   cannot fill the queue for everyone.
 //! * **Records**: waiting and running jobs always have a record (so at most
 //!   `capacity + workers`). Finished records are kept for at most
 //!   [`finished_ttl`](JobQueueBuilder::finished_ttl) after they finish, and at

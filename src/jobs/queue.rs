@@ -65,7 +65,8 @@ impl<R, E> JobStatus<R, E> {
     }
 }
 
-/// Why [`JobQueue::submit`] did not accept a job. Both answer 503.
+/// Why [`JobQueue::submit`] did not accept a job: 503 when the service is
+/// out of room, 429 when the owner is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum SubmitError {
@@ -73,6 +74,14 @@ pub enum SubmitError {
     Full {
         /// The queue's capacity, in jobs waiting.
         capacity: usize,
+        /// Suggested wait before submitting again.
+        retry_after: Duration,
+    },
+    /// The owner already has [`per_owner`](JobQueueBuilder::per_owner) jobs
+    /// waiting or running.
+    OwnerBusy {
+        /// The most jobs one owner may have waiting or running.
+        limit: usize,
         /// Suggested wait before submitting again.
         retry_after: Duration,
     },
@@ -84,36 +93,43 @@ pub enum SubmitError {
 }
 
 impl SubmitError {
-    /// The refusal: [`Rejection::Overloaded`] with
-    /// [`OverloadScope::Global`], a 503 with `Retry-After`, since the
-    /// service, not the caller, is out of room.
+    /// The refusal: [`Rejection::Overloaded`] with `Retry-After`, of
+    /// [`OverloadScope::Global`] (503) when the service is out of room, of
+    /// [`OverloadScope::Identity`] (429) when the owner is.
     pub fn rejection(&self) -> Rejection {
-        let (SubmitError::Full { retry_after, .. } | SubmitError::ShutDown { retry_after }) = *self;
-        Rejection::Overloaded {
-            scope: OverloadScope::Global,
-            retry_after,
-        }
+        let (scope, retry_after) = match *self {
+            SubmitError::Full { retry_after, .. } | SubmitError::ShutDown { retry_after } => {
+                (OverloadScope::Global, retry_after)
+            }
+            SubmitError::OwnerBusy { retry_after, .. } => (OverloadScope::Identity, retry_after),
+        };
+        Rejection::Overloaded { scope, retry_after }
     }
 
-    /// The 503 response (problem+json, or gRPC `UNAVAILABLE` when `grpc`).
+    /// The 503 or 429 response (problem+json, or gRPC `UNAVAILABLE` or
+    /// `RESOURCE_EXHAUSTED` when `grpc`).
     ///
     /// Over HTTP a full queue is also advertised as the service's quota of
     /// concurrent work, used up: `RateLimit-Policy: "job-queue";q=<capacity>;
-    /// qu="concurrent-requests"` and `RateLimit: "job-queue";r=0;t=<wait>`.
+    /// qu="concurrent-requests"` and `RateLimit: "job-queue";r=0;t=<wait>`;
+    /// an owner's cap likewise as `"jobs-per-owner"`.
     pub fn into_response(self, grpc: bool) -> Response<Full<Bytes>> {
         let mut response = self.rejection().into_response(grpc);
-        if let (
+        let advertised = match self {
             SubmitError::Full {
                 capacity,
                 retry_after,
-            },
-            false,
-        ) = (self, grpc)
-        {
+            } => Some(("job-queue", capacity, retry_after)),
+            SubmitError::OwnerBusy { limit, retry_after } => {
+                Some(("jobs-per-owner", limit, retry_after))
+            }
+            SubmitError::ShutDown { .. } => None,
+        };
+        if let (Some((name, limit, retry_after)), false) = (advertised, grpc) {
             crate::quota::headers::insert_concurrency(
                 response.headers_mut(),
-                "job-queue",
-                capacity,
+                name,
+                limit,
                 retry_after,
             );
         }
@@ -126,6 +142,9 @@ impl fmt::Display for SubmitError {
         match self {
             SubmitError::Full { .. } => f.write_str("the job queue is full"),
             SubmitError::ShutDown { .. } => f.write_str("the job queue is shut down"),
+            SubmitError::OwnerBusy { limit, .. } => {
+                write!(f, "the owner already has {limit} jobs waiting or running")
+            }
         }
     }
 }
@@ -166,12 +185,28 @@ struct Record<R, E> {
 struct State<T, R, E> {
     pending: VecDeque<(JobId, T)>,
     records: HashMap<JobId, Record<R, E>>,
+    /// Jobs waiting or running per owner, when owners are capped; an owner
+    /// with none has no entry.
+    active: HashMap<Arc<str>, usize>,
     /// Finished jobs in order of completion, for retention.
     finished: VecDeque<(JobId, Instant)>,
     running: usize,
     submitted: u64,
     completed: u64,
     closed: bool,
+}
+
+impl<T, R, E> State<T, R, E> {
+    /// One of `owner`'s jobs finished: it no longer counts against the
+    /// owner's cap.
+    fn finished_by(&mut self, owner: &Arc<str>) {
+        if let Some(active) = self.active.get_mut(owner) {
+            *active -= 1;
+            if *active == 0 {
+                self.active.remove(owner);
+            }
+        }
+    }
 }
 
 struct Shared<T, R, E> {
@@ -261,9 +296,10 @@ where
     /// it at once.
     ///
     /// On `Ok` the job is in the queue and will run (see the module docs for
-    /// shutdown). `Err` when `capacity` jobs are already waiting, or after
-    /// [`shutdown`](Self::shutdown); answer with
-    /// [`SubmitError::into_response`] (503).
+    /// shutdown). `Err` when `capacity` jobs are already waiting, when the
+    /// owner has [`per_owner`](JobQueueBuilder::per_owner) jobs waiting or
+    /// running, or after [`shutdown`](Self::shutdown); answer with
+    /// [`SubmitError::into_response`] (503, or 429 for the owner's cap).
     pub fn submit(&self, owner: impl Into<Arc<str>>, input: T) -> Result<JobId, SubmitError> {
         let retry_after = self.shared.config.retry_after;
         let mut state = self.shared.state.lock();
@@ -281,6 +317,16 @@ where
                 retry_after,
             });
         }
+        let owner = owner.into();
+        if let Some(limit) = self.shared.config.per_owner {
+            let active = state.active.get(&owner).copied().unwrap_or(0);
+            if active >= limit {
+                drop(state);
+                tracing::debug!(limit, "owner's job cap reached, job refused");
+                return Err(SubmitError::OwnerBusy { limit, retry_after });
+            }
+            *state.active.entry(owner.clone()).or_insert(0) += 1;
+        }
         self.shared.prune(&mut state, Instant::now());
         let mut id = JobId::random();
         while state.records.contains_key(&id) {
@@ -289,7 +335,7 @@ where
         state.records.insert(
             id,
             Record {
-                owner: owner.into(),
+                owner,
                 status: JobStatus::Queued,
             },
         );
@@ -371,6 +417,7 @@ pub struct JobQueueBuilder {
     retain_finished: usize,
     finished_ttl: Duration,
     retry_after: Duration,
+    per_owner: Option<usize>,
 }
 
 impl Default for JobQueueBuilder {
@@ -381,6 +428,7 @@ impl Default for JobQueueBuilder {
             retain_finished: DEFAULT_RETAIN_FINISHED,
             finished_ttl: DEFAULT_FINISHED_TTL,
             retry_after: DEFAULT_RETRY_AFTER,
+            per_owner: None,
         }
     }
 }
@@ -410,7 +458,15 @@ impl JobQueueBuilder {
         self
     }
 
-    /// `Retry-After` of the 503 when the queue is full.
+    /// Most jobs one owner may have waiting or running; a submit over it is
+    /// refused with [`SubmitError::OwnerBusy`] (429), so that one caller
+    /// cannot take the whole queue. Default: no cap per owner.
+    pub fn per_owner(mut self, limit: usize) -> Self {
+        self.per_owner = Some(limit);
+        self
+    }
+
+    /// `Retry-After` of the refusals.
     pub fn retry_after(mut self, wait: Duration) -> Self {
         self.retry_after = wait;
         self
@@ -433,6 +489,7 @@ impl JobQueueBuilder {
             ("capacity", self.capacity),
             ("workers", self.workers),
             ("retain_finished", self.retain_finished),
+            ("per_owner", self.per_owner.unwrap_or(1)),
         ];
         for (field, value) in positive {
             if value == 0 {
@@ -450,6 +507,7 @@ impl JobQueueBuilder {
             state: Mutex::new(State {
                 pending: VecDeque::new(),
                 records: HashMap::new(),
+                active: HashMap::new(),
                 finished: VecDeque::new(),
                 running: 0,
                 submitted: 0,
@@ -521,6 +579,8 @@ where
         state.completed += 1;
         if let Some(record) = state.records.get_mut(&id) {
             record.status = status;
+            let owner = record.owner.clone();
+            state.finished_by(&owner);
         }
         state.finished.push_back((id, now));
         shared.prune(&mut state, now);
