@@ -863,3 +863,26 @@ async fn a_user_with_jobs_per_user_jobs_gets_429_and_others_still_get_in() {
     );
     drop(silent);
 }
+
+/// A dependency that asks for 30 s is not retried at once (its `Retry-After`
+/// is above the retries' 1 s), and the batch's 503 passes the 30 s on.
+/// Before, the client dropped the dependency's headers: the retries never
+/// saw the wait and sent all 3 attempts at once, and the 503 said 1 s.
+#[tokio::test]
+async fn a_dependency_asking_for_30_s_is_not_retried_and_its_wait_is_passed_on() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let busy = axum::Router::new().fallback(|| async {
+        (
+            StatusCode::TOO_MANY_REQUESTS,
+            [("retry-after", "30")],
+            "busy",
+        )
+    });
+    tokio::spawn(async move { axum::serve(listener, busy).await });
+    let (app, _) = api_with(dependency(&url, roomy_budget()));
+    let (status, headers, body) = send(&app, post_batch("demo-pro", 1)).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(headers["retry-after"], "30");
+    assert_eq!(body["dependency"], json!({"attempts": 1, "retries": 0}));
+}

@@ -22,7 +22,8 @@ use serde::Serialize;
 use tower::util::BoxCloneSyncService;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_admission::outbound::{
-    Attempt, AttemptBudget, BudgetError, DependencyBudget, DependencyBudgetLayer, RetryAttempts,
+    requested_wait, Attempt, AttemptBudget, BudgetError, DependencyBudget, DependencyBudgetLayer,
+    RetryAttempts,
 };
 use tower_admission::quota::MemoryStore;
 use tower_admission::ConfigError;
@@ -37,7 +38,6 @@ type Client = BoxCloneSyncService<Request<String>, Response<Bytes>, BudgetError<
 pub(crate) struct Dependency {
     client: Client,
     base: Arc<str>,
-    attempts: u32,
     active_items: usize,
 }
 
@@ -70,15 +70,20 @@ impl Tally {
 pub(crate) enum CallError {
     /// The budget refused an attempt; it may pass after the wait.
     Budget(Option<Duration>),
-    /// The dependency kept failing, or could not be reached.
+    /// The dependency's last answer was not 200; it may have asked for a
+    /// wait.
+    Answered(StatusCode, Option<Duration>),
+    /// The dependency could not be reached.
     Failed(String),
 }
 
 impl CallError {
-    /// The wait to advertise in `Retry-After`.
+    /// The wait to advertise in `Retry-After`: the budget's, or the
+    /// dependency's own (at least 1 s).
     pub(crate) fn retry_after(&self) -> Duration {
         match self {
             CallError::Budget(Some(wait)) => *wait,
+            CallError::Answered(_, Some(wait)) => (*wait).max(Duration::from_secs(1)),
             _ => Duration::from_secs(1),
         }
     }
@@ -88,6 +93,7 @@ impl std::fmt::Display for CallError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             CallError::Budget(_) => f.write_str("the dependency budget is exhausted"),
+            CallError::Answered(status, _) => write!(f, "the dependency answered {status}"),
             CallError::Failed(why) => write!(f, "the dependency failed: {why}"),
         }
     }
@@ -143,10 +149,13 @@ impl Dependency {
                     .body(body)
                     .send()
                     .await?;
+                // The status and headers (a `Retry-After` the retries obey).
                 let status = response.status();
+                let headers = response.headers().clone();
                 let bytes = response.bytes().await?;
                 let mut answer = Response::new(bytes);
                 *answer.status_mut() = status;
+                *answer.headers_mut() = headers;
                 Ok::<_, reqwest::Error>(answer)
             }
         });
@@ -157,7 +166,6 @@ impl Dependency {
         Dependency {
             client: BoxCloneSyncService::new(client),
             base: base_url.trim_end_matches('/').into(),
-            attempts: settings.attempts,
             active_items: active_items.max(1),
         }
     }
@@ -171,11 +179,10 @@ impl Dependency {
         req.extensions_mut().insert(tally.clone());
         match self.client.clone().oneshot(req).await {
             Ok(response) if response.status() == StatusCode::OK => Ok(response.into_body()),
-            Ok(response) => Err(CallError::Failed(format!(
-                "answered {} after {} attempts",
+            Ok(response) => Err(CallError::Answered(
                 response.status(),
-                self.attempts
-            ))),
+                requested_wait(response.headers()),
+            )),
             Err(BudgetError::Refused(refusal)) => Err(CallError::Budget(refusal.wait())),
             Err(e) => Err(CallError::Failed(e.to_string())),
         }

@@ -43,7 +43,7 @@ mod attempt;
 mod budget;
 mod layer;
 
-pub use attempt::{Attempt, RetryAttempts};
+pub use attempt::{requested_wait, Attempt, RetryAttempts};
 pub use budget::{
     AttemptBudget, BudgetStats, DependencyBudget, DependencyBudgetBuilder, Pick, Refusal, Share,
 };
