@@ -567,3 +567,107 @@ async fn long_keys_are_stored_bounded_and_stay_distinct() {
     let distinct: std::collections::HashSet<_> = keys.iter().collect();
     assert_eq!(distinct.len(), 4);
 }
+
+/// What `store` has left of `quota` for `key` (a decision of cost 0).
+async fn left<St: Store>(store: &St, quota: &Quota, key: &str) -> u64 {
+    let decision = store.decide(quota, &key.into(), 0).await.unwrap();
+    decision.decisions[0].remaining
+}
+
+/// With `refund_inner_refusals`, a per-user charge is given back when the
+/// aggregate quota inside it refuses, on a store that answers at once and
+/// on one that awaits: alice's 3rd and 4th requests, refused by the
+/// aggregate (2 per minute), leave her 3 of 5 per-user requests, not 1.
+/// Without it they cost her: 1 left.
+#[tokio::test]
+async fn a_request_refused_further_in_costs_its_caller_nothing() {
+    for (refund, awaiting, expected) in [(true, false, 3), (true, true, 3), (false, false, 1)] {
+        let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+        let memory = store(&clock);
+        let per_user =
+            Quota::new("per-user", [Policy::fixed_window("m", 5, MINUTE).unwrap()]).unwrap();
+        let all = Quota::new("all", [Policy::fixed_window("m", 2, MINUTE).unwrap()]).unwrap();
+        let aggregate = QuotaLayer::builder(memory.clone())
+            .quota(all)
+            .scope(Scope::Aggregate)
+            .build()
+            .unwrap();
+        let route = Router::new().route("/", get(|| async { "ok" }));
+        let app = if awaiting {
+            let outer = QuotaLayer::builder(AwaitingStore(memory.clone()))
+                .quota(per_user.clone())
+                .refund_inner_refusals(refund)
+                .build()
+                .unwrap();
+            route.layer(aggregate).layer(outer)
+        } else {
+            let outer = QuotaLayer::builder(memory.clone())
+                .quota(per_user.clone())
+                .refund_inner_refusals(refund)
+                .build()
+                .unwrap();
+            route.layer(aggregate).layer(outer)
+        };
+        let alice = Identity::new("alice", "acme", "free");
+        let mut statuses = Vec::new();
+        for _ in 0..4 {
+            let response = app.clone().oneshot(request(Some(alice.clone()), "/")).await;
+            statuses.push(response.unwrap().status().as_u16());
+        }
+        // A refund on an awaiting store runs in a task of its own.
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(statuses, [200, 200, 429, 429]);
+        assert_eq!(
+            left(&memory, &per_user, "alice").await,
+            expected,
+            "refund {refund}, awaiting {awaiting}"
+        );
+    }
+}
+
+/// With a cost function the refund is the settlement's own charge: a
+/// handler that settles to 0 and then refuses (its job queue is full) is
+/// not refunded twice. Bob's first request keeps its 4; his second is
+/// settled to 0 by the handler, and the layer's refund finds nothing more
+/// to give: 6 of 10 left (a second refund of 4 would leave 10).
+#[tokio::test]
+async fn a_handler_settle_and_the_refund_never_give_back_twice() {
+    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let memory = store(&clock);
+    let work = Quota::new("work", [Policy::fixed_window("m", 10, MINUTE).unwrap()]).unwrap();
+    let full = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let handler = {
+        let full = full.clone();
+        move |Extension(settlement): Extension<Settlement>| {
+            let full = full.clone();
+            async move {
+                if !full.load(std::sync::atomic::Ordering::SeqCst) {
+                    return axum::response::IntoResponse::into_response("ok");
+                }
+                settlement.settle(0).await.unwrap();
+                let refusal = tower_admission::jobs::SubmitError::Full {
+                    capacity: 1,
+                    retry_after: Duration::from_secs(1),
+                };
+                axum::response::IntoResponse::into_response(refusal)
+            }
+        }
+    };
+    let app = Router::new().route("/", get(handler)).layer(
+        QuotaLayer::builder(memory.clone())
+            .quota(work.clone())
+            .cost(|_| 4)
+            .refund_inner_refusals(true)
+            .build()
+            .unwrap(),
+    );
+    let bob = Identity::new("bob", "acme", "pro");
+    let first = app.clone().oneshot(request(Some(bob.clone()), "/")).await;
+    assert_eq!(first.unwrap().status(), StatusCode::OK);
+    full.store(true, std::sync::atomic::Ordering::SeqCst);
+    let second = app.clone().oneshot(request(Some(bob.clone()), "/")).await;
+    assert_eq!(second.unwrap().status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(left(&memory, &work, "bob").await, 6);
+}

@@ -118,15 +118,20 @@ pub(crate) fn app<St: Store>(
             }
         })
     };
+    // Every quota gives its charge back when a layer further in (or the
+    // job queue) refuses the request: a refused request costs nothing.
     let per_user = for_plans(QuotaLayer::builder(store.clone()), &quotas.requests)
         .headers_on_success(true)
+        .refund_inner_refusals(true)
         .build()?;
     let aggregate = QuotaLayer::builder(store.clone())
         .quota(quotas.aggregate.clone())
         .scope(Scope::Aggregate)
+        .refund_inner_refusals(true)
         .build()?;
     let rows = for_plans(QuotaLayer::builder(store.clone()), &quotas.work)
         .cost(ValidatedQuery::page_cost)
+        .refund_inner_refusals(true)
         .build()?;
     // The same work quotas, charged one unit per batch item: the handler
     // settles a refused batch's charge back to zero.
@@ -137,6 +142,7 @@ pub(crate) fn app<St: Store>(
                 .get::<ItemCount>()
                 .map_or(0, |n| u64::try_from(n.0).unwrap_or(u64::MAX))
         })
+        .refund_inner_refusals(true)
         .build()?;
     let max_items = std::num::NonZeroUsize::new(config.batch.max_items)
         .ok_or_else(|| ConfigError::new("batch.max_items", "must be at least 1"))?;

@@ -89,6 +89,7 @@ pub(crate) struct Config<St> {
     pub(crate) scope: Scope,
     pub(crate) cost: Option<CostFn>,
     pub(crate) headers_on_success: bool,
+    pub(crate) refund_inner_refusals: bool,
 }
 
 impl<St> Clone for QuotaLayer<St> {
@@ -109,6 +110,7 @@ impl<St> fmt::Debug for QuotaLayer<St> {
             .field("plans", &self.config.plans.keys().collect::<Vec<_>>())
             .field("scope", &self.config.scope)
             .field("headers_on_success", &self.config.headers_on_success)
+            .field("refund_inner_refusals", &self.config.refund_inner_refusals)
             .finish_non_exhaustive()
     }
 }
@@ -159,6 +161,7 @@ impl<St: Store> QuotaLayerBuilder<St> {
                 scope: Scope::Subject,
                 cost: None,
                 headers_on_success: false,
+                refund_inner_refusals: false,
             },
         }
     }
@@ -193,6 +196,22 @@ impl<St: Store> QuotaLayerBuilder<St> {
     /// too, not only to refusals.
     pub fn headers_on_success(mut self, yes: bool) -> Self {
         self.config.headers_on_success = yes;
+        self
+    }
+
+    /// Gives this layer's charge back when the request is refused further
+    /// in before any work: by another quota layer, a concurrency cap, or a
+    /// handler's [`SubmitError`](crate::jobs::SubmitError) (a response whose
+    /// extensions hold a [`Rejection`](crate::reject::Rejection) of
+    /// `QuotaExceeded`, `CostExceedsCapacity`, `Overloaded` or
+    /// `LimiterUnavailable`). Without it a per-user quota keeps the charge of
+    /// a request the aggregate quota refused, so a refused request costs its
+    /// caller. The refund follows the [`Settlement`](crate::quota::Settlement)
+    /// rules, and with a cost function it is the same charge: a handler's
+    /// settle and this refund never give back twice. Default off: it costs
+    /// two allocations per admitted request.
+    pub fn refund_inner_refusals(mut self, yes: bool) -> Self {
+        self.config.refund_inner_refusals = yes;
         self
     }
 

@@ -9,8 +9,12 @@ use pin_project_lite::pin_project;
 use tower::Service;
 
 use crate::quota::layer::{Config, Planned, Resolved};
+use crate::quota::settle::Charge;
 use crate::quota::{headers, Settlement, Store, Verdict};
 use crate::reject::{is_grpc, RefusalBody, Rejection};
+
+/// A charge to give back when the request is refused further in.
+type Refund = Option<Arc<Charge>>;
 
 /// The service built by [`QuotaLayer`](crate::quota::QuotaLayer).
 pub struct QuotaService<S, St> {
@@ -78,6 +82,7 @@ pin_project! {
             future: F,
             // RateLimit headers to add to the response, when configured.
             headers: Option<[HeaderValue; 2]>,
+            refund: Refund,
         },
         Refused {
             response: Option<Response<B>>,
@@ -96,8 +101,13 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().state.project() {
-            StateProj::Inner { future, headers } => {
+            StateProj::Inner {
+                future,
+                headers,
+                refund,
+            } => {
                 let mut response = ready!(future.poll(cx))?;
+                refund_if_refused(&response, refund.take());
                 headers::append(response.headers_mut(), headers.take());
                 Poll::Ready(Ok(response))
             }
@@ -145,7 +155,7 @@ where
         };
         let (planned, key, cost) = match resolved {
             Resolved::Apply { planned, key, cost } => (planned, key, cost),
-            Resolved::Skip => return inner(self.inner.call(req), None),
+            Resolved::Skip => return inner(self.inner.call(req), None, None),
             Resolved::NoIdentity => {
                 let rejection = Rejection::Unauthenticated {
                     reason: "no authenticated identity",
@@ -162,7 +172,9 @@ where
         if let Poll::Ready(result) = Pin::new(&mut decide).poll(&mut noop) {
             let mut verdict = limiter.resolve(quota, &key, cost, result);
             return match admit(&self.config, planned, key, cost, &mut verdict, &mut req) {
-                Admission::Admitted(headers) => inner(self.inner.call(req), headers),
+                Admission::Admitted(headers, refund) => {
+                    inner(self.inner.call(req), headers, refund)
+                }
                 Admission::Refused(response) => refused(response),
             };
         }
@@ -180,8 +192,9 @@ where
                     pending.answered();
                     let mut verdict = config.limiter.resolve(&planned.quota, &key, cost, result);
                     match admit(&config, &planned, key, cost, &mut verdict, &mut req) {
-                        Admission::Admitted(headers) => {
+                        Admission::Admitted(headers, refund) => {
                             let mut response = service.call(req).await?;
+                            refund_if_refused(&response, refund);
                             headers::append(response.headers_mut(), headers);
                             Ok(response)
                         }
@@ -194,9 +207,49 @@ where
 }
 
 #[inline(always)]
-fn inner<F, B, E>(future: F, headers: Option<[HeaderValue; 2]>) -> ResponseFuture<F, B, E> {
+fn inner<F, B, E>(
+    future: F,
+    headers: Option<[HeaderValue; 2]>,
+    refund: Refund,
+) -> ResponseFuture<F, B, E> {
     ResponseFuture {
-        state: State::Inner { future, headers },
+        state: State::Inner {
+            future,
+            headers,
+            refund,
+        },
+    }
+}
+
+/// Gives `refund` back when `response` is a refusal made before any work
+/// (see [`refund_inner_refusals`](crate::quota::QuotaLayerBuilder::refund_inner_refusals)).
+/// A store that answers at once settles here; one that awaits settles in a
+/// task of its own, so the refusal is not held up.
+fn refund_if_refused<B>(response: &Response<B>, refund: Refund) {
+    let Some(charge) = refund else { return };
+    let before_work = matches!(
+        response.extensions().get::<Rejection>(),
+        Some(
+            Rejection::QuotaExceeded { .. }
+                | Rejection::CostExceedsCapacity { .. }
+                | Rejection::Overloaded { .. }
+                | Rejection::LimiterUnavailable { .. }
+        )
+    );
+    if !before_work {
+        return;
+    }
+    let mut settle = Box::pin(async move {
+        if let Err(error) = charge.settle_to(0).await {
+            tracing::warn!(%error, "could not refund a charge refused further in");
+        }
+    });
+    let mut noop = Context::from_waker(Waker::noop());
+    if settle.as_mut().poll(&mut noop).is_pending() {
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn(settle)),
+            Err(_) => tracing::warn!("no Tokio runtime to refund a charge refused further in"),
+        }
     }
 }
 
@@ -226,14 +279,19 @@ fn admit<St: Store, ReqB, B: RefusalBody>(
         } else {
             None
         };
-        if config.cost.is_some() {
-            let extensions = req.extensions_mut();
-            let mut settlement = extensions.remove::<Settlement>().unwrap_or_default();
+        let mut refund = None;
+        if config.cost.is_some() || config.refund_inner_refusals {
             let recorded = std::mem::take(&mut verdict.recorded);
-            settlement.push(&config.limiter, quota, key.into_owned(), cost, recorded);
-            extensions.insert(settlement);
+            let charge = Charge::new(&config.limiter, quota, key.into_owned(), cost, recorded);
+            if config.cost.is_some() {
+                let extensions = req.extensions_mut();
+                let mut settlement = extensions.remove::<Settlement>().unwrap_or_default();
+                settlement.push(charge.clone());
+                extensions.insert(settlement);
+            }
+            refund = config.refund_inner_refusals.then_some(charge);
         }
-        return Admission::Admitted(headers);
+        return Admission::Admitted(headers, refund);
     };
     tracing::debug!(quota = quota.name(), key = &**key, cost, %rejection, "quota refused");
     let mut response = rejection.into_layer_response(is_grpc(req.headers()));
@@ -245,8 +303,9 @@ fn admit<St: Store, ReqB, B: RefusalBody>(
 /// What [`admit`] decided.
 enum Admission<B> {
     /// Go on, adding these `RateLimit-Policy` and `RateLimit` values to the
-    /// response.
-    Admitted(Option<[HeaderValue; 2]>),
+    /// response, and giving this charge back if the request is refused
+    /// further in.
+    Admitted(Option<[HeaderValue; 2]>, Refund),
     /// Answer with this refusal.
     Refused(Response<B>),
 }

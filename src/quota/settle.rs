@@ -62,7 +62,11 @@ pub struct Settlement {
     charges: Vec<Arc<Charge>>,
 }
 
-struct Charge {
+/// One quota layer's charge of one request, shared by the request's
+/// [`Settlement`] and, with
+/// [`refund_inner_refusals`](crate::quota::QuotaLayerBuilder::refund_inner_refusals),
+/// the layer's response future.
+pub(crate) struct Charge {
     target: Target,
     quota: Quota,
     key: Arc<str>,
@@ -104,15 +108,14 @@ impl<St: Store> SettleShared for Limiter<St> {
     }
 }
 
-impl Settlement {
-    pub(crate) fn push<St: Store>(
-        &mut self,
+impl Charge {
+    pub(crate) fn new<St: Store>(
         limiter: &Limiter<St>,
         quota: &Quota,
         key: Arc<str>,
         charged: u64,
         recorded: Recorded,
-    ) {
+    ) -> Arc<Charge> {
         let (target, quota, holds) = match recorded {
             Recorded::Shared(holds) => (
                 Target::Shared(Box::new(limiter.clone())),
@@ -125,13 +128,48 @@ impl Settlement {
             }
             Recorded::Nowhere => (Target::Nowhere, quota.clone(), Holds::default()),
         };
-        self.charges.push(Arc::new(Charge {
+        Arc::new(Charge {
             target,
             quota,
             key,
             state: Mutex::new((charged, holds)),
             settling: tokio::sync::Mutex::new(()),
-        }));
+        })
+    }
+
+    /// Moves this charge to `actual` (see [`Settlement::settle`]).
+    pub(crate) async fn settle_to(&self, actual: u64) -> Result<(), StoreError> {
+        let _one = self.settling.lock().await;
+        let (before, holds) = self.state.lock().clone();
+        let delta =
+            i64::try_from(actual).unwrap_or(i64::MAX) - i64::try_from(before).unwrap_or(i64::MAX);
+        if delta == 0 {
+            return Ok(());
+        }
+        // Counted as applied until the store answers: a settle dropped
+        // midway, like one whose outcome is unknown, may have been
+        // applied, and is never given back twice.
+        *self.state.lock() = (actual, holds.refunded(delta));
+        let settled = match &self.target {
+            Target::Shared(limiter) => limiter.settle(&self.quota, &self.key, &holds, delta).await,
+            Target::Local(store) => store.settle_now(&self.quota, &self.key, &holds, delta),
+            Target::Nowhere => Ok(holds.clone()),
+        };
+        match settled {
+            Ok(holds) => *self.state.lock() = (actual, holds),
+            Err(e) if e.outcome_unknown() => return Err(e),
+            Err(e) => {
+                *self.state.lock() = (before, holds);
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Settlement {
+    pub(crate) fn push(&mut self, charge: Arc<Charge>) {
+        self.charges.push(charge);
     }
 
     /// The cost each quota charged so far, in layer order (outermost first).
@@ -144,34 +182,7 @@ impl Settlement {
     /// outcome is unknown is counted as applied.
     pub async fn settle(&self, actual: u64) -> Result<(), StoreError> {
         for charge in &self.charges {
-            let _one = charge.settling.lock().await;
-            let (before, holds) = charge.state.lock().clone();
-            let delta = i64::try_from(actual).unwrap_or(i64::MAX)
-                - i64::try_from(before).unwrap_or(i64::MAX);
-            if delta == 0 {
-                continue;
-            }
-            // Counted as applied until the store answers: a settle dropped
-            // midway, like one whose outcome is unknown, may have been
-            // applied, and is never given back twice.
-            *charge.state.lock() = (actual, holds.refunded(delta));
-            let settled = match &charge.target {
-                Target::Shared(limiter) => {
-                    limiter
-                        .settle(&charge.quota, &charge.key, &holds, delta)
-                        .await
-                }
-                Target::Local(store) => store.settle_now(&charge.quota, &charge.key, &holds, delta),
-                Target::Nowhere => Ok(holds.clone()),
-            };
-            match settled {
-                Ok(holds) => *charge.state.lock() = (actual, holds),
-                Err(e) if e.outcome_unknown() => return Err(e),
-                Err(e) => {
-                    *charge.state.lock() = (before, holds);
-                    return Err(e);
-                }
-            }
+            charge.settle_to(actual).await?;
         }
         Ok(())
     }
