@@ -18,7 +18,7 @@ use tower_admission::quota::{MemoryConfig, MemoryStore, Policy};
 const SECOND: Duration = Duration::from_secs(1);
 
 /// The store's clock is tokio's (paused in these tests): µs since a start.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 struct TokioClock(tokio::time::Instant);
 
 impl Clock for TokioClock {
@@ -635,4 +635,23 @@ async fn a_retry_waits_as_long_as_the_dependency_asks() {
         let times: Vec<u64> = arrivals.0.lock().unwrap().iter().map(|a| a.0).collect();
         assert_eq!(times, expected, "{asked}");
     }
+}
+
+/// A shadow policy refuses nothing, so as a share it would admit every
+/// attempt: the builder refuses it and names the share.
+#[tokio::test]
+async fn a_shadow_policy_cannot_be_a_share() {
+    let bucket = |name| Policy::token_bucket(name, 2, 2, SECOND).unwrap();
+    let normal = DependencyBudget::builder(store(), "dep")
+        .normal(bucket("normal").shadow())
+        .retry(bucket("retry"))
+        .build()
+        .unwrap_err();
+    assert_eq!(normal.field(), "normal");
+    let retry = DependencyBudget::builder(store(), "dep")
+        .normal(bucket("normal"))
+        .retry(bucket("retry").shadow())
+        .build()
+        .unwrap_err();
+    assert_eq!(retry.field(), "retry");
 }

@@ -407,19 +407,24 @@ impl<St: Store> DependencyBudgetBuilder<St> {
         self
     }
 
-    /// The budget. Fails when a share is missing, the partition count is 0,
-    /// above 1,024 or above a share's limit (a token bucket's capacity),
-    /// or the store cannot decide the shares.
+    /// The budget. Fails when a share is missing or a shadow policy (which
+    /// refuses nothing), the partition count is 0, above 1,024 or above a
+    /// share's limit (a token bucket's capacity), or the store cannot
+    /// decide the shares.
     pub fn build(self) -> Result<DependencyBudget<St>, ConfigError> {
         let n = self.partitions;
         if n == 0 || n > 1024 {
             return Err(ConfigError::new("partitions", "must be 1 to 1,024"));
         }
         let divisor = std::num::NonZeroU64::new(n as u64).unwrap_or(std::num::NonZeroU64::MIN);
-        let required = |policy: &Option<Policy>, field| {
-            policy
-                .clone()
-                .ok_or_else(|| ConfigError::new(field, "is required"))
+        let required = |policy: &Option<Policy>, field| match policy {
+            None => Err(ConfigError::new(field, "is required")),
+            // A shadow refuses nothing: the share would admit every attempt.
+            Some(policy) if policy.is_shadow() => Err(ConfigError::new(
+                field,
+                "must enforce: a shadow policy refuses nothing",
+            )),
+            Some(policy) => Ok(policy.clone()),
         };
         let (normal, retry) = (
             required(&self.normal, "normal")?,
