@@ -22,7 +22,9 @@ pub enum Share {
 /// together they never admit more than the whole budget, whichever is picked.
 /// A part holds at least 1, so a budget whose smallest limit (a token
 /// bucket's capacity) is below `N` is refused at
-/// [`build`](DependencyBudgetBuilder::build).
+/// [`build`](DependencyBudgetBuilder::build). An attempt is charged to one
+/// partition, so a cost above one part's capacity is refused
+/// ([`Refusal::CostExceedsBudget`]) even when it is within the whole budget.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Pick {

@@ -26,7 +26,9 @@ type CostFn<B> = Arc<dyn Fn(&Request<B>) -> u64 + Send + Sync>;
 /// - **Cost.** A function of the request, default 1; a batch call can cost
 ///   its item count.
 /// - **Exhausted budget.** By default the attempt waits for capacity up to
-///   [`wait_up_to`](Self::wait_up_to) (1 s), in arrival order per share (a
+///   [`wait_up_to`](Self::wait_up_to) (1 s), in arrival order per share and
+///   per layer (its clones share the order; two layers over one budget do
+///   not) (a
 ///   later attempt never takes capacity an earlier one is waiting for, from
 ///   the moment the earlier one first looked at the budget);
 ///   [`fail_fast`](Self::fail_fast) refuses at once. An attempt whose
