@@ -26,11 +26,10 @@ type CostFn<B> = Arc<dyn Fn(&Request<B>) -> u64 + Send + Sync>;
 /// - **Cost.** A function of the request, default 1; a batch call can cost
 ///   its item count.
 /// - **Exhausted budget.** By default the attempt waits for capacity up to
-///   [`wait_up_to`](Self::wait_up_to) (1 s), in arrival order per share and
-///   per layer (its clones share the order; two layers over one budget do
-///   not) (a
+///   [`wait_up_to`](Self::wait_up_to) (1 s), in arrival order per share (a
 ///   later attempt never takes capacity an earlier one is waiting for, from
-///   the moment the earlier one first looked at the budget);
+///   the moment the earlier one first looked at the budget), among this
+///   layer and its clones: two layers over one budget keep separate orders;
 ///   [`fail_fast`](Self::fail_fast) refuses at once. An attempt whose
 ///   deadline passes while it waits behind another never looks: it is
 ///   refused with the refusal the one ahead last got and the wait that one
