@@ -314,10 +314,16 @@ impl fmt::Display for SizeCap {
     }
 }
 
-/// `ceil(wait)` in whole seconds, at least 1: the value of `Retry-After`.
+/// `ceil(wait)` in whole seconds, at least 1 and saturating at `u64::MAX`
+/// (a wait of `Duration::MAX`): the value of `Retry-After`.
 pub fn retry_after_secs(wait: Duration) -> u64 {
-    let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
-    secs.max(1)
+    ceil_secs(wait).max(1)
+}
+
+/// `ceil(d)` in whole seconds, saturating at `u64::MAX`: `Retry-After` and
+/// the `RateLimit` fields' `t` and `w`.
+pub(crate) fn ceil_secs(d: Duration) -> u64 {
+    d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
 }
 
 /// True when the request is gRPC (`content-type: application/grpc*`).

@@ -182,3 +182,23 @@ async fn a_local_share_advertises_its_own_limits() {
         "\"per-minute\";r=24;t=60, \"burst\";r=4;t=3"
     );
 }
+
+/// A wait of `Duration::MAX` (a budget that never admits again) saturates
+/// every advertised wait instead of overflowing.
+#[test]
+fn an_endless_wait_saturates_retry_after() {
+    use tower_admission::reject::{retry_after_secs, Rejection};
+    assert_eq!(retry_after_secs(Duration::MAX), u64::MAX);
+    let endless = Rejection::DependencyUnavailable {
+        retry_after: Duration::MAX,
+    };
+    let http = endless.clone().into_response(false);
+    assert_eq!(http.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(http.headers()["retry-after"], u64::MAX.to_string().as_str());
+    let grpc = endless.into_response(true);
+    assert_eq!(grpc.headers()["grpc-status"], "14");
+    assert_eq!(
+        grpc.headers()["grpc-retry-pushback-ms"],
+        i64::MAX.to_string().as_str()
+    );
+}

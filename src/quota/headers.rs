@@ -18,6 +18,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::quota::{Outcome, Quota, Verdict};
+use crate::reject::ceil_secs;
 
 /// `RateLimit-Policy`.
 pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -113,7 +114,7 @@ pub(crate) fn values(
     let Outcome::Unavailable { wait } = verdict.outcome() else {
         return None;
     };
-    let t = ceil_secs(*wait).max(1);
+    let t = crate::reject::retry_after_secs(*wait);
     for p in quota.policies().iter().filter(|p| !p.is_shadow()) {
         state.member(p.name());
         state.param(b";r=", 0);
@@ -221,10 +222,6 @@ pub(crate) fn insert_concurrency(
             headers.append(header.clone(), value);
         }
     }
-}
-
-fn ceil_secs(d: std::time::Duration) -> u64 {
-    d.as_secs() + u64::from(d.subsec_nanos() > 0)
 }
 
 #[cfg(test)]
