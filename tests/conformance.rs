@@ -272,6 +272,27 @@ async fn a_refund_never_reaches_a_window_of_another_length<S: Store>(c: Ctx<'_, 
     }
 }
 
+async fn a_renamed_policy_keeps_its_state<S: Store>(c: Ctx<'_, S>) {
+    // A redeploy that only renames a policy shares its state (same quota
+    // name, same kinds): 10 of 10 spent under "a" stay spent under "b".
+    let policies = |name: &str| {
+        [
+            Policy::fixed_window(name, 10, MIN).unwrap(),
+            Policy::sliding_log(name, 10, MIN).unwrap(),
+            Policy::token_bucket(name, 10, 10, MIN).unwrap(),
+            Policy::sliding_window(name, 10, MIN).unwrap(),
+        ]
+    };
+    for (i, (old, new)) in policies("a").into_iter().zip(policies("b")).enumerate() {
+        let before = Quota::new("renamed", [old]).unwrap();
+        let after = Quota::new("renamed", [new]).unwrap();
+        let k = c.key(&format!("kind{i}"));
+        c.at_ms(NOON);
+        assert_eq!(c.admitted(&before, &k, 1, 10).await, 10, "kind {i}");
+        assert_eq!(c.admitted(&after, &k, 1, 10).await, 0, "kind {i}");
+    }
+}
+
 async fn cost_over_capacity_is_never_admitted<S: Store>(c: Ctx<'_, S>) {
     for q in all_algorithms(10) {
         let k = c.key(q.policies()[0].name());
@@ -557,6 +578,7 @@ suite!(
     multi_policy_refusal_consumes_nothing,
     a_refusal_reports_each_policy_as_it_stands,
     a_refund_never_reaches_a_window_of_another_length,
+    a_renamed_policy_keeps_its_state,
     cost_over_capacity_is_never_admitted,
     clock_set_backwards_inflates_nothing,
     retry_after_is_exact,

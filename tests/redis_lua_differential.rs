@@ -425,7 +425,7 @@ fn every_key_expires_when_its_state_becomes_fresh() {
         .filter(|k| server.cli(&["exists", k]).trim() == "1")
         .collect();
     assert!(
-        remaining.is_empty() || remaining == ["ttl:{all:user0}:tb:tb"],
+        remaining.is_empty() || remaining == ["ttl:{all:user0}:2:tb"],
         "{remaining:?}"
     );
     if let Some(bucket) = remaining.first() {

@@ -402,10 +402,10 @@ mod on_redis {
         assert_eq!(
             keys,
             [
-                "reporting-api:{all-callers:*}:per-second:tb",
-                "reporting-api:{requests-free:alice}:burst:tb",
-                "reporting-api:{requests-free:alice}:per-minute:sl",
-                "reporting-api:{work-free:alice}:units-per-minute:sw",
+                "reporting-api:{all-callers:*}:0:tb",
+                "reporting-api:{requests-free:alice}:0:sl",
+                "reporting-api:{requests-free:alice}:1:tb",
+                "reporting-api:{work-free:alice}:0:sw",
             ]
         );
         for key in keys {

@@ -70,8 +70,11 @@ fn script_source(injected_clock: bool) -> String {
 /// consumes nothing. The scripts are compared decision for decision with the
 /// Rust state machines by the differential tests.
 ///
-/// **Keys.** Policy `p` (algorithm `a`) of quota `q` for key `k` lives in
-/// `prefix:{q:k}:p:a`. Every key of one decision shares the hash tag
+/// **Keys.** The policy at position `i` (algorithm `a`) of quota `q` for
+/// key `k` lives in `prefix:{q:k}:i:a`. State follows the policy's position
+/// and kind, not its name, as in every store: a redeploy that renames a
+/// policy keeps its state, and a settlement's holds (one per position) meet
+/// the state they were charged to. Every key of one decision shares the hash tag
 /// `{q:k}`, so Redis Cluster puts them on one slot and never answers
 /// `CROSSSLOT`; a single-policy quota touches exactly one key. The algorithm
 /// code in the name keeps a changed algorithm from reading the old one's
@@ -81,10 +84,10 @@ fn script_source(injected_clock: bool) -> String {
 ///
 /// | algorithm | key holds |
 /// |---|---|
-/// | fixed window | hash `{k, c}`: window index, count |
-/// | sliding log | sorted set of `"<t>:<i>:<cost>"` scored by `t` (µs), `i` numbering identical times; member `total` |
-/// | token bucket | string: GCRA theoretical arrival time in µs |
-/// | weighted window | **one** hash `{k, c, p}`: window index, current and previous counts |
+/// | fixed window | hash `{s, e, c, g}`: window start and end (µs), count, epoch |
+/// | sliding log | sorted set of `"<t>:<seq>:<cost>:<cum>"` scored by `t` (µs): one entry per admission, with its sequence number, the cost it still holds and the running total |
+/// | token bucket | string `"tat:frac:den:off:last"`: GCRA theoretical arrival time (µs and a fraction), settlement offset, last write (µs) |
+/// | weighted window | **one** hash `{s, e, c, p, g}`: window start and end (µs), current and previous counts, epoch |
 ///
 /// **Time** is the Redis server's `TIME`, read inside the script, in
 /// microseconds: one clock for the whole fleet. State never moves
@@ -240,19 +243,21 @@ impl RedisStore {
         script_argv(quota, "d", cost.to_string(), "-".to_owned(), None)
     }
 
-    /// The Redis keys holding `quota`'s state for `key`, in policy order.
+    /// The Redis keys holding `quota`'s state for `key`, in policy order,
+    /// named by each policy's position and algorithm.
     /// They share one hash tag, so they live on one cluster slot.
     pub fn keys(&self, quota: &Quota, key: &str) -> Vec<String> {
         quota
             .policies()
             .iter()
-            .map(|p| {
+            .enumerate()
+            .map(|(position, p)| {
                 format!(
                     "{}:{{{}:{}}}:{}:{}",
                     self.inner.prefix,
                     quota.name(),
                     key,
-                    p.name(),
+                    position,
                     p.algorithm().code()
                 )
             })
@@ -706,10 +711,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             store.keys(&quota, "alice"),
-            [
-                "app:{free:alice}:per-minute:sl",
-                "app:{free:alice}:burst:tb"
-            ]
+            ["app:{free:alice}:0:sl", "app:{free:alice}:1:tb"]
         );
     }
 
