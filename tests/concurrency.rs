@@ -1336,3 +1336,219 @@ async fn a_full_identity_map_advertises_no_cap_and_retries_after_its_own_rule() 
         assert_eq!(layer.tracked_identities(), 0, "{context}");
     }
 }
+
+/// The inner service of [`holding_service`]: answers at once.
+fn answer(
+    _req: Request<Full<Bytes>>,
+) -> std::future::Ready<Result<Response<Full<Bytes>>, Infallible>> {
+    std::future::ready(Ok(Response::new(Full::new(Bytes::from_static(b"done")))))
+}
+
+type Answer =
+    fn(Request<Full<Bytes>>) -> std::future::Ready<Result<Response<Full<Bytes>>, Infallible>>;
+
+/// A service whose responses hold their permits until they are dropped.
+fn holding_service(
+    layer: &ConcurrencyLayer,
+) -> tower_admission::concurrency::Concurrency<tower::util::ServiceFn<Answer>> {
+    layer.layer(service_fn(answer as Answer))
+}
+
+fn full_request(subject: Option<&str>) -> Request<Full<Bytes>> {
+    let mut req = Request::new(Full::default());
+    if let Some(s) = subject {
+        req.extensions_mut()
+            .insert(Identity::new(s.to_owned(), "tenant", "free"));
+    }
+    req
+}
+
+fn reason_of<B>(response: &Response<B>) -> Option<OverloadReason> {
+    response.extensions().get::<OverloadReason>().copied()
+}
+
+/// With `max_identities == limit + queue` of the global cap, a new subject
+/// that finds the global cap full is refused by the global cap (queue
+/// full), never for the map: a subject has an entry only while one of its
+/// requests holds or waits for a global permit, including the instant a
+/// leaving request hands its identity permit to the subject's next waiter.
+#[tokio::test(start_paused = true)]
+async fn a_map_sized_for_the_global_cap_never_refuses_too_many_identities() {
+    let layer = ConcurrencyLayer::builder()
+        .global(1, 1, Duration::from_secs(10))
+        .per_identity(1, 1, Duration::from_secs(10))
+        .max_identities(2)
+        .build()
+        .unwrap();
+    let mut svc = holding_service(&layer);
+    let a1 = svc.call(full_request(Some("a"))).await.unwrap();
+    assert_eq!(a1.status(), StatusCode::OK);
+    // Queued in `call`, before any poll: a2 for a's permit, b1 for the
+    // global one.
+    let a2 = svc.call(full_request(Some("a")));
+    let b1 = svc.call(full_request(Some("b")));
+    assert_eq!((layer.in_flight(), layer.queued()), (1, 1));
+    assert_eq!(layer.tracked_identities(), 2);
+    // The global cap is full: c is refused by it, not by the map.
+    let c = svc.call(full_request(Some("c"))).await.unwrap();
+    assert_eq!(c.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(reason_of(&c), Some(OverloadReason::QueueFull));
+    // a1 goes: the global permit reaches b1, and a2 takes a's permit and the
+    // global place b1 left, in the same step.
+    drop(a1);
+    assert_eq!((layer.in_flight(), layer.queued()), (1, 1));
+    assert_eq!(layer.identity_in_flight("a"), 1);
+    assert_eq!(layer.identity_queued("a"), 0);
+    let d = svc.call(full_request(Some("d"))).await.unwrap();
+    assert_eq!(d.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(reason_of(&d), Some(OverloadReason::QueueFull));
+    // Both queued requests are admitted in turn.
+    let b1 = b1.await.unwrap();
+    assert_eq!(b1.status(), StatusCode::OK);
+    drop(b1);
+    let a2 = a2.await.unwrap();
+    assert_eq!(a2.status(), StatusCode::OK);
+    drop(a2);
+    let stats = layer.stats();
+    assert_eq!(stats.refused_too_many_identities, 0);
+    assert_eq!(stats.refused_global_queue_full, 2);
+    assert_eq!((stats.global_in_flight, stats.global_queued), (0, 0));
+    assert_eq!(stats.tracked_identities, 0);
+}
+
+/// A request that leaves hands its identity permit to its subject's next
+/// waiter together with the global permit it frees (no global waiter being
+/// there): a newcomer that comes before that waiter wakes up finds the
+/// global cap full and is refused; it does not take the permit the waiter
+/// is owed.
+#[tokio::test(start_paused = true)]
+async fn a_newcomer_does_not_take_the_global_permit_an_identity_waiter_is_owed() {
+    let layer = ConcurrencyLayer::builder()
+        .global(1, 0, Duration::ZERO)
+        .per_identity(1, 1, Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let mut svc = holding_service(&layer);
+    let a1 = svc.call(full_request(Some("a"))).await.unwrap();
+    let a2 = svc.call(full_request(Some("a")));
+    assert_eq!(layer.identity_queued("a"), 1);
+    drop(a1);
+    let newcomer = svc.call(full_request(None)).await.unwrap();
+    assert_eq!(newcomer.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(reason_of(&newcomer), Some(OverloadReason::QueueFull));
+    // a2 holds both permits before it is polled.
+    assert_eq!(layer.in_flight(), 1);
+    assert_eq!(layer.identity_in_flight("a"), 1);
+    let a2 = a2.await.unwrap();
+    assert_eq!(a2.status(), StatusCode::OK);
+    drop((newcomer, a2));
+    let stats = layer.stats();
+    assert_eq!(stats.refused_global_queue_full, 1);
+    assert_eq!((stats.global_in_flight, stats.tracked_identities), (0, 0));
+}
+
+/// The global permit a request frees goes to the first global waiter; the
+/// identity waiter it hands its own permit to takes a global place in the
+/// same step, so a newcomer that arrives before the identity waiter wakes
+/// up queues behind it and is served after it.
+#[tokio::test(start_paused = true)]
+async fn an_identity_waiter_joins_the_global_queue_before_a_newcomer() {
+    let layer = ConcurrencyLayer::builder()
+        .global(1, 2, Duration::from_secs(10))
+        .per_identity(1, 1, Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let mut svc = holding_service(&layer);
+    let a1 = svc.call(full_request(Some("a"))).await.unwrap();
+    let a2 = svc.call(full_request(Some("a")));
+    let g1 = svc.call(full_request(None));
+    assert_eq!((layer.in_flight(), layer.queued()), (1, 1));
+    drop(a1);
+    let g2 = svc.call(full_request(None));
+    let g1 = g1.await.unwrap();
+    assert_eq!(g1.status(), StatusCode::OK);
+    drop(g1);
+    // The permit g1 frees reaches a2, the first in the queue, not g2.
+    let a2 = tokio::time::timeout(Duration::from_secs(1), a2)
+        .await
+        .expect("a2 is served before g2")
+        .unwrap();
+    assert_eq!(a2.status(), StatusCode::OK);
+    // g2 still waits.
+    assert_eq!((layer.in_flight(), layer.queued()), (1, 1));
+    drop(a2);
+    let g2 = g2.await.unwrap();
+    assert_eq!(g2.status(), StatusCode::OK);
+    drop(g2);
+    let stats = layer.stats();
+    assert_eq!((stats.global_in_flight, stats.global_queued), (0, 0));
+    assert_eq!(
+        stats.refused_global_deadline + stats.refused_global_queue_full,
+        0
+    );
+    assert_eq!(stats.tracked_identities, 0);
+}
+
+/// Real worker threads race many distinct identities through a global cap
+/// of 8 with 8 places and a map of exactly 16 identities: requests are
+/// refused by the global cap (queue full) or by their own (queue full),
+/// never for the map, and each request is either admitted or counted in
+/// exactly one of those refusals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_map_sized_for_the_global_cap_never_refuses_across_worker_threads() {
+    const REQUESTS: usize = 8_000;
+    const USERS: usize = 1_000;
+    let layer = ConcurrencyLayer::builder()
+        .global(8, 8, Duration::from_secs(60))
+        .per_identity(1, 1, Duration::from_secs(60))
+        .max_identities(16)
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route(
+            "/",
+            get(|| async {
+                for _ in 0..2 {
+                    tokio::task::yield_now().await;
+                }
+                "ok"
+            }),
+        )
+        .layer(layer.clone());
+    let tasks: Vec<_> = (0..REQUESTS)
+        .map(|i| {
+            let app = app.clone();
+            tokio::spawn(async move {
+                let response = app
+                    .oneshot(request(Some(&format!("user-{}", i % USERS))))
+                    .await
+                    .unwrap();
+                let status = response.status();
+                let reason = reason_of(&response);
+                response.into_body().collect().await.unwrap();
+                (status, reason)
+            })
+        })
+        .collect();
+    let mut seen: BTreeMap<(u16, Option<&'static str>), usize> = BTreeMap::new();
+    for task in tasks {
+        let (status, reason) = task.await.unwrap();
+        *seen
+            .entry((status.as_u16(), reason.map(OverloadReason::as_str)))
+            .or_default() += 1;
+    }
+    let stats = layer.stats();
+    assert_eq!(stats.refused_too_many_identities, 0, "{seen:?}");
+    let admitted = seen.get(&(200, None)).copied().unwrap_or(0);
+    let global_full = seen.get(&(503, Some("queue-full"))).copied().unwrap_or(0);
+    let identity_full = seen.get(&(429, Some("queue-full"))).copied().unwrap_or(0);
+    assert_eq!(admitted + global_full + identity_full, REQUESTS, "{seen:?}");
+    assert_eq!(stats.refused_global_queue_full as usize, global_full);
+    assert_eq!(stats.refused_identity_queue_full as usize, identity_full);
+    assert_eq!(
+        stats.refused_global_deadline + stats.refused_identity_deadline,
+        0
+    );
+    assert_eq!((stats.global_in_flight, stats.global_queued), (0, 0));
+    assert_eq!(stats.tracked_identities, 0);
+}

@@ -31,7 +31,18 @@
 //!
 //! A request takes its identity permit first and the global permit second, so
 //! a caller over its own cap is refused without taking a place in the global
-//! queue. The worst-case queueing time is the sum of both deadlines.
+//! queue. The two are one step: a request that gets its identity permit
+//! takes the global permit, or a place in the global queue, at the same
+//! moment, and a request that leaves gives both back at once. When it hands
+//! its identity permit to its subject's next waiter, that waiter takes the
+//! global step in the same moment: the freed global permit goes to the first
+//! request of the global queue if one waits, and otherwise to that waiter;
+//! in the first case the waiter takes the freed place at the back of the
+//! global queue. So a leaving request's global permit never goes to a
+//! newcomer while a request waits in the global queue or for that request's
+//! identity permit, and a request handed its identity permit is never refused
+//! by a full global queue. The worst-case queueing time is the sum of both
+//! deadlines.
 //!
 //! # Refusals
 //!
@@ -99,12 +110,19 @@
 //! [`max_identities`](ConcurrencyLayerBuilder::max_identities) entries
 //! (default [`DEFAULT_MAX_IDENTITIES`]). When it is full, a request of a *new*
 //! subject is refused at once with 503 ([`OverloadReason::TooManyIdentities`])
-//! while subjects already tracked continue as normal. With a global cap
-//! configured the map can never hold more than `global.limit + global.queue`
-//! entries (a tracked subject always has a request holding or waiting for a
-//! global permit), so `max_identities >= global.limit + global.queue` means
-//! this refusal never happens. The map sits behind one mutex, taken twice per
-//! identified request.
+//! while subjects already tracked continue as normal.
+//!
+//! With a global cap configured, a subject has an entry only while one of its
+//! requests holds a global permit or a place in the global queue (both steps
+//! above are one), so the map never holds more than `global.limit +
+//! global.queue` entries. A new subject that finds the global cap full is
+//! refused by the global cap (503, [`OverloadReason::QueueFull`]) before the
+//! map is looked at. Hence with `max_identities >= global.limit +
+//! global.queue`, [`OverloadReason::TooManyIdentities`] never happens.
+//!
+//! The map sits behind one mutex, taken twice per identified request (to
+//! enter and to leave), each time with the global cap's mutex taken inside
+//! it; the global cap's mutex is never held while the map's is taken.
 //!
 //! # Example
 //!

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use ahash::RandomState;
 use hashbrown::HashTable;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 use tokio::sync::oneshot;
 
 use crate::reject::{OverloadScope, Rejection};
@@ -118,12 +118,50 @@ fn gauge_given_back(scope: OverloadScope, freed: bool) {
     }
 }
 
-/// One cap's permits and wait queue, kept under its owner's lock.
+/// The gauge moves of one step under the map's lock, applied once the locks
+/// are released.
+#[derive(Default)]
+struct Moves {
+    /// Global permits held, then waiters.
+    global: [isize; 2],
+    /// Identity permits held, then waiters.
+    identity: [isize; 2],
+    tracked: isize,
+}
+
+/// `after - before`, per count.
+fn moved(total: &mut [isize; 2], before: [usize; 2], after: [usize; 2]) {
+    for ((total, before), after) in total.iter_mut().zip(before).zip(after) {
+        *total += after as isize - before as isize;
+    }
+}
+
+impl Moves {
+    fn apply(self) {
+        for (scope, [held, queued]) in [
+            (OverloadScope::Global, self.global),
+            (OverloadScope::Identity, self.identity),
+        ] {
+            if held != 0 {
+                gauge_in_flight(scope, held as f64);
+            }
+            if queued != 0 {
+                gauge_queued(scope, queued as f64);
+            }
+        }
+        if self.tracked != 0 {
+            gauge_tracked_identities(self.tracked as f64);
+        }
+    }
+}
+
+/// One cap's permits and wait queue, kept under its owner's lock. `M` is
+/// what a waiter is handed with its permit.
 ///
 /// A permit given back goes to the first waiter still waiting, so while any
 /// waiter waits every permit is held: a newcomer never passes the queue.
-#[derive(Debug, Default)]
-struct Permits {
+#[derive(Debug)]
+struct Permits<M = ()> {
     /// Permits taken: requests running or sending their body, and waiters
     /// handed a permit they have not yet woken up to.
     held: usize,
@@ -131,24 +169,34 @@ struct Permits {
     queued: usize,
     /// The waiters in arrival order. A waiter that left keeps its (closed)
     /// sender here until it is skipped or swept.
-    queue: VecDeque<oneshot::Sender<()>>,
+    queue: VecDeque<oneshot::Sender<M>>,
+}
+
+impl<M> Default for Permits<M> {
+    fn default() -> Self {
+        Permits {
+            held: 0,
+            queued: 0,
+            queue: VecDeque::new(),
+        }
+    }
 }
 
 /// What [`Permits::take`] decided.
-enum Take {
+enum Take<M = ()> {
     Held,
-    Queued(oneshot::Receiver<()>),
+    Queued(oneshot::Receiver<M>),
     QueueFull,
 }
 
-impl Permits {
+impl<M> Permits<M> {
     /// Takes a permit if one is free, or else a place at the back of the
     /// queue if fewer than `limits.queue` wait.
     ///
     /// One step under the owner's lock: a permit given back between a failed
     /// take and the enqueue would reach no waiter, and this one would wait
     /// with a permit free.
-    fn take(&mut self, limits: &Limits) -> Take {
+    fn take(&mut self, limits: &Limits) -> Take<M> {
         if self.held < limits.limit {
             self.held += 1;
             return Take::Held;
@@ -170,6 +218,21 @@ impl Permits {
         Take::Queued(rx)
     }
 
+    /// True when [`take`](Self::take) would refuse.
+    fn is_full(&self, limits: &Limits) -> bool {
+        self.held >= limits.limit && self.queued >= limits.queue
+    }
+
+    fn counts(&self) -> [usize; 2] {
+        [self.held, self.queued]
+    }
+
+    fn is_idle(&self) -> bool {
+        self.held == 0 && self.queued == 0
+    }
+}
+
+impl Permits {
     /// Gives one permit back: to the first waiter still waiting (true), or
     /// to the cap (false).
     fn release(&mut self) -> bool {
@@ -201,9 +264,116 @@ impl Permits {
             false
         }
     }
+}
 
-    fn is_idle(&self) -> bool {
-        self.held == 0 && self.queued == 0
+/// What a request waiting in its identity queue is handed with its
+/// identity permit: the global step, taken for it in the same locked step
+/// that handed the permit over, so no newcomer can take the global permit
+/// between the two.
+#[derive(Debug)]
+enum Handoff {
+    /// The global permit too (or there is no global cap).
+    Held,
+    /// A place at the back of the global queue.
+    Queued(oneshot::Receiver<()>),
+    /// Nothing: the global queue was full, so the request is refused. A
+    /// request that leaves always frees a global permit or place for the
+    /// waiter it hands its identity permit to, so this is a backstop only.
+    Refused,
+}
+
+impl Permits<Handoff> {
+    /// Gives an identity permit back: to the first waiter still waiting,
+    /// with its global step taken for it from `global` (the global cap,
+    /// locked), or else to the entry.
+    fn release_identity(&mut self, mut global: Option<&mut GlobalLocked<'_>>) {
+        while let Some(tx) = self.queue.pop_front() {
+            if tx.is_closed() {
+                continue;
+            }
+            let handoff = match global.as_deref_mut() {
+                None => Handoff::Held,
+                Some(g) => match g.take() {
+                    Take::Held => Handoff::Held,
+                    Take::Queued(rx) => Handoff::Queued(rx),
+                    Take::QueueFull => Handoff::Refused,
+                },
+            };
+            let refused = matches!(handoff, Handoff::Refused);
+            match tx.send(handoff) {
+                Ok(()) => {
+                    self.queued -= 1;
+                    if !refused {
+                        return;
+                    }
+                }
+                // It left meanwhile: what was taken for it goes back.
+                Err(handoff) => {
+                    if let Some(g) = global.as_deref_mut() {
+                        g.give_back(Given::from(handoff));
+                    }
+                }
+            }
+        }
+        self.held -= 1;
+    }
+}
+
+/// The global cap locked, taken under the map's lock (always in that
+/// order), with its counts when it was locked.
+struct GlobalLocked<'a> {
+    limits: &'a Limits,
+    permits: MutexGuard<'a, Permits>,
+    before: [usize; 2],
+}
+
+/// What a request gives back of the global cap.
+enum Given {
+    Nothing,
+    Permit,
+    /// A place in the queue, with the permit handed to it meanwhile if any.
+    Place(oneshot::Receiver<()>),
+}
+
+impl From<Handoff> for Given {
+    fn from(handoff: Handoff) -> Self {
+        match handoff {
+            Handoff::Held => Given::Permit,
+            Handoff::Queued(rx) => Given::Place(rx),
+            Handoff::Refused => Given::Nothing,
+        }
+    }
+}
+
+impl<'a> GlobalLocked<'a> {
+    fn lock(cap: &'a Cap) -> Self {
+        let permits = cap.permits.lock();
+        GlobalLocked {
+            limits: &cap.limits,
+            before: permits.counts(),
+            permits,
+        }
+    }
+
+    fn take(&mut self) -> Take {
+        self.permits.take(self.limits)
+    }
+
+    fn give_back(&mut self, given: Given) {
+        match given {
+            Given::Nothing => {}
+            Given::Permit => {
+                self.permits.release();
+            }
+            Given::Place(mut rx) => {
+                self.permits.give_back(Some(&mut rx));
+            }
+        }
+    }
+
+    /// Releases the lock and records how the counts moved.
+    fn unlock(self, moves: &mut Moves) {
+        moved(&mut moves.global, self.before, self.permits.counts());
     }
 }
 
@@ -230,12 +400,14 @@ impl Cap {
         self.permits.lock().queued
     }
 
+    /// The global step of a request without an identity entry.
     fn take(&self) -> Take {
         let take = self.permits.lock().take(&self.limits);
         gauge_taken(OverloadScope::Global, &take);
         take
     }
 
+    /// Gives back what a request without an identity entry holds.
     fn give_back(&self, rx: Option<&mut oneshot::Receiver<()>>) {
         let freed = self.permits.lock().give_back(rx);
         gauge_given_back(OverloadScope::Global, freed);
@@ -245,6 +417,10 @@ impl Cap {
 /// The per-identity caps: one [`Entry`] per subject that has a request in
 /// flight or queued, under one lock: a subject alone in flight costs no
 /// allocation.
+///
+/// With a global cap, every step that changes an entry takes the global
+/// cap's lock inside this one, and a subject has an entry only while one of
+/// its requests holds or waits for a global permit.
 #[derive(Debug)]
 pub(crate) struct PerIdentity {
     pub(crate) limits: Limits,
@@ -259,7 +435,7 @@ pub(crate) struct PerIdentity {
 struct Entry {
     key: Arc<str>,
     hash: u64,
-    permits: Permits,
+    permits: Permits<Handoff>,
 }
 
 impl Entry {
@@ -276,71 +452,7 @@ struct EntryRef {
     hash: u64,
 }
 
-/// What [`PerIdentity::enter`] decided.
-enum Enter {
-    Held(EntryRef),
-    Queued(EntryRef, oneshot::Receiver<()>),
-    QueueFull,
-    TooManyIdentities,
-}
-
 impl PerIdentity {
-    /// Takes a permit of `subject`, or a place in its queue.
-    fn enter(&self, subject: &Arc<str>) -> Enter {
-        let hash = self.hasher.hash_one(&**subject);
-        let mut map = self.map.lock();
-        if let Some(entry) = map.find_mut(hash, |e| e.is(subject)) {
-            let at = EntryRef {
-                key: Arc::clone(&entry.key),
-                hash,
-            };
-            let take = entry.permits.take(&self.limits);
-            drop(map);
-            gauge_taken(OverloadScope::Identity, &take);
-            return match take {
-                Take::Held => Enter::Held(at),
-                Take::Queued(rx) => Enter::Queued(at, rx),
-                Take::QueueFull => Enter::QueueFull,
-            };
-        }
-        if map.len() >= self.map_limits.limit {
-            return Enter::TooManyIdentities;
-        }
-        let entry = Entry {
-            key: Arc::clone(subject),
-            hash,
-            permits: Permits {
-                held: 1,
-                ..Permits::default()
-            },
-        };
-        map.insert_unique(hash, entry, |e| e.hash);
-        drop(map);
-        gauge_tracked_identities(1.0);
-        gauge_in_flight(OverloadScope::Identity, 1.0);
-        Enter::Held(EntryRef {
-            key: Arc::clone(subject),
-            hash,
-        })
-    }
-
-    /// [`Permits::give_back`] for `at`'s subject; the last to go removes the
-    /// entry.
-    fn give_back(&self, at: &EntryRef, rx: Option<&mut oneshot::Receiver<()>>) {
-        let mut map = self.map.lock();
-        // Never `Err`: an entry lives while it has a permit or a waiter.
-        let Ok(mut found) = map.find_entry(at.hash, |e| Arc::ptr_eq(&e.key, &at.key)) else {
-            return;
-        };
-        let freed = found.get_mut().permits.give_back(rx);
-        let removed = found.get().permits.is_idle().then(|| found.remove().0);
-        drop(map);
-        gauge_given_back(OverloadScope::Identity, freed);
-        if removed.is_some() {
-            gauge_tracked_identities(-1.0);
-        }
-    }
-
     pub(crate) fn len(&self) -> usize {
         self.map.lock().len()
     }
@@ -365,44 +477,157 @@ fn gauge_tracked_identities(delta: f64) {
     let _ = delta;
 }
 
-/// Which cap a waiter waits for.
-enum Place {
-    Global,
-    Identity(EntryRef),
+/// What the identified step of [`Shared::begin`] decided.
+enum Step {
+    /// The identity permit, and the global permit if there is a global cap.
+    Held(EntryRef),
+    /// The identity permit and a place in the global queue.
+    GlobalQueued(EntryRef, oneshot::Receiver<()>),
+    /// A place in the identity queue.
+    IdentityQueued(EntryRef, oneshot::Receiver<Handoff>),
+    IdentityQueueFull,
+    GlobalQueueFull,
+    TooManyIdentities,
 }
 
-/// A request in a queue. Leaving it by any path (including cancellation)
-/// frees the place.
-struct Waiter {
+/// What a request of a tracked subject gives back when it leaves.
+enum Leave {
+    /// Admitted: its identity permit and, when it holds one, its global
+    /// permit.
+    Admitted { global: bool },
+    /// Its identity permit and its place in the global queue.
+    GlobalQueue(oneshot::Receiver<()>),
+    /// Its place in the identity queue, or what it was handed meanwhile.
+    IdentityQueue(oneshot::Receiver<Handoff>),
+}
+
+/// A request in the global queue. Leaving it by any path (including
+/// cancellation) frees the place, and the identity permit it holds.
+struct GlobalWaiter {
     shared: Arc<Shared>,
+    identity: Option<EntryRef>,
     /// `None` once the waiter holds its permit.
-    place: Option<Place>,
-    rx: oneshot::Receiver<()>,
+    rx: Option<oneshot::Receiver<()>>,
 }
 
-impl Waiter {
-    /// Waits for a permit for at most `deadline`.
-    async fn wait(mut self, deadline: Duration) -> Option<Place> {
-        match tokio::time::timeout(deadline, &mut self.rx).await {
-            Ok(Ok(())) => self.place.take(),
-            // Timed out (no sender is dropped before its waiter left).
-            Ok(Err(_)) | Err(_) => None,
+impl GlobalWaiter {
+    /// Waits for a global permit for at most the global deadline.
+    async fn wait(mut self) -> Result<Guard, Refusal> {
+        let limits = match &self.shared.global {
+            Some(cap) => cap.limits,
+            None => unreachable!("a global waiter without a global cap"),
+        };
+        if let Some(rx) = &mut self.rx {
+            // Timed out, or (never: no sender is dropped before its waiter
+            // left) the sender is gone.
+            if let Ok(Ok(())) = tokio::time::timeout(limits.deadline, rx).await {
+                self.rx = None;
+                return Ok(Guard {
+                    shared: Arc::clone(&self.shared),
+                    global: true,
+                    identity: self.identity.take(),
+                });
+            }
+        }
+        let shared = Arc::clone(&self.shared);
+        drop(self);
+        Err(shared.refuse(
+            OverloadScope::Global,
+            OverloadReason::DeadlinePassed,
+            &limits,
+        ))
+    }
+}
+
+impl Drop for GlobalWaiter {
+    fn drop(&mut self) {
+        let Some(mut rx) = self.rx.take() else {
+            return;
+        };
+        match (&self.identity, &self.shared.per_identity) {
+            (Some(at), Some(ids)) => self.shared.leave(ids, at, Leave::GlobalQueue(rx)),
+            _ => {
+                if let Some(cap) = &self.shared.global {
+                    cap.give_back(Some(&mut rx));
+                }
+            }
         }
     }
 }
 
-impl Drop for Waiter {
+/// A request in its identity queue. Leaving it by any path (including
+/// cancellation) frees the place, and whatever it was handed meanwhile.
+struct IdentityWaiter {
+    shared: Arc<Shared>,
+    at: EntryRef,
+    /// `None` once the waiter was handed its permit.
+    rx: Option<oneshot::Receiver<Handoff>>,
+}
+
+impl IdentityWaiter {
+    /// Waits for an identity permit for at most the identity deadline, then
+    /// for the global permit if it was handed a place in the global queue.
+    async fn wait(mut self) -> Result<Guard, Refusal> {
+        let limits = match &self.shared.per_identity {
+            Some(ids) => ids.limits,
+            None => unreachable!("an identity waiter without a per-identity cap"),
+        };
+        let handoff = match &mut self.rx {
+            Some(rx) => tokio::time::timeout(limits.deadline, rx).await,
+            None => unreachable!("waited twice"),
+        };
+        let shared = Arc::clone(&self.shared);
+        let Ok(Ok(handoff)) = handoff else {
+            drop(self);
+            return Err(shared.refuse(
+                OverloadScope::Identity,
+                OverloadReason::DeadlinePassed,
+                &limits,
+            ));
+        };
+        self.rx = None;
+        let at = EntryRef {
+            key: Arc::clone(&self.at.key),
+            hash: self.at.hash,
+        };
+        drop(self);
+        match handoff {
+            Handoff::Held => Ok(Guard {
+                global: shared.global.is_some(),
+                identity: Some(at),
+                shared,
+            }),
+            Handoff::Queued(rx) => {
+                GlobalWaiter {
+                    shared,
+                    identity: Some(at),
+                    rx: Some(rx),
+                }
+                .wait()
+                .await
+            }
+            Handoff::Refused => {
+                let limits = match &shared.global {
+                    Some(cap) => cap.limits,
+                    None => unreachable!("refused by a global cap that is not there"),
+                };
+                Err(shared.refuse(OverloadScope::Global, OverloadReason::QueueFull, &limits))
+            }
+        }
+    }
+}
+
+impl Drop for IdentityWaiter {
     fn drop(&mut self) {
-        match (&self.place, &self.shared.global, &self.shared.per_identity) {
-            (Some(Place::Global), Some(cap), _) => cap.give_back(Some(&mut self.rx)),
-            (Some(Place::Identity(at)), _, Some(ids)) => ids.give_back(at, Some(&mut self.rx)),
-            _ => {}
+        if let (Some(rx), Some(ids)) = (self.rx.take(), &self.shared.per_identity) {
+            self.shared.leave(ids, &self.at, Leave::IdentityQueue(rx));
         }
     }
 }
 
 /// Everything a request holds while it is admitted. Dropping it releases the
-/// permits (and the identity's map entry when it was the last user).
+/// permits (and the identity's map entry when it was the last user), in one
+/// step under the map's lock for a tracked subject.
 pub(crate) struct Guard {
     shared: Arc<Shared>,
     global: bool,
@@ -411,12 +636,16 @@ pub(crate) struct Guard {
 
 impl Drop for Guard {
     fn drop(&mut self) {
-        // The global permit first, as a waiter for it may hold the other.
-        if let (true, Some(cap)) = (self.global, &self.shared.global) {
-            cap.give_back(None);
-        }
-        if let (Some(ids), Some(at)) = (&self.shared.per_identity, &self.identity) {
-            ids.give_back(at, None);
+        match (&self.identity, &self.shared.per_identity) {
+            (Some(at), Some(ids)) => {
+                let global = self.global;
+                self.shared.leave(ids, at, Leave::Admitted { global });
+            }
+            _ => {
+                if let (true, Some(cap)) = (self.global, &self.shared.global) {
+                    cap.give_back(None);
+                }
+            }
         }
     }
 }
@@ -532,93 +761,215 @@ impl Shared {
     /// now, refuse at once when a queue is full, or hand back a future that
     /// waits in the queue(s).
     pub(crate) fn begin(self: &Arc<Self>, subject: Option<&Arc<str>>) -> Begin {
-        let mut guard = Guard {
-            shared: Arc::clone(self),
-            global: false,
-            identity: None,
-        };
         if let (Some(ids), Some(subject)) = (&self.per_identity, subject) {
-            let limits = ids.limits;
-            match ids.enter(subject) {
-                Enter::Held(at) => guard.identity = Some(at),
-                Enter::Queued(at, rx) => {
-                    let waiter = Waiter {
-                        shared: Arc::clone(self),
-                        place: Some(Place::Identity(at)),
-                        rx,
-                    };
-                    return Begin::Wait(Box::pin(async move {
-                        let Some(Place::Identity(at)) = waiter.wait(limits.deadline).await else {
-                            return Err(guard.shared.refuse(
-                                OverloadScope::Identity,
-                                OverloadReason::DeadlinePassed,
-                                &limits,
-                            ));
-                        };
-                        guard.identity = Some(at);
-                        let shared = Arc::clone(&guard.shared);
-                        match shared.begin_global(guard) {
-                            Begin::Ready(guard) => Ok(guard),
-                            Begin::Refused(refusal) => Err(refusal),
-                            Begin::Wait(fut) => fut.await,
-                        }
-                    }));
-                }
-                Enter::QueueFull => {
-                    return Begin::Refused(self.refuse(
-                        OverloadScope::Identity,
-                        OverloadReason::QueueFull,
-                        &limits,
-                    ))
-                }
-                Enter::TooManyIdentities => {
-                    return Begin::Refused(self.refuse(
-                        OverloadScope::Global,
-                        OverloadReason::TooManyIdentities,
-                        &ids.map_limits,
-                    ))
-                }
-            }
+            return self.begin_identified(ids, subject);
         }
-        self.begin_global(guard)
+        let Some(cap) = &self.global else {
+            return Begin::Ready(Guard {
+                shared: Arc::clone(self),
+                global: false,
+                identity: None,
+            });
+        };
+        match cap.take() {
+            Take::Held => Begin::Ready(Guard {
+                shared: Arc::clone(self),
+                global: true,
+                identity: None,
+            }),
+            Take::Queued(rx) => Begin::Wait(Box::pin(
+                GlobalWaiter {
+                    shared: Arc::clone(self),
+                    identity: None,
+                    rx: Some(rx),
+                }
+                .wait(),
+            )),
+            Take::QueueFull => Begin::Refused(self.refuse(
+                OverloadScope::Global,
+                OverloadReason::QueueFull,
+                &cap.limits,
+            )),
+        }
     }
 
-    fn begin_global(self: &Arc<Self>, mut guard: Guard) -> Begin {
-        let Some(cap) = &self.global else {
-            return Begin::Ready(guard);
-        };
-        let limits = cap.limits;
-        let rx = match cap.take() {
-            Take::Held => {
-                guard.global = true;
-                return Begin::Ready(guard);
+    /// Admission of a request of `subject`: its identity step and then the
+    /// global step, in one step under the map's lock, so the subject has an
+    /// entry only while one of its requests holds or waits for a global
+    /// permit.
+    fn begin_identified(self: &Arc<Self>, ids: &PerIdentity, subject: &Arc<str>) -> Begin {
+        let hash = ids.hasher.hash_one(&**subject);
+        let mut moves = Moves::default();
+        let mut map = ids.map.lock();
+        let step = if let Some(entry) = map.find_mut(hash, |e| e.is(subject)) {
+            let at = EntryRef {
+                key: Arc::clone(&entry.key),
+                hash,
+            };
+            let before = entry.permits.counts();
+            let step = if entry.permits.held < ids.limits.limit {
+                // One of its own permits is free (so none of its requests
+                // waits for one): the global step decides.
+                let take = match self.global.as_ref().map(GlobalLocked::lock) {
+                    Some(mut global) => {
+                        let take = global.take();
+                        global.unlock(&mut moves);
+                        take
+                    }
+                    None => Take::Held,
+                };
+                match take {
+                    Take::Held => {
+                        entry.permits.held += 1;
+                        Step::Held(at)
+                    }
+                    Take::Queued(rx) => {
+                        entry.permits.held += 1;
+                        Step::GlobalQueued(at, rx)
+                    }
+                    Take::QueueFull => Step::GlobalQueueFull,
+                }
+            } else {
+                match entry.permits.take(&ids.limits) {
+                    Take::Queued(rx) => Step::IdentityQueued(at, rx),
+                    Take::Held | Take::QueueFull => Step::IdentityQueueFull,
+                }
+            };
+            moved(&mut moves.identity, before, entry.permits.counts());
+            step
+        } else {
+            let mut global = self.global.as_ref().map(GlobalLocked::lock);
+            // The global refusal first: with `max_identities >= limit +
+            // queue` of the global cap, the map is never full while the
+            // global cap has a permit or a place.
+            let step = if global.as_ref().is_some_and(|g| g.permits.is_full(g.limits)) {
+                Step::GlobalQueueFull
+            } else if map.len() >= ids.map_limits.limit {
+                Step::TooManyIdentities
+            } else {
+                let at = EntryRef {
+                    key: Arc::clone(subject),
+                    hash,
+                };
+                let step = match global.as_mut().map(GlobalLocked::take) {
+                    None | Some(Take::Held) => Step::Held(at),
+                    Some(Take::Queued(rx)) => Step::GlobalQueued(at, rx),
+                    Some(Take::QueueFull) => unreachable!("checked above"),
+                };
+                let entry = Entry {
+                    key: Arc::clone(subject),
+                    hash,
+                    permits: Permits {
+                        held: 1,
+                        ..Permits::default()
+                    },
+                };
+                map.insert_unique(hash, entry, |e| e.hash);
+                moves.identity[0] += 1;
+                moves.tracked += 1;
+                step
+            };
+            if let Some(global) = global {
+                global.unlock(&mut moves);
             }
-            Take::Queued(rx) => rx,
-            Take::QueueFull => {
-                return Begin::Refused(self.refuse(
+            step
+        };
+        drop(map);
+        moves.apply();
+        match step {
+            Step::Held(at) => Begin::Ready(Guard {
+                shared: Arc::clone(self),
+                global: self.global.is_some(),
+                identity: Some(at),
+            }),
+            Step::GlobalQueued(at, rx) => Begin::Wait(Box::pin(
+                GlobalWaiter {
+                    shared: Arc::clone(self),
+                    identity: Some(at),
+                    rx: Some(rx),
+                }
+                .wait(),
+            )),
+            Step::IdentityQueued(at, rx) => Begin::Wait(Box::pin(
+                IdentityWaiter {
+                    shared: Arc::clone(self),
+                    at,
+                    rx: Some(rx),
+                }
+                .wait(),
+            )),
+            Step::IdentityQueueFull => Begin::Refused(self.refuse(
+                OverloadScope::Identity,
+                OverloadReason::QueueFull,
+                &ids.limits,
+            )),
+            Step::GlobalQueueFull => {
+                let limits = match &self.global {
+                    Some(cap) => cap.limits,
+                    None => unreachable!("refused by a global cap that is not there"),
+                };
+                Begin::Refused(self.refuse(
                     OverloadScope::Global,
                     OverloadReason::QueueFull,
                     &limits,
                 ))
             }
-        };
-        let waiter = Waiter {
-            shared: Arc::clone(self),
-            place: Some(Place::Global),
-            rx,
-        };
-        Begin::Wait(Box::pin(async move {
-            if waiter.wait(limits.deadline).await.is_some() {
-                guard.global = true;
-                Ok(guard)
-            } else {
-                Err(guard.shared.refuse(
-                    OverloadScope::Global,
-                    OverloadReason::DeadlinePassed,
-                    &limits,
-                ))
+            Step::TooManyIdentities => Begin::Refused(self.refuse(
+                OverloadScope::Global,
+                OverloadReason::TooManyIdentities,
+                &ids.map_limits,
+            )),
+        }
+    }
+
+    /// A request of `at`'s subject leaves: in one step under the map's lock
+    /// (and the global cap's inside it), it gives back its global permit or
+    /// place, then its identity permit, which goes to the subject's first
+    /// waiter with the global step taken for it; the last to go removes the
+    /// entry.
+    fn leave(&self, ids: &PerIdentity, at: &EntryRef, leave: Leave) {
+        let mut moves = Moves::default();
+        let mut map = ids.map.lock();
+        // What it gives back of the global cap, and whether it gives back
+        // an identity permit (or else a place in the identity queue).
+        let (given, permit) = match leave {
+            Leave::Admitted { global: true } => (Given::Permit, true),
+            Leave::Admitted { global: false } => (Given::Nothing, true),
+            Leave::GlobalQueue(rx) => (Given::Place(rx), true),
+            Leave::IdentityQueue(mut rx) => {
+                rx.close();
+                match rx.try_recv() {
+                    Ok(Handoff::Refused) => return,
+                    Ok(handoff) => (Given::from(handoff), true),
+                    Err(_) => (Given::Nothing, false),
+                }
             }
-        }))
+        };
+        // Never `Err`: an entry lives while it has a permit or a waiter.
+        let Ok(mut found) = map.find_entry(at.hash, |e| Arc::ptr_eq(&e.key, &at.key)) else {
+            return;
+        };
+        let permits = &mut found.get_mut().permits;
+        let before = permits.counts();
+        if permit {
+            let mut global = self.global.as_ref().map(GlobalLocked::lock);
+            if let Some(global) = &mut global {
+                global.give_back(given);
+            }
+            permits.release_identity(global.as_mut());
+            if let Some(global) = global {
+                global.unlock(&mut moves);
+            }
+        } else {
+            permits.queued -= 1;
+        }
+        moved(&mut moves.identity, before, permits.counts());
+        if permits.is_idle() {
+            found.remove();
+            moves.tracked -= 1;
+        }
+        drop(map);
+        moves.apply();
     }
 
     pub(crate) fn stats(&self) -> ConcurrencyStats {
