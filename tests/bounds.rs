@@ -1230,3 +1230,290 @@ fn a_cursor_of_non_ascii_characters_is_refused_for_its_characters_not_its_bytes(
         Some("a".repeat(64))
     );
 }
+
+#[tokio::test]
+async fn unknown_names_that_share_their_first_64_characters_stay_distinct() {
+    let prefix = "p".repeat(64);
+    let echoed = format!("{prefix}…");
+    let unknown = |reason: &str| InvalidParameter::new(echoed.as_str(), reason);
+    // Two names differing only at character 65, one of them repeated: two
+    // entries, each echoed cut to 64 characters.
+    let query = format!("{prefix}a=1&{prefix}b=2&{prefix}a=3");
+    assert_eq!(
+        rules().validate(Some(&query)).unwrap_err(),
+        vec![unknown("unknown parameter"), unknown("unknown parameter")]
+    );
+    let (status, doc) = get_query(&query_app(rules()), &query).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(names(&doc), [echoed.clone(), echoed.clone()]);
+
+    // Past the listed ten they are counted apart too: the two names, once
+    // each, are two more.
+    let mut query: String = (0..9).map(|i| format!("u{i}=1&")).collect();
+    query.push_str(&format!("{prefix}a=1&{prefix}b=1&{prefix}c=1&{prefix}b=2"));
+    let err = rules().validate(Some(&query)).unwrap_err();
+    assert_eq!(err.len(), 10);
+    assert_eq!(
+        err[9],
+        unknown("unknown parameter; 2 more unknown parameters not listed")
+    );
+}
+
+// ---------------------------------------------------------------- where the coded data ends
+
+fn zlib(data: &[u8]) -> Vec<u8> {
+    let mut enc = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
+    enc.write_all(data).unwrap();
+    enc.finish().unwrap()
+}
+
+/// `data` through one of the codecs the decoder uses, as one stream.
+fn encode(mut coder: impl compression_codecs::EncodeV2, data: &[u8]) -> Vec<u8> {
+    use compression_codecs::core::util::{PartialBuffer, WriteBuffer};
+    let mut out = vec![0u8; data.len() + 1024];
+    let mut input = PartialBuffer::new(data);
+    let mut output = WriteBuffer::new_initialized(&mut out);
+    while !input.unwritten().is_empty() {
+        coder.encode(&mut input, &mut output).unwrap();
+    }
+    while !coder.finish(&mut output).unwrap() {}
+    let len = output.written_len();
+    out.truncate(len);
+    out
+}
+
+fn zstd(data: &[u8]) -> Vec<u8> {
+    encode(compression_codecs::ZstdEncoder::new(3), data)
+}
+
+fn brotli(data: &[u8]) -> Vec<u8> {
+    encode(
+        compression_codecs::BrotliEncoder::new(Default::default()),
+        data,
+    )
+}
+
+fn concat(parts: &[&[u8]]) -> Vec<u8> {
+    parts.concat()
+}
+
+/// A route that takes the whole body with axum's `Bytes` and echoes it,
+/// counting its calls: a refused body never gets to it.
+fn echo_app(wire: usize, decoded: usize, calls: Arc<AtomicU64>) -> Router {
+    Router::new()
+        .route(
+            "/echo",
+            post(
+                |State(calls): State<Arc<AtomicU64>>, body: Bytes| async move {
+                    calls.fetch_add(1, Ordering::SeqCst);
+                    body
+                },
+            ),
+        )
+        .route("/stream", post(count_body))
+        .with_state(calls)
+        .layer(BodyLimitsLayer::new(wire, decoded))
+}
+
+/// A POST of `sent` in `content-encoding: coding`, as one frame, or as
+/// frames of `frame` bytes.
+fn coded(path: &str, coding: &str, sent: &[u8], frame: Option<usize>) -> Request<Body> {
+    coded_frames(path, coding, sent, frame, false)
+}
+
+/// As [`coded`]; with `pending`, the body is not ready once before each
+/// frame, so the decoder hands over what it has decoded so far.
+fn coded_frames(
+    path: &str,
+    coding: &str,
+    sent: &[u8],
+    frame: Option<usize>,
+    pending: bool,
+) -> Request<Body> {
+    use futures_util::StreamExt;
+    let body = match frame {
+        None => Body::from(sent.to_vec()),
+        Some(n) => {
+            let frames: Vec<Result<Bytes, std::io::Error>> = sent
+                .chunks(n)
+                .map(|c| Ok(Bytes::copy_from_slice(c)))
+                .collect();
+            if pending {
+                Body::from_stream(stream::iter(frames).then(|frame| async move {
+                    tokio::task::yield_now().await;
+                    frame
+                }))
+            } else {
+                Body::from_stream(stream::iter(frames))
+            }
+        }
+    };
+    Request::post(path)
+        .header(header::CONTENT_ENCODING, coding)
+        .body(body)
+        .unwrap()
+}
+
+#[tokio::test]
+async fn every_member_of_a_multi_member_gzip_body_reaches_the_handler() {
+    let two_members = concat(&[&gzip(b"hello "), &gzip(b"world")]);
+    let three_members = concat(&[&gzip(b"hello"), &gzip(b""), &gzip(b" world")]);
+    let two_zstd_frames = concat(&[&zstd(b"hello "), &zstd(b"world")]);
+    let cases: [(&str, &[u8]); 3] = [
+        ("gzip", &two_members),
+        ("gzip", &three_members),
+        ("zstd", &two_zstd_frames),
+    ];
+    for (coding, sent) in cases {
+        // One frame, a member boundary inside a frame, one byte a frame,
+        // and frames that are not ready at once.
+        let framings = [
+            (None, false),
+            (Some(7), false),
+            (Some(1), false),
+            (Some(3), true),
+        ];
+        for (frame, pending) in framings {
+            let calls = Arc::new(AtomicU64::new(0));
+            let app = echo_app(MIB, MIB, calls.clone());
+            let req = coded_frames("/echo", coding, sent, frame, pending);
+            let (status, response) = send(&app, req).await;
+            assert_eq!(status, StatusCode::OK, "{coding} {frame:?}");
+            assert_eq!(text(response).await, "hello world", "{coding} {frame:?}");
+            assert_eq!(calls.load(Ordering::SeqCst), 1, "{coding} {frame:?}");
+        }
+    }
+    // One stream of each coding, as before.
+    let single: [(&str, Vec<u8>); 4] = [
+        ("gzip", gzip(b"hello world")),
+        ("deflate", zlib(b"hello world")),
+        ("br", brotli(b"hello world")),
+        ("zstd", zstd(b"hello world")),
+    ];
+    for (coding, sent) in single {
+        let calls = Arc::new(AtomicU64::new(0));
+        let app = echo_app(MIB, MIB, calls.clone());
+        let (status, response) = send(&app, coded("/echo", coding, &sent, Some(3))).await;
+        assert_eq!(status, StatusCode::OK, "{coding}");
+        assert_eq!(text(response).await, "hello world", "{coding}");
+    }
+}
+
+#[tokio::test]
+async fn bytes_after_the_coded_data_are_400_naming_the_body_and_the_handler_never_runs() {
+    let hello = gzip(b"hello ");
+    let truncated = &gzip(b"hello world")[..12];
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        (
+            "gzip",
+            concat(&[&hello, b"garbage"]),
+            "bytes that are not another gzip member follow the end of the gzip data",
+        ),
+        (
+            "gzip",
+            concat(&[&hello, &[0; 8]]),
+            "bytes that are not another gzip member follow the end of the gzip data",
+        ),
+        (
+            "gzip",
+            concat(&[&hello, &gzip(b"world"), b"\n"]),
+            "bytes that are not another gzip member follow the end of the gzip data",
+        ),
+        (
+            "gzip",
+            truncated.to_vec(),
+            "the gzip data ends before it is complete",
+        ),
+        (
+            "deflate",
+            concat(&[&zlib(b"hello "), b"garbage"]),
+            "bytes follow the end of the deflate data",
+        ),
+        (
+            "deflate",
+            concat(&[&zlib(b"hello "), &zlib(b"world")]),
+            "bytes follow the end of the deflate data",
+        ),
+        (
+            "br",
+            concat(&[&brotli(b"hello "), b"garbage"]),
+            "bytes follow the end of the br data",
+        ),
+        (
+            "zstd",
+            concat(&[&zstd(b"hello "), b"garbage"]),
+            "bytes that are not another zstd frame follow the end of the zstd data",
+        ),
+    ];
+    for (coding, sent, reason) in &cases {
+        // The extra bytes in the member's own frame, and in a frame of their
+        // own, byte by byte.
+        for frame in [None, Some(1)] {
+            let what = format!("{coding} {sent:?} {frame:?}");
+            let calls = Arc::new(AtomicU64::new(0));
+            let app = echo_app(MIB, MIB, calls.clone());
+            let (status, response) = send(&app, coded("/echo", coding, sent, frame)).await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{what}");
+            assert_eq!(
+                response.extensions().get::<Rejection>(),
+                Some(&Rejection::InvalidParameters(vec![InvalidParameter::new(
+                    "body", *reason
+                )])),
+                "{what}"
+            );
+            let doc = problem(response).await;
+            assert_eq!(doc["status"], 400, "{what}");
+            assert_eq!(names(&doc), ["body"], "{what}");
+            assert_eq!(calls.load(Ordering::SeqCst), 0, "{what}");
+        }
+    }
+    // A handler that streams the body gets the error, and its own answer is
+    // replaced all the same. The 6 decoded bytes, still held back when the
+    // garbage came, are dropped with it.
+    let seen = Arc::new(AtomicU64::new(0));
+    let app = echo_app(MIB, MIB, seen.clone());
+    let (status, response) = send(&app, coded("/stream", "gzip", &cases[0].1, None)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(names(&problem(response).await), ["body"]);
+    assert_eq!(seen.load(Ordering::SeqCst), 0);
+    // Past a full 4 KiB frame, that frame has been handed over first.
+    let long = concat(&[&gzip(&[b'a'; 5000]), b"garbage"]);
+    let seen = Arc::new(AtomicU64::new(0));
+    let app = echo_app(MIB, MIB, seen.clone());
+    let (status, _) = send(&app, coded("/stream", "gzip", &long, None)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(seen.load(Ordering::SeqCst), 4096);
+    // gRPC gets INVALID_ARGUMENT.
+    let grpc = Request::post("/echo")
+        .header(header::CONTENT_TYPE, "application/grpc")
+        .header(header::CONTENT_ENCODING, "gzip")
+        .body(Body::from(cases[0].1.clone()))
+        .unwrap();
+    let (status, response) = send(&app, grpc).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(response.headers()["grpc-status"], "3");
+}
+
+#[tokio::test]
+async fn a_gzip_bomb_split_into_members_is_413_decoded_bytes_at_the_cap_over_all_members() {
+    // 16 members of 4 MiB of zeros each: every member is under the 8 MiB
+    // cap, all of them together are 64 MiB.
+    let member = gzip_zeros(4 * MIB);
+    let bomb: Vec<u8> = std::iter::repeat_n(&member[..], 16)
+        .collect::<Vec<_>>()
+        .concat();
+    assert!(bomb.len() < 2 * MIB, "bomb is {} bytes", bomb.len());
+    for path in ["/stream", "/echo"] {
+        let seen = Arc::new(AtomicU64::new(0));
+        let app = echo_app(2 * MIB, 8 * MIB, seen.clone());
+        let (status, response) = send(&app, coded(path, "gzip", &bomb, Some(16 * KIB))).await;
+        assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{path}");
+        let doc = problem(response).await;
+        assert_eq!(doc["cap"], "decoded-bytes", "{path}");
+        assert_eq!(doc["limit"], 8 * MIB, "{path}");
+        // The streaming handler got exactly the cap, in 4 KiB frames across
+        // the member boundaries; the buffering one never ran.
+        let expected = if path == "/stream" { 8 * MIB as u64 } else { 0 };
+        assert_eq!(seen.load(Ordering::SeqCst), expected, "{path}");
+    }
+}

@@ -1,39 +1,39 @@
 //! Wire-byte and decoded-byte caps, composed from tower-http's
-//! [`RequestBodyLimit`] and [`RequestDecompression`].
-//!
-//! [`RequestDecompression`]: tower_http::decompression::RequestDecompression
+//! [`RequestBodyLimit`] around this crate's streaming decoder, which follows
+//! the coding settings of a tower-http [`RequestDecompressionLayer`].
 
 use std::error::Error as StdError;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
+use futures_util::TryFutureExt;
 use http::header::{HeaderValue, ACCEPT_ENCODING, CONTENT_ENCODING, CONTENT_LENGTH};
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::{Either, Full, LengthLimitError};
+use http_body_util::{Either, Empty, Full, LengthLimitError};
 use pin_project_lite::pin_project;
 use tower::{Layer, Service};
-use tower_http::body::{Limited, UnsyncBoxBody};
-use tower_http::decompression::{
-    DecompressionBody, RequestDecompressionFuture, RequestDecompressionLayer,
-};
+use tower_http::body::Limited;
+use tower_http::decompression::RequestDecompressionLayer;
 use tower_http::limit::{RequestBodyLimit, ResponseBody, ResponseFuture as LimitFuture};
 
-use crate::reject::{is_grpc, Rejection, SizeCap};
+use super::decode::{Coding, Codings, DecodeBody};
+use crate::reject::{is_grpc, InvalidParameter, Rejection, SizeCap};
 
 type BoxError = Box<dyn StdError + Send + Sync>;
 
 /// A request body after the caps and the decompressor, outermost first:
 /// decoded probe, decoded cap, decompressor, wire probe, wire cap.
-type Decoded<B> = ProbedBody<Limited<DecompressionBody<ProbedBody<Limited<B>>>>>;
+type Decoded<B> = ProbedBody<Limited<DecodeBody<ProbedBody<Limited<B>>>>>;
 
-/// The response body of the tower-http stack: the inner one, boxed.
-type StackBody = ResponseBody<UnsyncBoxBody<Bytes, BoxError>>;
+/// The response body of the stack: the inner one under both caps, or the
+/// decompressor's bodiless 415, which [`Watch`] replaces.
+type StackBody<RB> = ResponseBody<Either<ResponseBody<RB>, Empty<Bytes>>>;
 
 /// Caps the bytes of a request body on the wire and after decompression.
 ///
@@ -43,10 +43,9 @@ type StackBody = ResponseBody<UnsyncBoxBody<Bytes, BoxError>>;
 /// 1. tower-http [`RequestBodyLimit`] with the wire cap (early 413 when
 ///    `content-length` is over it, a length error while streaming otherwise);
 /// 2. a probe that records a wire-cap trip;
-/// 3. tower-http [`RequestDecompression`] (gzip, deflate, br, zstd, named in
-///    any case; 415 for any other `content-encoding`, `x-gzip` included, and
-///    for several codings, on several lines or as a list, of which it would
-///    decode only the first);
+/// 3. a streaming decoder (gzip, deflate, br, zstd, named in any case; 415
+///    for any other `content-encoding`, `x-gzip` included, and for several
+///    codings, on several lines or as a list, since it decodes one);
 /// 4. tower-http [`RequestBodyLimit`] with the decoded cap;
 /// 5. a probe that records a decoded-cap trip.
 ///
@@ -58,12 +57,36 @@ type StackBody = ResponseBody<UnsyncBoxBody<Bytes, BoxError>>;
 /// [`Rejection::PayloadTooLarge`] naming the cap, whatever the handler answered
 /// when its body read failed.
 ///
-/// [`RequestDecompression`]: tower_http::decompression::RequestDecompression
+/// # Where the coded data ends
+///
+/// The decoder reads the whole body, never only its first unit of coded
+/// data:
+///
+/// * A gzip body may be several members one after the other (RFC 1952
+///   §2.2; `cat a.gz b.gz` makes one), and a zstd body several frames
+///   (RFC 8878 §3): the inner service gets all of them decoded, in order.
+///   The decoded cap counts the output of every member together, so a bomb
+///   split into members is cut off at the cap like a single one.
+/// * A deflate or br body is one stream.
+/// * Any bytes after the coded data that do not start another gzip member
+///   or zstd frame (trailing garbage, zero padding, a second deflate
+///   stream), coded data that ends before it is complete, and corrupt coded
+///   data are a malformed body: the body read fails, and [`BodyLimits`]
+///   answers 400 with [`Rejection::InvalidParameters`] naming `body`, whatever
+///   the handler answered. Nothing is silently dropped. An empty body is
+///   empty whatever its `content-encoding`.
+///
+/// Decoding streams: frames of at most 4 KiB of decoded bytes, the codec's
+/// state and one frame of the sent body are all it holds, whatever the body
+/// inflates to. A handler that reads the body as a stream may therefore get
+/// the frames decoded before a malformed part (the last partial one is
+/// dropped with it), then the error; one that buffers the whole body first
+/// (axum's `Bytes`, `Json`) never runs.
 #[derive(Debug, Clone)]
 pub struct BodyLimitsLayer {
     wire_bytes: usize,
     decoded_bytes: usize,
-    decompression: RequestDecompressionLayer,
+    codings: Codings,
 }
 
 impl BodyLimitsLayer {
@@ -76,17 +99,21 @@ impl BodyLimitsLayer {
         BodyLimitsLayer {
             wire_bytes,
             decoded_bytes,
-            decompression: RequestDecompressionLayer::new(),
+            codings: Codings::default(),
         }
     }
 
-    /// Uses this tower-http decompression layer, for example one with some
-    /// encodings turned off (`RequestDecompressionLayer::new().no_br()`).
-    /// An encoding that is turned off is answered with 415. A layer set to
+    /// Takes the coding settings of this tower-http decompression layer, for
+    /// example one with some encodings turned off
+    /// (`RequestDecompressionLayer::new().no_br()`). An encoding that is
+    /// turned off is answered with 415. A layer set to
     /// `pass_through_unaccepted(true)` passes such requests on undecoded
     /// instead, several codings with their `content-encoding` in one line.
+    ///
+    /// Only the settings are taken: the decoding itself is this crate's,
+    /// with the behaviour [above](Self#where-the-coded-data-ends).
     pub fn decompression(mut self, layer: RequestDecompressionLayer) -> Self {
-        self.decompression = layer;
+        self.codings = Codings::learn(&layer);
         self
     }
 
@@ -161,7 +188,7 @@ where
     RB: Body<Data = Bytes> + Send + 'static,
     RB::Error: Into<BoxError>,
 {
-    type Response = Response<Either<Either<RB, StackBody>, Full<Bytes>>>;
+    type Response = Response<Either<Either<RB, StackBody<RB>>, Full<Bytes>>>;
     type Error = S::Error;
     type Future = ResponseFuture<S::Future, StackFuture<S::Future, RB, S::Error>>;
 
@@ -190,17 +217,18 @@ where
             wire_bytes: caps.wire_bytes,
             decoded_bytes: caps.decoded_bytes,
         };
-        // The tower-http stack is built around the inner service for this
-        // call: its layers hold no state of their own, and the inner service
-        // was made ready by `poll_ready`.
+        // The stack is built around the inner service for this call: its
+        // layers hold no state of their own, and the inner service was made
+        // ready by `poll_ready`.
         let decoded = RequestBodyLimit::new(
             DecodedProbe {
                 inner: &mut self.inner,
             },
             caps.decoded_bytes,
         );
-        let wire = WireProbe {
-            inner: caps.decompression.layer(decoded),
+        let wire = Decompress {
+            inner: decoded,
+            codings: &caps.codings,
         };
         let mut stack = RequestBodyLimit::new(wire, caps.wire_bytes);
         // axum's `DefaultBodyLimit::disable()` layered over the stack for this
@@ -244,8 +272,8 @@ fn may_trip<B: Body>(req: &Request<B>, caps: usize) -> bool {
 }
 
 /// Puts the `content-encoding` lines of `headers` into the one line that
-/// tower-http's decompressor reads (it reads only the first and matches
-/// exact lowercase names): the lines combined with `, ` (RFC 9110 §5.3), or,
+/// [`Decompress`] reads (it matches exact lowercase names, as tower-http's
+/// decompressor does): the lines combined with `, ` (RFC 9110 §5.3), or,
 /// when they name exactly one coding, its name in lowercase (names are
 /// case-insensitive, RFC 9110 §8.4.1). A list of several codings matches no
 /// name, so the decompressor refuses it instead of decoding only the first.
@@ -415,9 +443,8 @@ where
     }
 }
 
-/// The response future of the tower-http stack.
-type StackFuture<F, RB, E> =
-    LimitFuture<RequestDecompressionFuture<LimitFuture<F>, ResponseBody<RB>, E>>;
+/// The response future of the stack.
+type StackFuture<F, RB, E> = LimitFuture<DecompressFuture<LimitFuture<F>, ResponseBody<RB>, E>>;
 
 /// The decoded cap's probe, innermost in the stack: it marks the decoded
 /// stage and hands the body to the inner service as a [`CappedBody`].
@@ -425,8 +452,7 @@ struct DecodedProbe<'a, S> {
     inner: &'a mut S,
 }
 
-impl<S, B> Service<Request<Limited<DecompressionBody<ProbedBody<Limited<B>>>>>>
-    for DecodedProbe<'_, S>
+impl<S, B> Service<Request<Limited<DecodeBody<ProbedBody<Limited<B>>>>>> for DecodedProbe<'_, S>
 where
     B: Body,
     B::Error: Into<BoxError>,
@@ -440,10 +466,7 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(
-        &mut self,
-        req: Request<Limited<DecompressionBody<ProbedBody<Limited<B>>>>>,
-    ) -> S::Future {
+    fn call(&mut self, req: Request<Limited<DecodeBody<ProbedBody<Limited<B>>>>>) -> S::Future {
         let req = probed(req, Stage::Decoded);
         self.inner.call(req.map(|body| CappedBody {
             kind: Kind::Decoded {
@@ -453,26 +476,73 @@ where
     }
 }
 
-/// The wire cap's probe, between the wire cap and the decompressor.
-struct WireProbe<S> {
+/// Between the wire cap and the decoded cap: marks that the request got past
+/// the wire cap, then decodes its body per its (combined) `content-encoding`,
+/// passes it on as it is, or answers a bodiless 415 with `Accept-Encoding`,
+/// which [`Watch`] turns into the refusal. The same choices as tower-http's
+/// decompressor with the same settings.
+struct Decompress<'a, S> {
     inner: S,
+    codings: &'a Codings,
 }
 
-impl<S, B> Service<Request<B>> for WireProbe<S>
+impl<S, B, RB> Service<Request<B>> for Decompress<'_, S>
 where
-    S: Service<Request<ProbedBody<B>>>,
+    S: Service<Request<DecodeBody<ProbedBody<B>>>, Response = Response<RB>>,
 {
-    type Response = S::Response;
+    type Response = DecompressResponse<RB>;
     type Error = S::Error;
-    type Future = S::Future;
+    type Future = DecompressFuture<S::Future, RB, S::Error>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: Request<B>) -> S::Future {
-        self.inner.call(probed(req, Stage::Wire))
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let mut req = probed(req, Stage::Wire);
+        let coding = match req.headers().get(CONTENT_ENCODING) {
+            None => None,
+            Some(value) => match Coding::from_header(value.as_bytes()) {
+                Some(coding) if self.codings.accepts(coding) => Some(coding),
+                _ if value == "identity" || self.codings.pass_through() => None,
+                _ => {
+                    let mut refused = Response::new(Either::Right(Empty::new()));
+                    *refused.status_mut() = StatusCode::UNSUPPORTED_MEDIA_TYPE;
+                    refused
+                        .headers_mut()
+                        .insert(ACCEPT_ENCODING, self.codings.accept_encoding().clone());
+                    return futures_util::future::Either::Right(std::future::ready(Ok(refused)));
+                }
+            },
+        };
+        let req = match coding {
+            Some(coding) => {
+                let headers = req.headers_mut();
+                headers.remove(CONTENT_ENCODING);
+                headers.remove(CONTENT_LENGTH);
+                let probe = req.extensions().get::<Probe>().cloned();
+                req.map(|body| DecodeBody::decoding(body, coding, probe))
+            }
+            None => req.map(DecodeBody::identity),
+        };
+        let map: fn(Response<RB>) -> DecompressResponse<RB> = decompressed;
+        futures_util::future::Either::Left(self.inner.call(req).map_ok(map))
     }
+}
+
+/// The response of [`Decompress`].
+type DecompressResponse<RB> = Response<Either<RB, Empty<Bytes>>>;
+
+/// Response future of [`Decompress`], from public parts only, as it is part
+/// of [`BodyLimits`]' future type: the inner future, its response mapped, or
+/// the ready 415.
+type DecompressFuture<F, RB, E> = futures_util::future::Either<
+    futures_util::future::MapOk<F, fn(Response<RB>) -> DecompressResponse<RB>>,
+    std::future::Ready<Result<DecompressResponse<RB>, E>>,
+>;
+
+fn decompressed<RB>(response: Response<RB>) -> DecompressResponse<RB> {
+    response.map(Either::Left)
 }
 
 /// Marks that `req` got past the cap of `stage` and wraps its body in a
@@ -516,8 +586,18 @@ impl Watch {
         let rejection = match state.tripped.load(Ordering::Acquire) {
             TRIPPED_WIRE => Some(too_large(SizeCap::WireBytes, self.wire_bytes)),
             TRIPPED_DECODED => Some(too_large(SizeCap::DecodedBytes, self.decoded_bytes)),
-            // tower-http answered before the probe below it ran: its early
-            // `content-length` 413, or the decompressor's 415.
+            TRIPPED_MALFORMED => {
+                let reason = state
+                    .malformed
+                    .get()
+                    .cloned()
+                    .unwrap_or_else(|| "the coded data is malformed".to_owned());
+                Some(Rejection::InvalidParameters(vec![InvalidParameter::new(
+                    "body", reason,
+                )]))
+            }
+            // A layer answered before the probe below it ran: tower-http's
+            // early `content-length` 413, or the decompressor's 415.
             _ if passed & PASSED_WIRE == 0 && status == StatusCode::PAYLOAD_TOO_LARGE => {
                 Some(too_large(SizeCap::WireBytes, self.wire_bytes))
             }
@@ -624,19 +704,38 @@ const PASSED_WIRE: u8 = 1;
 const PASSED_DECODED: u8 = 2;
 const TRIPPED_WIRE: u8 = 1;
 const TRIPPED_DECODED: u8 = 2;
+const TRIPPED_MALFORMED: u8 = 3;
 
 #[derive(Debug, Default)]
 struct ProbeState {
     /// Bit set of the probes the request reached.
     passed: AtomicU8,
-    /// The first cap whose length error was seen, or 0.
+    /// The first cap whose length error was seen, or a malformed coded
+    /// body, whichever came first; or 0.
     tripped: AtomicU8,
+    /// Why the coded body is malformed, once `tripped` says it is.
+    malformed: OnceLock<String>,
 }
 
 /// Per-request record shared by [`BodyLimits`], its probes and their bodies,
 /// carried in the request extensions.
 #[derive(Debug, Clone, Default)]
-struct Probe(Arc<ProbeState>);
+pub(super) struct Probe(Arc<ProbeState>);
+
+impl Probe {
+    /// Records that the decoder found the coded body malformed, unless a cap
+    /// tripped first.
+    pub(super) fn trip_malformed(&self, reason: &str) {
+        let first = self
+            .0
+            .tripped
+            .compare_exchange(0, TRIPPED_MALFORMED, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok();
+        if first {
+            let _ = self.0.malformed.set(reason.to_owned());
+        }
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Stage {

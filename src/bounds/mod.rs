@@ -17,12 +17,16 @@
 //!   network before any CPU is spent on it. A body with a too large
 //!   `content-length` is refused before a byte is read; a chunked one is cut
 //!   off at the cap.
-//! * **Then decompress, streaming.** tower-http's decompression yields the
-//!   decoded stream in chunks of at most 4 KiB, never the whole body, so a
-//!   1 MiB gzip bomb that inflates to 1 GiB costs no more memory than its
-//!   decoded cap. Coding names match in any case. Unknown encodings get
-//!   415, and so do several codings at once (on several `content-encoding`
-//!   lines or as a list), since only the first would be decoded.
+//! * **Then decompress, streaming.** The decoder yields the decoded stream
+//!   in chunks of at most 4 KiB, never the whole body, so a 1 MiB gzip bomb
+//!   that inflates to 1 GiB costs no more memory than its decoded cap.
+//!   Coding names match in any case. Unknown encodings get 415, and so do
+//!   several codings at once (on several `content-encoding` lines or as a
+//!   list), since only one would be decoded. Every member of a multi-member
+//!   gzip body and every frame of a zstd body is decoded; bytes after the
+//!   coded data that start no other member or frame, and truncated or
+//!   corrupt coded data, are a malformed body, refused with 400 naming
+//!   `body`, never dropped (see [`BodyLimitsLayer`]).
 //! * **Then cap decoded bytes.** A small compressed body can decode to
 //!   anything; this cap is what actually bounds the parser and the handler.
 //!   It must sit *after* decompression, or it would count compressed bytes.
@@ -45,8 +49,10 @@
 //! went by first.
 //! When the inner response arrives, [`BodyLimits`] replaces it with the
 //! problem+json 413 naming `wire-bytes` or `decoded-bytes`, and maps
-//! tower-http's own early 413 and 415 the same way. A handler that reads
-//! the body in a task that outlives its response is not covered.
+//! tower-http's own early 413 and the decoder's 415 the same way. The
+//! decoder records a malformed coded body in the same probe, and that
+//! becomes the 400 naming `body`. A handler that reads the body in a task
+//! that outlives its response is not covered.
 //!
 //! A request that cannot trip anything skips the tower-http stack, and its
 //! response passes unchanged: its body is already at its end
@@ -102,6 +108,7 @@
 //! `Batch` counts items as it parses.
 
 mod body;
+mod decode;
 mod items;
 mod query;
 

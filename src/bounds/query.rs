@@ -238,7 +238,10 @@ impl QueryRules {
     ///
     /// On failure every bad parameter is listed once, known parameters first
     /// in the order `page_size`, `from`, `to`, `cursor`, allowed names, then
-    /// unknown ones in the order they appear.
+    /// unknown ones in the order they appear. Unknown names are told apart
+    /// by their whole decoded name and only echoed cut to 64 characters
+    /// and `…`: two long names that share their first 64 characters are two
+    /// entries (or two counted as not listed), echoed alike.
     pub fn validate(
         &self,
         raw_query: Option<&str>,
@@ -257,12 +260,14 @@ impl QueryRules {
         // to four allowed ones: a valid query costs no allocation here.
         let mut seen: SmallVec<[Seen<'_>; 8]> = SmallVec::new();
         seen.resize_with(known_len, Seen::default);
-        // Unknown names as echoed, each once: the first ones listed, the
-        // others only counted. At most one set entry per pair of the query,
-        // each no longer than its name plus `…`, so the set never outgrows
-        // the query, whose length the HTTP server caps.
-        let mut unknown: Vec<String> = Vec::new();
-        let mut unlisted: HashSet<String> = HashSet::new();
+        // Unknown names, each once, compared whole: the first ones listed,
+        // the others only counted. Names are cut only when echoed, so two
+        // names that share their first `MAX_ECHOED_NAME` characters stay two.
+        // At most one entry per pair of the query, each its name as decoded
+        // (borrowed from the query when nothing was decoded), so the
+        // entries never outgrow the query, whose length the HTTP server caps.
+        let mut unknown: Vec<Cow<'_, str>> = Vec::new();
+        let mut unlisted: HashSet<Cow<'_, str>> = HashSet::new();
 
         for (name, value) in Pairs::new(raw_query.unwrap_or("")) {
             // The first index wins, as for a name allowed twice.
@@ -275,14 +280,13 @@ impl QueryRules {
                     }
                 }
                 None if rules.unknown == UnknownParams::Reject => {
-                    let echoed = echo_name(&name);
-                    if unknown.contains(&echoed) {
+                    if unknown.contains(&name) {
                         continue;
                     }
                     if unknown.len() < MAX_UNKNOWN_REPORTED {
-                        unknown.push(echoed);
+                        unknown.push(name);
                     } else {
-                        unlisted.insert(echoed);
+                        unlisted.insert(name);
                     }
                 }
                 None => {}
@@ -389,7 +393,7 @@ impl QueryRules {
             } else {
                 "unknown parameter".to_owned()
             };
-            errors.push(InvalidParameter::new(name, reason));
+            errors.push(InvalidParameter::new(echo_name(&name), reason));
         }
 
         if errors.is_empty() {
