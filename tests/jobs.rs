@@ -9,7 +9,9 @@ use futures_util::FutureExt;
 use http::header::{LOCATION, RETRY_AFTER};
 use http::StatusCode;
 use tokio::sync::Semaphore;
-use tower_admission::jobs::{accepted_response, JobId, JobQueue, JobStatus, SubmitError};
+use tower_admission::jobs::{
+    accepted_response, JobId, JobQueue, JobStatus, ParseJobIdError, SubmitError,
+};
 use tower_admission::reject::{OverloadScope, Rejection};
 
 /// Lets every ready task run until all are idle (paused time: the clock
@@ -426,4 +428,34 @@ async fn one_owner_cannot_take_the_whole_queue() {
     assert!(submit("alice", 7).is_ok());
     assert!(submit("alice", 8).is_ok());
     assert_eq!(submit("alice", 9), Err(busy));
+}
+
+#[test]
+fn job_id_parses_only_its_one_lowercase_spelling() {
+    let lower = "0123456789abcdef0123456789abcdef";
+    let id: JobId = lower.parse().unwrap();
+    assert_eq!(id.to_string(), lower);
+    assert_eq!(id.as_u128(), 0x0123456789abcdef0123456789abcdef);
+    // Every other spelling of the same number is refused with the id error,
+    // so a status lookup never finds one job under two paths.
+    for other in [
+        "0123456789ABCDEF0123456789ABCDEF",
+        "0123456789abcdef0123456789abcdeF",
+        "0123456789Abcdef0123456789abcdef",
+        "+123456789abcdef0123456789abcdef",
+    ] {
+        assert_eq!(other.parse::<JobId>(), Err(ParseJobIdError), "{other}");
+    }
+    // The same holds through serde (a JSON body naming a job).
+    assert!(serde_json::from_str::<JobId>("\"0123456789ABCDEF0123456789ABCDEF\"").is_err());
+    assert_eq!(
+        serde_json::from_str::<JobId>(&format!("\"{lower}\"")).unwrap(),
+        id
+    );
+    // A random id's uppercase form is refused too.
+    let random = JobId::random();
+    let upper = format!("{:032X}", random.as_u128());
+    if upper.bytes().any(|b| b.is_ascii_alphabetic()) {
+        assert_eq!(upper.parse::<JobId>(), Err(ParseJobIdError));
+    }
 }

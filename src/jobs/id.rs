@@ -5,7 +5,10 @@ use std::str::FromStr;
 /// secure generator (`rand::random`, backed by the thread-local ChaCha RNG),
 /// so it cannot be guessed and is safe to put in a URL.
 ///
-/// Displayed and parsed as 32 lowercase hexadecimal digits.
+/// Displayed and parsed as 32 lowercase hexadecimal digits. Parsing accepts
+/// only that spelling (`0-9`, `a-f`): uppercase digits, a sign, a `0x` prefix
+/// or whitespace are refused with [`ParseJobIdError`], so every id has exactly
+/// one text form and two different strings never name the same job.
 ///
 /// ```
 /// use tower_admission::jobs::JobId;
@@ -14,6 +17,7 @@ use std::str::FromStr;
 /// assert_eq!(text.len(), 32);
 /// assert_eq!(text.parse::<JobId>(), Ok(id));
 /// assert!("not-an-id".parse::<JobId>().is_err());
+/// assert!("ABCDEF00000000000000000000000000".parse::<JobId>().is_err());
 /// ```
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct JobId(u128);
@@ -42,13 +46,13 @@ impl fmt::Debug for JobId {
     }
 }
 
-/// The text was not 32 hexadecimal digits.
+/// The text was not 32 lowercase hexadecimal digits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ParseJobIdError;
 
 impl fmt::Display for ParseJobIdError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a job id is 32 hexadecimal digits")
+        f.write_str("a job id is 32 lowercase hexadecimal digits")
     }
 }
 
@@ -58,7 +62,9 @@ impl FromStr for JobId {
     type Err = ParseJobIdError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        if s.len() != 32 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+        // Lowercase only: `u128::from_str_radix` would also take `A-F` (and a
+        // leading `+`), which would give one id several spellings.
+        if s.len() != 32 || !s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
             return Err(ParseJobIdError);
         }
         u128::from_str_radix(s, 16)
