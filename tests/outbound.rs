@@ -655,3 +655,292 @@ async fn a_shadow_policy_cannot_be_a_share() {
         .unwrap_err();
     assert_eq!(retry.field(), "retry");
 }
+
+/// A store that fails every decision for the partition keys in `down`
+/// (the limiter cannot be reached for them) and passes the rest to `inner`.
+#[derive(Clone, Debug)]
+struct PartlyDown<St> {
+    inner: St,
+    down: Arc<[&'static str]>,
+}
+
+type StoreFuture<T> = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<T, tower_admission::quota::StoreError>> + Send>,
+>;
+
+impl<St: tower_admission::quota::Store> tower_admission::quota::Store for PartlyDown<St> {
+    type DecideFuture = StoreFuture<tower_admission::quota::QuotaDecision>;
+    type SettleFuture = StoreFuture<tower_admission::quota::Holds>;
+
+    fn decide(
+        &self,
+        quota: &tower_admission::quota::Quota,
+        key: &Arc<str>,
+        cost: u64,
+    ) -> Self::DecideFuture {
+        if self.down.contains(&&**key) {
+            return Box::pin(async {
+                Err(tower_admission::quota::StoreError::Unavailable {
+                    message: "partition down".into(),
+                })
+            });
+        }
+        Box::pin(self.inner.decide(quota, key, cost))
+    }
+
+    fn settle(
+        &self,
+        quota: &tower_admission::quota::Quota,
+        key: &Arc<str>,
+        holds: &tower_admission::quota::Holds,
+        delta: i64,
+    ) -> Self::SettleFuture {
+        Box::pin(self.inner.settle(quota, key, holds, delta))
+    }
+}
+
+/// Four partitions of a token bucket of 4 per 40 s (each: 1 token per
+/// 40 s), on a store that stands still, with the keys in `down` failing.
+fn four_buckets(
+    store: &PartlyDown<MemoryStore<ManualClock>>,
+    pick: Pick,
+) -> DependencyBudget<PartlyDown<MemoryStore<ManualClock>>> {
+    DependencyBudget::builder(store.clone(), "probed")
+        .normal(Policy::token_bucket("normal", 4, 4, Duration::from_secs(40)).unwrap())
+        .retry(Policy::token_bucket("retry", 4, 4, Duration::from_secs(40)).unwrap())
+        .partitions(4, pick)
+        .build()
+        .unwrap()
+}
+
+/// When every probed partition refuses, the refusal reported is the most
+/// useful one whatever the probe order: the shortest `Exhausted` wait, not
+/// the last partition's answer, and never a store failure while another
+/// partition gave a wait.
+#[tokio::test]
+async fn a_refusal_across_partitions_is_the_shortest_wait_whatever_the_order() {
+    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let store = PartlyDown {
+        inner: MemoryStore::with_config(MemoryConfig::default(), clock.clone()),
+        down: Arc::from(["p1"]),
+    };
+    // Empty p0 at 0 s, p2 at 20 s and p3 at 30 s through their home
+    // partitions (same name and store, so the same keys); p1 is down.
+    for (home, at) in [(0, 0), (2, 20), (3, 30)] {
+        clock.set(Timestamp::from_secs(1_800_000_000 + at));
+        let budget = four_buckets(&store, Pick::Home(home));
+        assert_eq!(budget.try_acquire(Share::Normal, 1).await, Ok(()));
+    }
+    // At 30 s: p0 frees in 10 s, p1 is down, p2 in 30 s, p3 in 40 s.
+    let random = four_buckets(&store, Pick::Random { probes: 3 });
+    for _ in 0..200 {
+        assert_eq!(
+            random.try_acquire(Share::Normal, 1).await,
+            Err(Refusal::Exhausted {
+                share: Share::Normal,
+                wait: Duration::from_secs(10),
+            })
+        );
+    }
+    assert_eq!(random.stats().refused, 200);
+
+    // Only when every probed partition is down is the refusal Unavailable.
+    let all_down = PartlyDown {
+        inner: MemoryStore::with_config(MemoryConfig::default(), clock.clone()),
+        down: Arc::from(["p0", "p1", "p2", "p3"]),
+    };
+    let random = four_buckets(&all_down, Pick::Random { probes: 3 });
+    for _ in 0..20 {
+        assert!(matches!(
+            random.try_acquire(Share::Normal, 1).await,
+            Err(Refusal::Unavailable { .. })
+        ));
+    }
+    // A cost no partition can ever admit is refused as such, at once.
+    let random = four_buckets(&store, Pick::Random { probes: 3 });
+    for _ in 0..20 {
+        assert_eq!(
+            random.try_acquire(Share::Normal, 2).await,
+            Err(Refusal::CostExceedsBudget {
+                share: Share::Normal,
+                cost: 2,
+            })
+        );
+    }
+}
+
+/// One step of a random interleaving: an attempt (first or retry) of a cost,
+/// after the clock moved on by some µs.
+#[derive(Debug, Clone, Copy)]
+struct Step {
+    advance_us: u64,
+    retry: bool,
+    cost: u64,
+}
+
+fn steps() -> impl proptest::strategy::Strategy<Value = Vec<Step>> {
+    use proptest::prelude::*;
+    let advance = prop_oneof![
+        6 => Just(0u64),
+        10 => 0u64..=10_000,
+        3 => 0u64..=100_000,
+        1 => 0u64..=2_000_000,
+    ];
+    let cost = prop_oneof![8 => Just(1u64), 3 => 1u64..=4, 1 => 1u64..=25];
+    proptest::collection::vec(
+        (advance, proptest::bool::weighted(0.3), cost).prop_map(|(advance_us, retry, cost)| Step {
+            advance_us,
+            retry,
+            cost,
+        }),
+        1..400,
+    )
+}
+
+/// A token bucket in µs of refill: `level` is the tokens held times the µs
+/// one token takes to refill; it starts full.
+struct ModelBucket {
+    capacity: u64,
+    us_per_token: u64,
+    level: u64,
+}
+
+impl ModelBucket {
+    fn new(capacity: u64, per_second: u64) -> Self {
+        let us_per_token = 1_000_000 / per_second;
+        ModelBucket {
+            capacity,
+            us_per_token,
+            level: capacity * us_per_token,
+        }
+    }
+
+    fn advance(&mut self, us: u64) {
+        self.level = (self.level + us).min(self.capacity * self.us_per_token);
+    }
+
+    /// The refusal the share should give, or `None` after taking `cost`.
+    fn take(&mut self, share: Share, cost: u64) -> Option<Refusal> {
+        if cost > self.capacity {
+            return Some(Refusal::CostExceedsBudget { share, cost });
+        }
+        let need = cost * self.us_per_token;
+        if self.level >= need {
+            self.level -= need;
+            return None;
+        }
+        Some(Refusal::Exhausted {
+            share,
+            wait: Duration::from_micros(need - self.level),
+        })
+    }
+}
+
+/// The most any closed interval of `log` (time µs, cost) holds, against
+/// `floor(B + r·T)`; panics with the interval that breaks it.
+fn check_intervals(
+    log: &[(u64, u64)],
+    capacity: u64,
+    per_second: u64,
+    what: &str,
+) -> Result<(), proptest::test_runner::TestCaseError> {
+    for i in 0..log.len() {
+        let mut sum = 0;
+        for j in i..log.len() {
+            sum += log[j].1;
+            let span = log[j].0 - log[i].0;
+            let bound = capacity + per_second * span / 1_000_000;
+            proptest::prop_assert!(
+                sum <= bound,
+                "{}: {} admitted in [{}, {}] µs, bound {}",
+                what,
+                sum,
+                log[i].0,
+                log[j].0,
+                bound
+            );
+            if span <= 1_000_000 {
+                // Every window of 1 s: at most B + r.
+                proptest::prop_assert!(sum <= capacity + per_second, "{what}: 1 s window");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Random interleavings of first attempts and retries of random costs, with
+/// random clock advances, on the 240/s budget (200/s + burst 20 for first
+/// attempts, 40/s + burst 4 for retries): in every interval of length T,
+/// normal admissions stay within `floor(20 + 200·T)`, retries within
+/// `floor(4 + 40·T)` and all of them within `24 + 240·T` (so at most 220,
+/// 44 and 264 in any window of 1 s). One partition is decided exactly as a
+/// reference token bucket (admissions and waits); four partitions picked at
+/// random with probes keep the same bounds.
+#[test]
+fn random_attempts_and_retries_keep_every_share_and_the_total_within_bound() {
+    use proptest::test_runner::{Config, TestRunner};
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(64);
+    let mut runner = TestRunner::new(Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    runner
+        .run(&(steps(), proptest::bool::ANY), |(steps, partitioned)| {
+            let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+            let store = MemoryStore::with_config(MemoryConfig::default(), clock.clone());
+            let mut builder = DependencyBudget::builder(store, "dep")
+                .normal(Policy::token_bucket("normal", 20, 200, SECOND).unwrap())
+                .retry(Policy::token_bucket("retry", 4, 40, SECOND).unwrap());
+            if partitioned {
+                builder = builder.partitions(4, Pick::Random { probes: 3 });
+            }
+            let budget = builder.build().unwrap();
+            let mut model = [ModelBucket::new(20, 200), ModelBucket::new(4, 40)];
+            let (mut normal, mut retry, mut total) = (Vec::new(), Vec::new(), Vec::new());
+            let mut now = 0u64;
+            for step in &steps {
+                clock.advance(Duration::from_micros(step.advance_us));
+                now += step.advance_us;
+                for bucket in &mut model {
+                    bucket.advance(step.advance_us);
+                }
+                let share = if step.retry {
+                    Share::Retry
+                } else {
+                    Share::Normal
+                };
+                let result = runtime.block_on(budget.try_acquire(share, step.cost));
+                if !partitioned {
+                    let expected = model[usize::from(step.retry)].take(share, step.cost);
+                    proptest::prop_assert_eq!(result.clone().err(), expected, "at {} µs", now);
+                }
+                if result.is_ok() {
+                    total.push((now, step.cost));
+                    if step.retry {
+                        retry.push((now, step.cost));
+                    } else {
+                        normal.push((now, step.cost));
+                    }
+                }
+            }
+            check_intervals(&normal, 20, 200, "normal")?;
+            check_intervals(&retry, 4, 40, "retry")?;
+            check_intervals(&total, 24, 240, "total")?;
+            let stats = budget.stats();
+            proptest::prop_assert_eq!(stats.normal, normal.len() as u64);
+            proptest::prop_assert_eq!(stats.retry, retry.len() as u64);
+            proptest::prop_assert_eq!(
+                stats.refused,
+                (steps.len() - normal.len() - retry.len()) as u64
+            );
+            Ok(())
+        })
+        .unwrap();
+}

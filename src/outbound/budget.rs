@@ -39,6 +39,14 @@ pub enum Pick {
     /// Uses the whole budget under uneven load, at the cost of up to
     /// `1 + probes` decisions for a refused attempt. Still never more than
     /// the total, since every partition holds only its part.
+    ///
+    /// When every probed partition refuses, the refusal does not depend on
+    /// the order they were probed in: [`Refusal::Exhausted`] with the
+    /// shortest wait among the partitions that were exhausted, or, only when
+    /// every probed partition's store failed, [`Refusal::Unavailable`] with
+    /// the shortest wait among them. A cost above one partition's capacity
+    /// is refused at once ([`Refusal::CostExceedsBudget`]): no partition can
+    /// admit it.
     Random {
         /// Other partitions tried after a refusal.
         probes: usize,
@@ -346,23 +354,42 @@ impl<St: Store> DependencyBudget<St> {
                     return Ok(());
                 }
                 Outcome::Refused { wait, .. } => Refusal::Exhausted { share, wait: *wait },
-                Outcome::CostExceedsCapacity { .. } => Refusal::CostExceedsBudget { share, cost },
+                // Every partition holds the same part: none can admit it.
+                Outcome::CostExceedsCapacity { .. } => {
+                    return Err(Refusal::CostExceedsBudget { share, cost })
+                }
                 Outcome::Unavailable { wait } => Refusal::Unavailable { wait: *wait },
             };
-            // Across partitions the attempt can go as soon as any one frees.
-            refusal = Some(match (refusal, this) {
-                (Some(Refusal::Exhausted { wait: a, .. }), Refusal::Exhausted { wait: b, .. }) => {
-                    Refusal::Exhausted {
-                        share,
-                        wait: a.min(b),
-                    }
-                }
-                (_, this) => this,
+            refusal = Some(match refusal {
+                None => this,
+                Some(kept) => most_useful(kept, this),
             });
         }
         Err(refusal.unwrap_or(Refusal::Unavailable {
             wait: Duration::from_secs(1),
         }))
+    }
+}
+
+/// The refusal to report of two partitions' refusals, whatever the order
+/// they were probed in: across partitions the attempt can go as soon as any
+/// one frees, so an `Exhausted` wait beats a store failure and the shorter
+/// wait of two of a kind wins.
+fn most_useful(a: Refusal, b: Refusal) -> Refusal {
+    match (a, b) {
+        (Refusal::Exhausted { share, wait: a }, Refusal::Exhausted { wait: b, .. }) => {
+            Refusal::Exhausted {
+                share,
+                wait: a.min(b),
+            }
+        }
+        (Refusal::Unavailable { wait: a }, Refusal::Unavailable { wait: b }) => {
+            Refusal::Unavailable { wait: a.min(b) }
+        }
+        (exhausted @ Refusal::Exhausted { .. }, _) | (_, exhausted @ Refusal::Exhausted { .. }) => {
+            exhausted
+        }
+        (a, _) => a,
     }
 }
 
