@@ -1997,3 +1997,112 @@ async fn a_refresh_reaching_redis_after_the_release_changes_nothing() {
     assert_eq!(again.refresh().await.unwrap().grant, Rate::ZERO);
     assert!(direct.grants(BUDGET).await.unwrap().instance("x").is_some());
 }
+
+/// One share's sends walked through grant → fallback → grant, tick by tick
+/// (1 ms), with the share bound of `docs/leases.md` ("Each share is bounded
+/// by its own buckets", Claim 3 applied to a share's bucket) checked in
+/// every window: the sends at ticks `a..=b` are at most the share's
+/// capacity at `a` plus what its part of the lease's rate fills over the
+/// window. A share idle across the fallback must not come back holding
+/// what its grant would have filled meanwhile.
+#[tokio::test]
+async fn a_share_idle_across_the_fallback_keeps_only_what_the_fallback_fills() {
+    let mut server = RedisServer::start();
+    let redis = ManualClock::new(Timestamp(START));
+    let local = ManualClock::new(Timestamp(START + 7 * SEC));
+    let store = LeaseStore::builder(server.url())
+        .prefix("t")
+        .deadline(Duration::from_millis(500))
+        .test_clock(redis.clone())
+        .build()
+        .unwrap();
+    // 4 expected instances: the fallback is 60/s, its bucket 60 (1 s).
+    let lease = RateLease::builder(
+        store,
+        BUDGET,
+        Rate::per_second(R),
+        NonZeroU32::new(4).unwrap(),
+    )
+    .instance_id("solo")
+    .initial_demand(Rate::per_second(R))
+    .burst(Duration::from_secs(1))
+    .clock(local.clone())
+    .build()
+    .unwrap();
+    assert_eq!(lease.refresh().await.unwrap().grant, Rate::per_second(R));
+    let budget = LeasedBudget::new(lease.clone(), Rate::per_second(40)).unwrap();
+    let (part, total) = (200_000u128, u128::from(R_MILLI));
+
+    // Per tick: the normal share's sends, its capacity and fill rate then.
+    let mut sends = Vec::new();
+    let mut capacity = Vec::new();
+    let mut rate = Vec::new();
+    let mut modes = Vec::new();
+    for tick in 0..10_000u64 {
+        if tick > 0 {
+            redis.advance(Duration::from_millis(1));
+            local.advance(Duration::from_millis(1));
+        }
+        match tick {
+            // Redis goes away while the grant (until 4.995 s) runs.
+            1_000 => server.kill(),
+            4_000 => assert!(lease.refresh().await.is_err(), "Redis is down"),
+            // Back, empty: the next refresh grants the whole rate again.
+            8_000 => {
+                server.restart();
+                assert_eq!(lease.refresh().await.unwrap().grant, Rate::per_second(R));
+            }
+            _ => {}
+        }
+        let status = lease.status();
+        modes.push(status.mode);
+        // A share's bucket: its part of the lease's, at least two attempts.
+        capacity.push((u128::from(status.capacity) * part / total).max(2));
+        rate.push(u128::from(status.rate.as_milli()) * part / total);
+        // First attempts as fast as they pass, except from 1 s to 8 s.
+        let mut sent = 0u64;
+        if !(1_000..8_000).contains(&tick) {
+            while budget.try_acquire_now(Share::Normal, 1).is_ok() {
+                sent += 1;
+            }
+        }
+        sends.push(sent);
+    }
+    assert_eq!(modes[4_990], LeaseMode::Granted);
+    assert_eq!(modes[5_000], LeaseMode::Fallback);
+    assert_eq!(modes[8_000], LeaseMode::Granted);
+
+    let mut worst = (0i128, 0, 0, 0, 0);
+    for span in [1usize, 10, 50, 100, 250, 1_000, 3_000] {
+        for a in 1..sends.len() - span {
+            let b = a + span;
+            let sent: u64 = sends[a..=b].iter().sum();
+            // Capacity at the window's start (either side of tick a), and the
+            // fill over (a-1, b], each millisecond at the higher rate of its
+            // two ends: looser than exact, never tighter.
+            let start = capacity[a - 1].max(capacity[a]) * NANO_PER;
+            let fill: u128 = (a..=b).map(|t| rate[t - 1].max(rate[t]) * 1_000).sum();
+            let bound = ((start + fill) / NANO_PER) as u64;
+            let over = i128::from(sent) - i128::from(bound);
+            if over > worst.0 {
+                worst = (over, a, b, sent, bound);
+            }
+        }
+    }
+    assert!(
+        worst.0 <= 0,
+        "normal share: {} sends at ticks {}..={} ms, bound {} ({} over)",
+        worst.3,
+        worst.1,
+        worst.2,
+        worst.4,
+        worst.0
+    );
+    // Sends after the regrant: the share's fallback bucket (50) plus its
+    // part of the grant (200/s), 0.25 s after it.
+    let after: u64 = sends[8_000..=8_250].iter().sum();
+    assert_eq!(after, 50 + 50, "{after}");
+}
+
+/// Nano-tokens per token: a rate in milli-units per second times µs.
+const NANO_PER: u128 = 1_000_000_000;

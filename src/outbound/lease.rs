@@ -848,9 +848,77 @@ struct State {
     target: Rate,
     next_refresh: Timestamp,
     failures: u32,
+    /// Counts the changes of the rate schedule (phase, grant, local
+    /// expiry), each made by a refresh's reply or a release.
+    epoch: u64,
+    /// The local time of the latest change.
+    changed_at: Timestamp,
+}
+
+/// The lease's rate over time between two changes (refresh replies or a
+/// release): the grant until its local expiry, the fallback after it, zero
+/// while starting or released. A [`LeasedBudget`](crate::outbound::LeasedBudget)
+/// share bucket replays it to fill as the lease's own bucket does, at the
+/// rate of each stretch and capped at that stretch's capacity, however long
+/// the share was idle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Schedule {
+    /// Spending at all: false while starting or released.
+    active: bool,
+    grant: Rate,
+    until: Timestamp,
+    fallback: Rate,
+    /// Which schedule this is: the lease's change count when it was read.
+    pub(crate) epoch: u64,
+    /// The local time this schedule took effect.
+    pub(crate) since: Timestamp,
+}
+
+impl Schedule {
+    /// The rate at local time `x`.
+    pub(crate) fn rate_at(&self, x: Timestamp) -> Rate {
+        if !self.active {
+            Rate::ZERO
+        } else if x < self.until {
+            self.grant
+        } else {
+            self.fallback
+        }
+    }
+
+    /// The stretches of `[from, to)` at one rate each, in order, as
+    /// (rate, µs); a stretch of zero length is 0 µs.
+    pub(crate) fn stretches(&self, from: Timestamp, to: Timestamp) -> [(Rate, u64); 2] {
+        if !self.active || to <= from {
+            return [(Rate::ZERO, to.0.saturating_sub(from.0)), (Rate::ZERO, 0)];
+        }
+        let split = self.until.0.clamp(from.0, to.0);
+        [(self.grant, split - from.0), (self.fallback, to.0 - split)]
+    }
 }
 
 impl State {
+    /// The rate schedule in force now.
+    fn schedule(&self, cfg: &Settings) -> Schedule {
+        Schedule {
+            active: self.phase == Phase::Active,
+            grant: self.grant,
+            until: self.until,
+            fallback: cfg.fallback,
+            epoch: self.epoch,
+            since: self.changed_at,
+        }
+    }
+
+    /// Counts a change of the schedule made at local time `x`, if the
+    /// schedule differs from `before`.
+    fn note_change(&mut self, before: (Phase, Rate, Timestamp), x: Timestamp) {
+        if (self.phase, self.grant, self.until) != before {
+            self.epoch += 1;
+            self.changed_at = Timestamp(self.changed_at.0.max(x.0));
+        }
+    }
+
     fn rate_at(&self, x: Timestamp, cfg: &Settings) -> Rate {
         match self.phase {
             Phase::Starting | Phase::Released => Rate::ZERO,
@@ -1235,6 +1303,8 @@ impl<C: Clock> RateLeaseBuilder<C> {
             target: Rate::ZERO,
             next_refresh: now,
             failures: 0,
+            epoch: 0,
+            changed_at: now,
         };
         Ok(RateLease {
             inner: Arc::new(Shared {
@@ -1337,6 +1407,17 @@ impl<C: Clock> RateLease<C> {
     /// The fallback capacity, `rate / expected_instances`.
     pub fn fallback_rate(&self) -> Rate {
         self.inner.cfg.fallback
+    }
+
+    /// The rate schedule in force now.
+    pub(crate) fn schedule(&self) -> Schedule {
+        self.inner.state.lock().schedule(&self.inner.cfg)
+    }
+
+    /// The bucket's capacity at `rate`, in whole cost units (as
+    /// [`LeaseStatus::capacity`] gives it).
+    pub(crate) fn capacity_at(&self, rate: Rate) -> u64 {
+        u64::try_from(self.inner.cfg.capacity(rate) / NANO).unwrap_or(u64::MAX)
     }
 
     /// The local time now, on the lease's clock.
@@ -1452,7 +1533,8 @@ impl<C: Clock> RateLease<C> {
             return Err(LeaseError::Released);
         }
         s.advance(recv, cfg);
-        match result {
+        let before = (s.phase, s.grant, s.until);
+        let outcome = match result {
             Ok(reply) => {
                 let life = reply.expiry.saturating_sub(reply.now);
                 s.phase = Phase::Active;
@@ -1503,7 +1585,9 @@ impl<C: Clock> RateLease<C> {
                 s.note_fallback(recv, cfg, &inner.budget, &inner.id);
                 Err(error)
             }
-        }
+        };
+        s.note_change(before, recv);
+        outcome
     }
 
     /// Waits until the first refresh has finished, successful or not (one
@@ -1560,10 +1644,13 @@ impl<C: Clock> RateLease<C> {
     pub async fn release(&self) -> Result<(), LeaseError> {
         {
             let mut s = self.inner.state.lock();
+            let before = (s.phase, s.grant, s.until);
             s.phase = Phase::Released;
             s.grant = Rate::ZERO;
             s.until = Timestamp(0);
             s.tokens = 0;
+            let now = self.inner.clock.now();
+            s.note_change(before, now);
         }
         self.inner.wake.notify_one();
         self.inner.ready.send_replace(true);

@@ -8,7 +8,7 @@ use parking_lot::Mutex;
 
 use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::outbound::budget::Counters;
-use crate::outbound::lease::cap_at_refresh;
+use crate::outbound::lease::{cap_at_refresh, Schedule};
 use crate::outbound::{AttemptBudget, BudgetStats, LeaseMode, Rate, RateLease, Refusal, Share};
 use crate::ConfigError;
 
@@ -39,6 +39,14 @@ const RELEASED: Refusal = Refusal::Unavailable {
 ///   need, nor the reverse. A share's bucket holds its part of the lease's
 ///   burst, and at least two attempts of the largest cost, so that a share
 ///   waiting while the other emptied the lease's bucket loses nothing.
+///   A share's bucket fills on the lease's own schedule, stretch by
+///   stretch: at its part of the grant until the grant's local expiry, of
+///   the fallback after it, each capped at that stretch's capacity. So a
+///   share idle across a fallback comes back with what the fallback filled,
+///   not what the grant would have, and sends in any interval stay within
+///   its capacity at the interval's start plus its part of what the lease
+///   fills over it. When the lease changed more than once while a share was
+///   idle, the time before the latest change fills nothing for that share.
 /// - **No rate** (before the first refresh, or a zero grant): the wait is
 ///   the lease's own, the time to its next refresh. A **released** lease
 ///   refuses every attempt at once with [`Refusal::Unavailable`] and
@@ -103,9 +111,8 @@ struct Inner<C: Clock> {
 struct ShareBucket {
     tokens: u128,
     last: Timestamp,
-    /// The share's rate when the bucket was last filled, milli-units per
-    /// second.
-    rate: u128,
+    /// The lease's rate schedule when the bucket was last filled.
+    schedule: Schedule,
 }
 
 impl<C: Clock> LeasedBudget<C> {
@@ -123,26 +130,84 @@ impl<C: Clock> LeasedBudget<C> {
         }
         let now = lease.now();
         let stats = Counters::new(lease.budget());
+        // The buckets fill from now on the schedule the lease has now.
         let empty = ShareBucket {
             tokens: 0,
             last: now,
-            rate: 0,
+            schedule: lease.schedule(),
         };
-        let budget = LeasedBudget {
+        Ok(LeasedBudget {
             inner: Arc::new(Inner {
                 lease,
                 retry,
                 shares: Mutex::new([empty; 2]),
                 stats,
             }),
-        };
-        // The buckets fill from now at the rate the lease has now.
-        let rate = budget.inner.lease.status_at(now).rate;
-        let rates = [Share::Normal, Share::Retry].map(|share| budget.fill_rate(share, rate));
-        for (bucket, rate) in budget.inner.shares.lock().iter_mut().zip(rates) {
-            bucket.rate = rate;
+        })
+    }
+
+    /// `share`'s bucket capacity while the lease's rate is `rate`, in
+    /// nano-tokens: its part of the lease's, and at least two attempts of
+    /// the largest cost, so that a share that is full while the other share
+    /// has just emptied the lease's bucket keeps what it accrues meanwhile.
+    fn share_capacity(&self, share: Share, rate: Rate) -> u128 {
+        let lease = &self.inner.lease;
+        let total = u128::from(lease.rate().as_milli());
+        let part = u128::from(self.share_rate(share).as_milli());
+        (u128::from(lease.capacity_at(rate)) * part / total).max(2 * u128::from(lease.max_cost()))
+            * NANO
+    }
+
+    /// Fills `bucket` from its last fill to `now` as the lease's own bucket
+    /// fills: each stretch of the lease's schedule at `share`'s part of its
+    /// rate, capped at `share`'s part of its capacity. A share that was idle
+    /// across a fallback so gets what the fallback filled, never what its
+    /// grant would have.
+    ///
+    /// The schedule read at the last fill covers the time up to the change
+    /// that followed it (the lease's bucket filled on it until that reply).
+    /// When the lease changed more than once meanwhile, the schedules in
+    /// between are not known here: that time fills nothing, and the bucket
+    /// keeps at most its least capacity, so the fill never exceeds the
+    /// lease's.
+    fn fill(&self, share: Share, bucket: &mut ShareBucket, now: Timestamp, current: Schedule) {
+        let to = Timestamp(bucket.last.0.max(now.0));
+        let mut from = bucket.last;
+        if current.epoch != bucket.schedule.epoch {
+            let change = Timestamp(current.since.0.clamp(from.0, to.0));
+            if current.epoch == bucket.schedule.epoch + 1 {
+                let before = bucket.schedule;
+                self.replay(share, bucket, &before, from, change);
+            } else {
+                bucket.tokens = bucket.tokens.min(self.share_capacity(share, Rate::ZERO));
+            }
+            from = change;
+            bucket.schedule = current;
         }
-        Ok(budget)
+        self.replay(share, bucket, &current, from, to);
+        bucket.last = to;
+    }
+
+    /// Fills `bucket` over `[from, to)` on `schedule`.
+    fn replay(
+        &self,
+        share: Share,
+        bucket: &mut ShareBucket,
+        schedule: &Schedule,
+        from: Timestamp,
+        to: Timestamp,
+    ) {
+        for (rate, micros) in schedule.stretches(from, to) {
+            if micros == 0 {
+                continue;
+            }
+            let capacity = self.share_capacity(share, rate);
+            bucket.tokens = bucket
+                .tokens
+                .min(capacity)
+                .saturating_add(self.fill_rate(share, rate) * u128::from(micros))
+                .min(capacity);
+        }
     }
 
     /// The rate `share`'s bucket fills at while the lease's rate is `rate`:
@@ -210,32 +275,18 @@ impl<C: Clock> LeasedBudget<C> {
                 Err(wait) => Err(Refusal::Unavailable { wait }),
             };
         }
-        let total = u128::from(lease.rate().as_milli());
-        let part = u128::from(self.share_rate(share).as_milli());
-        let rate = self.fill_rate(share, status.rate);
-        // Two attempts at least: a share that is full while the other share
-        // has just emptied the lease's bucket keeps what it accrues meanwhile.
-        let capacity = (u128::from(status.capacity) * part / total)
-            .max(2 * u128::from(lease.max_cost()))
-            * NANO;
         let need = u128::from(cost) * NANO;
         let mut shares = inner.shares.lock();
         let bucket = &mut shares[match share {
             Share::Normal => 0,
             Share::Retry => 1,
         }];
-        let elapsed = now.0.saturating_sub(bucket.last.0);
-        bucket.last = Timestamp(bucket.last.0.max(now.0));
-        // The rate changed at a refresh since the last fill, at a time not
-        // known here: the time since then fills at the lower of the two, so
-        // a grant never fills the time before it retroactively.
-        let filled = rate.min(bucket.rate);
-        bucket.rate = rate;
-        bucket.tokens = bucket
-            .tokens
-            .min(capacity)
-            .saturating_add(filled * u128::from(elapsed))
-            .min(capacity);
+        // Read under the shares' lock, so fills see the schedules in order.
+        let schedule = lease.schedule();
+        self.fill(share, bucket, now, schedule);
+        let current = schedule.rate_at(now);
+        let rate = self.fill_rate(share, current);
+        bucket.tokens = bucket.tokens.min(self.share_capacity(share, current));
         if bucket.tokens < need {
             let wait = if rate == 0 {
                 lease.note_demand(cost);
