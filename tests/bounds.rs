@@ -1517,3 +1517,103 @@ async fn a_gzip_bomb_split_into_members_is_413_decoded_bytes_at_the_cap_over_all
         assert_eq!(seen.load(Ordering::SeqCst), expected, "{path}");
     }
 }
+
+#[tokio::test]
+async fn a_body_longer_than_its_content_length_is_400_naming_the_body_not_the_wire_cap() {
+    let declared = 100 * KIB;
+    let expected = Rejection::InvalidParameters(vec![InvalidParameter::new(
+        "body",
+        format!("the body is longer than its content-length of {declared} bytes"),
+    )]);
+    let identity = |path: &str| {
+        Request::post(path)
+            .header(header::CONTENT_LENGTH, declared)
+            .body(chunked(128 * KIB, b'a'))
+            .unwrap()
+    };
+    let gzipped = |path: &str| {
+        let mut sent = gzip_zeros(MIB);
+        assert!(sent.len() < declared, "{} bytes", sent.len());
+        sent.resize(declared + 1, 0);
+        Request::post(path)
+            .header(header::CONTENT_LENGTH, declared)
+            .header(header::CONTENT_ENCODING, "gzip")
+            .body(Body::from(sent))
+            .unwrap()
+    };
+    for (name, build) in [
+        ("identity", &identity as &dyn Fn(&str) -> Request<Body>),
+        ("gzip", &gzipped),
+    ] {
+        for path in ["/stream", "/bytes"] {
+            let seen = Arc::new(AtomicU64::new(0));
+            let app = body_app(MIB, 8 * MIB, seen.clone());
+            let (status, response) = send(&app, build(path)).await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{name} {path}");
+            assert_eq!(
+                response.extensions().get::<Rejection>(),
+                Some(&expected),
+                "{name} {path}"
+            );
+            let doc = problem(response).await;
+            assert_eq!(doc["errors"][0]["name"], "body", "{name} {path}");
+            // The identity stream's first 64 KiB frame fits the declared
+            // length; the gzip body is one frame over it, and the buffering
+            // handler never runs.
+            let read = match (name, path) {
+                ("identity", "/stream") => 64 * KIB as u64,
+                _ => 0,
+            };
+            assert_eq!(seen.load(Ordering::SeqCst), read, "{name} {path}");
+        }
+    }
+    // With conflicting content-length lines, the first one is the length read to.
+    let seen = Arc::new(AtomicU64::new(0));
+    let app = body_app(MIB, 8 * MIB, seen.clone());
+    let req = Request::post("/stream")
+        .header(header::CONTENT_LENGTH, 16)
+        .header(header::CONTENT_LENGTH, MIB)
+        .body(chunked(64, b'a'))
+        .unwrap();
+    let (status, response) = send(&app, req).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        response.extensions().get::<Rejection>(),
+        Some(&Rejection::InvalidParameters(vec![InvalidParameter::new(
+            "body",
+            "the body is longer than its content-length of 16 bytes",
+        )]))
+    );
+    assert_eq!(seen.load(Ordering::SeqCst), 0);
+    // A body exactly as long as its content-length passes.
+    let seen = Arc::new(AtomicU64::new(0));
+    let app = body_app(MIB, 8 * MIB, seen.clone());
+    let req = Request::post("/stream")
+        .header(header::CONTENT_LENGTH, 128 * KIB)
+        .body(chunked(128 * KIB, b'a'))
+        .unwrap();
+    let (status, _) = send(&app, req).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(seen.load(Ordering::SeqCst), 128 * KIB as u64);
+}
+
+#[tokio::test]
+async fn a_content_encoding_that_names_no_coding_is_no_coding() {
+    // Empty list elements do not count, so these lists name no coding: the
+    // body is as sent, as for `gzip,` it is gzip.
+    for lines in [&[""][..], &[","], &[" , ,"], &["", ""]] {
+        let calls = Arc::new(AtomicU64::new(0));
+        let app = echo_app(MIB, MIB, calls.clone());
+        let mut req = Request::post("/echo")
+            .body(Body::from("hello world"))
+            .unwrap();
+        for line in lines {
+            req.headers_mut()
+                .append(header::CONTENT_ENCODING, line.parse().unwrap());
+        }
+        let (status, response) = send(&app, req).await;
+        assert_eq!(status, StatusCode::OK, "{lines:?}");
+        assert_eq!(text(response).await, "hello world", "{lines:?}");
+        assert_eq!(calls.load(Ordering::SeqCst), 1, "{lines:?}");
+    }
+}

@@ -41,11 +41,14 @@ type StackBody<RB> = ResponseBody<Either<ResponseBody<RB>, Empty<Bytes>>>;
 /// outermost first:
 ///
 /// 1. tower-http [`RequestBodyLimit`] with the wire cap (early 413 when
-///    `content-length` is over it, a length error while streaming otherwise);
+///    `content-length` is over it, a length error while streaming otherwise;
+///    a body longer than its `content-length` is refused with 400 naming
+///    `body`, since the cap was never reached);
 /// 2. a probe that records a wire-cap trip;
 /// 3. a streaming decoder (gzip, deflate, br, zstd, named in any case; 415
 ///    for any other `content-encoding`, `x-gzip` included, and for several
-///    codings, on several lines or as a list, since it decodes one);
+///    codings, on several lines or as a list, since it decodes one; a
+///    `content-encoding` of empty list elements only names no coding);
 /// 4. tower-http [`RequestBodyLimit`] with the decoded cap;
 /// 5. a probe that records a decoded-cap trip.
 ///
@@ -214,6 +217,7 @@ where
             probe,
             grpc: is_grpc(req.headers()),
             encoding: combine_content_encoding(req.headers_mut()),
+            declared_length: declared_length(req.headers()),
             wire_bytes: caps.wire_bytes,
             decoded_bytes: caps.decoded_bytes,
         };
@@ -262,13 +266,21 @@ fn may_trip<B: Body>(req: &Request<B>, caps: usize) -> bool {
     }
     match headers.get(CONTENT_LENGTH) {
         None => false,
-        // Parsed as tower-http parses it; one it cannot parse stays watched.
-        Some(len) => len
-            .to_str()
-            .ok()
-            .and_then(|len| len.parse::<usize>().ok())
-            .is_none_or(|len| len > caps),
+        // One that tower-http cannot parse stays watched.
+        Some(_) => declared_length(headers).is_none_or(|len| len > caps),
     }
+}
+
+/// The `content-length` as tower-http's [`RequestBodyLimit`] reads it: the
+/// first line, parsed as a whole number. Within the wire cap it, not the
+/// cap, is the limit tower-http reads the body to.
+fn declared_length(headers: &HeaderMap) -> Option<usize> {
+    headers
+        .get(CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .parse::<usize>()
+        .ok()
 }
 
 /// Puts the `content-encoding` lines of `headers` into the one line that
@@ -277,6 +289,8 @@ fn may_trip<B: Body>(req: &Request<B>, caps: usize) -> bool {
 /// when they name exactly one coding, its name in lowercase (names are
 /// case-insensitive, RFC 9110 §8.4.1). A list of several codings matches no
 /// name, so the decompressor refuses it instead of decoding only the first.
+/// Lines that name no coding at all (empty, or only commas) are removed:
+/// the body is as sent.
 ///
 /// Returns the lines as sent, combined, for a 415 to name.
 fn combine_content_encoding(headers: &mut HeaderMap) -> Option<HeaderValue> {
@@ -303,6 +317,10 @@ fn combine_content_encoding(headers: &mut HeaderMap) -> Option<HeaderValue> {
         .map(<[u8]>::trim_ascii)
         .filter(|coding| !coding.is_empty());
     let lone_coding = match (codings.next(), codings.next()) {
+        (None, _) => {
+            headers.remove(CONTENT_ENCODING);
+            return Some(sent);
+        }
         (Some(one), None) => HeaderValue::from_bytes(&one.to_ascii_lowercase()).ok(),
         _ => None,
     };
@@ -569,6 +587,8 @@ struct Watch {
     grpc: bool,
     /// The `content-encoding` as sent, for a 415 to name.
     encoding: Option<HeaderValue>,
+    /// The `content-length` the wire stage reads the body to, if sent.
+    declared_length: Option<usize>,
     wire_bytes: usize,
     decoded_bytes: usize,
 }
@@ -584,7 +604,16 @@ impl Watch {
         let passed = state.passed.load(Ordering::Acquire);
         let status = response.status();
         let rejection = match state.tripped.load(Ordering::Acquire) {
-            TRIPPED_WIRE => Some(too_large(SizeCap::WireBytes, self.wire_bytes)),
+            TRIPPED_WIRE => Some(match self.declared_length {
+                // The length the body broke is the one it declared.
+                Some(declared) if declared <= self.wire_bytes => {
+                    Rejection::InvalidParameters(vec![InvalidParameter::new(
+                        "body",
+                        format!("the body is longer than its content-length of {declared} bytes"),
+                    )])
+                }
+                _ => too_large(SizeCap::WireBytes, self.wire_bytes),
+            }),
             TRIPPED_DECODED => Some(too_large(SizeCap::DecodedBytes, self.decoded_bytes)),
             TRIPPED_MALFORMED => {
                 let reason = state

@@ -16,17 +16,19 @@
 //! * **Wire bytes first.** The wire cap bounds what the server reads from the
 //!   network before any CPU is spent on it. A body with a too large
 //!   `content-length` is refused before a byte is read; a chunked one is cut
-//!   off at the cap.
+//!   off at the cap. A body longer than the `content-length` it declares is
+//!   a malformed body (400 naming `body`), not an exceeded cap.
 //! * **Then decompress, streaming.** The decoder yields the decoded stream
 //!   in chunks of at most 4 KiB, never the whole body, so a 1 MiB gzip bomb
 //!   that inflates to 1 GiB costs no more memory than its decoded cap.
 //!   Coding names match in any case. Unknown encodings get 415, and so do
 //!   several codings at once (on several `content-encoding` lines or as a
-//!   list), since only one would be decoded. Every member of a multi-member
-//!   gzip body and every frame of a zstd body is decoded; bytes after the
-//!   coded data that start no other member or frame, and truncated or
-//!   corrupt coded data, are a malformed body, refused with 400 naming
-//!   `body`, never dropped (see [`BodyLimitsLayer`]).
+//!   list), since only one would be decoded; empty list elements do not
+//!   count, so a `content-encoding` of only those names no coding. Every
+//!   member of a multi-member gzip body and every frame of a zstd body is
+//!   decoded; bytes after the coded data that start no other member or
+//!   frame, and truncated or corrupt coded data, are a malformed body,
+//!   refused with 400 naming `body`, never dropped (see [`BodyLimitsLayer`]).
 //! * **Then cap decoded bytes.** A small compressed body can decode to
 //!   anything; this cap is what actually bounds the parser and the handler.
 //!   It must sit *after* decompression, or it would count compressed bytes.

@@ -156,7 +156,8 @@ impl ForwardedHeader {
 /// line's last element and goes leftwards across lines. Only the rightmost
 /// [`MAX_HOPS`] hops are read; if all are trusted the leftmost of them is the
 /// answer. Addresses are compared in canonical form, so `::ffff:10.0.0.1` is
-/// `10.0.0.1`. The walk never panics and does not allocate.
+/// `10.0.0.1`. The walk never panics, and allocates only to unescape a
+/// quoted `for=` value that holds a backslash.
 ///
 /// [`ClientIpLayer`] also groups the answer into the network that quotas are
 /// keyed on ([`ClientIp::key_network`]): `/64` for IPv6 and `/32` for IPv4

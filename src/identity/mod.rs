@@ -38,7 +38,7 @@
 //!     .route("/reports", get(|who: Identity| async move { format!("hello {}", who.subject()) }))
 //!     .route_layer(AuthenticateLayer::new(keys))
 //!     .route("/healthz", get(|| async { "ok" }));
-//! //! ```
+//! ```
 
 mod api_keys;
 mod authenticate;
