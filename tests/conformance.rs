@@ -510,6 +510,27 @@ async fn exactly_limit_of_1000_concurrent<S: Store>(c: Ctx<'_, S>) {
     }
 }
 
+async fn keys_with_braces_decide_every_policy<S: Store>(c: Ctx<'_, S>) {
+    // Request keys may hold hash-tag braces: all of a decision's Redis keys
+    // still share one hash tag (no CROSSSLOT on a cluster), and each request
+    // key keeps its own state.
+    let q = Quota::new(
+        "braces",
+        [
+            Policy::fixed_window("fw", 3, MIN).unwrap(),
+            Policy::sliding_log("sl", 3, MIN).unwrap(),
+            Policy::token_bucket("tb", 3, 1, Duration::from_secs(3600)).unwrap(),
+            Policy::sliding_window("sw", 3, MIN).unwrap(),
+        ],
+    )
+    .unwrap();
+    c.at_ms(NOON);
+    for name in ["}", "{", "{}", "a}b{c", "}{", "{x}:0:fw", ""] {
+        let k = c.key(name);
+        assert_eq!(c.admitted(&q, &k, 1, 4).await, 3, "{name:?}");
+    }
+}
+
 fn memory_store(clock: &ManualClock) -> MemoryStore<ManualClock> {
     MemoryStore::with_config(MemoryConfig::default(), clock.clone())
 }
@@ -586,4 +607,5 @@ suite!(
     changed_numbers_never_lock_a_key_out,
     refunds_are_bound_to_their_charge,
     exactly_limit_of_1000_concurrent,
+    keys_with_braces_decide_every_policy,
 );

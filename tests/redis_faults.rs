@@ -559,3 +559,55 @@ async fn cluster_master_killed_fails_only_its_keys_within_the_deadline() {
     assert_eq!(admitted_alive, keys.len() - dead_count);
     assert_eq!(limiter.stats().failed_closed, dead_count as u64);
 }
+
+/// A settle whose reply is lost after it ran (the connection drops with the
+/// answer on it) is an unknown outcome, and is never run a second time.
+/// Before, the cluster client resent it on a new connection: a refund of 5
+/// was applied twice and freed another charge's 5 in the same window
+/// (10 remaining instead of 5), and the settle reported success.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_settle_whose_reply_was_lost_is_applied_once() {
+    let cluster = support::RedisCluster::start();
+    let proxies = cluster.behind_reply_cut_proxies().await;
+    let clock = tower_admission::clock::ManualClock::default();
+    clock.set(tower_admission::clock::Timestamp::from_millis(
+        1_704_110_400_000,
+    ));
+    let store = RedisStore::cluster_builder(proxies.iter().map(support::ReplyCutProxy::url))
+        .test_clock(clock.clone())
+        .deadline(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let quota = Quota::new(
+        "lost",
+        [Policy::fixed_window("per-minute", 10, Duration::from_secs(60)).unwrap()],
+    )
+    .unwrap();
+    let key: Arc<str> = "alice".into();
+    let a = store.decide(&quota, &key, 5).await.unwrap();
+    let b = store.decide(&quota, &key, 5).await.unwrap();
+    assert!(a.admitted && b.admitted);
+    // The node holding the key answers EXISTS for it; cut its proxy only.
+    let redis_key = &store.keys(&quota, &key)[0];
+    let owner = cluster
+        .nodes()
+        .iter()
+        .position(|n| n.cli(&["exists", redis_key]).trim() == "1")
+        .unwrap();
+    proxies[owner].cut_next_reply();
+    let settled = store.settle(&quota, &key, &a.holds, -5).await;
+    let cuts: u64 = proxies.iter().map(support::ReplyCutProxy::cuts).sum();
+    assert_eq!(cuts, 1);
+    // A's refund of 5 ran once: B's 5 still stand.
+    let after = store.decide(&quota, &key, 0).await.unwrap();
+    assert_eq!(after.decisions[0].remaining, 5);
+    assert_eq!(settled.unwrap_err(), StoreError::Timeout);
+    // A decision whose reply is lost is charged once too (before, it was
+    // charged twice and reported as one admission of 1).
+    proxies[owner].cut_next_reply();
+    let lost = store.decide(&quota, &key, 1).await;
+    assert_eq!(lost.unwrap_err(), StoreError::Timeout);
+    let after = store.decide(&quota, &key, 0).await.unwrap();
+    assert_eq!(after.decisions[0].remaining, 4);
+    assert_eq!(proxies[owner].cuts(), 2);
+}

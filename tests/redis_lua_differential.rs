@@ -499,3 +499,58 @@ fn sliding_window_products_beyond_2_53_are_exact() {
         }
     });
 }
+
+/// A sliding log of 1,100 entries, full: a refusal's wait (a search over
+/// the whole log), refunds on both sides of the refund reach (the 1,024
+/// newest entries) and a charge by settle, decision for decision against
+/// the Rust log.
+#[test]
+fn a_full_log_at_the_refund_reach_matches() {
+    const N: u64 = 1_100;
+    let rig = Rig::new();
+    let quota = Quota::new(
+        "reach",
+        [Policy::sliding_log("p", N, Duration::from_secs(60)).unwrap()],
+    )
+    .unwrap();
+    let key = rig.key();
+    rig.rt.block_on(async {
+        let mut holds = Vec::new();
+        for i in 0..N {
+            // Two entries per µs, so entries share times too.
+            rig.clock.set(Timestamp(START + i / 2));
+            let expected = rig.memory.decide(&quota, &key, 1).await.unwrap();
+            let got = rig.redis.decide(&quota, &key, 1).await.unwrap();
+            assert_eq!(got, expected, "admission {i}");
+            holds.push((expected.holds, got.holds));
+        }
+        let at = START + N;
+        rig.clock.set(Timestamp(at));
+        let full = rig.redis.decide(&quota, &key, 3).await.unwrap();
+        assert_eq!(full, rig.memory.decide(&quota, &key, 3).await.unwrap());
+        assert!(!full.admitted);
+        // Entries 0 to 75 are beyond the reach (nothing back), 76 on within
+        // it; a second refund of one entry gives nothing.
+        for which in [75usize, 76, 77, 0, 1, 500, 1_099, 1_099] {
+            let (mem, red) = &holds[which];
+            let expected = rig.memory.settle(&quota, &key, mem, -1).await.unwrap();
+            let got = rig.redis.settle(&quota, &key, red, -1).await.unwrap();
+            assert_eq!(got, expected, "refund of entry {which}");
+            holds[which] = (expected, got);
+            let expected = rig.memory.decide(&quota, &key, 0).await.unwrap();
+            let got = rig.redis.decide(&quota, &key, 0).await.unwrap();
+            assert_eq!(got, expected, "after the refund of entry {which}");
+        }
+        let remaining = rig.redis.decide(&quota, &key, 0).await.unwrap();
+        assert_eq!(remaining.decisions[0].remaining, 4);
+        let (mem, red) = &holds[10];
+        let expected = rig.memory.settle(&quota, &key, mem, 9).await.unwrap();
+        let got = rig.redis.settle(&quota, &key, red, 9).await.unwrap();
+        assert_eq!(got, expected);
+        for cost in [1, 0] {
+            let expected = rig.memory.decide(&quota, &key, cost).await.unwrap();
+            let got = rig.redis.decide(&quota, &key, cost).await.unwrap();
+            assert_eq!(got, expected, "cost {cost} after the settle's charge");
+        }
+    });
+}

@@ -469,3 +469,148 @@ pub fn command_calls(server: &RedisServer, commands: &[&str]) -> u64 {
         })
         .sum()
 }
+
+/// A TCP proxy in front of a Redis that, once [armed](Self::cut_next_reply),
+/// forwards the next request but closes the connection when the reply
+/// comes back, before delivering it: the command ran, the client never
+/// learns its answer.
+#[derive(Debug)]
+pub struct ReplyCutProxy {
+    port: u16,
+    armed: Arc<std::sync::atomic::AtomicBool>,
+    /// Replies cut so far.
+    cut: Arc<AtomicU64>,
+    tasks: Arc<Mutex<Vec<AbortHandle>>>,
+}
+
+impl ReplyCutProxy {
+    /// Listens on a free port and forwards every connection to `upstream`.
+    pub async fn start(upstream: u16) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind proxy");
+        let port = listener.local_addr().expect("proxy addr").port();
+        let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let cut = Arc::new(AtomicU64::new(0));
+        let tasks: Arc<Mutex<Vec<AbortHandle>>> = Arc::default();
+        let accept = {
+            let (armed, cut, tasks) = (armed.clone(), cut.clone(), tasks.clone());
+            tokio::spawn(async move {
+                loop {
+                    let Ok((client, _)) = listener.accept().await else {
+                        return;
+                    };
+                    let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await
+                    else {
+                        continue;
+                    };
+                    let _ = client.set_nodelay(true);
+                    let _ = server.set_nodelay(true);
+                    let (mut cr, mut cw) = client.into_split();
+                    let (mut sr, mut sw) = server.into_split();
+                    let up = tokio::spawn(async move {
+                        let _ = tokio::io::copy(&mut cr, &mut sw).await;
+                    });
+                    let up_handle = up.abort_handle();
+                    let (armed, cut) = (armed.clone(), cut.clone());
+                    let down = tokio::spawn(async move {
+                        let mut buf = vec![0u8; 64 * 1024];
+                        loop {
+                            let n = match sr.read(&mut buf).await {
+                                Ok(0) | Err(_) => break,
+                                Ok(n) => n,
+                            };
+                            if armed.swap(false, Ordering::SeqCst) {
+                                cut.fetch_add(1, Ordering::SeqCst);
+                                break;
+                            }
+                            if cw.write_all(&buf[..n]).await.is_err() {
+                                break;
+                            }
+                        }
+                        // Closing both halves: the client sees the connection drop.
+                        up_handle.abort();
+                    });
+                    let mut tasks = tasks.lock().unwrap();
+                    tasks.push(up.abort_handle());
+                    tasks.push(down.abort_handle());
+                }
+            })
+        };
+        tasks.lock().unwrap().push(accept.abort_handle());
+        ReplyCutProxy {
+            port,
+            armed,
+            cut,
+            tasks,
+        }
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// Cuts the connection that carries the next reply, once.
+    pub fn cut_next_reply(&self) {
+        self.armed.store(true, Ordering::SeqCst);
+    }
+
+    /// Replies cut so far.
+    pub fn cuts(&self) -> u64 {
+        self.cut.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for ReplyCutProxy {
+    fn drop(&mut self) {
+        for task in self.tasks.lock().unwrap().drain(..) {
+            task.abort();
+        }
+    }
+}
+
+impl RedisCluster {
+    /// Puts a [`ReplyCutProxy`] in front of every node and has each node
+    /// announce its proxy's port, so cluster clients reach the nodes only
+    /// through the proxies. Returns the proxies in node order.
+    pub async fn behind_reply_cut_proxies(&self) -> Vec<ReplyCutProxy> {
+        let mut proxies = Vec::new();
+        for node in &self.nodes {
+            let proxy = ReplyCutProxy::start(node.port).await;
+            let port = proxy.port().to_string();
+            assert_eq!(
+                node.cli(&["config", "set", "cluster-announce-port", &port])
+                    .trim(),
+                "OK"
+            );
+            proxies.push(proxy);
+        }
+        // Wait until every node's slot map names the proxies only.
+        let started = Instant::now();
+        loop {
+            let ready = self.nodes.iter().all(|n| {
+                let slots = n.cli(&["cluster", "slots"]);
+                proxies
+                    .iter()
+                    .all(|p| slots.lines().any(|l| l.trim() == p.port().to_string()))
+                    && self
+                        .nodes
+                        .iter()
+                        .all(|m| !slots.lines().any(|l| l.trim() == m.port.to_string()))
+            });
+            if ready {
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "nodes did not announce their proxies"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        proxies
+    }
+}

@@ -71,10 +71,11 @@ fn script_source(injected_clock: bool) -> String {
 /// Rust state machines by the differential tests.
 ///
 /// **Keys.** The policy at position `i` (algorithm `a`) of quota `q` for
-/// key `k` lives in `prefix:{q:k}:i:a`. State follows the policy's position
-/// and kind, not its name, as in every store: a redeploy that renames a
-/// policy keeps its state, and a settlement's holds (one per position) meet
-/// the state they were charged to. Every key of one decision shares the hash tag
+/// key `k` lives in `prefix:{q:k}:i:a`. Each policy's state follows its
+/// position and kind, not its name: a redeploy that renames a policy keeps
+/// its state, one that adds or removes a policy after it keeps it too, and a
+/// settlement's holds (one per position) meet the state they were charged
+/// to. Every key of one decision shares the hash tag
 /// `{q:k}`, so Redis Cluster puts them on one slot and never answers
 /// `CROSSSLOT`; a single-policy quota touches exactly one key. The algorithm
 /// code in the name keeps a changed algorithm from reading the old one's
@@ -118,7 +119,12 @@ fn script_source(injected_clock: bool) -> String {
 /// [`Limiter`](crate::quota::Limiter) does so and resolves every error by
 /// each policy's [`FailureMode`](crate::quota::FailureMode). On a cluster the
 /// client hides its own routing and reconnects, so a deadline there is always
-/// reported as [`StoreError::Timeout`], the conservative answer.
+/// reported as [`StoreError::Timeout`], the conservative answer. The cluster
+/// client sends each call at most once: it follows no `MOVED` or `ASK`
+/// redirect and retries nothing (a redirect is `Unavailable`; a `MOVED`
+/// refreshes the slot map for the next call), since a call resent after its
+/// connection dropped may run twice, and a refund applied twice gives back
+/// another charge's cost.
 ///
 /// The single-server connection speaks RESP3 (Redis 6 or later) so that the
 /// client reports a closed connection at once: a decision after an idle
@@ -136,8 +142,11 @@ fn script_source(injected_clock: bool) -> String {
 /// Script atomicity does not survive the loss of the data. A Redis restarted
 /// without persistence, or a failover to a replica that had not received the
 /// latest writes, **forgets recent admissions: the affected quotas reset**
-/// and clients get up to a full extra limit. Persistence (AOF with `fsync`)
-/// and `WAIT`-based replication narrow the window; nothing here closes it.
+/// and clients get up to a full extra limit. So does eviction: every key
+/// has an expiry, so any `maxmemory-policy` but `noeviction` (the
+/// `volatile-*` ones included) may drop live quota state under memory
+/// pressure. Persistence (AOF with `fsync`) and `WAIT`-based replication
+/// narrow the window; nothing here closes it.
 /// The fault tests show the reset. A refund of a charge made before the
 /// loss never reaches a window or log entry made after it (a window's
 /// first state begins a new epoch, an entry is named by its time); a token
@@ -457,12 +466,15 @@ impl RedisStoreBuilder {
         let target = if self.cluster {
             // The cluster client's response timeout is only a backstop that
             // frees requests stuck on a dead node; the deadline bounds us.
+            // No retries: the client resends a command whose connection
+            // dropped after sending, and a script that ran twice charges or
+            // refunds twice.
             let backstop = (self.deadline * 20).max(Duration::from_secs(1));
             let client =
                 redis::cluster::ClusterClientBuilder::new(self.nodes.iter().map(String::as_str))
                     .connection_timeout(self.connect_timeout)
                     .response_timeout(backstop)
-                    .retries(3)
+                    .retries(0)
                     .build()
                     .map_err(bad_url)?;
             Target::Cluster(Box::new(client))
