@@ -1552,3 +1552,340 @@ async fn a_map_sized_for_the_global_cap_never_refuses_across_worker_threads() {
     assert_eq!((stats.global_in_flight, stats.global_queued), (0, 0));
     assert_eq!(stats.tracked_identities, 0);
 }
+
+/// One step of [`every_step_keeps_both_caps`].
+#[derive(Debug, Clone)]
+enum Step {
+    /// A request of `user-N`, or without an identity.
+    Arrive(Option<u8>),
+    /// The admitted response at this index (modulo) is sent and dropped.
+    Complete(usize),
+    /// The waiting caller at this index (modulo) gives up.
+    Cancel(usize),
+    /// Time passes, one millisecond at a time.
+    Advance(u64),
+}
+
+fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+    use proptest::prelude::*;
+    prop_oneof![
+        4 => proptest::option::weighted(0.85, 0u8..3).prop_map(Step::Arrive),
+        2 => any::<usize>().prop_map(Step::Complete),
+        1 => any::<usize>().prop_map(Step::Cancel),
+        2 => (1u64..25).prop_map(Step::Advance),
+    ]
+}
+
+/// A request the handler has started and whose response is not yet
+/// dropped; it lives in the response's extensions.
+struct Started {
+    counts: Arc<std::sync::Mutex<BTreeMap<Option<String>, usize>>>,
+    user: Option<String>,
+}
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        // After a failed check the lock is poisoned: nothing left to count.
+        let Ok(mut counts) = self.counts.lock() else {
+            return;
+        };
+        let n = counts.get_mut(&self.user).unwrap();
+        *n -= 1;
+        if *n == 0 {
+            counts.remove(&self.user);
+        }
+    }
+}
+
+type PermitAnswer = Response<tower_admission::concurrency::PermitBody<Full<Bytes>>>;
+type Pending =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<PermitAnswer, Infallible>>>>;
+
+/// Arrivals, completions, callers giving up (queued or admitted) and
+/// deadlines, interleaved at random, several in one instant: after every
+/// step (once every waiter woken has been polled) the requests running
+/// stay within the global cap and each user's cap (either alone, or
+/// both), every permit held
+/// belongs to a running request, no permit idles while a request waits,
+/// every waiter is counted in exactly one queue, and each refusal comes at
+/// its exact time. At the end nothing is held, queued or tracked.
+#[test]
+fn every_step_keeps_every_cap() {
+    use proptest::prelude::*;
+    let caps = (
+        1usize..4,
+        0usize..4,
+        1u64..30,
+        1usize..3,
+        0usize..3,
+        1u64..30,
+        // Both caps, the global one alone, or the per-identity one alone.
+        0u8..3,
+    );
+    let plan = proptest::collection::vec(step(), 1..120);
+    proptest!(ProptestConfig::with_cases(500), |(caps in caps, plan in plan)| {
+        let run = || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .start_paused(true)
+                .build()
+                .unwrap()
+                .block_on(run_steps(caps, &plan));
+        };
+        #[cfg(feature = "metrics")]
+        metrics::with_local_recorder(&gauges::RECORDER.with(|r| r.clone()), run);
+        #[cfg(not(feature = "metrics"))]
+        run();
+    });
+}
+
+/// With the `metrics` feature, the gauges are checked against the layer's
+/// own counts at every step too.
+#[cfg(feature = "metrics")]
+mod gauges {
+    use std::cell::RefCell;
+    use std::sync::Arc;
+
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+    use metrics_util::MetricKind;
+
+    thread_local! {
+        /// This thread's recorder, and the gauges summed over its snapshots
+        /// (each snapshot holds the moves since the one before).
+        pub(super) static RECORDER: Arc<DebuggingRecorder> = Arc::new(DebuggingRecorder::new());
+        static TOTALS: RefCell<(Option<Snapshotter>, [f64; 5])> = const { RefCell::new((None, [0.0; 5])) };
+    }
+
+    const SERIES: [(&str, Option<&str>); 5] = [
+        ("tower_admission_concurrency_in_flight", Some("global")),
+        ("tower_admission_concurrency_queued", Some("global")),
+        ("tower_admission_concurrency_in_flight", Some("identity")),
+        ("tower_admission_concurrency_queued", Some("identity")),
+        ("tower_admission_concurrency_tracked_identities", None),
+    ];
+
+    /// Global in flight and queued, identity in flight and queued, tracked.
+    pub(super) fn now() -> [f64; 5] {
+        TOTALS.with(|totals| {
+            let mut totals = totals.borrow_mut();
+            let (snapshotter, sums) = &mut *totals;
+            let snapshotter = snapshotter.get_or_insert_with(|| RECORDER.with(|r| r.snapshotter()));
+            for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+                let (MetricKind::Gauge, DebugValue::Gauge(moved)) = (key.kind(), value) else {
+                    continue;
+                };
+                let scope = key.key().labels().find(|l| l.key() == "scope");
+                let series = SERIES.iter().position(|(name, want)| {
+                    *name == key.key().name() && scope.map(|l| l.value()) == *want
+                });
+                if let Some(i) = series {
+                    sums[i] += moved.into_inner();
+                }
+            }
+            *sums
+        })
+    }
+}
+
+async fn run_steps(
+    (g, gq, gd, p, pq, pd, caps): (usize, usize, u64, usize, usize, u64, u8),
+    plan: &[Step],
+) {
+    use std::task::{Context, Poll};
+    let (global, per_identity) = (caps != 2, caps != 1);
+    let context = format!(
+        "global ({g}, {gq}, {gd} ms) {global}, per identity ({p}, {pq}, {pd} ms) {per_identity}"
+    );
+    let mut builder = ConcurrencyLayer::builder();
+    if global {
+        builder = builder.global(g, gq, Duration::from_millis(gd));
+    }
+    if per_identity {
+        builder = builder.per_identity(p, pq, Duration::from_millis(pd));
+    }
+    let layer = builder.build().unwrap();
+    let caps = (global.then_some(g), per_identity.then_some(p));
+    let counts: Arc<std::sync::Mutex<BTreeMap<Option<String>, usize>>> = Arc::default();
+    let service = layer.layer(service_fn({
+        let counts = counts.clone();
+        move |req: Request<Full<Bytes>>| {
+            let user = req
+                .extensions()
+                .get::<Identity>()
+                .map(|id| id.subject().to_owned());
+            *counts.lock().unwrap().entry(user.clone()).or_default() += 1;
+            let running = Arc::new(Started {
+                counts: counts.clone(),
+                user,
+            });
+            async move {
+                let mut response = Response::new(Full::new(Bytes::from_static(b"ok")));
+                response.extensions_mut().insert(running);
+                Ok::<_, Infallible>(response)
+            }
+        }
+    }));
+    let start = Instant::now();
+    let mut waiting: Vec<(Pending, Option<String>, Instant)> = Vec::new();
+    let mut admitted: Vec<PermitAnswer> = Vec::new();
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    let settle = |waiting: &mut Vec<(Pending, Option<String>, Instant)>,
+                  admitted: &mut Vec<PermitAnswer>,
+                  cx: &mut Context<'_>,
+                  at: &str| {
+        // Poll every waiter until none moves: one that leaves may wake another.
+        loop {
+            let mut moved = false;
+            let mut i = 0;
+            while i < waiting.len() {
+                let Poll::Ready(answer) = waiting[i].0.as_mut().poll(cx) else {
+                    i += 1;
+                    continue;
+                };
+                moved = true;
+                let (_, user, arrived) = waiting.swap_remove(i);
+                let answer = answer.unwrap();
+                let waited = (Instant::now() - arrived).as_millis() as u64;
+                let reason = answer.extensions().get::<OverloadReason>().copied();
+                let context = format!("{at}: {user:?} waited {waited} ms: {reason:?}");
+                // Only an identified request can wait in both queues.
+                let identified = user.is_some() && per_identity;
+                match (answer.status().as_u16(), reason) {
+                    (200, None) => admitted.push(answer),
+                    (429, Some(OverloadReason::QueueFull)) => assert_eq!(waited, 0, "{context}"),
+                    (429, Some(OverloadReason::DeadlinePassed)) => {
+                        assert!(pq > 0 && waited == pd, "{context}")
+                    }
+                    (503, Some(OverloadReason::QueueFull)) => {
+                        assert!(waited == 0 || (identified && waited <= pd), "{context}")
+                    }
+                    (503, Some(OverloadReason::DeadlinePassed)) => {
+                        let most = if identified { gd + pd } else { gd };
+                        assert!(gq > 0 && (gd..=most).contains(&waited), "{context}")
+                    }
+                    other => panic!("{context}: unexpected {other:?}"),
+                }
+            }
+            if !moved {
+                return;
+            }
+        }
+    };
+    for (n, step) in plan.iter().enumerate() {
+        match *step {
+            Step::Arrive(user) => {
+                let user = user.map(|u| format!("user-{u}"));
+                let mut req = Request::new(Full::default());
+                if let Some(user) = &user {
+                    req.extensions_mut()
+                        .insert(Identity::new(user.as_str(), "t", "p"));
+                }
+                let call: Pending = Box::pin(service.clone().oneshot(req));
+                waiting.push((call, user, Instant::now()));
+            }
+            Step::Complete(i) if !admitted.is_empty() => {
+                drop(admitted.swap_remove(i % admitted.len()));
+            }
+            Step::Cancel(i) if !waiting.is_empty() => {
+                drop(waiting.swap_remove(i % waiting.len()));
+            }
+            Step::Advance(ms) => {
+                for _ in 0..ms {
+                    tokio::time::advance(Duration::from_millis(1)).await;
+                    let at = format!("{context}, step {n}, at {} ms", start.elapsed().as_millis());
+                    settle(&mut waiting, &mut admitted, &mut cx, &at);
+                    check_every_cap(&layer, &counts, waiting.len(), caps, &at);
+                }
+                continue;
+            }
+            _ => {}
+        }
+        let at = format!(
+            "{context}, step {n} {step:?}, at {} ms",
+            start.elapsed().as_millis()
+        );
+        settle(&mut waiting, &mut admitted, &mut cx, &at);
+        check_every_cap(&layer, &counts, waiting.len(), caps, &at);
+    }
+    drop(waiting);
+    drop(admitted);
+    assert!(counts.lock().unwrap().is_empty(), "{context}");
+    let left = (
+        layer.in_flight(),
+        layer.queued(),
+        layer.tracked_identities(),
+    );
+    assert_eq!(
+        left,
+        (0, 0, 0),
+        "{context}: held, queued, tracked at the end"
+    );
+}
+
+fn check_every_cap(
+    layer: &ConcurrencyLayer,
+    counts: &std::sync::Mutex<BTreeMap<Option<String>, usize>>,
+    waiting: usize,
+    (global, per_identity): (Option<usize>, Option<usize>),
+    at: &str,
+) {
+    let counts = counts.lock().unwrap();
+    let total: usize = counts.values().sum();
+    if let Some(g) = global {
+        assert!(total <= g, "{at}: {total} running, global cap {g}");
+        assert_eq!(layer.in_flight(), total, "{at}: global permits held");
+        if total < g {
+            assert_eq!(layer.queued(), 0, "{at}: a global permit idles");
+        }
+    } else {
+        assert_eq!((layer.in_flight(), layer.queued()), (0, 0), "{at}");
+    }
+    let mut identity_queued = 0;
+    let mut tracked = 0;
+    for u in 0..3 {
+        let user = format!("user-{u}");
+        let running = counts.get(&Some(user.clone())).copied().unwrap_or(0);
+        let (held, queued) = (
+            layer.identity_in_flight(&user),
+            layer.identity_queued(&user),
+        );
+        let Some(p) = per_identity else {
+            assert_eq!((held, queued), (0, 0), "{at}: {user} without a cap");
+            continue;
+        };
+        assert!(
+            running <= p && held <= p,
+            "{at}: {user} runs {running}, holds {held}"
+        );
+        assert!(held >= running, "{at}: {user} runs {running}, holds {held}");
+        if held < p {
+            assert_eq!(queued, 0, "{at}: an identity permit of {user} idles");
+        }
+        identity_queued += queued;
+        tracked += usize::from(held + queued > 0);
+    }
+    assert_eq!(
+        waiting,
+        layer.queued() + identity_queued,
+        "{at}: every waiter in one queue"
+    );
+    assert_eq!(
+        layer.tracked_identities(),
+        tracked,
+        "{at}: identities tracked"
+    );
+    #[cfg(feature = "metrics")]
+    {
+        let held: usize = (0..3)
+            .map(|u| layer.identity_in_flight(&format!("user-{u}")))
+            .sum();
+        let counts = [
+            layer.in_flight(),
+            layer.queued(),
+            held,
+            identity_queued,
+            tracked,
+        ];
+        assert_eq!(gauges::now(), counts.map(|n| n as f64), "{at}: gauges");
+    }
+}

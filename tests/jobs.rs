@@ -459,3 +459,224 @@ fn job_id_parses_only_its_one_lowercase_spelling() {
         assert_eq!(upper.parse::<JobId>(), Err(ParseJobIdError));
     }
 }
+
+/// One step of [`random_submits_and_completions_follow_the_model`].
+#[derive(Debug, Clone)]
+enum Step {
+    /// `owner-N` submits a job.
+    Submit(u8),
+    /// The running job at this index (modulo) finishes; `true` fails it.
+    Finish(usize, bool),
+    /// The workers run until they are idle or waiting on their jobs.
+    Settle,
+}
+
+/// Random submits of three owners, completions and pauses against a model
+/// of the queue: each submit is refused exactly when the model says (503
+/// when `capacity` wait, else 429 when the owner has `per_owner` waiting or
+/// running), jobs start in submit order, no worker idles while a job waits,
+/// each status is the model's for its owner and `None` for the others, and
+/// every accepted job finishes once before `shutdown` returns.
+#[test]
+fn random_submits_and_completions_follow_the_model() {
+    use proptest::prelude::*;
+    let step = prop_oneof![
+        4 => (0u8..3).prop_map(Step::Submit),
+        3 => (any::<usize>(), any::<bool>()).prop_map(|(i, fail)| Step::Finish(i, fail)),
+        2 => Just(Step::Settle),
+    ];
+    let plan = proptest::collection::vec(step, 1..80);
+    let caps = (1usize..5, 1usize..4, 1usize..4);
+    proptest!(ProptestConfig::with_cases(300), |(caps in caps, plan in plan)| {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap()
+            .block_on(follow_the_model(caps, &plan));
+    });
+}
+
+/// Where the model has a job.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Modelled {
+    Queued,
+    Running,
+    Done(bool),
+}
+
+type Gates =
+    Arc<std::sync::Mutex<std::collections::BTreeMap<usize, tokio::sync::oneshot::Sender<bool>>>>;
+
+async fn follow_the_model((capacity, workers, per_owner): (usize, usize, usize), plan: &[Step]) {
+    let context = format!("capacity {capacity}, workers {workers}, per owner {per_owner}");
+    // The jobs a worker started, in order, and how to finish each.
+    let started: Arc<std::sync::Mutex<Vec<usize>>> = Arc::default();
+    let gates: Gates = Arc::default();
+    let queue = {
+        let (started, gates) = (started.clone(), gates.clone());
+        JobQueue::builder()
+            .capacity(capacity)
+            .workers(workers)
+            .per_owner(per_owner)
+            .build(move |n: usize| {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                started.lock().unwrap().push(n);
+                gates.lock().unwrap().insert(n, tx);
+                async move {
+                    match rx.await {
+                        Ok(false) | Err(_) => Ok(n),
+                        Ok(true) => Err(format!("job {n} failed")),
+                    }
+                }
+            })
+            .unwrap()
+    };
+    let full = SubmitError::Full {
+        capacity,
+        retry_after: DEFAULT_RETRY,
+    };
+    let busy = SubmitError::OwnerBusy {
+        limit: per_owner,
+        retry_after: DEFAULT_RETRY,
+    };
+    // Accepted jobs in submit order: owner, id, where the model has it.
+    let mut jobs: Vec<(u8, JobId, Modelled)> = Vec::new();
+    for (n, step) in plan.iter().enumerate() {
+        let at = format!("{context}, step {n} {step:?}");
+        match *step {
+            Step::Submit(owner) => {
+                let waiting = jobs.iter().filter(|j| j.2 == Modelled::Queued).count();
+                let active = jobs
+                    .iter()
+                    .filter(|j| j.0 == owner && !matches!(j.2, Modelled::Done(_)))
+                    .count();
+                let expected = if waiting >= capacity {
+                    Err(full)
+                } else if active >= per_owner {
+                    Err(busy)
+                } else {
+                    Ok(())
+                };
+                let submitted = queue.submit(format!("owner-{owner}"), jobs.len());
+                assert_eq!(submitted.map(|_| ()), expected, "{at}");
+                if let Ok(id) = submitted {
+                    jobs.push((owner, id, Modelled::Queued));
+                }
+            }
+            Step::Finish(i, fail) => {
+                let running: Vec<usize> = (0..jobs.len())
+                    .filter(|&j| jobs[j].2 == Modelled::Running)
+                    .collect();
+                if !running.is_empty() {
+                    let job = running[i % running.len()];
+                    let gate = gates.lock().unwrap().remove(&job).unwrap();
+                    gate.send(fail).unwrap();
+                    jobs[job].2 = Modelled::Done(fail);
+                }
+            }
+            Step::Settle => {}
+        }
+        // Every step ends with the workers idle or waiting on their jobs.
+        settle().await;
+        // Free workers take the oldest waiting jobs.
+        let mut free = workers - jobs.iter().filter(|j| j.2 == Modelled::Running).count();
+        for job in jobs.iter_mut().filter(|j| j.2 == Modelled::Queued) {
+            if free == 0 {
+                break;
+            }
+            job.2 = Modelled::Running;
+            free -= 1;
+        }
+        let in_model = |m: Modelled| jobs.iter().filter(|j| j.2 == m).count();
+        assert_eq!(queue.running(), in_model(Modelled::Running), "{at}");
+        assert_eq!(queue.queued(), in_model(Modelled::Queued), "{at}");
+        let started_now = started.lock().unwrap().clone();
+        let expected_started: Vec<usize> = (0..started_now.len()).collect();
+        assert_eq!(
+            started_now, expected_started,
+            "{at}: jobs start in submit order"
+        );
+        for (j, &(owner, id, modelled)) in jobs.iter().enumerate() {
+            let status = queue.status(&format!("owner-{owner}"), id);
+            let expected = match modelled {
+                Modelled::Queued => JobStatus::Queued,
+                Modelled::Running => JobStatus::Running,
+                Modelled::Done(false) => JobStatus::Succeeded(j),
+                Modelled::Done(true) => JobStatus::Failed(format!("job {j} failed")),
+            };
+            assert_eq!(status, Some(expected), "{at}: job {j}");
+            let other = format!("owner-{}", (owner + 1) % 3);
+            assert_eq!(
+                queue.status(&other, id),
+                None,
+                "{at}: job {j} seen by {other}"
+            );
+        }
+    }
+    // Every gate opens: the drain finishes every accepted job.
+    let drain = queue.shutdown();
+    tokio::pin!(drain);
+    loop {
+        let gates_now: Vec<_> = std::mem::take(&mut *gates.lock().unwrap())
+            .into_values()
+            .collect();
+        for gate in gates_now {
+            let _ = gate.send(false);
+        }
+        tokio::select! {
+            () = &mut drain => break,
+            () = settle() => {}
+        }
+    }
+    assert_eq!(queue.completed_total(), jobs.len() as u64, "{context}");
+    assert_eq!((queue.running(), queue.queued()), (0, 0), "{context}");
+    assert!(queue.submit("owner-0", 0).is_err(), "{context}: shut down");
+}
+
+const DEFAULT_RETRY: Duration = tower_admission::jobs::DEFAULT_RETRY_AFTER;
+
+#[tokio::test(start_paused = true)]
+async fn a_free_worker_takes_a_new_job_while_another_runs_a_long_one() {
+    let gates: Gates = Arc::default();
+    let queue = {
+        let gates = gates.clone();
+        JobQueue::builder()
+            .workers(2)
+            .build(move |n: usize| {
+                let (tx, rx) = tokio::sync::oneshot::channel::<bool>();
+                gates.lock().unwrap().insert(n, tx);
+                async move {
+                    let _ = rx.await;
+                    Ok::<_, String>(n)
+                }
+            })
+            .unwrap()
+    };
+    let first = queue.submit("alice", 0).unwrap();
+    settle().await;
+    let long = queue.submit("bob", 1).unwrap();
+    settle().await;
+    assert_eq!((queue.running(), queue.queued()), (2, 0));
+    // The first job ends; its worker is free while bob's job runs on.
+    gates
+        .lock()
+        .unwrap()
+        .remove(&0)
+        .unwrap()
+        .send(false)
+        .unwrap();
+    settle().await;
+    assert_eq!(queue.status("alice", first), Some(JobStatus::Succeeded(0)));
+    let next = queue.submit("carol", 2).unwrap();
+    settle().await;
+    // The free worker took it at once, not once the long job ends.
+    assert_eq!((queue.running(), queue.queued()), (2, 0));
+    assert_eq!(queue.status("carol", next), Some(JobStatus::Running));
+    assert_eq!(queue.status("bob", long), Some(JobStatus::Running));
+    for gate in std::mem::take(&mut *gates.lock().unwrap()).into_values() {
+        gate.send(false).unwrap();
+    }
+    queue.shutdown().await;
+    assert_eq!(queue.completed_total(), 3);
+}

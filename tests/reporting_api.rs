@@ -179,6 +179,8 @@ async fn reports_page_is_validated() {
         ("from=2026-02-01T00:00:00Z&to=2026-01-01T00:00:00Z", "to"),
         ("from=2026-01-01T00:00:00Z&to=2026-03-01T00:00:00Z", "to"),
         ("from=yesterday&to=2026-01-01T00:00:00Z", "from"),
+        // Not a parameter of this route: refused, not silently ignored.
+        ("metric=latency", "metric"),
     ] {
         let (status, _, body) =
             send(&app, get(&format!("/v1/reports?{query}"), Some("demo-pro"))).await;
@@ -540,6 +542,63 @@ fn a_broken_file_is_refused_with_its_key_path_and_reason() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+#[test]
+fn clashing_or_unsendable_keys_bad_caps_and_fractions_are_refused_clearly() {
+    let cases = [
+        // A second entry of one key would silently take the first's place.
+        (
+            ("key = \"demo-pro\"", "key = \"demo-free\""),
+            "keys[1].key: the same key as keys[0]",
+        ),
+        // One subject is one user: its quotas, caps and jobs are shared.
+        (
+            ("subject = \"carol\"", "subject = \"alice\""),
+            "keys[2].subject: \"alice\" is keys[0]'s subject with another tenant or plan",
+        ),
+        // `Authorization: Bearer ` cannot carry these, so they never match.
+        (
+            ("key = \"demo-pro\"", "key = \"\""),
+            "keys[1].key: must be 1 or more visible ASCII characters (! to ~)",
+        ),
+        (
+            ("key = \"demo-pro\"", "key = \"demo pro\""),
+            "keys[1].key: must be 1 or more visible ASCII characters (! to ~)",
+        ),
+        (
+            ("subject = \"bob\"", "subject = \"\""),
+            "keys[1].subject: must not be empty",
+        ),
+        // The key path once, then the reason.
+        (
+            ("per_identity = { limit = 4,", "per_identity = { limit = 0,"),
+            "concurrency.per_identity.limit: must be at least 1",
+        ),
+        (
+            (
+                "name = \"burst\", algorithm = \"token_bucket\", capacity = 20",
+                "name = \"per-minute\", algorithm = \"token_bucket\", capacity = 20",
+            ),
+            "plans.free.policies: policy name \"per-minute\" is used twice",
+        ),
+        // A fraction is not a unit the file does not know.
+        (
+            ("deadline = \"500ms\"", "deadline = \"1.5s\""),
+            "concurrency.global.deadline: \"1.5s\": use a whole number with its unit, e.g. \"1500ms\" for 1.5 s",
+        ),
+    ];
+    for ((from, to), expected) in cases {
+        let error = Config::parse(&edited(from, to)).unwrap_err().to_string();
+        assert_eq!(error, expected, "{from:?} -> {to:?}");
+    }
+    // Two keys of one user (a key being rotated) are fine.
+    let rotated = edited(
+        "key = \"demo-pro\"\nsubject = \"bob\"\ntenant = \"acme\"\nplan = \"pro\"",
+        "key = \"demo-pro\"\nsubject = \"bob\"\ntenant = \"acme\"\nplan = \"pro\"\n\n\
+         [[keys]]\nkey = \"demo-pro-2\"\nsubject = \"bob\"\ntenant = \"acme\"\nplan = \"pro\"",
+    );
+    assert_eq!(Config::parse(&rotated).map(|c| c.keys.len()), Ok(4));
+}
+
 #[tokio::test]
 async fn a_changed_free_burst_changes_the_burst_admitted() {
     let config = Config::parse(&edited(
@@ -643,6 +702,38 @@ async fn a_cursor_past_the_range_is_an_empty_last_page() {
         let page = report_page(&app, &format!("{range}&cursor={cursor}")).await;
         assert_eq!(page, (StatusCode::OK, 0, Value::Null), "cursor {cursor}");
     }
+}
+
+#[tokio::test]
+async fn a_cursor_past_u64_is_past_the_end_and_a_garbled_one_is_refused_uncharged() {
+    let (app, clock) = api();
+    let range = "page_size=5&from=2026-01-01T00:00:00Z&to=2026-01-02T00:00:00Z";
+    // Digits beyond u64::MAX are still past the end, not the first page.
+    for cursor in ["18446744073709551616", "99999999999999999999999999"] {
+        let page = report_page(&app, &format!("{range}&cursor={cursor}")).await;
+        assert_eq!(page, (StatusCode::OK, 0, Value::Null), "cursor {cursor}");
+    }
+    // A cursor this API never gave out is refused with 400 naming it, not
+    // answered with the first page again (whose next cursor would loop).
+    for cursor in ["abc", "-5", "1e3", "0x10", "%2B5", "5.0"] {
+        let uri = format!("/v1/reports?{range}&cursor={cursor}");
+        let (status, headers, body) = send(&app, get(&uri, Some("demo-pro"))).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "cursor {cursor}: {body}");
+        assert_eq!(headers["content-type"], "application/problem+json");
+        assert_eq!(body["errors"][0]["name"], "cursor", "{body}");
+    }
+    // Refused, they keep no work charge: 20 refused pages of 100 rows
+    // would use the free plan's 2,000 units, yet a page of 100 still passes.
+    let garbled = "/v1/reports?page_size=100&cursor=garbled";
+    for _ in 0..20 {
+        let (status, _, body) = send(&app, get(garbled, Some("demo-free"))).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    }
+    // The burst of 20 refills in 12 s; the 60 s work window still counts.
+    clock.advance(Duration::from_secs(12));
+    let (status, _, body) = send(&app, get("/v1/reports?page_size=100", Some("demo-free"))).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["rows"].as_array().map(Vec::len), Some(24));
 }
 
 #[tokio::test]

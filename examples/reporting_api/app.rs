@@ -7,10 +7,12 @@
 //!
 //! `GET /v1/reports` also charges the per-user work quota its page size and
 //! settles it to the rows actually returned; a cursor past the range's end
-//! gives an empty last page. `POST /v1/reports/batch` counts its items
-//! ([`BatchItemsLayer`]) and charges the work quota one unit per item before
-//! any item runs; then every item makes two calls to the dependency, through
-//! its budget ([`crate::dependency`]), at most five items at once. A batch
+//! gives an empty last page, and one this API never gave out is refused
+//! (400) with its work charge given back. `POST /v1/reports/batch` counts
+//! its items ([`BatchItemsLayer`]) and charges the work quota one unit per
+//! item before any item runs; then every item makes two calls to the
+//! dependency, through its budget ([`crate::dependency`]), at most five items
+//! at once. A batch
 //! refused after that charge, for an invalid item (400) or a full job queue
 //! (503), gives the whole charge back; one whose dependency calls fail (503)
 //! keeps it, since its items ran.
@@ -37,7 +39,7 @@ use tower_admission::bounds::{
 use tower_admission::identity::{AuthenticateLayer, Identity};
 use tower_admission::jobs::{accepted_response, JobId, JobQueue, JobStatus};
 use tower_admission::quota::{Quota, QuotaLayer, QuotaLayerBuilder, Scope, Settlement, Store};
-use tower_admission::reject::Rejection;
+use tower_admission::reject::{InvalidParameter, Rejection};
 use tower_admission::ConfigError;
 
 use crate::config::Config;
@@ -151,7 +153,6 @@ pub(crate) fn app<St: Store>(
         .page_size(default_page, max_page)
         .max_span(config.query.max_span.0)
         .unknown_params(UnknownParams::Reject)
-        .allow("metric")
         .build()?;
     let limits = Arc::new(Limits {
         sync_items: config.batch.sync_items,
@@ -230,11 +231,16 @@ async fn list_reports(
     let from = query
         .from
         .unwrap_or_else(|| to.checked_sub(time::Duration::days(1)).unwrap_or(to));
-    let cursor = query
-        .cursor
-        .as_deref()
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
+    let cursor = match query.cursor.as_deref().map(parse_cursor).transpose() {
+        Ok(cursor) => cursor.unwrap_or(0),
+        Err(reason) => {
+            let refused =
+                Rejection::InvalidParameters(vec![InvalidParameter::new("cursor", reason)])
+                    .into_response(false)
+                    .into_response();
+            return refund(&settlement, refused).await;
+        }
+    };
     // A cursor past the range's end, however large, is an empty last page.
     let (rows, next) = data::page("requests", from, to, query.page_size, cursor);
     // Charged the page size up front; settle to the rows actually read.
@@ -248,6 +254,15 @@ async fn list_reports(
         "next_cursor": next.map(|n| n.to_string()),
     }))
     .into_response()
+}
+
+/// A cursor of `GET /v1/reports`: the index of the next row, in decimal
+/// digits. Digits beyond `u64::MAX` are past the end of any range.
+fn parse_cursor(cursor: &str) -> Result<u64, &'static str> {
+    if cursor.is_empty() || !cursor.bytes().all(|b| b.is_ascii_digit()) {
+        return Err("not a cursor of this API: send a next_cursor back as it was given");
+    }
+    Ok(cursor.parse().unwrap_or(u64::MAX))
 }
 
 /// Refuses a batch that is not JSON with 415, before its body is read or

@@ -190,6 +190,11 @@ fn parse_span(text: &str) -> Result<Duration, String> {
     let n: u64 = number
         .parse()
         .map_err(|_| format!("{text:?} is not a duration such as \"250ms\", \"60s\" or \"31d\""))?;
+    if unit.starts_with(['.', ',']) {
+        return Err(format!(
+            "{text:?}: use a whole number with its unit, e.g. \"1500ms\" for 1.5 s"
+        ));
+    }
     let unit_ms: u64 = match unit {
         "ms" => 1,
         "s" => 1_000,
@@ -268,12 +273,7 @@ impl Config {
             ));
         }
         for (i, key) in self.keys.iter().enumerate() {
-            if !self.plans.contains_key(&key.plan) {
-                return Err(bad(
-                    format!("keys[{i}].plan"),
-                    format!("no plan named {:?}", key.plan),
-                ));
-            }
+            self.check_key(i, key)?;
         }
         self.quotas()?;
         let at_least_one = |path: &str, n: u64| {
@@ -332,7 +332,48 @@ impl Config {
         at_least_one("dependency.attempts", u64::from(self.dependency.attempts))?;
         above_zero("dependency.timeout", self.dependency.timeout)?;
         self.concurrency_layer()
-            .map_err(|e| bad(format!("concurrency.{}", e.field()), e.to_string()))?;
+            .map_err(|e| bad(format!("concurrency.{}", e.field()), e.reason()))?;
+        Ok(())
+    }
+
+    /// The rules of `keys[i]`: a key the `Authorization` header can carry,
+    /// given once; a subject that names one user (one tenant, one plan), as
+    /// every quota, cap and job owner is keyed by subject.
+    fn check_key(&self, i: usize, key: &DemoKey) -> Result<(), BadConfig> {
+        let sendable = |k: &str| !k.is_empty() && k.bytes().all(|b| b.is_ascii_graphic());
+        if !sendable(&key.key) {
+            return Err(bad(
+                format!("keys[{i}].key"),
+                "must be 1 or more visible ASCII characters (! to ~)",
+            ));
+        }
+        if key.subject.is_empty() {
+            return Err(bad(format!("keys[{i}].subject"), "must not be empty"));
+        }
+        if !self.plans.contains_key(&key.plan) {
+            return Err(bad(
+                format!("keys[{i}].plan"),
+                format!("no plan named {:?}", key.plan),
+            ));
+        }
+        for (j, earlier) in self.keys[..i].iter().enumerate() {
+            if earlier.key == key.key {
+                return Err(bad(
+                    format!("keys[{i}].key"),
+                    format!("the same key as keys[{j}]"),
+                ));
+            }
+            let same_user = (&earlier.tenant, &earlier.plan) == (&key.tenant, &key.plan);
+            if earlier.subject == key.subject && !same_user {
+                return Err(bad(
+                    format!("keys[{i}].subject"),
+                    format!(
+                        "{:?} is keys[{j}]'s subject with another tenant or plan",
+                        key.subject
+                    ),
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -403,7 +444,7 @@ fn quota(name: &str, specs: &[PolicySpec], at: &str) -> Result<Quota, BadConfig>
                 .map_err(|e| bad(format!("{at}[{i}].{}", e.field()), e.reason()))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    Quota::new(name, policies).map_err(|e| bad(at, e.to_string()))
+    Quota::new(name, policies).map_err(|e| bad(at, e.reason()))
 }
 
 impl PolicySpec {

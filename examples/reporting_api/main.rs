@@ -206,8 +206,23 @@ async fn main() {
 /// The longest a shutdown waits for accepted jobs.
 const DRAIN_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// SIGINT (Ctrl-C) or SIGTERM.
+/// The first SIGINT (Ctrl-C) or SIGTERM starts the graceful shutdown. Once
+/// Tokio listens for them they no longer end the process, so a second one
+/// ends it at once, without waiting for requests or jobs.
 async fn shutdown_signal() {
+    signal().await;
+    tracing::info!(
+        "shutdown signal received; finishing in-flight requests (a second signal exits at once)"
+    );
+    tokio::spawn(async {
+        signal().await;
+        tracing::warn!("second shutdown signal; exiting without waiting");
+        std::process::exit(1);
+    });
+}
+
+/// SIGINT (Ctrl-C) or SIGTERM.
+async fn signal() {
     let interrupt = async {
         let _ = tokio::signal::ctrl_c().await;
     };
@@ -226,7 +241,6 @@ async fn shutdown_signal() {
         () = interrupt => {}
         () = terminate => {}
     }
-    tracing::info!("shutdown signal received; finishing in-flight requests");
 }
 
 /// The demo keys and three requests to try.

@@ -539,28 +539,33 @@ where
     Fut: Future<Output = Result<R, E>>,
 {
     loop {
-        // Register for a wake-up before looking at the queue, so a job
-        // submitted between the look and the wait is never missed.
-        let notified = shared.notify.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        let next = {
-            let mut state = shared.state.lock();
-            match state.pending.pop_front() {
-                Some((id, input)) => {
-                    state.running += 1;
-                    if let Some(record) = state.records.get_mut(&id) {
-                        record.status = JobStatus::Running;
+        let (id, input) = loop {
+            // Register for a wake-up before looking at the queue, so a job
+            // submitted between the look and the wait is never missed. The
+            // registration ends before the job runs: a wake-up is only ever
+            // handed to an idle worker, never to a busy one that would keep
+            // it while another worker idles and a job waits.
+            let notified = shared.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let next = {
+                let mut state = shared.state.lock();
+                match state.pending.pop_front() {
+                    Some((id, input)) => {
+                        state.running += 1;
+                        if let Some(record) = state.records.get_mut(&id) {
+                            record.status = JobStatus::Running;
+                        }
+                        Some((id, input))
                     }
-                    Some((id, input))
+                    None if state.closed => return,
+                    None => None,
                 }
-                None if state.closed => return,
-                None => None,
+            };
+            match next {
+                Some(job) => break job,
+                None => notified.await,
             }
-        };
-        let Some((id, input)) = next else {
-            notified.await;
-            continue;
         };
         let outcome = AssertUnwindSafe(async { job(input).await })
             .catch_unwind()
