@@ -206,6 +206,48 @@ async fn hashed_key_authenticates_and_bad_hex_is_config_error() {
     assert_eq!(err.field(), "hashed_key");
 }
 
+/// A key is presented after `Bearer ` in a header read up to
+/// `MAX_AUTHORIZATION_LEN` bytes: a longer key could never match, so the key
+/// set refuses it, naming its position and never its value.
+#[test]
+fn a_key_too_long_to_present_is_refused_by_position() {
+    use tower_admission::identity::MAX_AUTHORIZATION_LEN;
+    let longest = "k".repeat(MAX_AUTHORIZATION_LEN - "Bearer ".len());
+    let too_long = "k".repeat(longest.len() + 1);
+    let who = || Identity::new("alice", "acme", "free");
+    let bearer = |key: &str| {
+        let mut headers = http::HeaderMap::new();
+        let value = format!("Bearer {key}");
+        headers.insert("authorization", value.parse().unwrap());
+        headers
+    };
+    let keys = ApiKeys::from_keys([("demo-free", who()), (longest.as_str(), who())]).unwrap();
+    assert_eq!(keys.len(), 2);
+    assert_eq!(keys.identify(&bearer(&longest)), Ok(who()));
+    // The header of a key one byte longer is never read.
+    let unchecked = ApiKeys::new().with_key(&too_long, who());
+    assert_eq!(
+        unchecked.identify(&bearer(&too_long)),
+        Err(AuthError::Missing)
+    );
+
+    let err = ApiKeys::from_keys([("demo-free", who()), (too_long.as_str(), who())]).unwrap_err();
+    assert_eq!(err.field(), "keys");
+    assert_eq!(
+        err.reason(),
+        "keys[1]: is 4090 bytes; a request can present at most 4089 \
+         (an Authorization header is read up to 4096)"
+    );
+    assert!(!err.to_string().contains("kkk"));
+    let err = ApiKeys::from_keys([("demo pro", who())]).unwrap_err();
+    assert_eq!(
+        err.reason(),
+        "keys[0]: must be 1 or more visible ASCII characters (! to ~)"
+    );
+    assert_eq!(ApiKeys::check_key(b"").unwrap_err().field(), "key");
+    assert_eq!(ApiKeys::check_key(longest.as_bytes()), Ok(()));
+}
+
 #[tokio::test]
 async fn route_layer_leaves_later_routes_open() {
     let app = Router::new()

@@ -61,11 +61,13 @@ async fn full_queue_answers_503_and_accepted_jobs_all_run() {
     assert_eq!(accepted.len(), 4);
     assert_eq!(refused.len(), 7);
     assert_eq!(queue.queued(), 3);
+    // No job has finished, so a job is assumed to take the configured 30 s;
+    // the running one started 1 ms ago.
     assert_eq!(
         refused[0],
         SubmitError::Full {
             capacity: 3,
-            retry_after: Duration::from_secs(30)
+            retry_after: Duration::from_millis(29_999)
         }
     );
     assert_eq!(queue.status("alice", accepted[3]), Some(JobStatus::Queued));
@@ -84,7 +86,7 @@ async fn full_queue_answers_503_and_accepted_jobs_all_run() {
         response.extensions().get::<Rejection>(),
         Some(&Rejection::Overloaded {
             scope: OverloadScope::Global,
-            retry_after: Duration::from_secs(30),
+            retry_after: Duration::from_millis(29_999),
         })
     );
 
@@ -392,11 +394,13 @@ async fn one_owner_cannot_take_the_whole_queue() {
     assert!(results[2..].iter().all(|r| *r == Err(busy)));
     assert!(submit("bob", 10).is_ok());
     assert!(submit("bob", 11).is_ok());
+    // bob's first job waits behind alice's two on the one worker: it starts
+    // after 2 x 7 s (the assumed duration) and ends 7 s later.
     assert_eq!(
         submit("bob", 12),
         Err(SubmitError::OwnerBusy {
             limit: 2,
-            retry_after: Duration::from_secs(7)
+            retry_after: Duration::from_secs(21)
         })
     );
 
@@ -420,14 +424,16 @@ async fn one_owner_cannot_take_the_whole_queue() {
     gate.add_permits(1);
     settle().await;
     assert!(submit("alice", 5).is_ok());
-    assert_eq!(submit("alice", 6), Err(busy));
+    // (The waits now follow the 1 ms the finished job took.)
+    let owner_busy = |r| matches!(r, Err(SubmitError::OwnerBusy { limit: 2, .. }));
+    assert!(owner_busy(submit("alice", 6)));
     // Everything finishes: alice has room for 2 again, and no owner is tracked.
     gate.add_permits(5);
     settle().await;
     assert_eq!(queue.running() + queue.queued(), 0);
     assert!(submit("alice", 7).is_ok());
     assert!(submit("alice", 8).is_ok());
-    assert_eq!(submit("alice", 9), Err(busy));
+    assert!(owner_busy(submit("alice", 9)));
 }
 
 #[test]
@@ -532,14 +538,14 @@ async fn follow_the_model((capacity, workers, per_owner): (usize, usize, usize),
             })
             .unwrap()
     };
-    let full = SubmitError::Full {
-        capacity,
-        retry_after: DEFAULT_RETRY,
+    // The refusal's kind; its wait is an estimate, tested on its own.
+    let kind = |refused: SubmitError| match refused {
+        SubmitError::Full { capacity, .. } => ("full", capacity),
+        SubmitError::OwnerBusy { limit, .. } => ("owner busy", limit),
+        _ => ("other", 0),
     };
-    let busy = SubmitError::OwnerBusy {
-        limit: per_owner,
-        retry_after: DEFAULT_RETRY,
-    };
+    let full = ("full", capacity);
+    let busy = ("owner busy", per_owner);
     // Accepted jobs in submit order: owner, id, where the model has it.
     let mut jobs: Vec<(u8, JobId, Modelled)> = Vec::new();
     for (n, step) in plan.iter().enumerate() {
@@ -559,7 +565,7 @@ async fn follow_the_model((capacity, workers, per_owner): (usize, usize, usize),
                     Ok(())
                 };
                 let submitted = queue.submit(format!("owner-{owner}"), jobs.len());
-                assert_eq!(submitted.map(|_| ()), expected, "{at}");
+                assert_eq!(submitted.map(|_| ()).map_err(kind), expected, "{at}");
                 if let Ok(id) = submitted {
                     jobs.push((owner, id, Modelled::Queued));
                 }
@@ -634,7 +640,122 @@ async fn follow_the_model((capacity, workers, per_owner): (usize, usize, usize),
     assert!(queue.submit("owner-0", 0).is_err(), "{context}: shut down");
 }
 
-const DEFAULT_RETRY: Duration = tower_admission::jobs::DEFAULT_RETRY_AFTER;
+/// A job's duration, in seconds, is its input.
+fn sleeping_queue(capacity: usize, per_owner: usize) -> JobQueue<u64, u64, String> {
+    JobQueue::builder()
+        .capacity(capacity)
+        .workers(2)
+        .per_owner(per_owner)
+        .build(|secs: u64| async move {
+            tokio::time::sleep(Duration::from_secs(secs)).await;
+            Ok(secs)
+        })
+        .unwrap()
+}
+
+/// The refusals' `Retry-After` is estimated from the measured mean job
+/// duration and the running jobs' elapsed times, as the module docs say.
+#[tokio::test(start_paused = true)]
+async fn retry_after_is_estimated_from_measured_durations_and_positions() {
+    let queue = sleeping_queue(4, 2);
+    // Before any job has finished, a job is assumed to take the default 1 s.
+    queue.submit("mia", 4).unwrap();
+    queue.submit("mia", 8).unwrap();
+    let assumed = queue.submit("mia", 1).unwrap_err();
+    assert_eq!(
+        assumed,
+        SubmitError::OwnerBusy {
+            limit: 2,
+            retry_after: Duration::from_secs(1)
+        }
+    );
+    // They end at 4 s and 8 s: the mean is 6 s.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    settle().await;
+    assert_eq!(queue.completed_total(), 2);
+
+    let now = tokio::time::Instant::now();
+    queue.submit("alice", 100).unwrap();
+    queue.submit("bob", 100).unwrap();
+    // Both workers start them at once; 2 s later they are expected to end
+    // in 6 - 2 = 4 s.
+    tokio::time::sleep_until(now + Duration::from_secs(2)).await;
+    assert_eq!(queue.running(), 2);
+    queue.submit("alice", 100).unwrap(); // waiting, position 0
+    queue.submit("carol", 100).unwrap(); // position 1
+    queue.submit("carol", 100).unwrap(); // position 2
+    let busy = |retry_after| SubmitError::OwnerBusy {
+        limit: 2,
+        retry_after,
+    };
+    // alice's running job is expected to end first.
+    assert_eq!(queue.submit("alice", 1), Err(busy(Duration::from_secs(4))));
+    // carol's first job (position 1) starts when the second worker is
+    // free, in 4 s, and ends one mean later.
+    assert_eq!(queue.submit("carol", 1), Err(busy(Duration::from_secs(10))));
+    queue.submit("erin", 100).unwrap(); // position 3: the queue is full
+    let full = queue.submit("frank", 1).unwrap_err();
+    assert_eq!(
+        full,
+        SubmitError::Full {
+            capacity: 4,
+            retry_after: Duration::from_secs(4)
+        }
+    );
+    let response = full.into_response(false);
+    assert_eq!(response.headers()[RETRY_AFTER], "4");
+    assert_eq!(response.headers()["ratelimit"], "\"job-queue\";r=0;t=4");
+    let response = queue.submit("carol", 1).unwrap_err().into_response(false);
+    assert_eq!(response.headers()[RETRY_AFTER], "4"); // full first
+                                                      // 2.5 s later, the running jobs are expected to end in 1.5 s.
+    tokio::time::sleep_until(now + Duration::from_millis(4_500)).await;
+    let full = queue.submit("frank", 1).unwrap_err();
+    assert_eq!(
+        full,
+        SubmitError::Full {
+            capacity: 4,
+            retry_after: Duration::from_millis(1_500)
+        }
+    );
+    assert_eq!(full.into_response(false).headers()[RETRY_AFTER], "2");
+    // Past the mean, a running job may end at any moment: never 0.
+    tokio::time::sleep_until(now + Duration::from_secs(12)).await;
+    let overdue = queue.submit("frank", 1).unwrap_err();
+    assert_eq!(
+        overdue,
+        SubmitError::Full {
+            capacity: 4,
+            retry_after: Duration::ZERO
+        }
+    );
+    assert_eq!(overdue.into_response(false).headers()[RETRY_AFTER], "1");
+}
+
+#[tokio::test]
+async fn workers_are_bounded() {
+    let job = |n: u32| async move { Ok::<_, String>(n) };
+    let max = tower_admission::jobs::MAX_WORKERS;
+    let err = JobQueue::builder()
+        .workers(100_000_000)
+        .build(job)
+        .unwrap_err();
+    assert_eq!(err.field(), "workers");
+    assert_eq!(
+        err.reason(),
+        "must be at most 1024: each worker is a task spawned at once, \
+         running one job too large for a request"
+    );
+    assert_eq!(
+        JobQueue::builder()
+            .workers(max + 1)
+            .check()
+            .unwrap_err()
+            .field(),
+        "workers"
+    );
+    let queue = JobQueue::builder().workers(max).build(job).unwrap();
+    queue.shutdown().await;
+}
 
 #[tokio::test(start_paused = true)]
 async fn a_free_worker_takes_a_new_job_while_another_runs_a_long_one() {

@@ -2,6 +2,8 @@
 
 #[path = "../examples/reporting_api/app.rs"]
 mod app;
+#[path = "../examples/reporting_api/args.rs"]
+mod args;
 #[path = "../examples/reporting_api/config.rs"]
 mod config;
 #[path = "../examples/reporting_api/data.rs"]
@@ -24,6 +26,7 @@ use tower::ServiceExt;
 use tower_admission::clock::{ManualClock, Timestamp};
 use tower_admission::outbound::DependencyBudget;
 use tower_admission::quota::{MemoryConfig, MemoryStore, Policy};
+use tower_admission::reject::PROBLEM_TYPE_BASE;
 
 fn api() -> (Router, ManualClock) {
     // Nothing here reaches the dependency's budget.
@@ -568,6 +571,12 @@ fn clashing_or_unsendable_keys_bad_caps_and_fractions_are_refused_clearly() {
             ("subject = \"bob\"", "subject = \"\""),
             "keys[1].subject: must not be empty",
         ),
+        // `Bearer ` and the key must fit the 4096 bytes of header read.
+        (
+            ("key = \"demo-pro\"", &format!("key = \"{}\"", "k".repeat(4090))),
+            "keys[1].key: is 4090 bytes; a request can present at most 4089 \
+             (an Authorization header is read up to 4096)",
+        ),
         // The key path once, then the reason.
         (
             ("per_identity = { limit = 4,", "per_identity = { limit = 0,"),
@@ -781,6 +790,11 @@ fn job_span_and_dependency_values_are_refused_with_their_key_paths() {
             ("job_workers = 2", "job_workers = 0"),
             "batch.job_workers: must be at least 1",
         ),
+        // Each worker is a task spawned at start: 100 million never listen.
+        (
+            ("job_workers = 2", "job_workers = 100000000"),
+            "batch.job_workers: must be at most 1024: each worker is a task spawned at once",
+        ),
         (
             ("jobs_per_user = 4", "jobs_per_user = 0"),
             "batch.jobs_per_user: must be at least 1",
@@ -842,29 +856,38 @@ async fn a_batch_refused_for_a_bad_item_keeps_no_work_charge() {
     let bad_from = json!({"metric": "latency", "from": "yesterday", "to": "2026-01-02T00:00:00Z"});
     let backwards =
         json!({"metric": "latency", "from": "2026-01-02T00:00:00Z", "to": "2026-01-01T00:00:00Z"});
-    // Sync-sized and job-sized batches, each refused 400 naming its item.
+    // Sync-sized and job-sized batches, each refused 400 with the crate's
+    // invalid-parameters problem, naming the item and its field.
+    let not_a_time = "not an RFC 3339 time: the 'year' component could not be parsed";
     let refused = [
         (
             batch_with("demo-free", 100, 99, bad_from.clone()),
             "items[99].from",
+            not_a_time,
         ),
         (
             batch_with("demo-free", 100, 0, backwards),
-            "items[0]: need from < to",
+            "items[0].to",
+            "must be after from, by at most 2678400 s",
         ),
-        (batch_with("demo-free", 100, 50, json!(7)), "items[50]"),
         (
             batch_with("demo-free", 150, 149, bad_from),
             "items[149].from",
+            not_a_time,
         ),
     ];
-    for (req, detail) in refused {
+    let invalid_parameters = format!("{PROBLEM_TYPE_BASE}#invalid-parameters");
+    for (req, name, reason) in refused {
         let (status, headers, body) = send(&app, req).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
         assert_eq!(headers["content-type"], "application/problem+json");
-        let text = body.to_string();
-        assert!(text.contains(detail), "{body}");
+        assert_eq!(body["type"], invalid_parameters.as_str(), "{body}");
+        assert_eq!(body["errors"], json!([{"name": name, "reason": reason}]));
     }
+    let (status, _, body) = send(&app, batch_with("demo-free", 100, 50, json!(7))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["type"], invalid_parameters.as_str(), "{body}");
+    assert_eq!(body["errors"][0]["name"], "items[50]");
     // Not JSON: 415 before anything is read or charged.
     let mut req = post_batch("demo-free", 100);
     req.headers_mut()
@@ -922,7 +945,9 @@ async fn a_batch_refused_by_a_full_job_queue_keeps_no_work_charge() {
     for items in [600, 1000, 1000] {
         let (status, headers, body) = send(&app, post_batch("demo-free", items)).await;
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{items}: {body}");
-        assert_eq!(headers["retry-after"], "1");
+        // No job has finished, so one is assumed to take 10 s (1,000 items
+        // x 2 calls at 200/s); the running one started milliseconds ago.
+        assert_eq!(headers["retry-after"], "10");
     }
     drop(silent);
 }
@@ -945,7 +970,8 @@ async fn a_user_with_jobs_per_user_jobs_gets_429_and_others_still_get_in() {
     for _ in 0..25 {
         let (status, headers, body) = send(&app, post_batch("demo-free", 101)).await;
         assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
-        assert_eq!(headers["retry-after"], "1");
+        // alice's running job is assumed to end 10 s after it started.
+        assert_eq!(headers["retry-after"], "10");
         assert_eq!(
             headers["ratelimit-policy"],
             "\"jobs-per-owner\";q=2;qu=\"concurrent-requests\""
@@ -980,4 +1006,53 @@ async fn a_dependency_asking_for_30_s_is_not_retried_and_its_wait_is_passed_on()
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
     assert_eq!(headers["retry-after"], "30");
     assert_eq!(body["dependency"], json!({"attempts": 1, "retries": 0}));
+}
+
+/// Flags that only shape the fleet's lease in Redis have no effect without
+/// `--redis`: the start refuses them rather than ignore them.
+#[test]
+fn lease_flags_without_redis_are_refused_at_start() {
+    let parse = |line: &[&str]| args::parse(line.iter().map(|a| a.to_string()));
+    for flag in [
+        ["--expected-instances", "10"],
+        ["--instance-id", "api-1"],
+        ["--budget-redis", "redis://127.0.0.1:6380/"],
+    ] {
+        assert_eq!(
+            parse(&flag),
+            Err(format!(
+                "{} needs --redis: it shapes the fleet's lease of the dependency budget \
+                 in Redis, and without --redis each instance has a whole budget of its own",
+                flag[0]
+            ))
+        );
+    }
+    let parsed = parse(&[
+        "--expected-instances",
+        "10",
+        "--redis",
+        "redis://127.0.0.1:6380/",
+        "--instance-id",
+        "api-1",
+        "--listen",
+        "127.0.0.1:3001",
+        "--config",
+        "x.toml",
+        "--dependency-url",
+        "http://127.0.0.1:3300",
+    ])
+    .unwrap()
+    .unwrap();
+    assert_eq!(parsed.expected_instances.get(), 10);
+    assert_eq!(parsed.redis.as_deref(), Some("redis://127.0.0.1:6380/"));
+    assert_eq!(parsed.budget_redis, None);
+    assert_eq!(parsed.instance_id.as_deref(), Some("api-1"));
+    assert_eq!(parsed.listen.to_string(), "127.0.0.1:3001");
+    assert_eq!(parsed.config, Some("x.toml".into()));
+    assert_eq!(
+        parsed.dependency_url.as_deref(),
+        Some("http://127.0.0.1:3300")
+    );
+    assert_eq!(parse(&["--help"]), Ok(None));
+    assert!(args::USAGE.contains("--expected-instances N"));
 }

@@ -162,20 +162,15 @@ pub(crate) fn app<St: Store>(
     });
 
     let for_jobs = (dependency.clone(), limits.clone());
-    let jobs = JobQueue::builder()
-        .capacity(config.batch.job_queue)
-        .workers(config.batch.job_workers)
-        .per_owner(config.batch.jobs_per_user)
-        .finished_ttl(config.batch.job_retention.0)
-        .build(move |items: Vec<CheckedItem>| {
-            let (dependency, limits) = for_jobs.clone();
-            async move {
-                let tally = Arc::new(Tally::default());
-                run_batch(&dependency, &limits, &items, &tally)
-                    .await
-                    .map_err(|e| e.to_string())
-            }
-        })?;
+    let jobs = config.job_queue().build(move |items: Vec<CheckedItem>| {
+        let (dependency, limits) = for_jobs.clone();
+        async move {
+            let tally = Arc::new(Tally::default());
+            run_batch(&dependency, &limits, &items, &tally)
+                .await
+                .map_err(|e| e.to_string())
+        }
+    })?;
     let state = AppState {
         dependency,
         limits,
@@ -303,8 +298,10 @@ async fn batch(
     };
     let items = match items {
         Ok(items) => items,
-        Err(detail) => {
-            let refused = problem(StatusCode::BAD_REQUEST, &detail, json!({}));
+        Err(invalid) => {
+            let refused = Rejection::InvalidParameters(vec![invalid])
+                .into_response(false)
+                .into_response();
             return refund(&settlement, refused).await;
         }
     };
@@ -389,21 +386,31 @@ fn problem(status: StatusCode, detail: &str, extra: serde_json::Value) -> Respon
     response
 }
 
-/// Checks every item's range: `from < to`, within the longest span.
-fn check_items(limits: &Limits, items: Vec<BatchItem>) -> Result<Vec<CheckedItem>, String> {
+/// Checks every item's range: `from < to`, within the longest span. The
+/// first bad one is named by its index and field, e.g. `items[3].from`.
+fn check_items(
+    limits: &Limits,
+    items: Vec<BatchItem>,
+) -> Result<Vec<CheckedItem>, InvalidParameter> {
     use time::format_description::well_known::Rfc3339;
     items
         .into_iter()
         .enumerate()
         .map(|(i, item)| {
+            let invalid = |field: &str, reason: String| {
+                InvalidParameter::new(format!("items[{i}].{field}"), reason)
+            };
             let from = OffsetDateTime::parse(&item.from, &Rfc3339)
-                .map_err(|e| format!("items[{i}].from: {e}"))?;
+                .map_err(|e| invalid("from", format!("not an RFC 3339 time: {e}")))?;
             let to = OffsetDateTime::parse(&item.to, &Rfc3339)
-                .map_err(|e| format!("items[{i}].to: {e}"))?;
+                .map_err(|e| invalid("to", format!("not an RFC 3339 time: {e}")))?;
             if to <= from || (to - from) > limits.max_span {
-                return Err(format!(
-                    "items[{i}]: need from < to within {} s",
-                    limits.max_span.as_secs()
+                return Err(invalid(
+                    "to",
+                    format!(
+                        "must be after from, by at most {} s",
+                        limits.max_span.as_secs()
+                    ),
                 ));
             }
             Ok(CheckedItem {

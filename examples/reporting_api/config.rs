@@ -12,6 +12,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use tower_admission::concurrency::ConcurrencyLayer;
 use tower_admission::identity::{ApiKeys, Identity};
+use tower_admission::jobs::{JobQueue, JobQueueBuilder};
 use tower_admission::quota::{Policy, Quota};
 use tower_admission::ConfigError;
 
@@ -308,10 +309,16 @@ impl Config {
             return Err(bad("batch.max_items", "must be at least batch.sync_items"));
         }
         at_least_one("batch.active_items", self.batch.active_items as u64)?;
-        at_least_one("batch.job_queue", self.batch.job_queue as u64)?;
-        at_least_one("batch.job_workers", self.batch.job_workers as u64)?;
-        at_least_one("batch.jobs_per_user", self.batch.jobs_per_user as u64)?;
-        above_zero("batch.job_retention", self.batch.job_retention)?;
+        self.job_queue().check().map_err(|e| {
+            let key = match e.field() {
+                "capacity" => "job_queue",
+                "workers" => "job_workers",
+                "per_owner" => "jobs_per_user",
+                "finished_ttl" => "job_retention",
+                other => other,
+            };
+            bad(format!("batch.{key}"), e.reason())
+        })?;
         at_least_one(
             "dependency.normal_per_second",
             self.dependency.normal_per_second,
@@ -340,13 +347,8 @@ impl Config {
     /// given once; a subject that names one user (one tenant, one plan), as
     /// every quota, cap and job owner is keyed by subject.
     fn check_key(&self, i: usize, key: &DemoKey) -> Result<(), BadConfig> {
-        let sendable = |k: &str| !k.is_empty() && k.bytes().all(|b| b.is_ascii_graphic());
-        if !sendable(&key.key) {
-            return Err(bad(
-                format!("keys[{i}].key"),
-                "must be 1 or more visible ASCII characters (! to ~)",
-            ));
-        }
+        ApiKeys::check_key(key.key.as_bytes())
+            .map_err(|e| bad(format!("keys[{i}].key"), e.reason()))?;
         if key.subject.is_empty() {
             return Err(bad(format!("keys[{i}].subject"), "must not be empty"));
         }
@@ -413,6 +415,25 @@ impl Config {
         self.keys.iter().fold(ApiKeys::new(), |keys, k| {
             keys.with_key(&k.key, Identity::new(&*k.subject, &*k.tenant, &*k.plan))
         })
+    }
+
+    /// The batch job queue's bounds. Until a job has finished, a job is
+    /// assumed to take what the dependency budget allows the largest one:
+    /// `max_items` x 2 first attempts at `normal_per_second` (10 s as
+    /// shipped), in its refusals' `Retry-After`.
+    pub(crate) fn job_queue(&self) -> JobQueueBuilder {
+        let calls = u64::try_from(self.batch.max_items)
+            .unwrap_or(u64::MAX)
+            .saturating_mul(2);
+        let assumed = Duration::from_millis(
+            calls.saturating_mul(1_000) / self.dependency.normal_per_second.max(1),
+        );
+        JobQueue::builder()
+            .retry_after(assumed)
+            .capacity(self.batch.job_queue)
+            .workers(self.batch.job_workers)
+            .per_owner(self.batch.jobs_per_user)
+            .finished_ttl(self.batch.job_retention.0)
     }
 
     /// The concurrency caps.

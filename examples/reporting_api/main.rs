@@ -20,8 +20,8 @@
 //! | `--redis URL` | quotas in Redis, and the dependency budget as one rate lease shared by the fleet |
 //! | `--budget-redis URL` | the lease in another Redis (default: the `--redis` one) |
 //! | `--dependency-url URL` | the dependency; without it a mock serves in this process |
-//! | `--instance-id ID` | this instance's name in the lease table (default random) |
-//! | `--expected-instances N` | the largest fleet: without Redis each instance spends 240/N per second (default 40) |
+//! | `--instance-id ID` | with `--redis`, this instance's name in the lease table (default random) |
+//! | `--expected-instances N` | with `--redis`, the largest fleet: while the lease's Redis cannot be reached, each instance spends 240/N per second (default 40) |
 //!
 //! Try it:
 //!
@@ -33,6 +33,7 @@
 //! ```
 
 mod app;
+mod args;
 mod config;
 mod data;
 mod dependency;
@@ -41,72 +42,11 @@ mod metrics;
 mod mock;
 
 use std::net::SocketAddr;
-use std::num::NonZeroU32;
 
+use args::{Args, USAGE};
 use config::Config;
 use dependency::Dependency;
 use tower_admission::quota::MemoryStore;
-
-const USAGE: &str = "usage: reporting_api [--config PATH] [--listen ADDR] [--redis URL]
-                     [--budget-redis URL] [--dependency-url URL] [--instance-id ID]
-                     [--expected-instances N]";
-
-struct Args {
-    config: Option<std::path::PathBuf>,
-    listen: SocketAddr,
-    redis: Option<String>,
-    budget_redis: Option<String>,
-    dependency_url: Option<String>,
-    instance_id: Option<String>,
-    expected_instances: NonZeroU32,
-}
-
-fn parse_args() -> Result<Args, String> {
-    let mut parsed = Args {
-        config: None,
-        listen: SocketAddr::from(([127, 0, 0, 1], 3000)),
-        redis: None,
-        budget_redis: None,
-        dependency_url: None,
-        instance_id: None,
-        expected_instances: NonZeroU32::new(40).unwrap_or(NonZeroU32::MIN),
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        let mut value = |example: &str| {
-            args.next()
-                .ok_or_else(|| format!("{arg} needs a value, e.g. {arg} {example}"))
-        };
-        match arg.as_str() {
-            "--config" => {
-                parsed.config = Some(value("examples/reporting_api/reporting.toml")?.into())
-            }
-            "--listen" => {
-                let v = value("127.0.0.1:3000")?;
-                parsed.listen = v.parse().map_err(|e| format!("--listen {v:?}: {e}"))?;
-            }
-            "--redis" => parsed.redis = Some(value("redis://127.0.0.1:6379/")?),
-            "--budget-redis" => parsed.budget_redis = Some(value("redis://127.0.0.1:6379/")?),
-            "--dependency-url" => parsed.dependency_url = Some(value("http://127.0.0.1:3300")?),
-            "--instance-id" => parsed.instance_id = Some(value("api-1")?),
-            "--expected-instances" => {
-                let v = value("40")?;
-                parsed.expected_instances = v.parse().map_err(|_| {
-                    format!("--expected-instances {v:?}: must be a whole number from 1")
-                })?;
-            }
-            "-h" | "--help" => {
-                println!("{USAGE}");
-                std::process::exit(0);
-            }
-            other => return Err(format!("unknown argument {other:?}; try --help")),
-        }
-    }
-    if parsed.budget_redis.is_some() && parsed.redis.is_none() {
-        return Err("--budget-redis needs --redis".into());
-    }
-    Ok(parsed)
-}
 
 #[tokio::main]
 async fn main() {
@@ -116,8 +56,12 @@ async fn main() {
                 .unwrap_or_else(|_| "info,tower_admission=debug".into()),
         )
         .init();
-    let args = match parse_args() {
-        Ok(args) => args,
+    let args = match args::parse(std::env::args().skip(1)) {
+        Ok(None) => {
+            println!("{USAGE}");
+            std::process::exit(0);
+        }
+        Ok(Some(args)) => args,
         Err(message) => {
             eprintln!("reporting_api: {message}\n{USAGE}");
             std::process::exit(2);

@@ -16,6 +16,13 @@ use crate::ConfigError;
 /// values are refused as malformed before any hashing.
 pub const MAX_AUTHORIZATION_LEN: usize = 4096;
 
+/// Longest key a request can present: [`MAX_AUTHORIZATION_LEN`] less the
+/// `Bearer ` before it (4089 bytes).
+const MAX_KEY_LEN: usize = MAX_AUTHORIZATION_LEN - BEARER.len();
+
+/// The scheme and its one space, matched case-insensitively.
+const BEARER: &[u8] = b"bearer ";
+
 /// API keys presented as `Authorization: Bearer <key>`.
 ///
 /// Only the SHA-256 digest of each key is stored, so a memory dump or a debug
@@ -96,9 +103,57 @@ impl ApiKeys {
         ApiKeys::default()
     }
 
+    /// The keys in clear with their identities; only the SHA-256 digests are
+    /// kept. A key added twice maps to the identity added last.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] for the field `keys` when a key could never match
+    /// a request ([`check_key`](Self::check_key)); its reason names the
+    /// key's position from 0, e.g. `keys[2]: ...`, never the key.
+    pub fn from_keys<K: AsRef<[u8]>>(
+        keys: impl IntoIterator<Item = (K, Identity)>,
+    ) -> Result<Self, ConfigError> {
+        keys.into_iter()
+            .enumerate()
+            .try_fold(ApiKeys::new(), |keys, (i, (key, identity))| {
+                ApiKeys::check_key(key.as_ref())
+                    .map_err(|e| ConfigError::new("keys", format!("keys[{i}]: {}", e.reason())))?;
+                Ok(keys.with_key(key, identity))
+            })
+    }
+
+    /// Checks that a request can present `key` as its bearer token: 1 to
+    /// 4089 visible ASCII characters (`!` to `~`), since `Bearer ` and the
+    /// key fit in [`MAX_AUTHORIZATION_LEN`] bytes.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] for the field `key`; it does not repeat the key.
+    pub fn check_key(key: &[u8]) -> Result<(), ConfigError> {
+        if key.is_empty() || !key.iter().all(is_visible) {
+            return Err(ConfigError::new(
+                "key",
+                "must be 1 or more visible ASCII characters (! to ~)",
+            ));
+        }
+        if key.len() > MAX_KEY_LEN {
+            return Err(ConfigError::new(
+                "key",
+                format!(
+                    "is {} bytes; a request can present at most {MAX_KEY_LEN} \
+                     (an Authorization header is read up to {MAX_AUTHORIZATION_LEN})",
+                    key.len()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Adds a key in clear; only its SHA-256 digest is kept. A key added twice
     /// maps to the identity added last. A key that cannot be presented as a
-    /// bearer token (empty, spaces, non-ASCII) never matches.
+    /// bearer token (empty, spaces, non-ASCII, longer than 4089 bytes)
+    /// never matches; [`from_keys`](Self::from_keys) refuses it.
     pub fn with_key(mut self, key: impl AsRef<[u8]>, identity: Identity) -> Self {
         self.keys.insert(KeyDigest::of(key.as_ref()), identity);
         self
@@ -180,13 +235,16 @@ fn bearer_token(headers: &HeaderMap) -> Option<&[u8]> {
     if bytes.len() > MAX_AUTHORIZATION_LEN {
         return None;
     }
-    const SCHEME: &[u8] = b"bearer ";
-    if bytes.len() <= SCHEME.len() || !bytes[..SCHEME.len()].eq_ignore_ascii_case(SCHEME) {
+    if bytes.len() <= BEARER.len() || !bytes[..BEARER.len()].eq_ignore_ascii_case(BEARER) {
         return None;
     }
-    let token = bytes[SCHEME.len()..].trim_ascii_start();
-    let visible = |b: &u8| (0x21..=0x7e).contains(b);
-    (!token.is_empty() && token.iter().all(visible)).then_some(token)
+    let token = bytes[BEARER.len()..].trim_ascii_start();
+    (!token.is_empty() && token.iter().all(is_visible)).then_some(token)
+}
+
+/// A byte a bearer token may hold: visible ASCII, `!` to `~`.
+fn is_visible(b: &u8) -> bool {
+    (0x21..=0x7e).contains(b)
 }
 
 fn parse_hex_digest(hex: &str) -> Result<[u8; 32], ConfigError> {

@@ -25,12 +25,36 @@
 //!   ([`OverloadScope::Identity`](crate::reject::OverloadScope::Identity)):
 //!   the caller can fix it by waiting for its own jobs, and one caller
 //!   cannot fill the queue for everyone.
+//! * **Workers** are 1 to [`MAX_WORKERS`]; every other bound is at least 1.
 //! * **Records**: waiting and running jobs always have a record (so at most
 //!   `capacity + workers`). Finished records are kept for at most
 //!   [`finished_ttl`](JobQueueBuilder::finished_ttl) after they finish, and at
 //!   most [`retain_finished`](JobQueueBuilder::retain_finished) of them (the
 //!   oldest finished goes first). Expired records are dropped on the next
 //!   `submit`, `status` or job completion. After that, `status` answers `None`.
+//!
+//! # Retry-After
+//!
+//! A refusal's wait depends on how long jobs take, which the queue cannot
+//! know; it estimates it from what it can see. A job is expected to take
+//! the mean duration of the last [`MEASURED_JOBS`] finished jobs (before
+//! any has finished, the configured
+//! [`retry_after`](JobQueueBuilder::retry_after)). A running job is then
+//! expected to end after that mean less its elapsed time, or at any moment
+//! once it has run longer. With those ends sorted (an idle worker is free
+//! now), worker `k` is free after `free[k]`, then every mean after that:
+//! the waiting job at position `p` (0 = oldest) starts after
+//! `free[p % workers] + (p / workers) * mean`.
+//!
+//! * [`SubmitError::Full`]: a place frees when the oldest waiting job
+//!   starts, after `free[0]`.
+//! * [`SubmitError::OwnerBusy`]: when the owner's first job ends: the
+//!   soonest expected end of its running jobs, else its oldest waiting job's
+//!   start plus one mean.
+//!
+//! The header rounds it up to whole seconds, never 0: a job past the mean
+//! answers `Retry-After: 1`. [`SubmitError::ShutDown`] answers the
+//! configured `retry_after`.
 //!
 //! # Nothing accepted is lost
 //!
@@ -98,4 +122,5 @@ pub use id::{JobId, ParseJobIdError};
 pub use queue::{
     accepted_response, JobQueue, JobQueueBuilder, JobStatus, SubmitError, DEFAULT_CAPACITY,
     DEFAULT_FINISHED_TTL, DEFAULT_RETAIN_FINISHED, DEFAULT_RETRY_AFTER, DEFAULT_WORKERS,
+    MAX_WORKERS, MEASURED_JOBS,
 };

@@ -29,6 +29,14 @@ pub const DEFAULT_RETAIN_FINISHED: usize = 10_000;
 pub const DEFAULT_FINISHED_TTL: Duration = Duration::from_secs(3600);
 /// Default for [`JobQueueBuilder::retry_after`]: one second.
 pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
+/// Most [`workers`](JobQueueBuilder::workers) a queue may have. Each worker
+/// is a task spawned when the queue is built and runs a job too large for a
+/// request; more than this many such jobs at once is beyond what one process
+/// runs well, and a larger number is a typo rather than a plan.
+pub const MAX_WORKERS: usize = 1_024;
+/// Finished jobs whose durations make the measured mean of the
+/// [`Retry-After` estimate](super#retry-after).
+pub const MEASURED_JOBS: usize = 16;
 
 /// Where a job is.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -74,7 +82,8 @@ pub enum SubmitError {
     Full {
         /// The queue's capacity, in jobs waiting.
         capacity: usize,
-        /// Suggested wait before submitting again.
+        /// Estimated wait until a place frees (see the
+        /// [module docs](super#retry-after)).
         retry_after: Duration,
     },
     /// The owner already has [`per_owner`](JobQueueBuilder::per_owner) jobs
@@ -82,12 +91,14 @@ pub enum SubmitError {
     OwnerBusy {
         /// The most jobs one owner may have waiting or running.
         limit: usize,
-        /// Suggested wait before submitting again.
+        /// Estimated wait until one of the owner's jobs finishes (see the
+        /// [module docs](super#retry-after)).
         retry_after: Duration,
     },
     /// The queue was shut down and takes no new jobs.
     ShutDown {
-        /// Suggested wait (another instance may take the job).
+        /// The configured [`retry_after`](JobQueueBuilder::retry_after)
+        /// (another instance may take the job).
         retry_after: Duration,
     },
 }
@@ -183,20 +194,70 @@ struct Record<R, E> {
 }
 
 struct State<T, R, E> {
-    pending: VecDeque<(JobId, T)>,
+    /// Jobs waiting for a worker, oldest first, with their owners.
+    pending: VecDeque<(JobId, Arc<str>, T)>,
+    /// Jobs a worker is running: owner and start.
+    running: HashMap<JobId, (Arc<str>, Instant)>,
+    /// Durations of the last [`MEASURED_JOBS`] finished jobs, and their sum.
+    durations: VecDeque<Duration>,
+    durations_sum: Duration,
     records: HashMap<JobId, Record<R, E>>,
     /// Jobs waiting or running per owner, when owners are capped; an owner
     /// with none has no entry.
     active: HashMap<Arc<str>, usize>,
     /// Finished jobs in order of completion, for retention.
     finished: VecDeque<(JobId, Instant)>,
-    running: usize,
     submitted: u64,
     completed: u64,
     closed: bool,
 }
 
 impl<T, R, E> State<T, R, E> {
+    /// A job ran for `duration`: it joins the measured mean.
+    fn measure(&mut self, duration: Duration) {
+        if self.durations.len() == MEASURED_JOBS {
+            if let Some(oldest) = self.durations.pop_front() {
+                self.durations_sum = self.durations_sum.saturating_sub(oldest);
+            }
+        }
+        self.durations.push_back(duration);
+        self.durations_sum = self.durations_sum.saturating_add(duration);
+    }
+
+    /// A job's expected duration: the mean of the measured ones, or
+    /// `assumed` before any job has finished.
+    fn mean_duration(&self, assumed: Duration) -> Duration {
+        match u32::try_from(self.durations.len()) {
+            Ok(0) | Err(_) => assumed,
+            Ok(n) => self.durations_sum / n,
+        }
+    }
+
+    /// When each of `workers` is expected to be free, soonest first: a
+    /// running job's `mean` less its elapsed time (zero once past it), zero
+    /// for an idle worker. Each is at most `mean`.
+    fn free_in(&self, workers: usize, mean: Duration, now: Instant) -> Vec<Duration> {
+        let mut free: Vec<Duration> = self
+            .running
+            .values()
+            .map(|(_, started)| ends_in(mean, *started, now))
+            .collect();
+        free.resize(workers.max(free.len()), Duration::ZERO);
+        free.sort_unstable();
+        free
+    }
+
+    /// The estimated wait until the job at `position` in `pending` starts:
+    /// with every job taking `mean`, worker `k` is free at `free[k]`, then
+    /// every `mean` after, and the jobs ahead take those turns in order.
+    fn start_in(free: &[Duration], mean: Duration, position: usize) -> Duration {
+        let Some(first) = free.get(position % free.len().max(1)) else {
+            return Duration::ZERO;
+        };
+        let rounds = u32::try_from(position / free.len()).unwrap_or(u32::MAX);
+        first.saturating_add(mean.saturating_mul(rounds))
+    }
+
     /// One of `owner`'s jobs finished: it no longer counts against the
     /// owner's cap.
     fn finished_by(&mut self, owner: &Arc<str>) {
@@ -233,6 +294,38 @@ impl<T, R, E> Shared<T, R, E> {
             state.finished.pop_front();
             state.records.remove(&id);
         }
+    }
+
+    /// The estimated wait until a place in the full queue frees: until the
+    /// soonest worker is free to take the oldest waiting job.
+    fn full_wait(&self, state: &State<T, R, E>, now: Instant) -> Duration {
+        let mean = state.mean_duration(self.config.retry_after);
+        let free = state.free_in(self.config.workers, mean, now);
+        free.first().copied().unwrap_or(Duration::ZERO)
+    }
+
+    /// The estimated wait until one of `owner`'s jobs finishes: its running
+    /// job expected to end first, else its oldest waiting job's start plus
+    /// one `mean`.
+    fn owner_wait(&self, state: &State<T, R, E>, owner: &str, now: Instant) -> Duration {
+        let mean = state.mean_duration(self.config.retry_after);
+        let running = state
+            .running
+            .values()
+            .filter(|(of, _)| &**of == owner)
+            .map(|(_, started)| ends_in(mean, *started, now))
+            .min();
+        if let Some(wait) = running {
+            return wait;
+        }
+        let free = state.free_in(self.config.workers, mean, now);
+        state
+            .pending
+            .iter()
+            .position(|(_, of, _)| &**of == owner)
+            .map_or(Duration::ZERO, |position| {
+                State::<T, R, E>::start_in(&free, mean, position).saturating_add(mean)
+            })
     }
 }
 
@@ -271,7 +364,7 @@ impl<T, R, E> fmt::Debug for JobQueue<T, R, E> {
         f.debug_struct("JobQueue")
             .field("config", &self.shared.config)
             .field("queued", &state.pending.len())
-            .field("running", &state.running)
+            .field("running", &state.running.len())
             .field("retained_finished", &state.finished.len())
             .field("closed", &state.closed)
             .finish()
@@ -301,15 +394,18 @@ where
     /// running, or after [`shutdown`](Self::shutdown); answer with
     /// [`SubmitError::into_response`] (503, or 429 for the owner's cap).
     pub fn submit(&self, owner: impl Into<Arc<str>>, input: T) -> Result<JobId, SubmitError> {
-        let retry_after = self.shared.config.retry_after;
+        let now = Instant::now();
         let mut state = self.shared.state.lock();
         if state.closed {
+            let retry_after = self.shared.config.retry_after;
             return Err(SubmitError::ShutDown { retry_after });
         }
         if state.pending.len() >= self.shared.config.capacity {
+            let retry_after = self.shared.full_wait(&state, now);
             drop(state);
             tracing::debug!(
                 capacity = self.shared.config.capacity,
+                ?retry_after,
                 "job queue full, job refused"
             );
             return Err(SubmitError::Full {
@@ -321,13 +417,14 @@ where
         if let Some(limit) = self.shared.config.per_owner {
             let active = state.active.get(&owner).copied().unwrap_or(0);
             if active >= limit {
+                let retry_after = self.shared.owner_wait(&state, &owner, now);
                 drop(state);
-                tracing::debug!(limit, "owner's job cap reached, job refused");
+                tracing::debug!(limit, ?retry_after, "owner's job cap reached, job refused");
                 return Err(SubmitError::OwnerBusy { limit, retry_after });
             }
             *state.active.entry(owner.clone()).or_insert(0) += 1;
         }
-        self.shared.prune(&mut state, Instant::now());
+        self.shared.prune(&mut state, now);
         let mut id = JobId::random();
         while state.records.contains_key(&id) {
             id = JobId::random();
@@ -335,11 +432,11 @@ where
         state.records.insert(
             id,
             Record {
-                owner,
+                owner: owner.clone(),
                 status: JobStatus::Queued,
             },
         );
-        state.pending.push_back((id, input));
+        state.pending.push_back((id, owner, input));
         state.submitted += 1;
         drop(state);
         self.shared.notify.notify_one();
@@ -372,7 +469,7 @@ where
 
     /// Jobs a worker is running now.
     pub fn running(&self) -> usize {
-        self.shared.state.lock().running
+        self.shared.state.lock().running.len()
     }
 
     /// Finished jobs whose records are still retained.
@@ -440,7 +537,8 @@ impl JobQueueBuilder {
         self
     }
 
-    /// Number of worker tasks, hence most jobs running at once.
+    /// Number of worker tasks, hence most jobs running at once: 1 to
+    /// [`MAX_WORKERS`].
     pub fn workers(mut self, workers: usize) -> Self {
         self.workers = workers;
         self
@@ -466,25 +564,18 @@ impl JobQueueBuilder {
         self
     }
 
-    /// `Retry-After` of the refusals.
+    /// The duration assumed for a job until one has finished, in the
+    /// [`Retry-After` estimate](super#retry-after) of the refusals; also the
+    /// `Retry-After` of a shut-down queue.
     pub fn retry_after(mut self, wait: Duration) -> Self {
         self.retry_after = wait;
         self
     }
 
-    /// Checks the configuration, spawns the workers on the current Tokio
-    /// runtime and returns the queue. Each worker runs `job` on one input at
-    /// a time.
-    ///
-    /// Fails with field `runtime` when called outside a Tokio runtime.
-    pub fn build<T, R, E, F, Fut>(self, job: F) -> Result<JobQueue<T, R, E>, ConfigError>
-    where
-        T: Send + 'static,
-        R: Send + 'static,
-        E: Send + 'static,
-        F: Fn(T) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<R, E>> + Send + 'static,
-    {
+    /// Checks the configuration as [`build`](Self::build) does, without a
+    /// runtime: `capacity`, `workers`, `retain_finished` and `per_owner` at
+    /// least 1, `workers` at most [`MAX_WORKERS`], `finished_ttl` above zero.
+    pub fn check(&self) -> Result<(), ConfigError> {
         let positive = [
             ("capacity", self.capacity),
             ("workers", self.workers),
@@ -496,9 +587,35 @@ impl JobQueueBuilder {
                 return Err(ConfigError::new(field, "must be at least 1"));
             }
         }
+        if self.workers > MAX_WORKERS {
+            return Err(ConfigError::new(
+                "workers",
+                format!(
+                    "must be at most {MAX_WORKERS}: each worker is a task spawned at once, \
+                     running one job too large for a request"
+                ),
+            ));
+        }
         if self.finished_ttl.is_zero() {
             return Err(ConfigError::new("finished_ttl", "must be above zero"));
         }
+        Ok(())
+    }
+
+    /// Checks the configuration ([`check`](Self::check)), spawns the
+    /// workers on the current Tokio runtime and returns the queue. Each
+    /// worker runs `job` on one input at a time.
+    ///
+    /// Fails with field `runtime` when called outside a Tokio runtime.
+    pub fn build<T, R, E, F, Fut>(self, job: F) -> Result<JobQueue<T, R, E>, ConfigError>
+    where
+        T: Send + 'static,
+        R: Send + 'static,
+        E: Send + 'static,
+        F: Fn(T) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<R, E>> + Send + 'static,
+    {
+        self.check()?;
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
             ConfigError::new("runtime", "JobQueue must be built inside a Tokio runtime")
         })?;
@@ -506,10 +623,12 @@ impl JobQueueBuilder {
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 pending: VecDeque::new(),
+                running: HashMap::new(),
+                durations: VecDeque::with_capacity(MEASURED_JOBS),
+                durations_sum: Duration::ZERO,
                 records: HashMap::new(),
                 active: HashMap::new(),
                 finished: VecDeque::new(),
-                running: 0,
                 submitted: 0,
                 completed: 0,
                 closed: false,
@@ -533,6 +652,12 @@ impl JobQueueBuilder {
     }
 }
 
+/// When a job started at `started` is expected to end, if jobs take
+/// `mean`: zero once it has run longer.
+fn ends_in(mean: Duration, started: Instant, now: Instant) -> Duration {
+    mean.saturating_sub(now.saturating_duration_since(started))
+}
+
 async fn worker<T, R, E, F, Fut>(shared: Arc<Shared<T, R, E>>, job: Arc<F>)
 where
     F: Fn(T) -> Fut,
@@ -551,8 +676,8 @@ where
             let next = {
                 let mut state = shared.state.lock();
                 match state.pending.pop_front() {
-                    Some((id, input)) => {
-                        state.running += 1;
+                    Some((id, owner, input)) => {
+                        state.running.insert(id, (owner, Instant::now()));
                         if let Some(record) = state.records.get_mut(&id) {
                             record.status = JobStatus::Running;
                         }
@@ -580,7 +705,9 @@ where
         };
         let now = Instant::now();
         let mut state = shared.state.lock();
-        state.running -= 1;
+        if let Some((_, started)) = state.running.remove(&id) {
+            state.measure(now.saturating_duration_since(started));
+        }
         state.completed += 1;
         if let Some(record) = state.records.get_mut(&id) {
             record.status = status;

@@ -1,0 +1,76 @@
+//! The command line of the reporting API; see `main.rs` for the flags.
+
+use std::net::SocketAddr;
+use std::num::NonZeroU32;
+
+pub(crate) const USAGE: &str = "usage: reporting_api [--config PATH] [--listen ADDR] [--redis URL]
+                     [--budget-redis URL] [--dependency-url URL] [--instance-id ID]
+                     [--expected-instances N]";
+
+/// Flags that only shape the fleet-wide lease, so they need `--redis`.
+const LEASE_FLAGS: [&str; 3] = ["--budget-redis", "--instance-id", "--expected-instances"];
+
+/// The command line, parsed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Args {
+    pub(crate) config: Option<std::path::PathBuf>,
+    pub(crate) listen: SocketAddr,
+    pub(crate) redis: Option<String>,
+    pub(crate) budget_redis: Option<String>,
+    pub(crate) dependency_url: Option<String>,
+    pub(crate) instance_id: Option<String>,
+    pub(crate) expected_instances: NonZeroU32,
+}
+
+/// Parses the arguments after the program's name: `None` for `--help`.
+pub(crate) fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Args>, String> {
+    let mut parsed = Args {
+        config: None,
+        listen: SocketAddr::from(([127, 0, 0, 1], 3000)),
+        redis: None,
+        budget_redis: None,
+        dependency_url: None,
+        instance_id: None,
+        expected_instances: NonZeroU32::new(40).unwrap_or(NonZeroU32::MIN),
+    };
+    // The flags given that only shape the fleet's lease in Redis.
+    let mut lease_flags: Vec<String> = Vec::new();
+    let mut args = args.into_iter();
+    while let Some(arg) = args.next() {
+        let mut value = |example: &str| {
+            args.next()
+                .ok_or_else(|| format!("{arg} needs a value, e.g. {arg} {example}"))
+        };
+        if LEASE_FLAGS.contains(&arg.as_str()) && !lease_flags.contains(&arg) {
+            lease_flags.push(arg.clone());
+        }
+        match arg.as_str() {
+            "--config" => {
+                parsed.config = Some(value("examples/reporting_api/reporting.toml")?.into())
+            }
+            "--listen" => {
+                let v = value("127.0.0.1:3000")?;
+                parsed.listen = v.parse().map_err(|e| format!("--listen {v:?}: {e}"))?;
+            }
+            "--redis" => parsed.redis = Some(value("redis://127.0.0.1:6379/")?),
+            "--budget-redis" => parsed.budget_redis = Some(value("redis://127.0.0.1:6379/")?),
+            "--dependency-url" => parsed.dependency_url = Some(value("http://127.0.0.1:3300")?),
+            "--instance-id" => parsed.instance_id = Some(value("api-1")?),
+            "--expected-instances" => {
+                let v = value("40")?;
+                parsed.expected_instances = v.parse().map_err(|_| {
+                    format!("--expected-instances {v:?}: must be a whole number from 1")
+                })?;
+            }
+            "-h" | "--help" => return Ok(None),
+            other => return Err(format!("unknown argument {other:?}; try --help")),
+        }
+    }
+    if let (Some(flag), None) = (lease_flags.first(), &parsed.redis) {
+        return Err(format!(
+            "{flag} needs --redis: it shapes the fleet's lease of the dependency budget \
+             in Redis, and without --redis each instance has a whole budget of its own"
+        ));
+    }
+    Ok(Some(parsed))
+}
