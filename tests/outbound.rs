@@ -305,6 +305,21 @@ fn bad_budgets_name_the_field() {
         .build()
         .unwrap_err();
     assert_eq!(missing.field(), "retry");
+    // The name is checked as given, not as the shares' quota names built
+    // from it: an empty one, and one too long once `-normal` is added.
+    let named = |name: &str| {
+        DependencyBudget::builder(MemoryStore::new(), name)
+            .normal(Policy::token_bucket("n", 1, 1, SECOND).unwrap())
+            .retry(Policy::token_bucket("r", 1, 1, SECOND).unwrap())
+            .build()
+            .map(|_| ())
+    };
+    for bad in ["", "a b", "a{b}", &"x".repeat(58)] {
+        let err = named(bad).unwrap_err();
+        assert_eq!(err.field(), "name", "{bad:?}");
+        assert!(err.to_string().contains(&format!("{bad:?}")), "{err}");
+    }
+    assert!(named(&"x".repeat(57)).is_ok());
 }
 
 /// 5/s, a burst of one, for either share: a token every 200 ms.
@@ -943,4 +958,37 @@ fn random_attempts_and_retries_keep_every_share_and_the_total_within_bound() {
             Ok(())
         })
         .unwrap();
+}
+
+/// Every attempt is a send, so it costs at least 1 whatever the cost
+/// function says: an empty batch priced at its item count (0) must not
+/// pass uncounted. Ten such attempts at one instant on a budget of one
+/// token per second: one is sent, nine are refused. Before, all ten passed
+/// and the budget counted nothing.
+#[tokio::test(start_paused = true)]
+async fn an_attempt_priced_at_zero_still_costs_one() {
+    let budget = DependencyBudget::builder(store(), "empty")
+        .normal(Policy::token_bucket("normal", 1, 1, SECOND).unwrap())
+        .retry(Policy::token_bucket("retry", 1, 1, SECOND).unwrap())
+        .build()
+        .unwrap();
+    let arrivals = Arrivals::default();
+    let client = DependencyBudgetLayer::new(budget.clone())
+        .cost(|_req: &Request<String>| 0)
+        .fail_fast()
+        .layer(dependency(arrivals.clone(), tokio::time::Instant::now()));
+    let mut refused = 0;
+    for _ in 0..10 {
+        match client.clone().oneshot(Request::new(String::new())).await {
+            Ok(_) => {}
+            Err(BudgetError::Refused(Refusal::Exhausted { wait, .. })) => {
+                assert_eq!(wait, SECOND);
+                refused += 1;
+            }
+            Err(other) => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(arrivals.0.lock().unwrap().len(), 1);
+    assert_eq!(refused, 9);
+    assert_eq!((budget.stats().normal, budget.stats().refused), (1, 9));
 }

@@ -1625,6 +1625,13 @@ fn bad_settings_name_their_field() {
         "refresh_every"
     );
     assert_eq!(err(lease("dep", 1).lease(Duration::ZERO)), "lease");
+    // A margin that leaves no lifetime is the margin's fault.
+    for margin in [5, 6] {
+        assert_eq!(
+            err(lease("dep", 1).expiry_margin(Duration::from_secs(margin))),
+            "expiry_margin"
+        );
+    }
     assert_eq!(
         LeaseStore::builder("redis://127.0.0.1:1/")
             .prefix("x y")
@@ -2106,3 +2113,378 @@ async fn a_share_idle_across_the_fallback_keeps_only_what_the_fallback_fills() {
 
 /// Nano-tokens per token: a rate in milli-units per second times µs.
 const NANO_PER: u128 = 1_000_000_000;
+
+/// A share's bucket keeps only the schedule of its last fill. When the
+/// lease changed once while the share was idle it replays that schedule up
+/// to the change; when it changed twice or more (every refresh reply that
+/// moves the expiry is a change), the time before the latest change fills
+/// nothing and the share keeps at most two attempts. Solo instances at
+/// 240/s with a burst of 1 s (normal share: 200/s, 200 at most), whose
+/// normal share took one attempt at 1 s: 100 ms after a refresh at 8 s it
+/// holds 200 after one change, and 2 + 200/s × 100 ms = 22 after two (4 s
+/// and 8 s). The loss is made up a burst (1 s) after the latest change.
+#[tokio::test]
+async fn a_share_idle_across_two_lease_changes_fills_only_from_the_latest() {
+    let server = RedisServer::start();
+    let redis = ManualClock::new(Timestamp(START));
+    let mut held = Vec::new();
+    for (budget, refreshes) in [("one-change", &[8u64][..]), ("two-changes", &[4, 8])] {
+        let local = ManualClock::new(Timestamp(START + 7 * SEC));
+        let lease = RateLease::builder(
+            store(&server, Some(&redis)),
+            budget,
+            Rate::per_second(R),
+            NonZeroU32::new(4).unwrap(),
+        )
+        .instance_id("solo")
+        .initial_demand(Rate::per_second(R))
+        .min_demand(Rate::per_second(R))
+        .lease(Duration::from_secs(20))
+        .refresh_every(Duration::from_secs(10))
+        .burst(Duration::from_secs(1))
+        .clock(local.clone())
+        .build()
+        .unwrap();
+        let start = local.now().0;
+        assert_eq!(lease.refresh().await.unwrap().grant, Rate::per_second(R));
+        let shares = LeasedBudget::new(lease.clone(), Rate::per_second(40)).unwrap();
+        local.set(Timestamp(start + SEC));
+        assert_eq!(shares.try_acquire_now(Share::Normal, 1), Ok(()));
+        for &at in refreshes {
+            local.set(Timestamp(start + at * SEC));
+            assert_eq!(lease.refresh().await.unwrap().grant, Rate::per_second(R));
+        }
+        local.set(Timestamp(start + 8 * SEC + 100 * MS));
+        let mut sent = 0;
+        while shares.try_acquire_now(Share::Normal, 1).is_ok() {
+            sent += 1;
+        }
+        // A burst after the latest change, the share is full again.
+        local.set(Timestamp(start + 9 * SEC + 100 * MS));
+        let mut refilled = 0;
+        while shares.try_acquire_now(Share::Normal, 1).is_ok() {
+            refilled += 1;
+        }
+        held.push((sent, refilled));
+    }
+    assert_eq!(held, [(200, 200), (22, 200)]);
+}
+
+/// The lease's schedule in force from a local time on, as the test read it
+/// from [`LeaseStatus`] after each step: no rate while starting or
+/// released, else the grant until its local expiry, the fallback after.
+#[derive(Debug, Clone, Copy)]
+struct Read {
+    from: u64,
+    active: bool,
+    grant: u64,
+    until: u64,
+}
+
+impl Read {
+    fn rate(&self, t: u64, fallback: u64) -> u64 {
+        match (self.active, t < self.until) {
+            (false, _) => 0,
+            (true, true) => self.grant,
+            (true, false) => fallback,
+        }
+    }
+}
+
+/// One random run of one instance's [`LeasedBudget`] beside a rival that
+/// takes part of the budget: attempts of both shares and of random costs,
+/// bursts, refreshes answered at once, held in flight across other steps or
+/// dropped unanswered (a failed refresh, so the grant runs out into the
+/// fallback), all at random times. Returns the first window that breaks the
+/// bound of `docs/leases.md`, if any: in every closed interval `[a, b]`, a
+/// share's sends are at most `K_s(a) + (R_s/R)·∫ r`, and all sends at most
+/// `K(a) + ∫ r`, where `r` is the lease's rate over time and the
+/// capacities are `K(r) = max(c, τ·r)` and `K_s(r) = max(2c, (R_s/R)·K(r))`.
+async fn random_share_run(server: &RedisServer, seed: u64) -> Result<(u64, u64), String> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let redis = ManualClock::new(Timestamp(START));
+    let offset = rng.random_range(0..10 * SEC);
+    let local = ManualClock::new(Timestamp(START + offset));
+    let budget = format!("shares-{seed}");
+    let burst_us = [25 * MS, 250 * MS, SEC][rng.random_range(0..3)];
+    let max_cost = [1u64, 3][rng.random_range(0..2)];
+    let expected = [2u32, 4, 40][rng.random_range(0..3)];
+    let retry_milli = [40_000u64, 1_000, 120_000][rng.random_range(0..3)];
+    let build = |id: &str, demand: u64, clock: &ManualClock| {
+        RateLease::builder(
+            store(server, Some(&redis)),
+            &budget,
+            Rate::per_second(R),
+            NonZeroU32::new(expected).unwrap(),
+        )
+        .instance_id(id)
+        .initial_demand(Rate::per_second(demand))
+        .burst(Duration::from_micros(burst_us))
+        .max_cost(NonZeroU32::new(max_cost as u32).unwrap())
+        .clock(clock.clone())
+        .build()
+        .unwrap()
+    };
+    let me = build("me", rng.random_range(1..=R), &local);
+    let rival_clock = ManualClock::new(Timestamp(START));
+    let rival = build("rival", rng.random_range(1..=R), &rival_clock);
+    let shares = LeasedBudget::new(me.clone(), Rate::from_milli(retry_milli)).unwrap();
+    let fallback = me.fallback_rate().as_milli();
+    let part = [R_MILLI - retry_milli, retry_milli];
+
+    let read = |t: u64| {
+        let status = me.status();
+        Read {
+            from: t,
+            active: !matches!(status.mode, LeaseMode::Starting | LeaseMode::Released),
+            grant: status.grant.as_milli(),
+            until: status.expires_at.0,
+        }
+    };
+    let start = local.now().0;
+    let mut reads = vec![read(start)];
+    // (local time, share index, cost) of every admitted attempt.
+    let mut sends: Vec<(u64, usize, u64)> = Vec::new();
+    let mut pending: Option<Pending> = None;
+    let mut changes = 0u64;
+    for _ in 0..300 {
+        let step = rng.random_range(0..100);
+        match step {
+            0..=29 => {
+                let advance = match rng.random_range(0..10) {
+                    0..=5 => rng.random_range(0..=10 * MS),
+                    6..=8 => rng.random_range(0..=500 * MS),
+                    _ => rng.random_range(0..=3 * SEC),
+                };
+                local.advance(Duration::from_micros(advance));
+                redis.advance(Duration::from_micros(advance));
+                rival_clock.advance(Duration::from_micros(advance));
+            }
+            30..=59 => {
+                let share = usize::from(rng.random_bool(0.3));
+                let cost = rng.random_range(1..=max_cost);
+                let burst = rng.random_bool(0.3);
+                for _ in 0..if burst { 1_000 } else { 1 } {
+                    let which = [Share::Normal, Share::Retry][share];
+                    if shares.try_acquire_now(which, cost).is_err() {
+                        break;
+                    }
+                    sends.push((local.now().0, share, cost));
+                }
+            }
+            60..=71 => {
+                if pending.is_none() {
+                    let _ = me.refresh().await;
+                }
+            }
+            72..=79 => {
+                if pending.is_none() {
+                    pending = Some(send_only(&me));
+                }
+            }
+            80..=87 => {
+                if let Some(refresh) = pending.take() {
+                    let _ = refresh.await;
+                }
+            }
+            88..=91 => {
+                // Dropped before its reply: a failed refresh.
+                pending = None;
+            }
+            _ => {
+                // The rival asks for a random part of the budget.
+                for _ in 0..rng.random_range(0..300) {
+                    let _ = rival.try_acquire(1);
+                }
+                let _ = rival.refresh().await;
+            }
+        }
+        let now = local.now().0;
+        let next = read(now);
+        let last = *reads.last().unwrap();
+        if (next.active, next.grant, next.until) != (last.active, last.grant, last.until) {
+            changes += 1;
+            if last.from == now {
+                reads.pop();
+            }
+            reads.push(next);
+        }
+    }
+    drop(pending);
+
+    // The lease's fill over [start, t], rate × µs, for any t.
+    let fill_to = |t: u64| -> u128 {
+        let mut sum = 0u128;
+        for (i, r) in reads.iter().enumerate() {
+            let end = reads.get(i + 1).map_or(u64::MAX, |n| n.from).min(t);
+            if end <= r.from {
+                break;
+            }
+            let split = r.until.clamp(r.from, end);
+            if r.active {
+                sum += u128::from(r.grant) * u128::from(split - r.from);
+                sum += u128::from(fallback) * u128::from(end - split);
+            }
+        }
+        sum
+    };
+    // The highest rate in force at t or just before it.
+    let rate_near = |t: u64| -> u64 {
+        reads
+            .iter()
+            .enumerate()
+            .filter(|(i, r)| {
+                let end = reads.get(i + 1).map_or(u64::MAX, |n| n.from);
+                r.from <= t && t <= end
+            })
+            .map(|(_, r)| {
+                r.rate(t, fallback)
+                    .max(r.rate(t.saturating_sub(1), fallback))
+            })
+            .max()
+            .unwrap_or(0)
+    };
+    let c = u128::from(max_cost) * NANO_PER;
+    let lease_capacity = |rate: u64| c.max(u128::from(rate) * u128::from(burst_us));
+    let mut times: Vec<u64> = sends.iter().map(|s| s.0).collect();
+    times.dedup();
+    let fills: Vec<u128> = times.iter().map(|&t| fill_to(t)).collect();
+    for (i, &a) in times.iter().enumerate() {
+        let rate = rate_near(a);
+        let k = lease_capacity(rate);
+        let mut sent = [0u128; 3];
+        for (j, &b) in times.iter().enumerate().skip(i) {
+            for &(_, share, cost) in sends.iter().filter(|s| s.0 == b) {
+                sent[share] += u128::from(cost);
+                sent[2] += u128::from(cost);
+            }
+            let fill = fills[j] - fills[i];
+            for (what, index) in [("normal", 0), ("retry", 1), ("total", 2)] {
+                let bound = if index == 2 {
+                    k + fill
+                } else {
+                    let p = u128::from(part[index]);
+                    (2 * c).max(p * k / u128::from(R_MILLI)) + p * fill / u128::from(R_MILLI)
+                };
+                if sent[index] * NANO_PER > bound {
+                    return Err(format!(
+                        "seed {seed}: {what} sent {} in [{a}, {b}] (local µs, {} after the start), \
+                         bound {:.3} (burst {burst_us} µs, max_cost {max_cost}, N {expected}, \
+                         retry {retry_milli}); schedules {reads:?}",
+                        sent[index],
+                        a - start,
+                        bound as f64 / NANO_PER as f64,
+                    ));
+                }
+            }
+        }
+    }
+    Ok((sends.len() as u64, changes))
+}
+
+/// Random runs of a [`LeasedBudget`] through grants, regrants, fallbacks,
+/// refreshes in flight and dropped ones (see [`random_share_run`]): every
+/// share and the total stay within their bound in every interval.
+#[tokio::test]
+async fn random_share_runs_keep_every_share_within_its_bound_across_lease_changes() {
+    let server = RedisServer::start();
+    let seeds = std::env::var("SHARE_SEEDS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(48u64);
+    let mut failures = Vec::new();
+    let (mut sent, mut changes) = (0, 0);
+    for seed in 0..seeds {
+        match random_share_run(&server, seed).await {
+            Ok((s, c)) => {
+                sent += s;
+                changes += c;
+            }
+            Err(e) => failures.push(e),
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    eprintln!("{sent} sends, {changes} changes");
+    assert!(
+        sent > 1_000 && changes > 100,
+        "{sent} sends, {changes} changes"
+    );
+}
+
+/// A rolling deploy that lowers the budget from 300/s to 240/s: old
+/// instances keep calling with 300/s while new ones call with 240/s. Once
+/// a new instance has called, no instance is granted past the lowest budget
+/// of the live instances, so the grants sum to at most 240/s once the
+/// grants made before then have expired. Before, the old instance `a` went
+/// on being granted 300/s minus the others (290/s beside the new `b` asking
+/// 10/s), for as long as it ran, and `b` got nothing.
+#[tokio::test]
+async fn a_lowered_budget_binds_the_instances_still_running_the_old_one() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(Timestamp(START));
+    let store = store(&server, Some(&clock));
+    let lease = |id: &str, budget: u64, demand: u64| {
+        RateLease::builder(
+            store.clone(),
+            BUDGET,
+            Rate::per_second(budget),
+            NonZeroU32::new(40).unwrap(),
+        )
+        .instance_id(id)
+        .initial_demand(Rate::per_second(demand))
+        .min_demand(Rate::per_second(demand))
+        .clock(clock.clone())
+        .build()
+        .unwrap()
+    };
+    let old = lease("a", 300, 300);
+    assert_eq!(old.refresh().await.unwrap().grant, Rate::per_second(300));
+    // The first instance of the new deploy: nothing is free yet.
+    let new = lease("b", R, 10);
+    assert_eq!(new.refresh().await.unwrap().grant, Rate::ZERO);
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(new.refresh().await.unwrap().grant, Rate::ZERO);
+    // The old instance renews: the new budget binds it.
+    clock.advance(Duration::from_secs(3));
+    assert_eq!(old.refresh().await.unwrap().grant, Rate::per_second(230));
+    // Its grant of 300/s has expired: b gets its 10/s.
+    clock.advance(Duration::from_millis(1_001));
+    assert_eq!(new.refresh().await.unwrap().grant, Rate::per_second(10));
+    let mut peak = Rate::ZERO;
+    for _ in 0..20 {
+        clock.advance(Duration::from_secs(2));
+        for lease in [&old, &new] {
+            lease.refresh().await.unwrap();
+            peak = peak.max(store.grants(BUDGET).await.unwrap().peak());
+        }
+    }
+    assert_eq!(peak, Rate::per_second(R));
+    // Once the old instance is gone, the new budget is the only one.
+    old.release().await.unwrap();
+    let last = lease("c", R, R);
+    assert_eq!(last.refresh().await.unwrap().grant, Rate::per_second(230));
+}
+
+/// A record written before the script kept each instance's budget (no
+/// trailing `R`) still counts its grant, and binds nobody's budget.
+#[tokio::test]
+async fn a_record_without_a_budget_still_counts_its_grant() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(Timestamp(START));
+    let store = store(&server, Some(&clock));
+    let expiry = (START + L).to_string();
+    server.cli(&[
+        "HSET",
+        "t:{lease:dep}",
+        "i:old",
+        &format!("100000,0,100000,{expiry}"),
+    ]);
+    let lease = instance(&store, "new", R, &clock).build().unwrap();
+    assert_eq!(
+        lease.refresh().await.unwrap().grant,
+        Rate::per_second(R - 100)
+    );
+    let table = store.grants(BUDGET).await.unwrap();
+    assert_eq!(table.committed_at(Timestamp(START)), Rate::per_second(R));
+    assert_eq!(table.instance("old").unwrap().steps.len(), 1);
+}

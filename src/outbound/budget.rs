@@ -288,7 +288,9 @@ pub struct DependencyBudgetBuilder<St> {
 }
 
 impl<St: Store> DependencyBudget<St> {
-    /// A budget named `name` (part of its store keys) over `store`.
+    /// A budget named `name` (part of its store keys: 1 to 57 characters of
+    /// `[A-Za-z0-9._-]`, checked at [`build`](DependencyBudgetBuilder::build))
+    /// over `store`.
     pub fn builder(store: St, name: &str) -> DependencyBudgetBuilder<St> {
         Self::with_limiter(Limiter::new(store), name)
     }
@@ -436,11 +438,12 @@ impl<St: Store> DependencyBudgetBuilder<St> {
         self
     }
 
-    /// The budget. Fails when a share is missing or a shadow policy (which
+    /// The budget. Fails when the name is not valid, a share is missing or a shadow policy (which
     /// refuses nothing), the partition count is 0, above 1,024 or above a
     /// share's limit (a token bucket's capacity), or the store cannot
     /// decide the shares.
     pub fn build(self) -> Result<DependencyBudget<St>, ConfigError> {
+        check_name(&self.name)?;
         let n = self.partitions;
         if n == 0 || n > 1024 {
             return Err(ConfigError::new("partitions", "must be 1 to 1,024"));
@@ -488,6 +491,27 @@ impl<St: Store> DependencyBudgetBuilder<St> {
                 stats: Counters::new(&self.name),
             }),
         })
+    }
+}
+
+/// The longest budget name: the shares' quota names add `-normal` to it,
+/// and a quota name has at most 64 characters.
+const MAX_NAME: usize = 64 - "-normal".len();
+
+/// Checks a budget's name as given, before the quota names built from it.
+fn check_name(name: &str) -> Result<(), ConfigError> {
+    let valid = !name.is_empty()
+        && name.len() <= MAX_NAME
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if valid {
+        Ok(())
+    } else {
+        Err(ConfigError::new(
+            "name",
+            format!("{name:?} must be 1 to {MAX_NAME} characters of [A-Za-z0-9._-]"),
+        ))
     }
 }
 

@@ -24,7 +24,8 @@ type CostFn<B> = Arc<dyn Fn(&Request<B>) -> u64 + Send + Sync>;
 ///   every attempt passes through it. A request without the extension is a
 ///   first attempt.
 /// - **Cost.** A function of the request, default 1; a batch call can cost
-///   its item count.
+///   its item count. Every attempt costs at least 1, since it is a send
+///   whatever its item count: a cost of 0 is charged as 1.
 /// - **Exhausted budget.** By default the attempt waits for capacity up to
 ///   [`wait_up_to`](Self::wait_up_to) (1 s), in arrival order per share (a
 ///   later attempt never takes capacity an earlier one is waiting for, from
@@ -210,7 +211,7 @@ impl<Bu: AttemptBudget, B> DependencyBudgetLayer<Bu, B> {
         }
     }
 
-    /// The cost of an attempt, default 1.
+    /// The cost of an attempt, default 1; at least 1 is charged.
     pub fn cost(mut self, cost: impl Fn(&Request<B>) -> u64 + Send + Sync + 'static) -> Self {
         self.cost = Some(Arc::new(cost));
         self
@@ -347,7 +348,7 @@ where
             Some(attempt) if attempt.is_retry() => Share::Retry,
             _ => Share::Normal,
         };
-        let cost = self.layer.cost.as_ref().map_or(1, |f| f(&req));
+        let cost = self.layer.cost.as_ref().map_or(1, |f| f(&req)).max(1);
         let budget = self.layer.budget.clone();
         let queues = self.layer.queues.clone();
         let deadline = self.layer.wait.map(deadline_after);

@@ -682,6 +682,10 @@ pub struct LeaseStatus {
 ///    instance keeps spending the old rate until the reply reaches it (or,
 ///    if the reply is lost, until the old lease ends).
 ///
+/// Here `R` is the lowest budget of `j` and the live instances: during a
+/// deploy that lowers it, the instances still on the old one are held to
+/// the new one; a raised one applies once no live instance has the old.
+///
 /// Every commitment profile is non-increasing in time, so their sum is
 /// highest at the present, and the check in step 2 keeps it `≤ R` at every
 /// later Redis time. `docs/leases.md` has the proof and the bound on send
@@ -1261,6 +1265,12 @@ impl<C: Clock> RateLeaseBuilder<C> {
             return Err(ConfigError::new(
                 "lease",
                 "must be more than zero and at most a day",
+            ));
+        }
+        if margin >= lease {
+            return Err(ConfigError::new(
+                "expiry_margin",
+                "must be less than the lease, which it is taken off",
             ));
         }
         if refresh == 0 || refresh.saturating_add(margin) >= lease {

@@ -11,12 +11,16 @@
 --              of that life (one sent before the release, reaching Redis
 --              late) changes nothing; one of another life (a new lease under
 --              the same id) clears it.
---   `i:<id>`   one instance: "demand,provisional,rate1,exp1,rate2,exp2,..."
---              (milli-units per second, 0/1, µs). The (rate, exp) pairs are the instance's
+--   `i:<id>`   one instance: "demand,provisional,rate1,exp1,rate2,exp2,...,budget"
+--              (milli-units per second, 0/1/2, µs, milli-units per second).
+--              The (rate, exp) pairs are the instance's
 --              *steps*: every grant it may still be spending, each counted
 --              until its expiry. Kept sorted by expiry with strictly
 --              decreasing rates (a step with a lower rate and an earlier
---              expiry than another is implied by it and dropped).
+--              expiry than another is implied by it and dropped). The
+--              trailing `budget` is the R the instance last called with
+--              (absent in records written before it was kept: an odd
+--              count of numbers has it).
 -- ARGV[1]: 'g' (grant), 'r' (release) or 's' (snapshot, read only).
 -- ARGV[2]: the instance id.
 -- ARGV[3]: its demand (milli-units/s); ARGV[4]: 1 if that demand is a guess
@@ -32,8 +36,12 @@
 --
 -- The rule. An instance's commitment at time t is the highest rate of its
 -- steps that expire after t. Every profile is non-increasing in t, so the
--- sum over instances is highest at the present. A grant of rate g to
--- instance j at `now` is at most R minus the others' commitments at `now`;
+-- sum over instances is highest at the present. The budget of a call is
+-- the lowest R of the caller and every live instance, so that during a
+-- deploy that lowers R the instances still running the old one are held to
+-- the new one (and a raised R applies once no live instance has the old
+-- one). A grant of rate g to
+-- instance j at `now` is at most that budget minus the others' commitments at `now`;
 -- its own older steps stay: a lowered grant frees its surplus only at the
 -- old step's expiry, because the instance keeps spending the old rate until
 -- the reply reaches it (or the old lease ends). Hence at every time t >= now
@@ -87,15 +95,18 @@ local function parse(value)
   for k = 3, #nums - 1, 2 do
     if nums[k + 1] > now then steps[#steps + 1] = { nums[k], nums[k + 1] } end
   end
-  return nums[1] or 0, nums[2] or 0, steps
+  local budget = nil
+  if #nums >= 3 and #nums % 2 == 1 then budget = nums[#nums] end
+  return nums[1] or 0, nums[2] or 0, steps, budget
 end
 
-local function encode(d, g, steps)
+local function encode(d, g, steps, budget)
   local parts = { string.format('%d', d), string.format('%d', g) }
   for _, s in ipairs(steps) do
     parts[#parts + 1] = string.format('%d', s[1])
     parts[#parts + 1] = string.format('%d', s[2])
   end
+  parts[#parts + 1] = string.format('%d', budget)
   return table.concat(parts, ',')
 end
 
@@ -124,7 +135,7 @@ local function prune(steps)
   return kept
 end
 
-local ids, dem, flags, steps = {}, {}, {}, {}
+local ids, dem, flags, steps, budgets = {}, {}, {}, {}, {}
 local all = redis.call('HGETALL', key)
 for k = 1, #all, 2 do
   local f = all[k]
@@ -136,12 +147,13 @@ for k = 1, #all, 2 do
       redis.call('HDEL', key, f)
     end
   elseif f ~= '_t' then
-    local d, g, st = parse(all[k + 1])
+    local d, g, st, b = parse(all[k + 1])
     if #st > 0 or f == me then
       ids[#ids + 1] = f
       dem[f] = d
       flags[f] = g
       steps[f] = st
+      budgets[f] = b
     elseif op ~= 's' then
       -- Every grant of this instance has expired: it is gone.
       redis.call('HDEL', key, f)
@@ -220,24 +232,31 @@ if held_rate > 0 and held_left > 0 then
   table.insert(steps[me], { held_rate, now + held_left })
 end
 
+-- The budget of this call: the lowest of the caller's and every other live
+-- instance's (a deploy may be changing it).
+local budget = R
+for _, f in ipairs(ids) do
+  if f ~= me and budgets[f] ~= nil and budgets[f] < budget then budget = budgets[f] end
+end
+
 -- Max-min fair water level over the live demands (nil: every demand fits),
--- another instance's guessed demand counted as R, a held-back one as twice
+-- another instance's guessed demand counted as the budget, a held-back one as twice
 -- itself.
 local eff = {}
 for _, f in ipairs(ids) do
   if f == me or flags[f] == 0 then
-    eff[f] = dem[f]
+    eff[f] = math.min(budget, dem[f])
   elseif flags[f] == 2 then
-    eff[f] = math.min(R, 2 * dem[f])
+    eff[f] = math.min(budget, 2 * dem[f])
   else
-    eff[f] = R
+    eff[f] = budget
   end
 end
 local order = {}
 for _, f in ipairs(ids) do order[#order + 1] = f end
 table.sort(order, function(a, b) return eff[a] < eff[b] end)
 local lambda = nil
-local remaining = R
+local remaining = budget
 for k, f in ipairs(order) do
   local share = idiv(remaining, #order - k + 1)
   if eff[f] <= share then
@@ -257,7 +276,7 @@ for _, f in ipairs(ids) do
   if f ~= me then others = others + commit(steps[f], now) end
 end
 local want = target(me)
-local grant = R - others
+local grant = budget - others
 if grant > want then grant = want end
 if grant < 0 then grant = 0 end
 local expiry = now + L
@@ -285,13 +304,13 @@ if grant < want then
         sum = sum + c
       end
     end
-    if sum + want <= R then
+    if sum + want <= budget then
       recheck = t
       break
     end
   end
 end
 
-redis.call('HSET', key, me, encode(demand, flag, steps[me]))
+redis.call('HSET', key, me, encode(demand, flag, steps[me], R))
 save_time()
 return { grant, expiry, now, recheck, want, #ids }
