@@ -48,12 +48,41 @@
 //!
 //! # gRPC: statuses with details
 //!
-//! Requests whose `content-type` starts with `application/grpc` get a
-//! trailers-only gRPC response instead, with the code in the table above and
-//! the problem `detail` as `grpc-message`. Every gRPC refusal carries
+//! Requests whose `content-type` starts with `application/grpc` in any case
+//! ([`is_grpc`]: the `+proto` and other `+codec` forms, and gRPC-Web's
+//! `application/grpc-web` and `application/grpc-web-text`) get a gRPC status
+//! instead, with the code in the table above and the problem `detail` as
+//! `grpc-message`. It is a trailers-only response: the status in the
+//! headers, HTTP status 200, an empty body and
+//! `content-type: application/grpc`. Every gRPC refusal carries
 //! `grpc-retry-pushback-ms`, which gRPC clients with a retry policy obey: the
 //! same wait as `Retry-After` in milliseconds when a wait can cure the
 //! refusal, and `-1` (do not retry) when none can.
+//!
+//! A gRPC-Web caller gets the same status headers. To answer it with its
+//! own content type, put the gRPC-Web translation (tonic-web's layer, or a
+//! proxy) in front of this crate's layers, so that they see plain gRPC and
+//! their refusals are translated like any other response.
+//!
+//! What the layers count in a gRPC call:
+//!
+//! * **Quotas and concurrency caps decide once per call**, not per message:
+//!   a client-, server- or bidirectional-streaming call is one request,
+//!   charged its cost once, and it holds its concurrency permits until its
+//!   response stream ends. Served by tonic's server, a call waiting in a
+//!   concurrency queue also ends at its own `grpc-timeout` (`CANCELLED`,
+//!   from tonic, which enforces it around the layers) and leaves the queue.
+//! * **Body caps count the request stream's bytes**, every message of a
+//!   streaming call together, with their 5-byte gRPC frame prefixes. Only
+//!   the HTTP `content-encoding` is decoded; messages compressed with
+//!   `grpc-encoding` pass through coded, so the decoded cap counts their
+//!   compressed bytes. Bound the decoded size of each message with tonic's
+//!   `max_decoding_message_size` on the service. A cap tripped before the
+//!   handler answers (a unary or client-streaming call) is answered as the
+//!   cap's refusal. One tripped after it answered (a streaming response has
+//!   begun) cannot replace the answer: the handler's next read of its request
+//!   stream fails with tonic's `UNKNOWN` ("length limit exceeded"), and the
+//!   call ends with whatever the handler makes of that.
 //!
 //! With the `tonic` feature the status also carries `google.rpc` details in
 //! `grpc-status-details-bin`:
@@ -326,12 +355,15 @@ pub(crate) fn ceil_secs(d: Duration) -> u64 {
     d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
 }
 
-/// True when the request is gRPC (`content-type: application/grpc*`).
+/// True when the request is gRPC: its `content-type` starts with
+/// `application/grpc` in any case, since media types are case-insensitive.
 pub fn is_grpc(headers: &HeaderMap) -> bool {
-    headers
-        .get(CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/grpc"))
+    const GRPC: &[u8] = b"application/grpc";
+    headers.get(CONTENT_TYPE).is_some_and(|v| {
+        v.as_bytes()
+            .get(..GRPC.len())
+            .is_some_and(|prefix| prefix.eq_ignore_ascii_case(GRPC))
+    })
 }
 
 impl Rejection {

@@ -1191,3 +1191,34 @@ proptest! {
         prop_assert_eq!(got, want);
     }
 }
+
+/// An IPv4 peer on a dual-stack socket (`::ffff:10.0.0.1`) is IPv4: `::/0`
+/// trusts every IPv6 proxy and no IPv4 one, so its header is not believed;
+/// `0.0.0.0/0`, or the IPv4-mapped `::ffff:0:0/96`, trusts it.
+#[test]
+fn an_ipv6_range_shorter_than_96_bits_does_not_trust_ipv4_peers() {
+    let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+    let mut headers = http::HeaderMap::new();
+    headers.insert("x-forwarded-for", "198.51.100.7".parse().unwrap());
+    let mapped_peer = ip("::ffff:10.0.0.1");
+
+    let ipv6_only = TrustedProxies::new(["::/0"]).unwrap();
+    assert_eq!(ipv6_only.client_ip(mapped_peer, &headers), ip("10.0.0.1"));
+    assert_eq!(
+        ipv6_only.client_ip(ip("2001:db8::1"), &headers),
+        ip("198.51.100.7")
+    );
+    for every_ipv4 in ["0.0.0.0/0", "::ffff:0:0/96"] {
+        let proxies = TrustedProxies::new([every_ipv4]).unwrap();
+        assert_eq!(
+            proxies.client_ip(mapped_peer, &headers),
+            ip("198.51.100.7"),
+            "{every_ipv4}"
+        );
+        assert_eq!(
+            proxies.client_ip(ip("2001:db8::1"), &headers),
+            ip("2001:db8::1"),
+            "{every_ipv4}"
+        );
+    }
+}

@@ -2,6 +2,23 @@
 //! are counted through the `metrics` facade.
 #![cfg(feature = "metrics")]
 
+#[cfg(feature = "tonic")]
+#[path = "../examples/grpc_reports/client.rs"]
+mod client;
+#[cfg(feature = "tonic")]
+#[path = "../examples/grpc_reports/config.rs"]
+#[allow(
+    dead_code,
+    reason = "the command line's default address is not used here"
+)]
+mod config;
+#[cfg(feature = "tonic")]
+#[path = "../examples/grpc_reports/proto.rs"]
+mod proto;
+#[cfg(feature = "tonic")]
+#[path = "../examples/grpc_reports/server.rs"]
+mod server;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,6 +51,7 @@ fn recorded<T>(test: impl std::future::Future<Output = T>) -> (T, Snapshotter) {
     let snapshotter = recorder.snapshotter();
     let out = metrics::with_local_recorder(&recorder, || {
         let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
             .build()
             .unwrap();
         rt.block_on(test)
@@ -358,4 +376,143 @@ fn dependency_attempts_refusals_and_waits_are_counted_per_budget() {
         })
         .collect();
     assert_eq!(waits, [0.25, 0.0]);
+}
+
+/// Every series the gRPC example records for 25 calls of one free key (the
+/// burst of 20, then 5 refusals) and 2 calls without a known key: each
+/// refusal counted once, and no label carries what a caller sent or who it
+/// is.
+#[cfg(feature = "tonic")]
+#[test]
+fn grpc_refusals_are_counted_once_with_labels_from_configuration_only() {
+    use tower_admission::clock::{ManualClock, Timestamp};
+    use tower_admission::quota::MemoryConfig;
+
+    let ((), snapshotter) = recorded(async {
+        let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+        let store = MemoryStore::with_config(MemoryConfig::default(), clock);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(server::serve(store, listener, async {
+            let _ = stopped.await;
+        }));
+        let request = || proto::ListReportsRequest {
+            page_size: 1,
+            metric: "caller-chosen-metric".into(),
+        };
+        let mut alice = client::ReportsClient::connect(url.clone())
+            .await
+            .unwrap()
+            .with_key("demo-free")
+            .unwrap();
+        let mut codes = Vec::new();
+        for _ in 0..25 {
+            codes.push(
+                alice
+                    .list_reports(request())
+                    .await
+                    .map(|_| ())
+                    .map_err(|s| s.code()),
+            );
+        }
+        for key in [None, Some("demo-nope")] {
+            let mut anonymous = client::ReportsClient::connect(url.clone()).await.unwrap();
+            if let Some(key) = key {
+                anonymous = anonymous.with_key(key).unwrap();
+            }
+            codes.push(
+                anonymous
+                    .list_reports(request())
+                    .await
+                    .map(|_| ())
+                    .map_err(|s| s.code()),
+            );
+        }
+        let refused = |code| codes.iter().filter(|c| **c == Err(code)).count();
+        assert_eq!(codes.iter().filter(|c| c.is_ok()).count(), 20);
+        assert_eq!(refused(tonic::Code::ResourceExhausted), 5);
+        assert_eq!(refused(tonic::Code::Unauthenticated), 2);
+        drop(stop);
+        server.await.unwrap().unwrap();
+    });
+    let snapshot = snapshotter.snapshot().into_vec();
+    let decisions = "tower_admission_quota_decisions_total";
+    assert_eq!(counter(&snapshot, decisions, ("result", "admitted")), 20);
+    assert_eq!(counter(&snapshot, decisions, ("result", "refused")), 5);
+    let refused = "tower_admission_policy_refused_total";
+    assert_eq!(counter(&snapshot, refused, ("policy", "burst")), 5);
+    assert_eq!(counter(&snapshot, refused, ("policy", "per-minute")), 0);
+    let refused_series: u64 = snapshot
+        .iter()
+        .filter(|(key, ..)| key.kind() == MetricKind::Counter)
+        .filter(|(key, ..)| key.key().name().ends_with("refused_total"))
+        .map(|(.., value)| match value {
+            DebugValue::Counter(n) => *n,
+            _ => 0,
+        })
+        .sum();
+    assert_eq!(refused_series, 5, "each refusal in one refusal series only");
+    let caller_values = [
+        "alice",
+        "acme",
+        "demo-free",
+        "demo-nope",
+        "caller-chosen-metric",
+    ];
+    for (key, ..) in &snapshot {
+        assert!(key.key().name().starts_with("tower_admission_"), "{key:?}");
+        for label in key.key().labels() {
+            assert!(
+                !caller_values.iter().any(|v| label.value().contains(v)),
+                "{key:?} carries a caller's value"
+            );
+        }
+    }
+}
+
+/// A queued request that waits out its deadline is one refusal, counted as
+/// `deadline-passed`; one dropped while queued (its caller gave up) is none.
+#[test]
+fn a_passed_queue_deadline_is_counted_once_and_a_dropped_wait_not_at_all() {
+    use tower::{Layer, Service};
+    use tower_admission::concurrency::ConcurrencyLayer;
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let layer = ConcurrencyLayer::builder()
+                .global(1, 2, Duration::from_secs(1))
+                .build()
+                .unwrap();
+            let inner = tower::service_fn(|_: http::Request<()>| {
+                std::future::pending::<Result<http::Response<String>, std::convert::Infallible>>()
+            });
+            let mut service = layer.layer(inner);
+            let held = service.call(http::Request::new(()));
+            let gave_up = service.call(http::Request::new(()));
+            let waited = service.call(http::Request::new(()));
+            assert_eq!(layer.queued(), 2);
+            drop(gave_up);
+            assert_eq!(layer.queued(), 1);
+            let refused = waited.await.unwrap();
+            assert_eq!(refused.status(), http::StatusCode::SERVICE_UNAVAILABLE);
+            assert_eq!(layer.queued(), 0);
+            drop(held);
+        });
+    });
+    let snapshot = snapshotter.snapshot().into_vec();
+    let refused = "tower_admission_concurrency_refused_total";
+    assert_eq!(
+        counter(&snapshot, refused, ("reason", "deadline-passed")),
+        1
+    );
+    assert_eq!(counter(&snapshot, refused, ("reason", "queue-full")), 0);
+    assert_eq!(counter(&snapshot, refused, ("scope", "global")), 1);
 }

@@ -155,9 +155,8 @@ impl ForwardedHeader {
 /// Several header lines form one list, in order: the walk starts at the last
 /// line's last element and goes leftwards across lines. Only the rightmost
 /// [`MAX_HOPS`] hops are read; if all are trusted the leftmost of them is the
-/// answer. Addresses are compared in canonical form, so `::ffff:10.0.0.1` is
-/// `10.0.0.1`. The walk never panics, and allocates only to unescape a
-/// quoted `for=` value that holds a backslash.
+/// answer. The walk never panics, and allocates only to unescape a quoted
+/// `for=` value that holds a backslash.
 ///
 /// [`ClientIpLayer`] also groups the answer into the network that quotas are
 /// keyed on ([`ClientIp::key_network`]): `/64` for IPv6 and `/32` for IPv4
@@ -175,6 +174,29 @@ impl ForwardedHeader {
 /// let peer: IpAddr = "10.0.0.1".parse().unwrap();
 /// // 6.6.6.6 was written by 1.1.1.1, which is not ours: it may be a lie.
 /// assert_eq!(proxies.client_ip(peer, &headers), "1.1.1.1".parse::<IpAddr>().unwrap());
+/// ```
+///
+/// # IPv4 and IPv6 ranges
+///
+/// Addresses are compared in canonical form: an IPv4-mapped address
+/// (`::ffff:10.0.0.1`, as a dual-stack socket reports an IPv4 peer) is the
+/// IPv4 address `10.0.0.1`, and an IPv4-mapped range of `/96` or longer
+/// (`::ffff:10.0.0.0/104`) is its IPv4 range (`10.0.0.0/8`). So an IPv4
+/// address is matched by IPv4 ranges only, and an IPv6 range shorter than
+/// `/96` matches IPv6 addresses only: `::/0` trusts every IPv6 peer and no
+/// IPv4 one. To trust every peer, list both `0.0.0.0/0` and `::/0`.
+///
+/// ```
+/// use std::net::IpAddr;
+/// use tower_admission::identity::TrustedProxies;
+///
+/// let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+/// let ipv6 = TrustedProxies::new(["::/0"]).unwrap();
+/// assert!(ipv6.is_trusted(ip("2001:db8::1")));
+/// assert!(!ipv6.is_trusted(ip("::ffff:10.0.0.1")));
+/// let mapped = TrustedProxies::new(["::ffff:10.0.0.0/104"]).unwrap();
+/// assert!(mapped.is_trusted(ip("10.0.0.1")));
+/// assert!(mapped.is_trusted(ip("::ffff:10.0.0.1")));
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TrustedProxies {
@@ -218,8 +240,10 @@ impl TrustedProxies {
             })
     }
 
-    /// Also trusts `net`. An IPv4-mapped IPv6 range (`::ffff:10.0.0.0/104`)
-    /// is stored as its IPv4 range.
+    /// Also trusts `net`. An IPv4-mapped IPv6 range of `/96` or longer
+    /// (`::ffff:10.0.0.0/104`) is stored as its IPv4 range; any other IPv6
+    /// range matches IPv6 addresses only (see
+    /// [IPv4 and IPv6 ranges](Self#ipv4-and-ipv6-ranges)).
     pub fn with_net(mut self, net: IpNet) -> Self {
         self.nets.push(canonical_net(net.trunc()));
         self
