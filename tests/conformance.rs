@@ -272,6 +272,53 @@ async fn a_refund_never_reaches_a_window_of_another_length<S: Store>(c: Ctx<'_, 
     }
 }
 
+async fn a_settle_from_before_a_longer_window_drops_nothing<S: Store>(c: Ctx<'_, S>) {
+    // A charge made under 10 per minute settles, under those numbers as a
+    // settlement does, after a redeploy to 10 per hour has counted 5 more.
+    // The settle must not trim what the hour still holds nor shorten its
+    // life: A's entry has left the minute, so nothing comes back, and the
+    // extra 3 are capped by what the minute holds (B's 5). Before, on
+    // Redis, the settle trimmed the log to its minute and the hour admitted
+    // 7 more: 17 in an hour of 10.
+    let minute = quota(Policy::sliding_log("p", 10, MIN).unwrap());
+    let hour = quota(Policy::sliding_log("p", 10, Duration::from_secs(3600)).unwrap());
+    let k = c.key("log");
+    c.at_ms(NOON);
+    let a = c.decide(&minute, &k, 5).await;
+    assert!(a.admitted);
+    c.at_ms(NOON + 30_000);
+    assert_eq!(c.admitted(&hour, &k, 5, 1).await, 1);
+    c.at_ms(NOON + 90_000);
+    c.store.settle(&minute, &k, &a.holds, -5).await.unwrap();
+    c.store.settle(&minute, &k, &a.holds, 3).await.unwrap();
+    c.at_ms(NOON + 100_000);
+    assert_eq!(c.decide(&hour, &k, 0).await.decisions[0].remaining, 0);
+    assert_eq!(c.admitted(&hour, &k, 1, 10).await, 0);
+    // A's entry leaves the hour at 3,600 s; the hour still holds B's 5 and
+    // the settle's 3.
+    c.at_ms(NOON + 3_599_999);
+    assert_eq!(c.admitted(&hour, &k, 1, 10).await, 0);
+    c.at_ms(NOON + 3_600_000);
+    assert_eq!(c.admitted(&hour, &k, 1, 10).await, 2);
+}
+
+async fn a_settle_under_a_smaller_bucket_refills_nothing<S: Store>(c: Ctx<'_, S>) {
+    // A bucket of 1 refilling 1/s is redeployed to a capacity of 100 at the
+    // same rate. The old quota's charge settles (-1) after the new one has
+    // emptied the bucket: it gives back its own token only. Before, the
+    // settle clamped the bucket to its old capacity of 1, refilling it.
+    let second =
+        |capacity| quota(Policy::token_bucket("p", capacity, 1, Duration::from_secs(1)).unwrap());
+    let (old, new) = (second(1), second(100));
+    let k = c.key("bucket");
+    c.at_ms(NOON);
+    let a = c.decide(&old, &k, 1).await;
+    assert!(a.admitted);
+    assert_eq!(c.admitted(&new, &k, 1, 100).await, 99);
+    c.store.settle(&old, &k, &a.holds, -1).await.unwrap();
+    assert_eq!(c.admitted(&new, &k, 1, 100).await, 1);
+}
+
 async fn a_renamed_policy_keeps_its_state<S: Store>(c: Ctx<'_, S>) {
     // A redeploy that only renames a policy shares its state (same quota
     // name, same kinds): 10 of 10 spent under "a" stay spent under "b".
@@ -599,6 +646,8 @@ suite!(
     multi_policy_refusal_consumes_nothing,
     a_refusal_reports_each_policy_as_it_stands,
     a_refund_never_reaches_a_window_of_another_length,
+    a_settle_from_before_a_longer_window_drops_nothing,
+    a_settle_under_a_smaller_bucket_refills_nothing,
     a_renamed_policy_keeps_its_state,
     cost_over_capacity_is_never_admitted,
     clock_set_backwards_inflates_nothing,

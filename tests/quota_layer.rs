@@ -671,3 +671,77 @@ async fn a_handler_settle_and_the_refund_never_give_back_twice() {
     assert_eq!(second.unwrap().status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(left(&memory, &work, "bob").await, 6);
 }
+
+/// A hot reload swaps the quota layer for one of the same quota name and
+/// kinds but a larger bucket, on the same store, while a request admitted by
+/// the old layer is still running. The new layer takes what it allows; then
+/// the old request settles its real cost, under the old quota. Before, that
+/// settle clamped the bucket to the old capacity of 1 and refilled it: the
+/// new layer admitted 99 more at the same instant, 198 in all from a bucket
+/// of 100. Now the settle gives back only the old charge's token.
+#[tokio::test]
+async fn a_request_from_before_a_reload_settles_without_refilling_the_new_quota() {
+    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let store = store(&clock);
+    let bucket = |capacity| {
+        let policy = Policy::token_bucket("burst", capacity, 1, Duration::from_secs(1));
+        Quota::new("api", [policy.unwrap()]).unwrap()
+    };
+    let app = |quota: Quota| {
+        let layer = QuotaLayer::builder(store.clone())
+            .quota(quota)
+            .cost(|_| 1)
+            .build()
+            .unwrap();
+        Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(layer)
+    };
+    let alice = Identity::new("alice", "acme", "free");
+    // The request of the old deploy, as its handler sees it mid-flight.
+    let (tx, rx) = tokio::sync::oneshot::channel::<Settlement>();
+    let tx = Arc::new(std::sync::Mutex::new(Some(tx)));
+    let old = Router::new()
+        .route(
+            "/",
+            get(move |Extension(settlement): Extension<Settlement>| {
+                if let Some(tx) = tx.lock().unwrap().take() {
+                    let _ = tx.send(settlement);
+                }
+                async { "ok" }
+            }),
+        )
+        .layer(
+            QuotaLayer::builder(store.clone())
+                .quota(bucket(1))
+                .cost(|_| 1)
+                .build()
+                .unwrap(),
+        );
+    let response = old
+        .oneshot(request(Some(alice.clone()), "/"))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let pending = rx.await.unwrap();
+
+    let new = app(bucket(100));
+    let admit_all = || async {
+        let mut admitted = 0;
+        loop {
+            let response = new
+                .clone()
+                .oneshot(request(Some(alice.clone()), "/"))
+                .await
+                .unwrap();
+            if response.status() != StatusCode::OK {
+                return admitted;
+            }
+            admitted += 1;
+        }
+    };
+    assert_eq!(admit_all().await, 99);
+    // The old request did no work: its actual cost is 0.
+    pending.settle(0).await.unwrap();
+    assert_eq!(admit_all().await, 1);
+}

@@ -397,3 +397,94 @@ fn shadow_policies_never_keep_room_from_a_full_store() {
         Err(StoreError::Full { .. })
     ));
 }
+
+/// Admits cost 1 on `key` under `quota` until refused; returns how many.
+fn admit_all(store: &MemoryStore<ManualClock>, quota: &Quota, key: &Arc<str>) -> u64 {
+    let mut admitted = 0;
+    while store.decide(quota, key, 1).into_inner().unwrap().admitted {
+        admitted += 1;
+    }
+    admitted
+}
+
+/// A redeploy replaces a quota with one of the same name and kinds but other
+/// numbers, on the same store. A request admitted under the old quota settles
+/// (its handler's real cost, or a refund) after the new quota has decided
+/// the key: the settle gives back at most its own charge, and never reshapes
+/// the key's state under the old numbers. Before, it did: the bucket's TAT
+/// was clamped to the old, smaller capacity (even by an extra charge), the
+/// fixed window was realigned to the old, shorter window, and the log was
+/// trimmed to the old, shorter window (or read as fresh under it, and then
+/// dropped by a sweep), each admitting a second full limit in the new
+/// policy's window.
+#[test]
+fn a_settle_under_the_old_numbers_never_refills_the_new_policy() {
+    let secs = Duration::from_secs;
+    let cases = [
+        (
+            Policy::token_bucket("p", 1, 1, secs(1)).unwrap(),
+            Policy::token_bucket("p", 100, 1, secs(1)).unwrap(),
+            Duration::ZERO,
+            Duration::ZERO,
+            // The old charge's own token is still held: a refund gives it back.
+            1,
+        ),
+        (
+            Policy::fixed_window("p", 1, secs(1)).unwrap(),
+            Policy::fixed_window("p", 100, secs(60)).unwrap(),
+            secs(2),
+            secs(2),
+            // Its window is not the key's window any more.
+            0,
+        ),
+        (
+            Policy::sliding_log("p", 1, secs(1)).unwrap(),
+            Policy::sliding_log("p", 100, secs(60)).unwrap(),
+            secs(2),
+            secs(2),
+            // Its entry has left the old window.
+            0,
+        ),
+    ];
+    let other = || Policy::token_bucket("other", 1000, 1, secs(3600)).unwrap();
+    for (old, new, before, after, refunded) in cases {
+        for stacked in [false, true] {
+            for delta in [-1, 1] {
+                let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+                let store = MemoryStore::with_config(MemoryConfig::default(), clock.clone());
+                let (old, new) = if stacked {
+                    (
+                        Quota::new("q", [old.clone(), other()]).unwrap(),
+                        Quota::new("q", [new.clone(), other()]).unwrap(),
+                    )
+                } else {
+                    (
+                        Quota::new("q", [old.clone()]).unwrap(),
+                        Quota::new("q", [new.clone()]).unwrap(),
+                    )
+                };
+                let key: Arc<str> = "k".into();
+                let charge = store.decide(&old, &key, 1).into_inner().unwrap();
+                assert!(charge.admitted);
+                // The new deploy takes all the new policy leaves in its window.
+                let first = admit_all(&store, &new, &key);
+                clock.advance(before);
+                store
+                    .settle(&old, &key, &charge.holds, delta)
+                    .into_inner()
+                    .unwrap();
+                clock.advance(after);
+                // Nothing of the key is fresh under the new numbers.
+                assert_eq!(store.sweep(), 0);
+                let again = admit_all(&store, &new, &key);
+                let expected = if delta < 0 { refunded } else { 0 };
+                assert_eq!(
+                    (first, again),
+                    (99, expected),
+                    "{:?} stacked {stacked}, settle {delta}",
+                    new.policies()[0].algorithm()
+                );
+            }
+        }
+    }
+}

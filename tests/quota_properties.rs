@@ -424,6 +424,212 @@ fn changed_policies_never_lock_out_in_memory() {
     });
 }
 
+/// One step of a [`redeploy_run`].
+#[derive(Debug, Clone)]
+enum DeployOp {
+    /// An admission of `cost` on victim key `key` under the current deploy.
+    Admit { gap: u64, key: usize, cost: u64 },
+    /// A settle of an earlier admission, under the quota that admitted it.
+    Settle { gap: u64, which: usize, delta: i64 },
+    /// The next deploy: the same quota name and kinds, new numbers.
+    Deploy { gap: u64 },
+    /// `count` new keys of another quota, competing for the store's room.
+    Flood { gap: u64, count: usize },
+    /// A sweep of the store.
+    Sweep { gap: u64 },
+}
+
+/// The numbers of one deploy: a sliding log, a token bucket and a fixed
+/// window, in that order.
+type Deploy = [Spec; 3];
+
+/// A charge of a [`redeploy_run`]: the deploy and key it was admitted
+/// under, when, its net cost in each policy, and its holds.
+struct DeployCharge {
+    deploy: usize,
+    key: usize,
+    at: u64,
+    net: [u64; 3],
+    holds: Holds,
+}
+
+fn deploy_quota(deploy: &Deploy) -> Quota {
+    Quota::new(
+        "q",
+        [
+            named("log", deploy[0]),
+            named("bucket", deploy[1]),
+            named("fixed", deploy[2]),
+        ],
+    )
+    .unwrap()
+}
+
+/// Two victim keys of a quota of three policies, redeployed with new
+/// numbers between admissions, on a store of 4 keys in 2 shards flooded by
+/// another quota's keys and swept. Charges settle under the quota that
+/// admitted them, also after a redeploy. In every deploy, every policy keeps
+/// its bound over the admissions that deploy made, in every interval:
+/// neither a settle under older numbers, nor the store's full outcome, nor
+/// its sweeps, give a key more than its current numbers allow.
+async fn redeploy_run(deploys: Vec<Deploy>, ops: Vec<DeployOp>) -> Result<(), TestCaseError> {
+    use std::num::NonZeroUsize;
+    let clock = ManualClock::new(Timestamp(START));
+    let config = MemoryConfig::new(NonZeroUsize::new(4).unwrap())
+        .shards(NonZeroUsize::new(2).unwrap())
+        .unwrap();
+    let store = MemoryStore::with_config(config, clock.clone());
+    let quotas: Vec<Quota> = deploys.iter().map(deploy_quota).collect();
+    let flood = Quota::new(
+        "flood",
+        [Policy::fixed_window("f", 1, Duration::from_secs(3600)).unwrap()],
+    )
+    .unwrap();
+    let victims: [Arc<str>; 2] = ["a".into(), "b".into()];
+    let mut current = 0;
+    let mut flooded = 0u64;
+    let mut now = START;
+    let mut charges: Vec<DeployCharge> = Vec::new();
+    for op in ops {
+        let gap = match op {
+            DeployOp::Admit { gap, .. }
+            | DeployOp::Settle { gap, .. }
+            | DeployOp::Deploy { gap }
+            | DeployOp::Flood { gap, .. }
+            | DeployOp::Sweep { gap } => gap,
+        };
+        now += gap;
+        clock.set(Timestamp(now));
+        let quota = &quotas[current];
+        match op {
+            DeployOp::Admit { key, cost, .. } => {
+                // A full store refuses a victim that lost its state: as
+                // closed, nothing is admitted.
+                if let Ok(d) = store.decide(quota, &victims[key], cost).await {
+                    if d.admitted {
+                        charges.push(DeployCharge {
+                            deploy: current,
+                            key,
+                            at: now,
+                            net: [cost; 3],
+                            holds: d.holds,
+                        });
+                    }
+                }
+            }
+            DeployOp::Settle { which, delta, .. } => {
+                if charges.is_empty() {
+                    continue;
+                }
+                let c = which % charges.len();
+                let key = &victims[charges[c].key];
+                let remaining = |d: tower_admission::quota::QuotaDecision| {
+                    [0, 1, 2].map(|i| d.decisions[i].remaining)
+                };
+                let before = remaining(store.decide(quota, key, 0).await.unwrap());
+                let admitted_under = &quotas[charges[c].deploy];
+                let Ok(holds) = store
+                    .settle(admitted_under, key, &charges[c].holds, delta)
+                    .await
+                else {
+                    // A full store has no room for a key it dropped.
+                    continue;
+                };
+                charges[c].holds = holds;
+                let after = remaining(store.decide(quota, key, 0).await.unwrap());
+                // What a refund gave back shows as capacity regained now.
+                // It is counted only against a charge of this deploy: an
+                // older one counts in no interval of this deploy.
+                if delta < 0 && charges[c].deploy == current {
+                    for k in 0..3 {
+                        let back = after[k].saturating_sub(before[k]);
+                        prop_assert!(
+                            back <= delta.unsigned_abs() && back <= charges[c].net[k],
+                            "policy {} gave back {} of {}",
+                            k,
+                            back,
+                            charges[c].net[k]
+                        );
+                        charges[c].net[k] -= back;
+                    }
+                }
+            }
+            DeployOp::Deploy { .. } => current = (current + 1).min(quotas.len() - 1),
+            DeployOp::Flood { count, .. } => {
+                for _ in 0..count {
+                    flooded += 1;
+                    let key: Arc<str> = format!("flood-{flooded}").into();
+                    let _ = store.decide(&flood, &key, 1).await;
+                }
+                prop_assert!(store.len() <= 4);
+            }
+            DeployOp::Sweep { .. } => {
+                store.sweep();
+            }
+        }
+        for (deploy, numbers) in deploys.iter().enumerate() {
+            for key in 0..victims.len() {
+                for (k, &(kind, limit, refill, window)) in numbers.iter().enumerate() {
+                    let view: Vec<Charge> = charges
+                        .iter()
+                        .filter(|c| c.deploy == deploy && c.key == key)
+                        .map(|c| Charge {
+                            at: c.at,
+                            net: c.net[k],
+                            holds: Holds::default(),
+                        })
+                        .collect();
+                    check_bound(kind, limit, refill, window, &view)?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Up to four deploys of a log, a bucket and a fixed window, each of its own
+/// numbers, and the operations between them.
+fn redeploy_case() -> impl Strategy<Value = (Vec<Deploy>, Vec<DeployOp>)> {
+    let spec = |kind: Kind| {
+        (
+            Just(kind),
+            1u64..=20,
+            1u64..=7,
+            prop_oneof![Just(10_000u64), Just(60_000_000u64), 1_000u64..=5_000_000],
+        )
+    };
+    let deploy = (spec(Kind::Log), spec(Kind::Bucket), spec(Kind::Fixed))
+        .prop_map(|(log, bucket, fixed)| [log, bucket, fixed]);
+    let gap = prop_oneof![
+        3 => Just(0u64),
+        3 => 1u64..=1_000_000,
+        1 => 0u64..=120_000_000,
+    ];
+    let op = prop_oneof![
+        6 => (gap.clone(), 0usize..2, 0u64..=22)
+            .prop_map(|(gap, key, cost)| DeployOp::Admit { gap, key, cost }),
+        4 => (gap.clone(), any::<usize>(), -22i64..=22)
+            .prop_map(|(gap, which, delta)| DeployOp::Settle { gap, which, delta }),
+        1 => gap.clone().prop_map(|gap| DeployOp::Deploy { gap }),
+        1 => (gap.clone(), 1usize..8).prop_map(|(gap, count)| DeployOp::Flood { gap, count }),
+        1 => gap.prop_map(|gap| DeployOp::Sweep { gap }),
+    ];
+    (
+        proptest::collection::vec(deploy, 1..=4),
+        proptest::collection::vec(op, 1..80),
+    )
+}
+
+#[test]
+fn redeploys_with_pending_settlements_keep_each_deploys_bounds_in_memory() {
+    let rt = runtime();
+    runner(4096)
+        .run(&redeploy_case(), |(deploys, ops)| {
+            rt.block_on(redeploy_run(deploys, ops))
+        })
+        .unwrap();
+}
+
 #[cfg(feature = "redis")]
 mod redis {
     use super::*;

@@ -13,6 +13,11 @@
 //!   by Redis but may be kept by the memory store, and the two are the same
 //!   for every later time. A clock stepped back is covered by the
 //!   conformance suite, on both stores.
+//! - Settles under a quota's older numbers read a state as the memory store
+//!   does: a log or weighted window is fresh only once the key's expiry has
+//!   passed, which Redis keeps as data (the quota's expiry key, in injected
+//!   time), so the comparison needs no exception for one key per policy
+//!   against one slot per key.
 //!
 //! The Redis store runs the test-only script whose clock is injected from the
 //! same `ManualClock` the memory store reads; it differs from the production
@@ -345,7 +350,8 @@ fn fresh_at_from_redis(server: &RedisServer, key: &str, algorithm: &Algorithm) -
 
 /// The production script (Redis `TIME`): after decisions every key has an
 /// expiry (never -1), and it is the moment its state becomes fresh, to the
-/// millisecond; a state that is fresh again is deleted.
+/// millisecond, and the quota key's expiry key the latest of them; a state
+/// that is fresh again is deleted.
 #[test]
 fn every_key_expires_when_its_state_becomes_fresh() {
     let server = RedisServer::start();
@@ -383,9 +389,24 @@ fn every_key_expires_when_its_state_becomes_fresh() {
         first
     });
     let all_keys = server.cli(&["keys", "ttl:*"]);
-    assert_eq!(all_keys.lines().count(), 20, "{all_keys}");
+    assert_eq!(all_keys.lines().count(), 25, "{all_keys}");
     for key in &keys {
-        for (redis_key, policy) in store.keys(&quota, key).iter().zip(quota.policies()) {
+        let mut expiries: Vec<(String, u64)> = store
+            .keys(&quota, key)
+            .into_iter()
+            .zip(quota.policies())
+            .map(|(k, p)| {
+                let fresh_at = fresh_at_from_redis(&server, &k, p.algorithm());
+                (k, fresh_at)
+            })
+            .collect();
+        // The quota key's expiry: the latest of its states'.
+        let latest = expiries.iter().map(|(_, at)| *at).max().unwrap();
+        let expiry_key = store.expiry_key(&quota, key).unwrap();
+        let expiry: u64 = server.cli(&["get", &expiry_key]).trim().parse().unwrap();
+        assert_eq!(expiry, latest, "{expiry_key}");
+        expiries.push((expiry_key, latest));
+        for (redis_key, fresh_at) in &expiries {
             let pttl: i64 = server.cli(&["pttl", redis_key]).trim().parse().unwrap();
             assert!(pttl > 0, "{redis_key} has PTTL {pttl}");
             let expires_ms: u64 = server
@@ -393,11 +414,10 @@ fn every_key_expires_when_its_state_becomes_fresh() {
                 .trim()
                 .parse()
                 .unwrap();
-            let fresh_at = fresh_at_from_redis(&server, redis_key, policy.algorithm());
             // The script sets PEXPIRE ceil((fresh_at - TIME) / 1 ms); PEXPIRE
             // adds its own clock read, a few µs after the script's TIME. So
             // the expiry is within 1 ms of fresh_at (plus those µs)...
-            let diff = i128::from(expires_ms) * 1000 - i128::from(fresh_at);
+            let diff = i128::from(expires_ms) * 1000 - i128::from(*fresh_at);
             assert!(
                 diff.abs() <= 1_100,
                 "{redis_key}: expires at {expires_ms} ms, fresh at {fresh_at} µs"
@@ -406,31 +426,37 @@ fn every_key_expires_when_its_state_becomes_fresh() {
             // clock is past the expiry, so the state lives until
             // (expires_ms + 1) ms, after fresh_at.
             assert!(
-                (i128::from(expires_ms) + 1) * 1000 > i128::from(fresh_at),
+                (i128::from(expires_ms) + 1) * 1000 > i128::from(*fresh_at),
                 "{redis_key}: expires at {expires_ms} ms, before fresh at {fresh_at} µs"
             );
         }
     }
-    // Refund everything: the windows and the log are fresh again and their
-    // keys are gone. The bucket is full again but keeps its refund offset
-    // (so an older hold cannot claim the refunded tokens) until one refill
-    // interval, 600 ms, after the charge: its key is gone too if that much
-    // Redis time has passed since (the checks above spawn many redis-cli).
+    // Refund everything: the fixed window and the log are fresh again and
+    // their keys are gone. The bucket is full again but keeps its refund
+    // offset (so an older hold cannot claim the refunded tokens) until one
+    // refill interval, 600 ms, after the charge: its key is gone too if that
+    // much Redis time has passed since (the checks above spawn many
+    // redis-cli). While it lives, the quota key does, to its expiry (a
+    // settle never brings it forward), and so does the weighted window,
+    // holding nothing, as in the memory store's slot; else all is gone.
     rt.block_on(async {
         store.settle(&quota, &keys[0], &first[0], -1).await.unwrap();
     });
+    let exists = |k: &str| server.cli(&["exists", k]).trim() == "1";
     let remaining: Vec<String> = store
         .keys(&quota, &keys[0])
         .into_iter()
-        .filter(|k| server.cli(&["exists", k]).trim() == "1")
+        .filter(|k| exists(k))
         .collect();
-    assert!(
-        remaining.is_empty() || remaining == ["ttl:{all:user0}:2:tb"],
-        "{remaining:?}"
-    );
-    if let Some(bucket) = remaining.first() {
-        let pttl: i64 = server.cli(&["pttl", bucket]).trim().parse().unwrap();
-        assert!(pttl > 0 && pttl <= 600, "{pttl}");
+    let expiry_key = store.expiry_key(&quota, &keys[0]).unwrap();
+    if remaining.is_empty() {
+        assert!(!exists(&expiry_key));
+    } else {
+        assert_eq!(remaining, ["ttl:{all:user0}:2:tb", "ttl:{all:user0}:3:sw"]);
+        let pttl = |k: &str| -> i64 { server.cli(&["pttl", k]).trim().parse().unwrap() };
+        let bucket = pttl(&remaining[0]);
+        assert!(bucket > 0 && bucket <= 600, "{bucket}");
+        assert!(pttl(&remaining[1]) > 600 && pttl(&expiry_key) > 600);
     }
 }
 
@@ -470,6 +496,90 @@ fn a_longer_window_moves_the_logs_expiry_on_a_refusal_too() {
     // 30 s after the newest entry, less the few ms the calls took.
     let after = pttl();
     assert!((25_000..=30_000).contains(&after), "PTTL {after} ms");
+}
+
+/// The production script: a settle under a shorter window than the one
+/// that decided the state since (a charge made before a redeploy to 10 per
+/// hour, settled under 10 per minute) never brings a key's expiry forward.
+/// Before, the settle's write set the log's and the weighted window's
+/// expiry to the minute's, and Redis dropped what the hour still held.
+#[test]
+fn a_settle_under_a_shorter_window_keeps_each_keys_expiry() {
+    let server = RedisServer::start();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let store = RedisStore::builder(server.url())
+        .deadline(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let both = |window| {
+        Quota::new(
+            "api",
+            [
+                Policy::sliding_log("log", 10, window).unwrap(),
+                Policy::sliding_window("weighted", 10, window).unwrap(),
+            ],
+        )
+        .unwrap()
+    };
+    let (minute, hour) = (
+        both(Duration::from_secs(60)),
+        both(Duration::from_secs(3600)),
+    );
+    let key: Arc<str> = "redeployed".into();
+    rt.block_on(async {
+        let a = store.decide(&minute, &key, 1).await.unwrap();
+        assert!(a.admitted);
+        assert!(store.decide(&hour, &key, 1).await.unwrap().admitted);
+        store.settle(&minute, &key, &a.holds, 1).await.unwrap();
+    });
+    let mut names = store.keys(&hour, &key);
+    names.extend(store.expiry_key(&hour, &key));
+    for name in &names {
+        let pttl: i64 = server.cli(&["pttl", name]).trim().parse().unwrap();
+        // An hour at least from the hour's decision, less the few ms taken.
+        assert!(pttl > 3_590_000, "{name}: PTTL {pttl} ms");
+    }
+}
+
+/// The production script: a log without an expiry key (written by a script
+/// that kept none, before an upgrade) is settled as it stands, never read
+/// as fresh: a refund of one of 3 charges admits exactly 1 more.
+#[test]
+fn a_log_without_an_expiry_key_is_settled_as_it_stands() {
+    let server = RedisServer::start();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let store = RedisStore::builder(server.url())
+        .deadline(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let quota = Quota::new(
+        "api",
+        [Policy::sliding_log("log", 3, Duration::from_secs(60)).unwrap()],
+    )
+    .unwrap();
+    let key: Arc<str> = "upgraded".into();
+    let expiry_key = store.expiry_key(&quota, &key).unwrap();
+    rt.block_on(async {
+        let mut holds = Vec::new();
+        for _ in 0..3 {
+            let decision = store.decide(&quota, &key, 1).await.unwrap();
+            assert!(decision.admitted);
+            holds.push(decision.holds);
+        }
+        assert_eq!(server.cli(&["del", &expiry_key]).trim(), "1");
+        store.settle(&quota, &key, &holds[1], -1).await.unwrap();
+        let mut admitted = 0;
+        for _ in 0..3 {
+            admitted += u32::from(store.decide(&quota, &key, 1).await.unwrap().admitted);
+        }
+        assert_eq!(admitted, 1);
+    });
 }
 
 /// The weighted window's products beyond 2^53 (here about 2^89) go through

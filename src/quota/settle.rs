@@ -38,6 +38,12 @@ use crate::quota::{Holds, Limiter, MemoryStore, Quota, Store, StoreError};
 ///
 ///   A refund therefore never creates capacity that the policy's bound
 ///   forbids. Extra cost charged by an earlier settle is not refunded.
+/// - **After a redeploy.** A charge settles under the quota that admitted
+///   it, also once a quota of the same name and kinds but other numbers
+///   has replaced it on the same store. It still gives back only its own
+///   charge, and never brings the state the new numbers decided since to
+///   its own numbers: no trim to its shorter window, no realigned window,
+///   no bucket clamped to its smaller capacity, no earlier expiry.
 /// - Settling again is relative to the last settled cost, also when clones
 ///   settle at once: they settle one after the other.
 /// - **Unknown outcome.** A settle that timed out after it was sent

@@ -12,7 +12,9 @@ use crate::ConfigError;
 /// under another window carries its count into the new policy's aligned
 /// window that holds `now`: it never waits longer than the new window and
 /// never admits more than the new limit beyond what it has counted. A lower
-/// limit applies at once to the count already held.
+/// limit applies at once to the count already held. A settle never
+/// realigns a live window of another length (see
+/// [`Settlement`](crate::quota::Settlement)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FixedWindow {
     limit: u64,
@@ -126,7 +128,10 @@ impl FixedWindow {
         hold: Hold,
         delta: i64,
     ) -> Hold {
-        self.roll(s, now);
+        let fresh = self.fresh_at(s) <= now;
+        if super::settle_may_roll(fresh, s.start, s.end, self.window, now) {
+            self.roll(s, now);
+        }
         super::settle_window(&mut s.count, self.limit, (s.end, s.epoch), hold, delta)
     }
 

@@ -291,6 +291,16 @@ pub(crate) fn next_epoch(epoch: u64, start: u64, end: u64, window: u64, now: u64
     }
 }
 
+/// Whether a settle at `now` under a window of `window` µs may roll the
+/// counted window `[start, end)` to its own: not while that window is live,
+/// counts something (`fresh` is false) and is of another length. It was
+/// then counted under other numbers, those a redeploy brought after the
+/// settling charge was made, and realigning it to a shorter window would
+/// end its count early.
+pub(crate) fn settle_may_roll(fresh: bool, start: u64, end: u64, window: u64, now: u64) -> bool {
+    fresh || now.max(start) >= end || end - start == window
+}
+
 /// Settles a charge on the count of the window ending at `end` in epoch
 /// `epoch`: `delta > 0` charges more, capped at `limit`; `delta < 0` refunds
 /// at most what the charge holds, and only while its window is still the

@@ -82,6 +82,9 @@ const SEQ_START_MAX: u64 = u64::MAX >> 1;
 ///   the wait is until then. A higher limit admits the difference at once.
 /// - Every wait is at most the new window: it ends when an entry held now
 ///   leaves the window, and every entry held is younger than the window.
+/// - Only decisions trim. A settle may come under a shorter window than the
+///   state's (a charge made before a redeploy to a longer one): it reads
+///   the entries inside its window and drops none.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SlidingLog {
     limit: u64,
@@ -529,11 +532,24 @@ impl SlidingLog {
         hold: Hold,
         delta: i64,
     ) -> Hold {
-        let now = self.trim(state, now);
+        // Read, not trimmed: since the charge, a redeploy may have decided
+        // the log under a longer window, whose entries a trim to this one
+        // would drop. The entries this window no longer holds leave no room
+        // and give nothing back; the next decision trims them.
+        let now = now.max(state.newest);
+        let window = self.window;
+        let stay = if state.total == 0 || state.oldest.saturating_add(window) > now {
+            0
+        } else {
+            search(&state.entries, 0, |(t, _)| t.saturating_add(window) > now)
+        };
         if delta > 0 {
-            let add = delta
-                .unsigned_abs()
-                .min(self.limit.saturating_sub(state.total));
+            let before = match stay.checked_sub(1) {
+                Some(p) => read(&state.entries, p).1,
+                None => state.base(),
+            };
+            let held = state.cum().wrapping_sub(before);
+            let add = delta.unsigned_abs().min(self.limit.saturating_sub(held));
             if add > 0 {
                 state.push(now, add);
             }
@@ -544,7 +560,7 @@ impl SlidingLog {
             .mark
             .checked_sub(state.front_seq)
             .and_then(|i| usize::try_from(i).ok())
-            .filter(|&i| i < state.entries.len());
+            .filter(|&i| stay <= i && i < state.entries.len());
         let (Some(i), true) = (index, want > 0) else {
             return hold;
         };
@@ -959,12 +975,14 @@ mod tests {
             }
         }
 
+        /// Trims nothing: only the entries inside the window count.
         fn settle(&mut self, a: &SlidingLog, now: u64, hold: Hold, delta: i64) -> Hold {
-            let now = self.trim(a.window_micros(), now);
+            let w = a.window_micros();
+            let now = now.max(self.entries.last().map_or(0, |e| e.0));
+            let inside = |e: &(u64, u64, u64)| e.0.saturating_add(w) > now;
             if delta > 0 {
-                let add = delta
-                    .unsigned_abs()
-                    .min(a.limit().saturating_sub(self.held()));
+                let held: u64 = self.entries.iter().filter(|e| inside(e)).map(|e| e.2).sum();
+                let add = delta.unsigned_abs().min(a.limit().saturating_sub(held));
                 if add > 0 {
                     self.push(now, add);
                 }
@@ -973,7 +991,7 @@ mod tests {
             let Some(e) = self
                 .entries
                 .iter_mut()
-                .find(|e| e.1 == hold.mark && e.0 == hold.frac)
+                .find(|e| e.1 == hold.mark && e.0 == hold.frac && inside(e))
             else {
                 return hold;
             };

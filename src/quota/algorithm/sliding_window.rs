@@ -173,7 +173,10 @@ impl SlidingWindow {
         hold: Hold,
         delta: i64,
     ) -> Hold {
-        self.roll(s, now);
+        let fresh = self.fresh_at(s) <= now;
+        if super::settle_may_roll(fresh, s.start, s.end, self.window, now) {
+            self.roll(s, now);
+        }
         super::settle_window(&mut s.current, self.limit, (s.end, s.epoch), hold, delta)
     }
 

@@ -56,7 +56,11 @@ const MAX_OFFSET: u64 = 1 << 51;
 ///   back, so no wait is ever longer than the new time to refill from empty,
 ///   and a lower capacity takes effect at once;
 /// - admissions then follow the new numbers from that TAT: never more than
-///   the new numbers allow given the known TAT.
+///   the new numbers allow given the known TAT;
+/// - a settle never clamps: a charge made under numbers that a redeploy
+///   has replaced may settle after the state was decided under the new
+///   ones, and clamping to the old, smaller capacity would refill the
+///   bucket.
 ///
 /// Under unchanged numbers the clamp never fires, whatever the clock does:
 /// a clock set back is not mistaken for a change of numbers, and the state
@@ -405,16 +409,7 @@ impl TokenBucket {
     /// numbers.
     fn prepare(&self, state: &mut TokenBucketState, now: u64) -> u128 {
         let q = u128::from(self.den);
-        let whole = state.den == 0 && state.frac == 0;
-        if (state.den != self.unit() && !whole) || state.frac >= self.den {
-            if state.frac != 0 {
-                state.tat = state.tat.saturating_add(1);
-                state.frac = 0;
-            }
-            state.off = state.off.saturating_add(1);
-            state.den = self.unit();
-        }
-        let tat = u128::from(state.tat) * q + u128::from(state.frac);
+        let tat = self.in_unit(state);
         let reference = now.max(state.last);
         let ceiling = u128::from(reference) * q + self.span;
         if tat <= ceiling {
@@ -427,6 +422,22 @@ impl TokenBucket {
         state.den = self.unit();
         state.last = reference;
         ceiling
+    }
+
+    /// The state's TAT in `1/den` µs: a fraction in another denominator is
+    /// rounded up to the whole µs (and the offset raised by 1 µs), written
+    /// back. Only ever later, so it never makes the bucket fuller.
+    fn in_unit(&self, state: &mut TokenBucketState) -> u128 {
+        let whole = state.den == 0 && state.frac == 0;
+        if (state.den != self.unit() && !whole) || state.frac >= self.den {
+            if state.frac != 0 {
+                state.tat = state.tat.saturating_add(1);
+                state.frac = 0;
+            }
+            state.off = state.off.saturating_add(1);
+            state.den = self.unit();
+        }
+        u128::from(state.tat) * u128::from(self.den) + u128::from(state.frac)
     }
 
     /// The decision for a TAT of `tat` (1/den µs), and the TAT after it if
@@ -660,7 +671,12 @@ impl TokenBucket {
         if delta == 0 {
             return hold;
         }
-        let tat = self.prepare(state, now);
+        // Not clamped to this bucket's horizon: the charge may have been made
+        // under numbers that a redeploy has replaced, and the state decided
+        // since under larger ones; clamping would refill the bucket. Beyond
+        // the horizon there is no room to charge, and a refund stays bounded
+        // by the charge's own tokens.
+        let tat = self.in_unit(state);
         let q = u128::from(self.den);
         let interval = u128::from(self.num);
         let now_q = u128::from(now) * q;

@@ -60,7 +60,11 @@ pub trait Store: Clone + Send + Sync + 'static {
 
     /// Settles the admission that returned `holds`: `delta > 0` charges more,
     /// capped at what each policy has left; `delta < 0` refunds at most what
-    /// the admission still holds in each policy. Returns the holds after it.
+    /// the admission still holds in each policy. Returns the holds after it,
+    /// which the next settle of that admission must be given: a fixed or
+    /// weighted window keeps one count per window, not one per charge, so it
+    /// trusts the amount a hold names ([`Settlement`](crate::quota::Settlement)
+    /// keeps them so).
     fn settle(
         &self,
         quota: &Quota,

@@ -142,6 +142,11 @@ struct Inner<C> {
     shards: Box<[Padded<Mutex<Shard>>]>,
 }
 
+/// [`MemoryStore::update_as`] for a decision.
+const DECIDE: bool = false;
+/// [`MemoryStore::update_as`] for a settle.
+const SETTLE: bool = true;
+
 /// A key hashed as its bytes in one write.
 struct KeyBytes<'a>(&'a [u8]);
 
@@ -386,6 +391,35 @@ trait Entry: Keyed + Sized {
     fn enforced_at(&self) -> u64 {
         self.fresh_at()
     }
+    /// Before a settle: the state read as fresh if the whole key is, as a
+    /// sweep would find it. Not each policy under the settling quota's
+    /// numbers: a charge made before a redeploy settles under the old
+    /// numbers, and a state live under the new ones may look fresh under
+    /// those.
+    fn read_fresh_to_settle(&mut self, quota: &Quota, now: u64) {
+        if self.fresh_at() <= now {
+            *self.state_mut() = Self::fresh_state(quota);
+        }
+    }
+    /// After a settle, given the expiry before it (see
+    /// [`fresh_at`](Entry::fresh_at), [`enforced_at`](Entry::enforced_at)):
+    /// a settle never brings a live key's expiry forward. A refund leaves
+    /// the expiry as it was under unchanged numbers (unless it leaves the
+    /// state fresh), and the settling quota's numbers may be older than the
+    /// state's.
+    fn keep_expiry(&mut self, before: (u64, u64)) {
+        let _ = before;
+    }
+}
+
+/// The later of `before` and `after`, unless `after` is 0: fresh.
+#[inline]
+fn kept(before: u64, after: u64) -> u64 {
+    if after == 0 {
+        0
+    } else {
+        after.max(before)
+    }
 }
 
 /// When a full store may drop `entry`, of a table whose quota is
@@ -461,6 +495,11 @@ impl Entry for Slot {
 
     fn enforced_at(&self) -> u64 {
         self.enforced_at
+    }
+
+    fn keep_expiry(&mut self, (fresh_at, enforced_at): (u64, u64)) {
+        self.fresh_at = kept(fresh_at, self.fresh_at);
+        self.enforced_at = kept(enforced_at, self.enforced_at);
     }
 }
 
@@ -545,6 +584,10 @@ impl<M: LoneKind> Entry for Lone<M> {
     fn fresh_at(&self) -> u64 {
         self.fresh_at
     }
+
+    fn keep_expiry(&mut self, (fresh_at, _): (u64, u64)) {
+        self.fresh_at = kept(fresh_at, self.fresh_at);
+    }
 }
 
 impl Keyed for BucketSlot {
@@ -586,6 +629,10 @@ impl Entry for BucketSlot {
     fn fresh_at(&self) -> u64 {
         self.state.fresh_at()
     }
+
+    /// The settle reads its state as fresh itself, keeping its last write;
+    /// a bucket's freshness depends on no numbers.
+    fn read_fresh_to_settle(&mut self, _: &Quota, _: u64) {}
 }
 
 /// The quota's token bucket and whether it only watches, when the quota is
@@ -776,7 +823,7 @@ impl<C: Clock> MemoryStore<C> {
     ) -> Result<Holds, StoreError> {
         let hold = |i: usize| holds.0.get(i).copied().unwrap_or(Hold::default());
         let [policy] = quota.policies() else {
-            return self.update::<Slot, _>(quota, key, |states, now| {
+            return self.update_as::<Slot, _, SETTLE>(quota, key, |states, now| {
                 Holds(
                     quota
                         .policies()
@@ -784,7 +831,7 @@ impl<C: Clock> MemoryStore<C> {
                         .zip(states.iter_mut())
                         .enumerate()
                         .map(|(i, (policy, state))| {
-                            read_fresh(policy.algorithm(), state, now);
+                            read_fresh_to_settle(policy.algorithm(), state, now);
                             policy.algorithm().settle(state, now, hold(i), delta)
                         })
                         .collect(),
@@ -793,7 +840,7 @@ impl<C: Clock> MemoryStore<C> {
         };
         match policy.algorithm() {
             Algorithm::TokenBucket(bucket) => {
-                self.update::<BucketSlot, _>(quota, key, |slot, now| {
+                self.update_as::<BucketSlot, _, SETTLE>(quota, key, |slot, now| {
                     let mut state = slot.get();
                     state.read_fresh(now.as_micros());
                     let hold = bucket.settle(&mut state, now.as_micros(), hold(0), delta);
@@ -818,9 +865,8 @@ impl<C: Clock> MemoryStore<C> {
         hold: Hold,
         delta: i64,
     ) -> Result<Holds, StoreError> {
-        self.update::<Lone<M>, _>(quota, key, |state, now| {
+        self.update_as::<Lone<M>, _, SETTLE>(quota, key, |state, now| {
             let now = now.as_micros();
-            read_fresh_lone(algorithm, state, now);
             Holds(
                 [algorithm.settle(state, now, hold, delta)]
                     .into_iter()
@@ -837,6 +883,19 @@ impl<C: Clock> MemoryStore<C> {
         &self,
         quota: &Quota,
         key: &Arc<str>,
+        change: impl FnMut(&mut E::State, Timestamp) -> R,
+    ) -> Result<R, StoreError> {
+        self.update_as::<E, R, DECIDE>(quota, key, change)
+    }
+
+    /// [`update`](Self::update) for a decision (`DECIDE`) or a settle
+    /// (`SETTLE`: see [`Entry::read_fresh_to_settle`] and
+    /// [`Entry::keep_expiry`]).
+    #[inline]
+    fn update_as<E: Entry, R, const SETTLING: bool>(
+        &self,
+        quota: &Quota,
+        key: &Arc<str>,
         mut change: impl FnMut(&mut E::State, Timestamp) -> R,
     ) -> Result<R, StoreError> {
         let now = self.inner.clock.now();
@@ -847,10 +906,17 @@ impl<C: Clock> MemoryStore<C> {
             .table::<E>(quota.layout(), shadow_only)
             .and_then(|table| table.find_mut(hash, key));
         let Some(entry) = found else {
-            return self.insert_new::<E, R>(shard, quota, key, hash, now, change);
+            return self.insert_new::<E, R, SETTLING>(shard, quota, key, hash, now, change);
         };
+        let before = (entry.fresh_at(), entry.enforced_at());
+        if SETTLING {
+            entry.read_fresh_to_settle(quota, now.as_micros());
+        }
         let result = change(entry.state_mut(), now);
         entry.refresh(quota);
+        if SETTLING {
+            entry.keep_expiry(before);
+        }
         // A refund can bring the key's expiry forward (rarely: the bounds are
         // read first, so decisions write no shared line).
         let droppable = droppable_at(entry, shadow_only);
@@ -870,7 +936,7 @@ impl<C: Clock> MemoryStore<C> {
     /// under the global cap first.
     #[cold]
     #[inline(never)]
-    fn insert_new<'a, E: Entry, R>(
+    fn insert_new<'a, E: Entry, R, const SETTLING: bool>(
         &'a self,
         mut shard: parking_lot::MutexGuard<'a, Shard>,
         quota: &Quota,
@@ -930,7 +996,7 @@ impl<C: Clock> MemoryStore<C> {
                     return full(self);
                 }
                 drop(shard);
-                return self.update::<E, R>(quota, key, change);
+                return self.update_as::<E, R, SETTLING>(quota, key, change);
             }
             let hasher = &self.inner.hasher;
             table.insert(hash, entry, |e| key_hash(hasher, layout, e.key().bytes()));
@@ -1060,6 +1126,21 @@ fn states_match(quota: &Quota, states: &[State]) -> bool {
 fn read_fresh(algorithm: &Algorithm, state: &mut State, now: Timestamp) {
     if algorithm.fresh_at(state) <= now {
         *state = algorithm.fresh_state();
+    }
+}
+
+/// [`read_fresh`] before a settle, of the states whose freshness depends on
+/// no numbers (a fixed window's end, a bucket's TAT). A log's or a weighted
+/// window's depends on the window, and the settling quota's may be older
+/// than the one that decided the state since: such a state is read as
+/// fresh only with its whole key ([`Entry::read_fresh_to_settle`]).
+#[inline]
+fn read_fresh_to_settle(algorithm: &Algorithm, state: &mut State, now: Timestamp) {
+    if matches!(
+        algorithm,
+        Algorithm::FixedWindow(_) | Algorithm::TokenBucket(_)
+    ) {
+        read_fresh(algorithm, state, now);
     }
 }
 

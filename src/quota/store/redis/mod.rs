@@ -77,11 +77,15 @@ fn script_source(injected_clock: bool) -> String {
 /// settlement's holds (one per position) meet the state they were charged
 /// to. Every key of one decision shares the hash tag
 /// `{q:k}`, so Redis Cluster puts them on one slot and never answers
-/// `CROSSSLOT`; a single-policy quota touches exactly one key. The algorithm
-/// code in the name keeps a changed algorithm from reading the old one's
-/// state. Every write sets the key's expiry (`PEXPIRE`, rounded up to the
-/// millisecond) to the moment its state becomes equivalent to fresh, and a
-/// state that is already fresh is deleted: no key lives forever.
+/// `CROSSSLOT`. The algorithm code in the name keeps a changed algorithm
+/// from reading the old one's state. A quota with a sliding log or weighted
+/// window also keeps its key's expiry in `prefix:{q:k}:x` (see
+/// [`expiry_key`](RedisStore::expiry_key)); a single-policy quota of the
+/// other two touches exactly one key. A decision sets each key's expiry
+/// (`PEXPIRE`, rounded up to the millisecond) to the moment its state
+/// becomes equivalent to fresh, and deletes a state that already is; a
+/// settle only ever moves an expiry out, and deletes a state it leaves
+/// fresh: no key lives forever.
 ///
 /// | algorithm | key holds |
 /// |---|---|
@@ -89,6 +93,7 @@ fn script_source(injected_clock: bool) -> String {
 /// | sliding log | sorted set of `"<t>:<seq>:<cost>:<cum>"` scored by `t` (µs): one entry per admission, with its sequence number, the cost it still holds and the running total |
 /// | token bucket | string `"tat:frac:den:off:last"`: GCRA theoretical arrival time (µs and a fraction), settlement offset, last write (µs) |
 /// | weighted window | **one** hash `{s, e, c, p, g}`: window start and end (µs), current and previous counts, epoch |
+/// | the quota key's expiry | string: µs, the latest time a policy's state becomes fresh |
 ///
 /// **Time** is the Redis server's `TIME`, read inside the script, in
 /// microseconds: one clock for the whole fleet. State never moves
@@ -254,7 +259,8 @@ impl RedisStore {
 
     /// The Redis keys holding `quota`'s state for `key`, in policy order,
     /// named by each policy's position and algorithm.
-    /// They share one hash tag, so they live on one cluster slot.
+    /// They share one hash tag, so they live on one cluster slot. The script
+    /// takes them, then the [`expiry_key`](Self::expiry_key) if there is one.
     pub fn keys(&self, quota: &Quota, key: &str) -> Vec<String> {
         quota
             .policies()
@@ -273,6 +279,21 @@ impl RedisStore {
             .collect()
     }
 
+    /// The Redis key holding the expiry of `quota`'s state for `key`, in the
+    /// same hash tag, when the quota has a sliding log or weighted window:
+    /// the latest time a policy's state becomes fresh, never brought forward
+    /// by a settle. A settle reads a log or weighted window as fresh only
+    /// once it has passed, since their freshness depends on the window and
+    /// a settle's numbers may be older than those that decided the state
+    /// since (the memory store keeps the same expiry for its slot).
+    pub fn expiry_key(&self, quota: &Quota, key: &str) -> Option<String> {
+        let windowed = quota
+            .policies()
+            .iter()
+            .any(|p| matches!(p.algorithm().code(), "sl" | "sw"));
+        windowed.then(|| format!("{}:{{{}:{}}}:x", self.inner.prefix, quota.name(), key))
+    }
+
     /// Runs one script call under the deadline; see the module docs for how
     /// errors are classified.
     async fn call(
@@ -289,7 +310,11 @@ impl RedisStore {
             None => "-".to_owned(),
         };
         let mut invocation = self.inner.script.prepare_invoke();
-        for k in self.keys(quota, key) {
+        for k in self
+            .keys(quota, key)
+            .into_iter()
+            .chain(self.expiry_key(quota, key))
+        {
             invocation.key(k);
         }
         for arg in script_argv(quota, op, amount, now, holds) {

@@ -5,8 +5,9 @@
 -- An injected clock stands still while Redis's expiry clock runs, so a key
 -- due to expire 1 ms after the injected time would vanish during the test.
 -- Test keys therefore live one hour longer than their state matters.
--- Expiry never changes a decision (each algorithm cleans up by itself); the
--- production expiry is checked against TIME by the TTL test.
+-- Expiry never changes a decision (each algorithm cleans up by itself), and
+-- a settle reads the quota key's expiry from its value, in this clock's
+-- time; the production expiry is checked against TIME by the TTL test.
 local EXPIRY_PAD_MS = 3600000
 
 local function clock_now()

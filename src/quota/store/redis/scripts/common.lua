@@ -101,6 +101,22 @@ local function window_epoch(s, now)
   return s.g
 end
 
+-- Whether a settle at now may roll the counted window [s.start, s.stop) to
+-- its own length s.window: not while that window is live, counts something
+-- (fresh is false) and is of another length (settle_may_roll in
+-- src/quota/algorithm/mod.rs).
+local function settle_may_roll(s, fresh, now)
+  return fresh or max(now, s.start) >= s.stop or s.stop - s.start == s.window
+end
+
+-- Moves the expiry of a key that is kept after a settle out to ttl ms,
+-- never in: a settle may come under numbers older than the state's, and
+-- never shortens its life. A key without an expiry (just created) gets it.
+local function extend_ttl(key, ttl)
+  local left = redis.call('PTTL', key)
+  if left < 0 or left < ttl then redis.call('PEXPIRE', key, ttl) end
+end
+
 -- Settles a charge on a window's count s.c (window end s.stop, epoch s.g): the one
 -- settlement rule of both window scripts, as settle_window in
 -- src/quota/algorithm/mod.rs. Returns the hold after it.

@@ -7,7 +7,17 @@
 -- applies the same rule (check all, then record all) in
 -- src/quota/store/memory.rs; the differential tests compare the two stores.
 --
--- KEYS[i]: the key of policy i (n = #KEYS policies).
+-- KEYS[i]: the key of policy i (n policies: 5 arguments each from ARGV[4],
+--          and 3 more each for a settle).
+-- KEYS[n + 1], given when a policy is a sliding log or weighted window: the
+--          quota key's expiry, a string of µs. It is the memory store's one
+--          expiry of the key's slot: after a decision the latest time a
+--          policy's state becomes fresh, after a settle never earlier than
+--          before (unless every state is fresh). A settle reads a log or
+--          weighted window as fresh only once it has passed: their freshness
+--          depends on the window, and the settle's numbers may be older than
+--          those that decided the state since. Without it (none kept yet, or
+--          Redis expired it) a settle reads each state as it stands.
 -- ARGV[1]: 'd' (decide: cleanup, check every policy, record in the ones that
 --          admitted if no enforcing policy refused) or 's' (settle).
 -- ARGV[2]: the cost (decide) or the signed delta (settle).
@@ -24,8 +34,10 @@
 -- hold after it: mark, frac, amount.
 -- Nothing is written before every argument has been read, so a refusal
 -- consumes nothing and an error leaves the state as it was. A state that is
--- equivalent to fresh (fresh_at <= now) is deleted by every call that finds
--- it, exactly as its expiry would delete it in Redis time.
+-- equivalent to fresh (fresh_at <= now) is deleted by every decision that
+-- finds it, exactly as its expiry would delete it in Redis time. A settle
+-- deletes only a state it leaves fresh, and never brings a key's expiry
+-- forward.
 
 local algorithms = {
   fw = fixed_window, sl = sliding_log, tb = token_bucket, sw = sliding_window,
@@ -38,7 +50,13 @@ if amount == nil or now == nil or (op ~= 'd' and op ~= 's') then
   return redis.error_reply('ERR tower-admission: bad arguments')
 end
 
-local n = #KEYS
+local per = 5
+if op == 's' then per = 8 end
+local n = (#ARGV - 3) / per
+if n ~= math.floor(n) or n < 1 or n > #KEYS then
+  return redis.error_reply('ERR tower-admission: bad arguments')
+end
+local expiry_key = KEYS[n + 1]
 local policies = {}
 for i = 1, n do
   local base = 3 + (i - 1) * 5
@@ -52,7 +70,40 @@ for i = 1, n do
   policies[i] = { algo = algo, shadow = ARGV[base + 2] == '1', state = algo.load(KEYS[i], a, b, c) }
 end
 
+-- The quota key's expiry before this call; nil if none is kept (all its
+-- states are fresh, or were written by a script that kept none: then they
+-- are read as they stand, never dropped).
+local expiry = nil
+if expiry_key then expiry = tonumber(redis.call('GET', expiry_key)) end
+
+-- The quota key's expiry after this call: the latest time a policy's state
+-- becomes fresh; after a settle never earlier than before, unless every
+-- state is fresh. 0 without an expiry key.
+local function expiry_after(settled)
+  if not expiry_key then return 0 end
+  local after = 0
+  for _, p in ipairs(policies) do after = max(after, p.algo.fresh_at(p.state)) end
+  if settled and after > 0 then after = max(after, expiry or 0) end
+  return after
+end
+
+-- Saves every policy's state and the quota key's expiry `after`.
+local function save_all(settled, after)
+  for _, p in ipairs(policies) do p.algo.save(p.state, now, settled, after) end
+  if not expiry_key or after == expiry then return end
+  local ttl = ttl_ms(after, now)
+  -- Passed already (a settle keeps a log whose entries have left its
+  -- window): only the injected clock's keys outlive it, by their pad.
+  if ttl == nil and after > 0 and EXPIRY_PAD_MS > 0 then ttl = EXPIRY_PAD_MS end
+  if ttl == nil then
+    if expiry ~= nil then redis.call('DEL', expiry_key) end
+    return
+  end
+  redis.call('SET', expiry_key, string.format('%.0f', after), 'PX', ttl)
+end
+
 if op == 's' then
+  local whole_fresh = expiry ~= nil and expiry <= now
   local holds = {}
   for i = 1, n do
     local base = 3 + 5 * n + (i - 1) * 3
@@ -64,12 +115,13 @@ if op == 's' then
   end
   local out = {}
   for i, p in ipairs(policies) do
-    local mark, frac, held = p.algo.settle(p.state, now, amount, holds[i][1], holds[i][2], holds[i][3])
-    p.algo.save(p.state, now)
+    local mark, frac, held = p.algo.settle(
+      p.state, now, amount, holds[i][1], holds[i][2], holds[i][3], whole_fresh)
     out[#out + 1] = mark
     out[#out + 1] = frac
     out[#out + 1] = held
   end
+  save_all(true, expiry_after(true))
   return out
 end
 
@@ -101,7 +153,5 @@ for i, p in ipairs(policies) do
     out[base + 4] = reset
   end
 end
-for _, p in ipairs(policies) do
-  p.algo.save(p.state, now)
-end
+save_all(false, expiry_after(false))
 return out

@@ -19,22 +19,33 @@ function fixed_window.load(key, limit, window)
   }
 end
 
--- Moves to the window of `now`, never backwards; returns the acting time.
--- A state equivalent to fresh is read as fresh first, as the Rust store
--- reads it (read_fresh), epoch included.
-local function fw_roll(s, now)
+-- A state equivalent to fresh read as fresh, as the Rust store reads it
+-- (read_fresh), epoch included. A fixed window's freshness depends on no
+-- numbers, so decisions and settles alike read it so.
+local function fw_read_fresh(s, now)
   if fixed_window.fresh_at(s) <= now then s.start, s.stop, s.c, s.g = 0, 0, 0, 0 end
+end
+
+-- Moves to the window of `now`, never backwards (FixedWindow::roll).
+local function fw_advance(s, now)
   now = max(now, s.start)
   if now >= s.stop then
     s.c = 0
   elseif s.stop - s.start == s.window then
-    return now
+    return
   end
   s.g = window_epoch(s, now)
   s.start = idiv(now, s.window) * s.window
   s.stop = s.start + s.window
   s.dirty = true
-  return now
+end
+
+-- A decision's roll: the state read as fresh first; returns the acting time.
+local function fw_roll(s, now)
+  fw_read_fresh(s, now)
+  local acting = max(now, s.start)
+  fw_advance(s, now)
+  return acting
 end
 
 -- Returns admitted (1/0), remaining, retry_after (µs, -1 for none), reset (µs).
@@ -55,8 +66,11 @@ function fixed_window.record(s, now, cost)
   return s.stop, s.g, take
 end
 
+-- A settle never realigns a live window of another length (see
+-- settle_may_roll).
 function fixed_window.settle(s, now, delta, mark, frac, amount)
-  fw_roll(s, now)
+  fw_read_fresh(s, now)
+  if settle_may_roll(s, fixed_window.fresh_at(s) <= now, now) then fw_advance(s, now) end
   return window_settle(s, delta, mark, frac, amount)
 end
 
@@ -65,7 +79,7 @@ function fixed_window.fresh_at(s)
   return s.stop
 end
 
-function fixed_window.save(s, now)
+function fixed_window.save(s, now, settled)
   local ttl = ttl_ms(fixed_window.fresh_at(s), now)
   if ttl == nil then
     if s.exists then redis.call('DEL', s.key) end
@@ -73,5 +87,5 @@ function fixed_window.save(s, now)
   end
   if not s.dirty then return end
   redis.call('HSET', s.key, 's', s.start, 'e', s.stop, 'c', s.c, 'g', s.g)
-  redis.call('PEXPIRE', s.key, ttl)
+  if settled then extend_ttl(s.key, ttl) else redis.call('PEXPIRE', s.key, ttl) end
 end

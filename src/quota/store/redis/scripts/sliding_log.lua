@@ -214,15 +214,34 @@ local function sl_refund_from(s, r, take)
   end
 end
 
-function sliding_log.settle(s, now, delta, mark, frac, amount)
-  local acting = sl_trim(s, now)
+-- Read, not trimmed (only decisions trim): since the charge, a redeploy may
+-- have decided the log under a longer window, whose entries a trim to this
+-- one would drop. The entries from rank `stay` on are those inside this
+-- window: the others leave no room and give nothing back. The state is read
+-- as fresh only with its whole key (`whole_fresh`, see driver.lua).
+function sliding_log.settle(s, now, delta, mark, frac, amount, whole_fresh)
+  if whole_fresh and s.n > 0 then
+    redis.call('DEL', s.key)
+    sl_clear(s)
+  end
+  local acting = max(now, s.newest)
+  local window = s.window
+  local stay = 0
+  if s.total > 0 and s.oldest + window <= acting then
+    stay = sl_search(s.key, 0, s.n, function(x)
+      return sl_parse(x) + window > acting
+    end)
+  end
   if delta > 0 then
-    local add = min(delta, sat_sub(s.limit, s.total))
+    local before = s.base
+    if stay > 0 then before = sl_cum(redis.call('ZRANGE', s.key, stay - 1, stay - 1)[1]) end
+    local held = (s.cum - before) % SL_MOD
+    local add = min(delta, sat_sub(s.limit, held))
     if add > 0 then sl_push(s, acting, add) end
     return mark, frac, amount
   end
   local want = min(-delta, amount)
-  if want <= 0 or mark < s.front_seq or mark >= s.front_seq + s.n then
+  if want <= 0 or mark < s.front_seq + stay or mark >= s.front_seq + s.n then
     return mark, frac, amount
   end
   local r = mark - s.front_seq
@@ -246,10 +265,15 @@ function sliding_log.fresh_at(s)
   return s.newest + s.window
 end
 
-function sliding_log.save(s, now)
+function sliding_log.save(s, now, settled)
   -- An empty log has no members left, so its key is already gone.
   if s.n == 0 then return end
   local ttl = ttl_ms(sliding_log.fresh_at(s), now)
+  if settled then
+    -- Left as it was (entries this window no longer holds), or moved out.
+    if ttl ~= nil and s.dirty then extend_ttl(s.key, ttl) end
+    return
+  end
   if ttl == nil then
     redis.call('DEL', s.key)
     return

@@ -19,13 +19,14 @@ function sliding_window.load(key, limit, window)
   }
 end
 
--- Rolls the windows forward, never backwards; returns the acting time.
--- A state equivalent to fresh is read as fresh first, as the Rust store
--- reads it (read_fresh), epoch included.
-local function sw_roll(s, now)
-  if sliding_window.fresh_at(s) <= now then s.start, s.stop, s.c, s.p, s.g = 0, 0, 0, 0, 0 end
+local function sw_clear(s)
+  s.start, s.stop, s.c, s.p, s.g = 0, 0, 0, 0, 0
+end
+
+-- Rolls the windows forward, never backwards (SlidingWindow::roll).
+local function sw_advance(s, now)
   now = max(now, s.start)
-  if now < s.stop and s.stop - s.start == s.window then return now end
+  if now < s.stop and s.stop - s.start == s.window then return end
   local start = idiv(now, s.window) * s.window
   s.g = window_epoch(s, now)
   if now >= s.stop then
@@ -35,7 +36,16 @@ local function sw_roll(s, now)
   s.start = start
   s.stop = start + s.window
   s.dirty = true
-  return now
+end
+
+-- A decision's roll: a state equivalent to fresh under these numbers is read
+-- as fresh first, as the Rust store reads it (read_fresh), epoch included.
+-- Returns the acting time.
+local function sw_roll(s, now)
+  if sliding_window.fresh_at(s) <= now then sw_clear(s) end
+  local acting = max(now, s.start)
+  sw_advance(s, now)
+  return acting
 end
 
 function sliding_window.fresh_at(s)
@@ -84,18 +94,29 @@ function sliding_window.record(s, now, cost)
   return s.stop, s.g, take
 end
 
-function sliding_window.settle(s, now, delta, mark, frac, amount)
-  sw_roll(s, now)
+-- A settle reads the state as fresh only with its whole key (`whole_fresh`,
+-- see driver.lua): its freshness depends on the window, and the settle's
+-- numbers may be older than those that decided the state since. It never
+-- realigns a live window of another length (see settle_may_roll).
+function sliding_window.settle(s, now, delta, mark, frac, amount, whole_fresh)
+  if whole_fresh then sw_clear(s) end
+  if settle_may_roll(s, sliding_window.fresh_at(s) <= now, now) then sw_advance(s, now) end
   return window_settle(s, delta, mark, frac, amount)
 end
 
-function sliding_window.save(s, now)
-  local ttl = ttl_ms(sliding_window.fresh_at(s), now)
+-- `expiry`: the quota key's expiry after this call (driver.lua). A state
+-- that holds nothing is kept while another policy keeps the quota key live,
+-- as the memory store keeps it in the key's slot: a settle, which reads it
+-- as fresh only with the whole key, continues its epoch.
+function sliding_window.save(s, now, settled, expiry)
+  local fresh_at = sliding_window.fresh_at(s)
+  if fresh_at == 0 and expiry > now then fresh_at = expiry end
+  local ttl = ttl_ms(fresh_at, now)
   if ttl == nil then
     if s.exists then redis.call('DEL', s.key) end
     return
   end
   if not s.dirty then return end
   redis.call('HSET', s.key, 's', s.start, 'e', s.stop, 'c', s.c, 'p', s.p, 'g', s.g)
-  redis.call('PEXPIRE', s.key, ttl)
+  if settled then extend_ttl(s.key, ttl) else redis.call('PEXPIRE', s.key, ttl) end
 end

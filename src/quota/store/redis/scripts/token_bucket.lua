@@ -89,18 +89,16 @@ function token_bucket.load(key, capacity, p, q)
   return s
 end
 
--- The state under these numbers (TokenBucket::prepare): a fraction in another
--- denominator rounded up to the whole µs (offset + 1 µs), and a TAT beyond
--- max(now, last) + B*p/q clamped to it (the cut added to the offset).
-local function tb_prepare(s, now)
+-- A state equivalent to fresh read as a fresh state, whatever numbers wrote
+-- it, keeping `last` (TokenBucketState::read_fresh); then its TAT in this
+-- denominator (TokenBucket::in_unit): a fraction in another one rounded up
+-- to the whole µs (offset + 1 µs). Only ever later.
+local function tb_in_unit(s, now)
   if s.exists and token_bucket.fresh_at(s) <= now then
-    -- Equivalent to fresh: read as a fresh state, whatever numbers wrote it,
-    -- keeping `last` (TokenBucketState::read_fresh).
     s.tat, s.frac, s.den, s.off = 0, 0, 0, 0
   end
-  local q = s.q
   local whole = s.den == 0 and s.frac == 0
-  if (s.den ~= s.unit and not whole) or s.frac >= q then
+  if (s.den ~= s.unit and not whole) or s.frac >= s.q then
     if s.frac ~= 0 then
       s.tat = s.tat + 1
       s.frac = 0
@@ -109,6 +107,14 @@ local function tb_prepare(s, now)
     s.den = s.unit
     s.dirty = true
   end
+end
+
+-- The state under these numbers (TokenBucket::prepare): tb_in_unit, and a
+-- TAT beyond max(now, last) + B*p/q clamped to it (the cut added to the
+-- offset). Decisions only: a settle never clamps.
+local function tb_prepare(s, now)
+  tb_in_unit(s, now)
+  local q = s.q
   local ref = max(now, s.last)
   local cw, cf = tb_add(q, ref, 0, s.Ww, s.Wf)
   if not tb_le(s.tat, s.frac, cw, cf) then
@@ -176,7 +182,10 @@ end
 
 function token_bucket.settle(s, now, delta, mark, frac, amount)
   if delta == 0 then return mark, frac, amount end
-  tb_prepare(s, now)
+  -- Not clamped: the charge may have been made under numbers a redeploy has
+  -- replaced, and the state decided since under larger ones (see
+  -- token_bucket.rs).
+  tb_in_unit(s, now)
   local q = s.q
   if delta > 0 then
     local hw, hf = tb_add(q, now, 0, s.Ww, s.Wf)
@@ -226,7 +235,7 @@ function token_bucket.fresh_at(s)
   return at
 end
 
-function token_bucket.save(s, now)
+function token_bucket.save(s, now, _)
   local ttl = ttl_ms(token_bucket.fresh_at(s), now)
   if ttl == nil then
     if s.exists then redis.call('DEL', s.key) end
