@@ -664,3 +664,43 @@ fn a_full_log_at_the_refund_reach_matches() {
         }
     });
 }
+
+/// A quota key's expiry that trails its log (written before an instance of
+/// a version that keeps none appended to the log) never lets a settle drop
+/// the live log: a state is read as fresh only when it is fresh under the
+/// settle's own numbers too. Before, the refund read the log as fresh and
+/// deleted it, and 3 more were admitted where 1 is left.
+#[test]
+fn a_trailing_expiry_key_never_drops_a_live_log() {
+    let server = RedisServer::start();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let store = RedisStore::builder(server.url())
+        .deadline(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let quota = Quota::new(
+        "api",
+        [Policy::sliding_log("log", 3, Duration::from_secs(60)).unwrap()],
+    )
+    .unwrap();
+    let key: Arc<str> = "mixed".into();
+    let expiry_key = store.expiry_key(&quota, &key).unwrap();
+    rt.block_on(async {
+        let mut holds = Vec::new();
+        for _ in 0..3 {
+            let decision = store.decide(&quota, &key, 1).await.unwrap();
+            assert!(decision.admitted);
+            holds.push(decision.holds);
+        }
+        assert_eq!(server.cli(&["set", &expiry_key, "1"]).trim(), "OK");
+        store.settle(&quota, &key, &holds[1], -1).await.unwrap();
+        let mut admitted = 0;
+        for _ in 0..3 {
+            admitted += u32::from(store.decide(&quota, &key, 1).await.unwrap().admitted);
+        }
+        assert_eq!(admitted, 1);
+    });
+}

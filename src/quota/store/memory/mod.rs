@@ -391,16 +391,14 @@ trait Entry: Keyed + Sized {
     fn enforced_at(&self) -> u64 {
         self.fresh_at()
     }
-    /// Before a settle: the state read as fresh if the whole key is, as a
-    /// sweep would find it. Not each policy under the settling quota's
-    /// numbers: a charge made before a redeploy settles under the old
-    /// numbers, and a state live under the new ones may look fresh under
-    /// those.
-    fn read_fresh_to_settle(&mut self, quota: &Quota, now: u64) {
-        if self.fresh_at() <= now {
-            *self.state_mut() = Self::fresh_state(quota);
-        }
-    }
+    /// Before a settle: each state read as fresh if the whole key is, as a
+    /// sweep would find it, and the state is fresh under the settling
+    /// quota's numbers too. Not under those numbers alone: a charge made
+    /// before a redeploy settles under the old numbers, and a state live
+    /// under the new ones may look fresh under those. Not by the key alone:
+    /// the Redis store keeps the key's expiry apart from its states, and one
+    /// written before another instance changed them must drop nothing live.
+    fn read_fresh_to_settle(&mut self, quota: &Quota, now: u64);
     /// After a settle, given the expiry before it (see
     /// [`fresh_at`](Entry::fresh_at), [`enforced_at`](Entry::enforced_at)):
     /// a settle never brings a live key's expiry forward. A refund leaves
@@ -497,6 +495,14 @@ impl Entry for Slot {
         self.enforced_at
     }
 
+    fn read_fresh_to_settle(&mut self, quota: &Quota, now: u64) {
+        if self.fresh_at <= now {
+            for (policy, state) in quota.policies().iter().zip(self.states.iter_mut()) {
+                read_fresh(policy.algorithm(), state, Timestamp(now));
+            }
+        }
+    }
+
     fn keep_expiry(&mut self, (fresh_at, enforced_at): (u64, u64)) {
         self.fresh_at = kept(fresh_at, self.fresh_at);
         self.enforced_at = kept(enforced_at, self.enforced_at);
@@ -583,6 +589,13 @@ impl<M: LoneKind> Entry for Lone<M> {
 
     fn fresh_at(&self) -> u64 {
         self.fresh_at
+    }
+
+    fn read_fresh_to_settle(&mut self, quota: &Quota, now: u64) {
+        let fresh = lone::<M>(quota).is_some_and(|a| a.fresh_at(&self.state) <= now);
+        if self.fresh_at <= now && fresh {
+            self.state = M::State::default();
+        }
     }
 
     fn keep_expiry(&mut self, (fresh_at, _): (u64, u64)) {
@@ -1133,7 +1146,7 @@ fn read_fresh(algorithm: &Algorithm, state: &mut State, now: Timestamp) {
 /// no numbers (a fixed window's end, a bucket's TAT). A log's or a weighted
 /// window's depends on the window, and the settling quota's may be older
 /// than the one that decided the state since: such a state is read as
-/// fresh only with its whole key ([`Entry::read_fresh_to_settle`]).
+/// fresh only with its whole key too ([`Entry::read_fresh_to_settle`]).
 #[inline]
 fn read_fresh_to_settle(algorithm: &Algorithm, state: &mut State, now: Timestamp) {
     if matches!(

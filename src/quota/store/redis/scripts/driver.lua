@@ -14,7 +14,8 @@
 --          expiry of the key's slot: after a decision the latest time a
 --          policy's state becomes fresh, after a settle never earlier than
 --          before (unless every state is fresh). A settle reads a log or
---          weighted window as fresh only once it has passed: their freshness
+--          weighted window as fresh only once it has passed and the state
+--          is fresh under the settle's numbers too: their freshness
 --          depends on the window, and the settle's numbers may be older than
 --          those that decided the state since. Without it (none kept yet, or
 --          Redis expired it) a settle reads each state as it stands.

@@ -218,9 +218,10 @@ end
 -- have decided the log under a longer window, whose entries a trim to this
 -- one would drop. The entries from rank `stay` on are those inside this
 -- window: the others leave no room and give nothing back. The state is read
--- as fresh only with its whole key (`whole_fresh`, see driver.lua).
+-- as fresh only when both its whole key (`whole_fresh`, see driver.lua) and
+-- the log under this window are.
 function sliding_log.settle(s, now, delta, mark, frac, amount, whole_fresh)
-  if whole_fresh and s.n > 0 then
+  if whole_fresh and s.n > 0 and sliding_log.fresh_at(s) <= now then
     redis.call('DEL', s.key)
     sl_clear(s)
   end

@@ -94,13 +94,15 @@ function sliding_window.record(s, now, cost)
   return s.stop, s.g, take
 end
 
--- A settle reads the state as fresh only with its whole key (`whole_fresh`,
--- see driver.lua): its freshness depends on the window, and the settle's
+-- A settle reads the state as fresh only when both its whole key
+-- (`whole_fresh`, see driver.lua) and the state under the settle's own
+-- numbers are: its freshness depends on the window, and the settle's
 -- numbers may be older than those that decided the state since. It never
 -- realigns a live window of another length (see settle_may_roll).
 function sliding_window.settle(s, now, delta, mark, frac, amount, whole_fresh)
-  if whole_fresh then sw_clear(s) end
-  if settle_may_roll(s, sliding_window.fresh_at(s) <= now, now) then sw_advance(s, now) end
+  local fresh = sliding_window.fresh_at(s) <= now
+  if whole_fresh and fresh then sw_clear(s) end
+  if settle_may_roll(s, fresh, now) then sw_advance(s, now) end
   return window_settle(s, delta, mark, frac, amount)
 end
 
