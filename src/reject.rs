@@ -80,9 +80,11 @@
 //!   `max_decoding_message_size` on the service. A cap tripped before the
 //!   handler answers (a unary or client-streaming call) is answered as the
 //!   cap's refusal. One tripped after it answered (a streaming response has
-//!   begun) cannot replace the answer: the handler's next read of its request
-//!   stream fails with tonic's `UNKNOWN` ("length limit exceeded"), and the
-//!   call ends with whatever the handler makes of that.
+//!   begun) cannot replace the response headers or the messages already
+//!   sent: the handler's next read of its request stream fails, and the
+//!   call's status in the trailers becomes the cap's refusal
+//!   (`RESOURCE_EXHAUSTED` naming the cap, `grpc-retry-pushback-ms: -1`),
+//!   whatever status the handler ended with.
 //!
 //! With the `tonic` feature the status also carries `google.rpc` details in
 //! `grpc-status-details-bin`:

@@ -525,6 +525,111 @@ async fn a_body_that_yields_data_after_reporting_its_end_is_an_error_not_bytes_p
     );
 }
 
+/// A gRPC-like handler that answers at once, reads the request as its
+/// response streams, and ends with `grpc-status` 2 (tonic's for a failed
+/// read) or 0 in its trailers, or with no trailers when `trailers` is false.
+fn answering_first(
+    trailers: bool,
+) -> impl tower::Service<
+    Request<tower_admission::bounds::CappedBody<http_body_util::Full<Bytes>>>,
+    Response = Response<http_body_util::StreamBody<BoxedFrames>>,
+    Error = std::convert::Infallible,
+    Future = impl Send,
+> + Clone {
+    use futures_util::StreamExt as _;
+    tower::service_fn(
+        move |req: Request<tower_admission::bounds::CappedBody<http_body_util::Full<Bytes>>>| async move {
+            let end = async move {
+                let read = req.into_body().collect().await;
+                let mut map = http::HeaderMap::new();
+                map.insert(
+                    "grpc-status",
+                    if read.is_ok() { "0" } else { "2" }.parse().unwrap(),
+                );
+                map.insert("grpc-message", MESSAGE.parse().unwrap());
+                map.insert("x-trace", "kept".parse().unwrap());
+                trailers.then(|| Ok(http_body::Frame::trailers(map)))
+            };
+            let frames: BoxedFrames = Box::pin(
+                stream::once(std::future::ready(Ok(http_body::Frame::data(
+                    Bytes::from_static(b"answer"),
+                ))))
+                .chain(stream::once(end).filter_map(std::future::ready)),
+            );
+            Ok(Response::new(http_body_util::StreamBody::new(frames)))
+        },
+    )
+}
+
+/// The `grpc-message` of [`answering_first`].
+const MESSAGE: &str = "length limit exceeded";
+
+type BoxedFrames = std::pin::Pin<
+    Box<
+        dyn futures_util::Stream<Item = Result<http_body::Frame<Bytes>, std::convert::Infallible>>
+            + Send,
+    >,
+>;
+
+/// A cap that trips after the handler answered a gRPC call replaces the
+/// status in its trailers (or adds trailers with it); other trailers stay,
+/// and a call within the caps or not gRPC keeps the handler's status.
+#[tokio::test]
+async fn a_cap_tripped_after_a_grpc_answer_replaces_the_status_in_the_trailers() {
+    let refusal = Rejection::PayloadTooLarge {
+        cap: SizeCap::DecodedBytes,
+        limit: 4096,
+    }
+    .into_response(true);
+    let bomb = gzip_zeros(8 * KIB);
+    let small = gzip(b"hello");
+    // (content type, body, whether the handler sends trailers, whether the
+    // status is the refusal's, else the handler's with its code)
+    let cases = [
+        ("application/grpc", &bomb, true, true, ""),
+        ("application/grpc", &bomb, false, true, ""),
+        ("application/json", &bomb, true, false, "2"),
+        ("application/grpc", &small, true, false, "0"),
+    ];
+    for (content_type, body, sends_trailers, is_refusal, code) in cases {
+        let service = tower::ServiceBuilder::new()
+            .layer(BodyLimitsLayer::new(64 * KIB, 4 * KIB))
+            .service(answering_first(sends_trailers));
+        let req = Request::post("/test.Streams/Echo")
+            .header(header::CONTENT_TYPE, content_type)
+            .header(header::CONTENT_ENCODING, "gzip")
+            .body(http_body_util::Full::new(Bytes::from(body.clone())))
+            .unwrap();
+        let response = service.oneshot(req).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        assert!(!response.headers().contains_key("grpc-status"));
+        let collected = response.into_body().collect().await.unwrap();
+        let trailers = collected.trailers().cloned().unwrap();
+        let case = format!("{content_type} {} trailers {sends_trailers}", body.len());
+        let expected = |name: &str| match (is_refusal, name) {
+            (true, _) => refusal.headers().get(name).cloned(),
+            (false, "grpc-status") => Some(http::HeaderValue::from_static(code)),
+            (false, "grpc-message") => Some(http::HeaderValue::from_static(MESSAGE)),
+            (false, _) => None,
+        };
+        for name in [
+            "grpc-status",
+            "grpc-message",
+            "grpc-retry-pushback-ms",
+            "grpc-status-details-bin",
+        ] {
+            assert_eq!(trailers.get(name).cloned(), expected(name), "{case} {name}");
+        }
+        if is_refusal {
+            assert_eq!(trailers["grpc-status"], "8", "{case}");
+            assert_eq!(trailers["grpc-retry-pushback-ms"], "-1", "{case}");
+        }
+        assert_eq!(trailers.get("x-trace").is_some(), sends_trailers, "{case}");
+        assert!(!trailers.contains_key(header::CONTENT_TYPE), "{case}");
+        assert_eq!(collected.to_bytes(), "answer", "{case}");
+    }
+}
+
 // ---------------------------------------------------------------- query validation
 
 fn rules() -> QueryRules {

@@ -272,10 +272,10 @@ async fn a_client_stream_costs_one_call_and_its_messages_share_the_body_cap() {
 }
 
 /// Once a bidirectional call has answered, a cap tripped later cannot
-/// replace the answer: the handler sees the failed read of its request
-/// stream, and its status is what the client gets.
+/// replace the response headers: the handler sees the failed read of its
+/// request stream, and the status in the trailers becomes the cap's refusal.
 #[tokio::test]
-async fn a_cap_tripped_after_a_streaming_answer_reaches_the_handler() {
+async fn a_cap_tripped_after_a_streaming_answer_ends_the_call_with_the_cap_refusal() {
     use futures_util::StreamExt;
     use tonic::codegen::http::uri::PathAndQuery;
     use tonic_health::pb::HealthCheckResponse;
@@ -297,13 +297,19 @@ async fn a_cap_tripped_after_a_streaming_answer_reaches_the_handler() {
         .await;
     // Every message before the one that crossed the cap in its chunk of the
     // stream is echoed (how many depends on how the stream was chunked),
-    // then the call ends with tonic's status for the failed read.
+    // then the call ends with the wire cap's refusal, not the handler's
+    // status for the failed read.
     let (last, echoed) = results.split_last().unwrap();
     let echoed: Vec<i32> = echoed.iter().map(|r| *r.as_ref().unwrap()).collect();
     assert_eq!(echoed, (1..=echoed.len() as i32).collect::<Vec<_>>());
     assert!(echoed.len() < 5, "{echoed:?}");
     let status = last.as_ref().unwrap_err();
-    assert_eq!(status.code(), Code::Unknown, "{status:?}");
-    assert_eq!(status.message(), "length limit exceeded");
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert_eq!(status.message(), "the wire-bytes cap of 1024 was exceeded");
+    assert_eq!(
+        status.metadata().get("grpc-retry-pushback-ms").unwrap(),
+        "-1"
+    );
+    assert!(status.details().is_empty(), "{status:?}");
     server.abort();
 }

@@ -12,7 +12,7 @@ use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
 use futures_util::TryFutureExt;
-use http::header::{HeaderValue, ACCEPT_ENCODING, CONTENT_ENCODING, CONTENT_LENGTH};
+use http::header::{HeaderValue, ACCEPT_ENCODING, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE};
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{Either, Empty, Full, LengthLimitError};
@@ -34,6 +34,10 @@ type Decoded<B> = ProbedBody<Limited<DecodeBody<ProbedBody<Limited<B>>>>>;
 /// The response body of the stack: the inner one under both caps, or the
 /// decompressor's bodiless 415, which [`Watch`] replaces.
 type StackBody<RB> = ResponseBody<Either<ResponseBody<RB>, Empty<Bytes>>>;
+
+/// A response of [`BodyLimits`]: the inner one as it was when the request
+/// could not trip a cap, the one through the caps (`SB`), or a refusal.
+type LimitedResponse<RB, SB> = Response<Either<Either<RB, StatusBody<SB>>, Full<Bytes>>>;
 
 /// Caps the bytes of a request body on the wire and after decompression.
 ///
@@ -58,7 +62,10 @@ type StackBody<RB> = ResponseBody<Either<ResponseBody<RB>, Empty<Bytes>>>;
 ///
 /// [`BodyLimits`] turns every over-cap outcome into
 /// [`Rejection::PayloadTooLarge`] naming the cap, whatever the handler answered
-/// when its body read failed.
+/// when its body read failed. A gRPC call whose cap trips after the handler
+/// answered (a streaming response has begun) keeps the response headers and
+/// the messages sent so far, and ends with the refusal's status in its
+/// trailers (see [`StatusBody`]).
 ///
 /// # Where the coded data ends
 ///
@@ -191,7 +198,7 @@ where
     RB: Body<Data = Bytes> + Send + 'static,
     RB::Error: Into<BoxError>,
 {
-    type Response = Response<Either<Either<RB, StackBody<RB>>, Full<Bytes>>>;
+    type Response = LimitedResponse<RB, StackBody<RB>>;
     type Error = S::Error;
     type Future = ResponseFuture<S::Future, StackFuture<S::Future, RB, S::Error>>;
 
@@ -214,12 +221,14 @@ where
         let probe = Probe::default();
         req.extensions_mut().insert(probe.clone());
         let watch = Watch {
-            probe,
+            trip: Trip {
+                probe,
+                declared_length: declared_length(req.headers()),
+                wire_bytes: caps.wire_bytes,
+                decoded_bytes: caps.decoded_bytes,
+            },
             grpc: is_grpc(req.headers()),
             encoding: combine_content_encoding(req.headers_mut()),
-            declared_length: declared_length(req.headers()),
-            wire_bytes: caps.wire_bytes,
-            decoded_bytes: caps.decoded_bytes,
         };
         // The stack is built around the inner service for this call: its
         // layers hold no state of their own, and the inner service was made
@@ -583,27 +592,32 @@ fn probed<B>(req: Request<B>, stage: Stage) -> Request<ProbedBody<B>> {
 /// What the response future of a request that can trip a cap needs.
 #[derive(Debug)]
 struct Watch {
-    probe: Probe,
+    trip: Trip,
     grpc: bool,
     /// The `content-encoding` as sent, for a 415 to name.
     encoding: Option<HeaderValue>,
+}
+
+/// A request's probe and caps: which refusal a trip of its body stands for.
+#[derive(Debug, Clone)]
+struct Trip {
+    probe: Probe,
     /// The `content-length` the wire stage reads the body to, if sent.
     declared_length: Option<usize>,
     wire_bytes: usize,
     decoded_bytes: usize,
 }
 
-impl Watch {
-    /// The response to a request that went through the caps: the inner one,
-    /// or the refusal of the cap that tripped.
-    fn answer<RB, SB>(
-        &mut self,
-        response: Response<SB>,
-    ) -> Response<Either<Either<RB, SB>, Full<Bytes>>> {
+impl Trip {
+    /// Whether a cap tripped or the coded body was found malformed.
+    fn tripped(&self) -> bool {
+        self.probe.0.tripped.load(Ordering::Acquire) != 0
+    }
+
+    /// The refusal for what the request body tripped, if anything.
+    fn rejection(&self) -> Option<Rejection> {
         let state = &self.probe.0;
-        let passed = state.passed.load(Ordering::Acquire);
-        let status = response.status();
-        let rejection = match state.tripped.load(Ordering::Acquire) {
+        match state.tripped.load(Ordering::Acquire) {
             TRIPPED_WIRE => Some(match self.declared_length {
                 // The length the body broke is the one it declared.
                 Some(declared) if declared <= self.wire_bytes => {
@@ -625,15 +639,31 @@ impl Watch {
                     "body", reason,
                 )]))
             }
+            _ => None,
+        }
+    }
+}
+
+impl Watch {
+    /// The response to a request that went through the caps: the inner one,
+    /// or the refusal of the cap that tripped.
+    fn answer<RB, SB>(&mut self, response: Response<SB>) -> LimitedResponse<RB, SB> {
+        let trip = &self.trip;
+        let passed = trip.probe.0.passed.load(Ordering::Acquire);
+        let status = response.status();
+        let rejection = match trip.rejection() {
+            Some(rejection) => Some(rejection),
             // A layer answered before the probe below it ran: tower-http's
             // early `content-length` 413, or the decompressor's 415.
-            _ if passed & PASSED_WIRE == 0 && status == StatusCode::PAYLOAD_TOO_LARGE => {
-                Some(too_large(SizeCap::WireBytes, self.wire_bytes))
+            None if passed & PASSED_WIRE == 0 && status == StatusCode::PAYLOAD_TOO_LARGE => {
+                Some(too_large(SizeCap::WireBytes, trip.wire_bytes))
             }
-            _ if passed & PASSED_DECODED == 0 && status == StatusCode::PAYLOAD_TOO_LARGE => {
-                Some(too_large(SizeCap::DecodedBytes, self.decoded_bytes))
+            None if passed & PASSED_DECODED == 0 && status == StatusCode::PAYLOAD_TOO_LARGE => {
+                Some(too_large(SizeCap::DecodedBytes, trip.decoded_bytes))
             }
-            _ if passed & PASSED_DECODED == 0 && status == StatusCode::UNSUPPORTED_MEDIA_TYPE => {
+            None if passed & PASSED_DECODED == 0
+                && status == StatusCode::UNSUPPORTED_MEDIA_TYPE =>
+            {
                 let encoding = self
                     .encoding
                     .take()
@@ -647,13 +677,92 @@ impl Watch {
                 }
                 return rejected;
             }
-            _ => None,
+            None => None,
         };
         match rejection {
             Some(rejection) => rejection.into_layer_response(self.grpc),
-            None => response.map(|body| Either::Left(Either::Right(body))),
+            None => {
+                let trip = self.grpc.then(|| self.trip.clone());
+                response.map(|inner| Either::Left(Either::Right(StatusBody { inner, trip })))
+            }
         }
     }
+}
+
+pin_project! {
+    /// The response body of a request that [`BodyLimits`] passed through
+    /// its caps. For a gRPC call, a cap that trips after the handler
+    /// answered (a streaming response has begun), or a coded body found
+    /// malformed then, replaces the call's status in the trailers with the
+    /// refusal it gets before an answer: its `grpc-status`, `grpc-message`,
+    /// details and `grpc-retry-pushback-ms`. Otherwise the inner body,
+    /// unchanged.
+    pub struct StatusBody<B> {
+        #[pin]
+        inner: B,
+        // Until the trailers are sent, for a gRPC call only.
+        trip: Option<Trip>,
+    }
+}
+
+impl<B: fmt::Debug> fmt::Debug for StatusBody<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StatusBody")
+            .field("inner", &self.inner)
+            .field("grpc", &self.trip.is_some())
+            .finish()
+    }
+}
+
+impl<B: Body> Body for StatusBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+        let this = self.project();
+        if this.trip.is_none() {
+            return this.inner.poll_frame(cx);
+        }
+        let (trailers, ended) = match ready!(this.inner.poll_frame(cx)) {
+            Some(Ok(frame)) => match frame.into_trailers() {
+                Ok(trailers) => (trailers, false),
+                Err(frame) => return Poll::Ready(Some(Ok(frame))),
+            },
+            Some(Err(err)) => return Poll::Ready(Some(Err(err))),
+            // A stream that ends without trailers gets them if it tripped.
+            None => (HeaderMap::new(), true),
+        };
+        match this.trip.take().and_then(|trip| trip.rejection()) {
+            Some(rejection) => Poll::Ready(Some(Ok(Frame::trailers(refused_trailers(
+                trailers, rejection,
+            ))))),
+            None if ended => Poll::Ready(None),
+            None => Poll::Ready(Some(Ok(Frame::trailers(trailers)))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream() && self.trip.as_ref().is_none_or(|trip| !trip.tripped())
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// `trailers` with their gRPC status replaced by the one of `rejection`, as
+/// [`Rejection::into_response`] writes it.
+fn refused_trailers(mut trailers: HeaderMap, rejection: Rejection) -> HeaderMap {
+    let (mut refusal, _) = rejection.into_response(true).into_parts();
+    refusal.headers.remove(CONTENT_TYPE);
+    for name in ["grpc-status", "grpc-message", "grpc-status-details-bin"] {
+        trailers.remove(name);
+    }
+    trailers.extend(refusal.headers);
+    trailers
 }
 
 pin_project! {
@@ -705,7 +814,7 @@ where
     F: Future<Output = Result<Response<RB>, E>>,
     C: Future<Output = Result<Response<SB>, E>>,
 {
-    type Output = Result<Response<Either<Either<RB, SB>, Full<Bytes>>>, E>;
+    type Output = Result<LimitedResponse<RB, SB>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().state.project() {

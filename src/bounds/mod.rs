@@ -114,7 +114,7 @@ mod decode;
 mod items;
 mod query;
 
-pub use body::{BodyLimits, BodyLimitsLayer, CappedBody};
+pub use body::{BodyLimits, BodyLimitsLayer, CappedBody, StatusBody};
 pub use items::{
     count_batch_items, parse_batch, BatchError, BatchItems, BatchItemsLayer, ItemCount,
 };
