@@ -2170,6 +2170,56 @@ async fn a_share_idle_across_two_lease_changes_fills_only_from_the_latest() {
     assert_eq!(held, [(200, 200), (22, 200)]);
 }
 
+/// A fill at a stale local time (a `now` read before a refresh reply that
+/// changed the lease) fills the time up to the change on the schedule that
+/// was in force then, not on the new one. Solo at 240/s, 4 expected
+/// instances (fallback 60/s), burst 1 s: the retry share is 40/s, 40 at
+/// most under the grant and 10/s, 10 at most in the fallback. The grant
+/// runs out at 4.995 s; a refresh at 6 s grants 240/s again. An attempt
+/// stamped 5.5 s leaves the retry share 9 (its fallback bucket of 10, one
+/// spent); at 6 s it holds the fallback's 10 again, and sends 10. Before,
+/// the half second from 5.5 s filled at the grant's 40/s, and it sent 29.
+#[tokio::test]
+async fn a_stale_now_fills_up_to_the_lease_change_on_the_old_schedule() {
+    let server = RedisServer::start();
+    let redis = ManualClock::new(Timestamp(START));
+    let local = ManualClock::new(Timestamp(START + 7 * SEC));
+    let lease = RateLease::builder(
+        store(&server, Some(&redis)),
+        BUDGET,
+        Rate::per_second(R),
+        NonZeroU32::new(4).unwrap(),
+    )
+    .instance_id("solo")
+    .initial_demand(Rate::per_second(R))
+    .burst(Duration::from_secs(1))
+    .clock(local.clone())
+    .build()
+    .unwrap();
+    let start = local.now().0;
+    assert_eq!(lease.refresh().await.unwrap().grant, Rate::per_second(R));
+    let shares = LeasedBudget::new(lease.clone(), Rate::per_second(40)).unwrap();
+    local.set(Timestamp(start + 6 * SEC));
+    redis.advance(Duration::from_secs(6));
+    assert_eq!(lease.status().mode, LeaseMode::Fallback);
+    assert_eq!(lease.refresh().await.unwrap().grant, Rate::per_second(R));
+    // Read before the reply landed.
+    let stale = Timestamp(start + 5 * SEC + 500 * MS);
+    assert_eq!(shares.try_acquire_at(Share::Retry, 1, stale), Ok(()));
+    let mut sent = 0;
+    while shares.try_acquire_now(Share::Retry, 1).is_ok() {
+        sent += 1;
+    }
+    assert_eq!(sent, 10);
+    // From the change on, the share fills at the grant's 40/s.
+    local.advance(Duration::from_millis(500));
+    let mut refilled = 0;
+    while shares.try_acquire_now(Share::Retry, 1).is_ok() {
+        refilled += 1;
+    }
+    assert_eq!(refilled, 20);
+}
+
 /// The lease's schedule in force from a local time on, as the test read it
 /// from [`LeaseStatus`] after each step: no rate while starting or
 /// released, else the grant until its local expiry, the fallback after.

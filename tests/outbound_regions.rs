@@ -813,3 +813,448 @@ async fn a_retry_after_the_donor_lost_its_data_moves_nothing() {
     assert_eq!((snap.sum(), snap.in_flight()), (170, 0));
     assert_eq!(hlen(&f.servers[US], "us", "credits"), 1);
 }
+
+/// What the model expects of one transfer out of one donor.
+#[derive(Debug, Clone)]
+struct Modelled {
+    to: usize,
+    amount: u64,
+    credited: bool,
+}
+
+/// The regions' allocations and every debited transfer, keyed by donor and
+/// id, as the documented semantics say they must be.
+struct Model {
+    alloc: [u64; 3],
+    debited: std::collections::HashMap<(usize, String), Modelled>,
+}
+
+impl Model {
+    fn in_flight(&self) -> u64 {
+        self.debited
+            .values()
+            .filter(|t| !t.credited)
+            .map(|t| t.amount)
+            .sum()
+    }
+
+    fn credit(&mut self, key: &(usize, String)) {
+        let t = self.debited.get_mut(key).expect("a debited transfer");
+        assert!(!t.credited, "{key:?} credited twice by the model");
+        t.credited = true;
+        self.alloc[t.to] += t.amount;
+    }
+
+    /// What `transfer` must answer, and the model's change: `None` for a
+    /// refusal (nothing changes).
+    fn expect_transfer(&mut self, id: &str, from: usize, to: usize, amount: u64) -> Expected {
+        let key = (from, id.to_owned());
+        if let Some(t) = self.debited.get(&key).cloned() {
+            if t.to != to || t.amount != amount {
+                return Expected::Conflict;
+            }
+            if t.credited {
+                return Expected::Ok(TransferOutcome::AlreadyApplied);
+            }
+            self.credit(&key);
+            return Expected::Ok(TransferOutcome::Completed);
+        }
+        if self.alloc[from] < amount {
+            return Expected::Insufficient(self.alloc[from]);
+        }
+        self.alloc[from] -= amount;
+        self.debited.insert(
+            key.clone(),
+            Modelled {
+                to,
+                amount,
+                credited: false,
+            },
+        );
+        self.credit(&key);
+        Expected::Ok(TransferOutcome::Applied)
+    }
+}
+
+#[derive(Debug, PartialEq)]
+enum Expected {
+    Ok(TransferOutcome),
+    Conflict,
+    Insufficient(u64),
+}
+
+fn matches_expected(got: &Result<TransferOutcome, TransferError>, want: &Expected) -> bool {
+    match (got, want) {
+        (Ok(outcome), Expected::Ok(expected)) => outcome == expected,
+        (Err(TransferError::Conflict { .. }), Expected::Conflict) => true,
+        (Err(TransferError::Insufficient { available, .. }), Expected::Insufficient(a)) => {
+            available == a
+        }
+        _ => false,
+    }
+}
+
+/// After every step: a consistent cut sums to at most the total, the sum
+/// plus what is in flight is exactly the total, every region holds what
+/// the model says, and each region's credit records are exactly the
+/// transfers credited to it (so none was applied twice).
+async fn check_against_model(f: &Fleet, model: &Model, context: &str) {
+    let snap = f.budget.snapshot().await.expect("a consistent cut");
+    assert!(snap.sum() <= TOTAL, "{context}: {snap:?}");
+    assert_eq!(snap.sum() + snap.in_flight(), TOTAL, "{context}: {snap:?}");
+    assert_eq!(snap.in_flight(), model.in_flight(), "{context}: {snap:?}");
+    for (i, (name, _)) in REGIONS.iter().enumerate() {
+        assert_eq!(
+            snap.allocation(name),
+            Some(model.alloc[i]),
+            "{context}: {name} in {snap:?}"
+        );
+        let credited = model
+            .debited
+            .values()
+            .filter(|t| t.to == i && t.credited)
+            .count() as u64;
+        assert_eq!(
+            hlen(&f.servers[i], name, "credits"),
+            credited,
+            "{context}: credits recorded in {name}"
+        );
+    }
+}
+
+/// Waits until `region` answers again after a restart.
+async fn reachable(budget: &RegionalBudget, region: &str) {
+    for _ in 0..20 {
+        if budget.allocation(region).await.is_ok() {
+            return;
+        }
+    }
+    panic!("{region} stays unreachable");
+}
+
+/// Random interleavings of every kind of step against a model: new
+/// transfers (some larger than the donor holds), replays of earlier ids
+/// (same and different amounts), transfers to and from the same region and
+/// to an unknown one, two transfers at once, transfers whose credit never
+/// runs (the receiver is down after the debit, as when the process dies
+/// between the steps), repairs of those and of finished ones, retries of
+/// interrupted ids, and `repair_all`. After every step the cut and the
+/// credit records match the model exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interleaved_transfers_replays_interruptions_and_repairs_match_the_model() {
+    let names = REGIONS.map(|(name, _)| name);
+    let (mut interrupted, mut replays, mut concurrent) = (0, 0, 0);
+    for seed in 0..4u64 {
+        let mut f = fleet().await;
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut model = Model {
+            alloc: REGIONS.map(|(_, initial)| initial),
+            debited: Default::default(),
+        };
+        let mut next_id = 0u64;
+        let mut fresh = |prefix: &str| {
+            next_id += 1;
+            format!("{prefix}-{seed}-{next_id}")
+        };
+        for step in 0..60 {
+            let context = format!("seed {seed} step {step}");
+            let pair = |rng: &mut StdRng| {
+                let from = rng.random_range(0..3);
+                (from, (from + rng.random_range(1..3)) % 3)
+            };
+            match rng.random_range(0..10) {
+                // A new transfer, at times more than the donor holds.
+                0..=2 => {
+                    let (from, to) = pair(&mut rng);
+                    let amount = rng.random_range(1..=120);
+                    let id = fresh("t");
+                    let want = model.expect_transfer(&id, from, to, amount);
+                    let got = f
+                        .budget
+                        .transfer(
+                            &TransferId::new(&id).unwrap(),
+                            names[from],
+                            names[to],
+                            amount,
+                        )
+                        .await;
+                    assert!(
+                        matches_expected(&got, &want),
+                        "{context}: {got:?} != {want:?}"
+                    );
+                }
+                // A replay of an earlier id, with its amount or another.
+                3 if !model.debited.is_empty() => {
+                    let keys: Vec<_> = model.debited.keys().cloned().collect();
+                    let (from, id) = keys[rng.random_range(0..keys.len())].clone();
+                    let t = model.debited[&(from, id.clone())].clone();
+                    let amount = if rng.random_bool(0.7) {
+                        t.amount
+                    } else {
+                        t.amount + 1
+                    };
+                    let want = model.expect_transfer(&id, from, t.to, amount);
+                    let got = f
+                        .budget
+                        .transfer(
+                            &TransferId::new(&id).unwrap(),
+                            names[from],
+                            names[t.to],
+                            amount,
+                        )
+                        .await;
+                    assert!(
+                        matches_expected(&got, &want),
+                        "{context}: {got:?} != {want:?}"
+                    );
+                    replays += 1;
+                }
+                // To and from the same region, or to an unknown region.
+                4 => {
+                    let from = rng.random_range(0..3);
+                    let id = TransferId::new(fresh("bad")).unwrap();
+                    assert!(matches!(
+                        f.budget.transfer(&id, names[from], names[from], 1).await,
+                        Err(TransferError::SameRegion { .. })
+                    ));
+                    assert!(matches!(
+                        f.budget.transfer(&id, names[from], "mars", 1).await,
+                        Err(TransferError::UnknownRegion { .. })
+                    ));
+                    assert_eq!(
+                        f.budget.repair(&id).await,
+                        Ok(RepairOutcome::NothingDebited)
+                    );
+                }
+                // Two transfers at once: each applied or refused, whole.
+                5 => {
+                    let ((a_from, a_to), (b_from, b_to)) = (pair(&mut rng), pair(&mut rng));
+                    let (a_amount, b_amount) = (rng.random_range(1..=80), rng.random_range(1..=80));
+                    let (a_id, b_id) = (fresh("a"), fresh("b"));
+                    let (a_key, b_key) = (
+                        TransferId::new(&a_id).unwrap(),
+                        TransferId::new(&b_id).unwrap(),
+                    );
+                    let (a, b) = tokio::join!(
+                        f.budget
+                            .transfer(&a_key, names[a_from], names[a_to], a_amount),
+                        f.budget
+                            .transfer(&b_key, names[b_from], names[b_to], b_amount),
+                    );
+                    for (got, id, from, to, amount) in [
+                        (a, a_id, a_from, a_to, a_amount),
+                        (b, b_id, b_from, b_to, b_amount),
+                    ] {
+                        match got {
+                            Ok(TransferOutcome::Applied) => {
+                                assert!(model.alloc[from] >= amount, "{context}: overdrawn");
+                                let want = model.expect_transfer(&id, from, to, amount);
+                                assert_eq!(want, Expected::Ok(TransferOutcome::Applied));
+                            }
+                            Err(TransferError::Insufficient { .. }) => {}
+                            other => panic!("{context}: {other:?}"),
+                        }
+                    }
+                    concurrent += 1;
+                }
+                // The credit never runs: the receiver is down after the debit.
+                6 => {
+                    let (from, to) = pair(&mut rng);
+                    if model.alloc[from] == 0 {
+                        continue;
+                    }
+                    let amount = rng.random_range(1..=model.alloc[from]);
+                    let id = fresh("cut");
+                    assert_eq!(f.servers[to].cli(&["SAVE"]).trim(), "OK");
+                    f.servers[to].kill();
+                    let got = f
+                        .budget
+                        .transfer(
+                            &TransferId::new(&id).unwrap(),
+                            names[from],
+                            names[to],
+                            amount,
+                        )
+                        .await;
+                    assert!(
+                        matches!(
+                            &got,
+                            Err(TransferError::Unreachable {
+                                step: Step::Credit,
+                                ..
+                            })
+                        ),
+                        "{context}: {got:?}"
+                    );
+                    model.alloc[from] -= amount;
+                    model.debited.insert(
+                        (from, id),
+                        Modelled {
+                            to,
+                            amount,
+                            credited: false,
+                        },
+                    );
+                    f.servers[to].restart();
+                    reachable(&f.budget, names[to]).await;
+                    interrupted += 1;
+                }
+                // A repair of one transfer, finished or not.
+                7 if !model.debited.is_empty() => {
+                    let keys: Vec<_> = model.debited.keys().cloned().collect();
+                    let key = keys[rng.random_range(0..keys.len())].clone();
+                    let want = if model.debited[&key].credited {
+                        RepairOutcome::AlreadyComplete
+                    } else {
+                        model.credit(&key);
+                        RepairOutcome::Completed
+                    };
+                    let id = TransferId::new(&key.1).unwrap();
+                    assert_eq!(f.budget.repair(&id).await, Ok(want), "{context}");
+                }
+                // Everything pending, repaired at once.
+                8 => {
+                    let open: Vec<_> = model
+                        .debited
+                        .iter()
+                        .filter(|(_, t)| !t.credited)
+                        .map(|(k, _)| k.clone())
+                        .collect();
+                    let report = f.budget.repair_all().await;
+                    assert!(report.errors().is_empty(), "{context}: {report:?}");
+                    assert_eq!(report.completed().len(), open.len(), "{context}");
+                    for key in &open {
+                        model.credit(key);
+                    }
+                }
+                _ => continue,
+            }
+            check_against_model(&f, &model, &context).await;
+        }
+        assert_eq!(model.alloc.iter().sum::<u64>() + model.in_flight(), TOTAL);
+    }
+    assert!(
+        interrupted >= 4 && replays >= 4 && concurrent >= 4,
+        "{interrupted} interrupted, {replays} replays, {concurrent} concurrent"
+    );
+}
+
+/// A donor that lost its data while its debit's credit was still on the
+/// way: the credit reaches the receiver after `initialize` re-seeded the
+/// donor at its initial share, which already holds the amount again. The
+/// credit of that earlier life must never land: the sum stays 240. Before,
+/// `initialize` found the other regions untouched (the credit had not
+/// landed yet) and re-seeded eu at 100; the held credit then raised us to
+/// 110 and the sum to 270.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_credit_from_a_donor_reseeded_after_its_debit_never_lands() {
+    const DEADLINE: Duration = Duration::from_millis(200);
+    let mut servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let proxy = StallProxy::start(servers[US].port()).await;
+    let urls = [servers[EU].url(), proxy.url(), servers[AP].url()];
+    let b = budget_on(&urls, DEADLINE);
+    assert_eq!(b.initialize().await.unwrap(), Initialized::Seeded);
+    // us knows the credit script, so the held call runs once delivered.
+    let credit = include_str!("../src/outbound/scripts/regions_credit.lua");
+    servers[US].cli(&["SCRIPT", "LOAD", credit]);
+
+    proxy.stall_open_connections();
+    let id = TransferId::new("eu-us-30").unwrap();
+    let err = b.transfer(&id, "eu", "us", 30).await.unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            TransferError::Unreachable {
+                step: Step::Credit,
+                outcome_unknown: true,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    servers[EU].restart(); // no SAVE: eu comes back empty, its debit gone
+    let initialized = b.initialize().await;
+    let credits_run = support::command_calls(&servers[US], &["evalsha"]);
+    proxy.resume();
+    for _ in 0..500 {
+        if support::command_calls(&servers[US], &["evalsha"]) > credits_run {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        support::command_calls(&servers[US], &["evalsha"]),
+        credits_run + 1,
+        "the held credit ran"
+    );
+    let us = servers[US].cli(&["HGET", &key("us", "state"), "alloc"]);
+    let eu = servers[EU].cli(&["HGET", &key("eu", "state"), "alloc"]);
+    let sum = us.trim().parse::<u64>().unwrap() + eu.trim().parse::<u64>().unwrap_or(0) + 60;
+    assert!(
+        sum <= TOTAL,
+        "{initialized:?}: eu {eu:?}, us {us:?}, sum {sum}"
+    );
+    assert_eq!(us.trim(), "80", "{initialized:?}");
+    assert_eq!(initialized, Ok(Initialized::Seeded));
+    assert_eq!(allocations(&b).await, [100, 80, 60]);
+    let snap = b.snapshot().await.unwrap();
+    assert_eq!((snap.sum(), snap.in_flight()), (TOTAL, 0));
+
+    // The re-seeded eu sends as before.
+    let next = TransferId::new("eu-us-10").unwrap();
+    assert_eq!(
+        b.transfer(&next, "eu", "us", 10).await,
+        Ok(TransferOutcome::Applied)
+    );
+    assert_eq!(allocations(&b).await, [90, 90, 60]);
+    // Lost again, now recovered at 0: its new state sends too.
+    servers[EU].restart();
+    assert!(matches!(
+        b.initialize().await,
+        Err(RegionError::StateLost { .. })
+    ));
+    assert_eq!(b.recover_lost("eu").await, Ok(true));
+    for (id, from, to) in [("ap-eu-5", "ap", "eu"), ("eu-us-5", "eu", "us")] {
+        assert_eq!(
+            b.transfer(&TransferId::new(id).unwrap(), from, to, 5).await,
+            Ok(TransferOutcome::Applied),
+            "{id}"
+        );
+    }
+    assert_eq!(allocations(&b).await, [0, 95, 55]);
+}
+
+/// Processes initializing at once on a first start, some finding regions
+/// another has seeded already: every region is seeded once, at its share,
+/// and afterwards every region sends to every other (none is left taking
+/// credits only from a state that never was).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processes_initializing_at_once_leave_every_region_sending() {
+    for round in 0..5 {
+        let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+        let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+        let processes: Vec<RegionalBudget> = (0..4)
+            .map(|_| budget_on(&urls, Duration::from_millis(500)))
+            .collect();
+        let results =
+            futures_util::future::join_all(processes.iter().map(|p| p.initialize())).await;
+        assert!(
+            results.iter().all(Result::is_ok),
+            "round {round}: {results:?}"
+        );
+        assert!(results.contains(&Ok(Initialized::Seeded)), "round {round}");
+        let b = &processes[round % processes.len()];
+        assert_eq!(allocations(b).await, [100, 80, 60], "round {round}");
+        for (from, _) in REGIONS {
+            for (to, _) in REGIONS.iter().filter(|(to, _)| *to != from) {
+                let id = TransferId::new(format!("{from}-{to}")).unwrap();
+                assert_eq!(
+                    b.transfer(&id, from, to, 1).await,
+                    Ok(TransferOutcome::Applied),
+                    "round {round}: {from} to {to}"
+                );
+            }
+        }
+        assert_eq!(allocations(b).await, [100, 80, 60], "round {round}");
+    }
+}

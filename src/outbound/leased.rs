@@ -169,22 +169,26 @@ impl<C: Clock> LeasedBudget<C> {
     /// When the lease changed more than once meanwhile, the schedules in
     /// between are not known here: that time fills nothing, and the bucket
     /// keeps at most its least capacity, so the fill never exceeds the
-    /// lease's.
+    /// lease's. A fill at a `now` before the change (read before the reply
+    /// landed) keeps the earlier schedule, so the rest of the time up to
+    /// the change fills on it too, never on the new one.
     fn fill(&self, share: Share, bucket: &mut ShareBucket, now: Timestamp, current: Schedule) {
         let to = Timestamp(bucket.last.0.max(now.0));
-        let mut from = bucket.last;
         if current.epoch != bucket.schedule.epoch {
-            let change = Timestamp(current.since.0.clamp(from.0, to.0));
+            let change = Timestamp(current.since.0.clamp(bucket.last.0, to.0));
             if current.epoch == bucket.schedule.epoch + 1 {
                 let before = bucket.schedule;
-                self.replay(share, bucket, &before, from, change);
+                self.replay(share, bucket, &before, bucket.last, change);
             } else {
                 bucket.tokens = bucket.tokens.min(self.share_capacity(share, Rate::ZERO));
             }
-            from = change;
+            bucket.last = change;
+            if change < current.since {
+                return;
+            }
             bucket.schedule = current;
         }
-        self.replay(share, bucket, &current, from, to);
+        self.replay(share, bucket, &current, bucket.last, to);
         bucket.last = to;
     }
 

@@ -17,6 +17,7 @@ const DEBIT: &str = include_str!("scripts/regions_debit.lua");
 const CREDIT: &str = include_str!("scripts/regions_credit.lua");
 const SEED: &str = include_str!("scripts/regions_seed.lua");
 const REFUND: &str = include_str!("scripts/regions_refund.lua");
+const PIN: &str = include_str!("scripts/regions_pin.lua");
 
 /// Allocations are integers in Lua doubles: exact below 2^53.
 const MAX_TOTAL: u64 = (1 << 53) - 1;
@@ -137,6 +138,11 @@ const MAX_ID: usize = 128;
 /// is a new transfer debited against the lost state by a process that had
 /// not seen the recovery yet.
 ///
+/// A donor re-seeded at its initial share by
+/// [`initialize`](Self::initialize) never has a credit of its lost state
+/// land after it: that share holds the amount again
+/// ([`TransferError::DonorReseeded`]).
+///
 /// # Keys
 ///
 /// Region `r` of budget `b` keeps, in its own Redis, four keys sharing the
@@ -144,7 +150,7 @@ const MAX_ID: usize = 128;
 ///
 /// | key | holds |
 /// |---|---|
-/// | `tower-admission:regions:{b:r}:state` | hash: `alloc`, `debited` and `credited` (running totals), `seq` (debits so far), `epoch`, `from:<donor>` (highest seq credited from each donor) |
+/// | `tower-admission:regions:{b:r}:state` | hash: `alloc`, `debited` and `credited` (running totals), `seq` (debits so far), `epoch`, `from:<donor>` (highest seq credited from each donor), `pin:<donor>` (the only epoch of that donor credited here, once it was re-seeded) |
 /// | `tower-admission:regions:{b:r}:debits` | hash: transfer id → `amount:to:seq:epoch:to_epoch` (this region's epoch and the receiver's), with `:refunded` once given back; every debit ever made here |
 /// | `tower-admission:regions:{b:r}:pending` | hash: the same records, for debits whose credit is not yet confirmed |
 /// | `tower-admission:regions:{b:r}:credits` | hash: `donor:id` → `amount:seq:donor_epoch`, every credit ever applied here |
@@ -194,6 +200,7 @@ struct Inner {
     credit: Script,
     seed: Script,
     refund: Script,
+    pin: Script,
 }
 
 /// One region: its Redis, its keys and its connection slot.
@@ -355,6 +362,14 @@ impl RegionalBudget {
     /// surviving regions in the same reads that find the missing ones, so
     /// processes initializing at once must share one split.
     ///
+    /// A missing region next to surviving ones may have lost a debit whose
+    /// credit is still on the way. Before seeding it, each surviving region
+    /// is pinned, atomically with its untouched check, to take credits from
+    /// the new state only (a late credit fails with
+    /// [`TransferError::DonorReseeded`]). When another process seeded the
+    /// region first, the pins move to its state; a transfer from it that
+    /// runs before they have moved is refused the same way.
+    ///
     /// ```no_run
     /// # use tower_admission::outbound::{Initialized, RegionalBudget};
     /// # async fn run(budget: RegionalBudget) -> Result<(), Box<dyn std::error::Error>> {
@@ -390,8 +405,37 @@ impl RegionalBudget {
         }
         let surviving = states.iter().flatten().map(|s| s.allocation);
         self.check_at_most_total(surviving.chain(missing.iter().map(|r| r.initial)))?;
+        let survivors: Vec<&Region> = self
+            .inner
+            .regions
+            .iter()
+            .zip(&states)
+            .filter(|(_, s)| s.is_some())
+            .map(|(r, _)| r)
+            .collect();
         for region in missing {
-            self.seed(region, region.initial).await?;
+            // A lost state of `region` may have debited a credit still on
+            // the way: before its share is back, the survivors take credits
+            // from the new state only, while still untouched.
+            let epoch = fresh_epoch();
+            for survivor in &survivors {
+                let lost = match self.pin(survivor, region, &epoch, Pin::Untouched).await? {
+                    1 => continue,
+                    -1 => survivor,
+                    _ => region,
+                };
+                return Err(RegionError::StateLost {
+                    regions: vec![lost.name.to_string()],
+                });
+            }
+            if !self.seed(region, region.initial, &epoch).await? {
+                // Seeded at once by another process, after this one found it
+                // missing: its state is a new one too.
+                let live = self.live_epoch(region).await?;
+                for survivor in &survivors {
+                    self.pin(survivor, region, &live, Pin::Always).await?;
+                }
+            }
         }
         Ok(Initialized::Seeded)
     }
@@ -430,7 +474,14 @@ impl RegionalBudget {
             .ok_or_else(|| RegionError::UnknownRegion {
                 region: region.to_owned(),
             })?;
-        self.seed(region, 0).await
+        let created = self.seed(region, 0, &fresh_epoch()).await?;
+        // Regions pinned to an earlier state of it (see `initialize`) take
+        // credits from this one now; a share of 0 cannot count them twice.
+        let live = self.live_epoch(region).await?;
+        for other in self.inner.regions.iter().filter(|r| r.name != region.name) {
+            self.pin(other, region, &live, Pin::Existing).await?;
+        }
+        Ok(created)
     }
 
     /// Reads one region's allocation.
@@ -875,6 +926,16 @@ impl RegionalBudget {
                 self.refund(donor, id, record).await?;
                 return Ok(Credit::Refunded { credited_earlier });
             }
+            Err(e @ TransferError::DonorReseeded { .. }) => {
+                tracing::warn!(
+                    from = &*donor.name,
+                    to = &*receiver.name,
+                    id = id.as_str(),
+                    amount = record.amount,
+                    "the donor was re-seeded after losing the state that made this debit: never credited"
+                );
+                Err(e)
+            }
             Err(e @ TransferError::ReceiverRecreated { .. }) => {
                 tracing::warn!(
                     from = &*donor.name,
@@ -948,6 +1009,12 @@ impl RegionalBudget {
                     step: Step::Credit,
                 })
             }
+            -3 => Err(TransferError::DonorReseeded {
+                id: id.clone(),
+                from: donor.name.to_string(),
+                to: receiver.name.to_string(),
+                amount: record.amount,
+            }),
             -2 => {
                 let epoch = items.get(1).and_then(text).ok_or_else(unexpected)?;
                 receiver.remember_epoch(Some(&epoch));
@@ -1018,20 +1085,21 @@ impl RegionalBudget {
         Ok(())
     }
 
-    async fn seed(&self, region: &Region, allocation: u64) -> Result<bool, RegionError> {
-        let epoch = format!("{:016x}", rand::random::<u64>());
+    async fn seed(
+        &self,
+        region: &Region,
+        allocation: u64,
+        epoch: &str,
+    ) -> Result<bool, RegionError> {
         let mut invocation = self.inner.seed.prepare_invoke();
-        invocation
-            .key(&region.state_key)
-            .arg(allocation)
-            .arg(&epoch);
+        invocation.key(&region.state_key).arg(allocation).arg(epoch);
         let reply = self
             .call(region, Request::Script(&invocation))
             .await
             .map_err(|e| e.into_region(region))?;
         match int(&reply) {
             Some(1) => {
-                region.remember_epoch(Some(&epoch));
+                region.remember_epoch(Some(epoch));
                 Ok(true)
             }
             Some(0) => Ok(false),
@@ -1039,6 +1107,59 @@ impl RegionalBudget {
                 region: region.name.to_string(),
                 message: "unexpected reply to the seed script".to_owned(),
             }),
+        }
+    }
+
+    /// Makes `on` take credits from `from` only from its state `epoch`
+    /// (`regions_pin.lua`); replies 1 if pinned, 0 if not, -1 if `on` has
+    /// no state.
+    async fn pin(
+        &self,
+        on: &Region,
+        from: &Region,
+        epoch: &str,
+        when: Pin,
+    ) -> Result<i64, RegionError> {
+        let mut invocation = self.inner.pin.prepare_invoke();
+        invocation
+            .key(&on.state_key)
+            .arg(&*from.name)
+            .arg(epoch)
+            .arg(match when {
+                Pin::Untouched => "untouched",
+                Pin::Existing => "existing",
+                Pin::Always => "always",
+            });
+        let reply = self
+            .call(on, Request::Script(&invocation))
+            .await
+            .map_err(|e| e.into_region(on))?;
+        int(&reply).ok_or_else(|| RegionError::Malformed {
+            region: on.name.to_string(),
+            message: "unexpected reply to the pin script".to_owned(),
+        })
+    }
+
+    /// The epoch of `region`'s state, which must exist.
+    async fn live_epoch(&self, region: &Region) -> Result<String, RegionError> {
+        let mut cmd = redis::cmd("HGET");
+        cmd.arg(&region.state_key).arg("epoch");
+        let reply = self
+            .call(region, Request::Cmd(&cmd))
+            .await
+            .map_err(|e| e.into_region(region))?;
+        match reply {
+            Value::Nil => Err(RegionError::StateLost {
+                regions: vec![region.name.to_string()],
+            }),
+            value => {
+                let epoch = text(&value).ok_or_else(|| RegionError::Malformed {
+                    region: region.name.to_string(),
+                    message: "unreadable epoch".to_owned(),
+                })?;
+                region.remember_epoch(Some(&epoch));
+                Ok(epoch)
+            }
         }
     }
 
@@ -1579,6 +1700,7 @@ impl RegionalBudgetBuilder {
                 credit: Script::new(CREDIT),
                 seed: Script::new(SEED),
                 refund: Script::new(REFUND),
+                pin: Script::new(PIN),
             }),
         })
     }
@@ -2082,6 +2204,20 @@ pub enum TransferError {
         /// The amount lost.
         amount: u64,
     },
+    /// The donor lost the state that made this debit and was re-seeded at
+    /// its initial share ([`RegionalBudget::initialize`]) before the credit
+    /// landed, so the credit is refused, now and on every retry or repair:
+    /// the re-seeded share holds the amount again.
+    DonorReseeded {
+        /// The id.
+        id: TransferId,
+        /// The donor, re-seeded.
+        from: String,
+        /// The receiver, never credited.
+        to: String,
+        /// The amount.
+        amount: u64,
+    },
     /// A Redis reply that the scripts never send (the keys were changed by
     /// something else).
     Malformed {
@@ -2169,6 +2305,15 @@ impl fmt::Display for TransferError {
             } => write!(
                 f,
                 "transfer `{id}` of {amount} from `{from}` can never be credited: `{to}` was re-created after the debit; the amount is lost"
+            ),
+            TransferError::DonorReseeded {
+                id,
+                from,
+                to,
+                amount,
+            } => write!(
+                f,
+                "transfer `{id}` of {amount} to `{to}` can never be credited: `{from}` was re-seeded after losing the state that debited it"
             ),
             TransferError::Malformed { region, message } => {
                 write!(f, "unexpected data in region `{region}`: {message}")
@@ -2265,3 +2410,19 @@ impl fmt::Display for RegionError {
 }
 
 impl std::error::Error for RegionError {}
+
+/// When [`RegionalBudget::pin`] writes its pin.
+#[derive(Clone, Copy)]
+enum Pin {
+    /// Only while the region has no debit and no credit.
+    Untouched,
+    /// Only in place of a pin already set.
+    Existing,
+    /// In any case.
+    Always,
+}
+
+/// A fresh epoch, naming one life of a region's state.
+fn fresh_epoch() -> String {
+    format!("{:016x}", rand::random::<u64>())
+}

@@ -24,6 +24,10 @@
 --   {-2, epoch}   the state was re-created (recover_lost) after the debit:
 --                 its epoch is not ARGV[6]. Never credited: the lost state may
 --                 have received the amount already and passed it on.
+--   {-3}          the donor was re-seeded (initialize) after losing the state
+--                 that made this debit: `pin:<donor>` names the only donor
+--                 epoch credited here. Never credited: the re-seeded share
+--                 holds the amount again.
 --
 -- `from:<donor>` keeps "<epoch>:<highest seq credited from that donor>", so
 -- a reader can tell whether a set of per-region reads is a consistent cut.
@@ -33,6 +37,10 @@ if not state[1] then
 end
 if state[2] ~= ARGV[6] then
   return {-2, state[2] or ''}
+end
+local pin = redis.call('HGET', KEYS[1], 'pin:' .. ARGV[1])
+if pin and pin ~= ARGV[5] then
+  return {-3}
 end
 
 local field = ARGV[1] .. ':' .. ARGV[2]
