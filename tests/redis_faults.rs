@@ -23,6 +23,7 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use tokio::sync::Notify;
 use tokio::time::Instant;
+use tower_admission::clock::{ManualClock, Timestamp};
 use tower_admission::quota::{
     FailureMode, Limiter, Policy, Quota, RedisStore, Store, StoreError, Verdict,
 };
@@ -323,6 +324,54 @@ async fn a_refund_from_before_a_restart_takes_nothing_from_a_later_charge() {
         let after = store.decide(&quota, &key, 0).await.unwrap();
         assert_eq!(after.decisions[0].remaining, 0, "{}", quota.name());
     }
+}
+
+/// The same for a token bucket: its state after the loss begins a new life
+/// (the time of its first charge), which the old hold does not name. A
+/// charges 10 of a bucket of 10 refilled 10 per minute; Redis restarts
+/// empty; 1 ms later B charges 10; A's refund of 10 gives nothing back, so
+/// nothing more passes in that instant (before, the refund freed 9 of B's
+/// tokens, those of A's segment still ahead, and 9 more passed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bucket_refund_from_before_a_restart_takes_nothing_from_a_later_charge() {
+    let mut server = RedisServer::start();
+    let clock = ManualClock::new(Timestamp(1_700_000_000_000_000));
+    let store = RedisStore::builder(server.url())
+        .test_clock(clock.clone())
+        .deadline(Duration::from_secs(2))
+        .reconnect_backoff(Duration::ZERO, Duration::ZERO)
+        .build()
+        .unwrap();
+    let quota = Quota::new(
+        "bucket",
+        [Policy::token_bucket("burst", 10, 10, Duration::from_secs(60)).unwrap()],
+    )
+    .unwrap();
+    let key: Arc<str> = "alice".into();
+    let a = store.decide(&quota, &key, 10).await.unwrap();
+    assert!(a.admitted);
+    server.kill();
+    server.restart();
+    clock.advance(Duration::from_millis(1));
+    // The first call after the restart may find the old socket closed.
+    let mut b = store.decide(&quota, &key, 10).await;
+    if b.is_err() {
+        b = store.decide(&quota, &key, 10).await;
+    }
+    let b = b.unwrap();
+    assert!(b.admitted);
+    store.settle(&quota, &key, &a.holds, -10).await.unwrap();
+    let mut admitted = 0;
+    for _ in 0..10 {
+        if store.decide(&quota, &key, 1).await.unwrap().admitted {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 0);
+    // B's own refund still reaches B's charge: its life is the current one.
+    store.settle(&quota, &key, &b.holds, -10).await.unwrap();
+    let after = store.decide(&quota, &key, 0).await.unwrap();
+    assert_eq!(after.decisions[0].remaining, 10);
 }
 
 /// A store built while Redis is down answers `Unavailable` at once, then

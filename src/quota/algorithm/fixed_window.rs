@@ -116,6 +116,7 @@ impl FixedWindow {
             mark: s.end,
             frac: s.epoch,
             amount: take,
+            life: 0,
         }
     }
 

@@ -83,6 +83,10 @@ pub(crate) struct Hold {
     pub(crate) frac: u64,
     /// Cost the charge still holds: the most a refund can give back.
     pub(crate) amount: u64,
+    /// The token bucket: the life of the state that recorded the charge
+    /// (the time it began), so that a state its store lost and began again
+    /// is not the charge's. 0 for the others.
+    pub(crate) life: u64,
 }
 
 /// Applies `$body` to the algorithm and its state of the same kind.

@@ -516,6 +516,7 @@ impl SlidingLog {
             mark: state.push(now, cost),
             frac: now,
             amount: cost,
+            life: 0,
         }
     }
 
@@ -881,6 +882,7 @@ mod tests {
             mark: s.next_seq() - 1,
             frac: s.newest,
             amount: 1,
+            life: 0,
         };
         let (h, reads) = touched(|| alg.settle(&mut s, t0 + 10 * n + n / 2 - 1, newest, -1));
         assert_eq!(h.amount, 0);
@@ -972,6 +974,7 @@ mod tests {
                 mark: self.push(now, cost),
                 frac: now,
                 amount: cost,
+                life: 0,
             }
         }
 

@@ -161,6 +161,7 @@ impl SlidingWindow {
             mark: s.end,
             frac: s.epoch,
             amount: take,
+            life: 0,
         }
     }
 

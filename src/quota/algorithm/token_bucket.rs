@@ -37,12 +37,12 @@ const MAX_OFFSET: u64 = 1 << 51;
 ///
 /// # State
 ///
-/// [`TokenBucketState`] is 32 bytes: the TAT (whole µs, and its fraction in
+/// [`TokenBucketState`] is 40 bytes: the TAT (whole µs, and its fraction in
 /// `1/den` µs with `den` the denominator it was written under, 0 for whole
-/// µs), the settlement offset (whole µs, see below) and `last`, the latest
-/// time at which it was written. The bucket is full from `tat` on; the state
-/// is equivalent to fresh from [`fresh_at`](TokenBucketState::fresh_at) =
-/// `ceil(tat) + offset` on.
+/// µs), the settlement offset (whole µs, see below), `last`, the latest
+/// time at which it was written, and its life (see below). The bucket is
+/// full from `tat` on; the state is equivalent to fresh from
+/// [`fresh_at`](TokenBucketState::fresh_at) = `ceil(tat) + offset` on.
 ///
 /// # Changed numbers
 ///
@@ -82,6 +82,14 @@ const MAX_OFFSET: u64 = 1 << 51;
 /// hold keeps its mark and its amount drops by `k`, so that against the
 /// raised offset its segment is exactly the tokens it still holds. An extra
 /// charge (`delta > 0`) is capped at what is left and is not refundable.
+///
+/// A hold also names the state's life: the time of its first write since it
+/// was fresh. A refund whose hold names another life gives nothing back, so
+/// a charge made before a store lost the state (a Redis restarted empty)
+/// never frees the tokens of one made after it, although a new bucket's
+/// timeline covers the old one's again. A change of numbers converts the
+/// state and keeps its life; a state read as fresh (a full bucket, every
+/// hold of it spent) and written begins a new one.
 ///
 /// The offset gives idle time back (a bucket idle for `d` lowers it by `d`).
 /// The state is kept until `ceil(tat) + offset`, after which every hold of it
@@ -134,6 +142,10 @@ pub struct TokenBucketState {
     off: u64,
     /// Latest `now` at which the state was written.
     last: u64,
+    /// The state's life: the time (µs) of its first write since it was
+    /// fresh. Holds carry it, so a refund reaches only the life that
+    /// recorded its charge; a change of numbers keeps it.
+    born: u64,
 }
 
 impl TokenBucketState {
@@ -150,21 +162,33 @@ impl TokenBucketState {
         }
     }
 
-    /// `(tat, last)` when the TAT is whole µs and there is no offset: then
-    /// they are all of the state, and [`from_whole`](Self::from_whole) gives
-    /// it back.
+    /// `(tat, last, born)` when the TAT is whole µs and there is no offset:
+    /// then they are all of the state, and
+    /// [`from_whole`](Self::from_whole) gives it back.
     #[inline]
-    pub(crate) fn whole(&self) -> Option<(u64, u64)> {
-        ((u64::from(self.frac | self.den) | self.off) == 0).then_some((self.tat, self.last))
+    pub(crate) fn whole(&self) -> Option<(u64, u64, u64)> {
+        ((u64::from(self.frac | self.den) | self.off) == 0)
+            .then_some((self.tat, self.last, self.born))
     }
 
-    /// The state of a whole-µs `tat` with no offset, written last at `last`.
+    /// The state of a whole-µs `tat` with no offset, written last at `last`,
+    /// in the life that began at `born`.
     #[inline]
-    pub(crate) fn from_whole(tat: u64, last: u64) -> Self {
+    pub(crate) fn from_whole(tat: u64, last: u64, born: u64) -> Self {
         TokenBucketState {
             tat,
             last,
+            born,
             ..TokenBucketState::default()
+        }
+    }
+
+    /// A write at `now` to a fresh state (nothing written since it was)
+    /// begins a new life.
+    #[inline]
+    fn begin_life(&mut self, now: u64) {
+        if (self.tat | u64::from(self.frac) | self.off) == 0 {
+            self.born = now;
         }
     }
 
@@ -393,6 +417,7 @@ impl TokenBucket {
     /// Writes a TAT of whole µs set at `now`, for a whole-µs state.
     #[inline]
     fn store_whole(&self, state: &mut TokenBucketState, now: u64, next: u64) {
+        state.begin_life(now);
         if state.tat < now {
             // Idle: give the idle time back from the offset.
             state.off -= state.off.min(now - state.tat);
@@ -476,6 +501,7 @@ impl TokenBucket {
 
     /// Writes the TAT `next` (1/den µs), set at `now` from the TAT `before`.
     fn store(&self, state: &mut TokenBucketState, now: u64, before: u128, next: u128) {
+        state.begin_life(now);
         let now_q = u128::from(now) * u128::from(self.den);
         if before < now_q {
             // Idle: every hold's segment is behind `now`; give the idle time
@@ -496,6 +522,7 @@ impl TokenBucket {
             mark,
             frac: u64::from(frac),
             amount,
+            life: state.born,
         }
     }
 
@@ -528,7 +555,9 @@ impl TokenBucket {
         cost: u64,
     ) -> (Decision, Hold) {
         if (u64::from(state.frac | state.den) | state.off) == 0 {
-            if let Some(step) = self.step_plain(&mut state.tat, &mut state.last, now, cost) {
+            if let Some(step) =
+                self.step_plain(&mut state.tat, &mut state.last, &mut state.born, now, cost)
+            {
                 return step;
             }
         }
@@ -537,21 +566,22 @@ impl TokenBucket {
 
     /// [`read_fresh`](TokenBucketState::read_fresh) then
     /// [`step_in_place`](Self::step_in_place) on the state
-    /// [`from_whole(tat, last)`](TokenBucketState::from_whole), in place, in
-    /// the plain case; `None`, with nothing changed, otherwise.
+    /// [`from_whole(tat, last, born)`](TokenBucketState::from_whole), in
+    /// place, in the plain case; `None`, with nothing changed, otherwise.
     #[inline]
     pub(crate) fn step_whole(
         &self,
         tat: &mut u64,
         last: &mut u64,
+        born: &mut u64,
         now: u64,
         cost: u64,
     ) -> Option<(Decision, Hold)> {
         // Such a state is fresh from its TAT on (see `fresh_at`).
-        let mut next = if *tat <= now { 0 } else { *tat };
+        let (mut next, mut life) = if *tat <= now { (0, 0) } else { (*tat, *born) };
         let mut written = *last;
-        let step = self.step_plain(&mut next, &mut written, now, cost)?;
-        (*tat, *last) = (next, written);
+        let step = self.step_plain(&mut next, &mut written, &mut life, now, cost)?;
+        (*tat, *last, *born) = (next, written, life);
         Some(step)
     }
 
@@ -564,6 +594,7 @@ impl TokenBucket {
         &self,
         tat: &mut u64,
         last: &mut u64,
+        born: &mut u64,
         now: u64,
         cost: u64,
     ) -> Option<(Decision, Hold)> {
@@ -576,6 +607,9 @@ impl TokenBucket {
         // cost <= capacity, so cost * interval <= window.
         let next = start.saturating_add(cost * interval);
         if next <= horizon {
+            if *tat == 0 {
+                *born = now;
+            }
             *tat = next;
             *last = (*last).max(now);
             let decision = Decision {
@@ -589,6 +623,7 @@ impl TokenBucket {
                 mark: next,
                 frac: 0,
                 amount: cost,
+                life: *born,
             };
             return Some((decision, hold));
         }
@@ -635,6 +670,7 @@ impl TokenBucket {
             mark: next.saturating_add(state.off),
             frac: 0,
             amount,
+            life: state.born,
         }
     }
 
@@ -687,6 +723,11 @@ impl TokenBucket {
             if extra > 0 {
                 self.store(state, now, tat, start + u128::from(extra) * interval);
             }
+            return hold;
+        }
+        // A charge of another life of the state (one its store lost) holds
+        // nothing in this one.
+        if hold.life != state.born {
             return hold;
         }
         // The state's own time: a clock set back refunds nothing extra.
@@ -1052,6 +1093,49 @@ mod tests {
     }
 
     #[test]
+    fn a_refund_of_another_life_gives_nothing_back() {
+        let b = bucket(10, 10, MINUTE);
+        let mut lost = TokenBucketState::default();
+        let (d, a) = b.step_in_place(&mut lost, T0, 10);
+        assert!(d.admitted);
+        // The store lost the state; B's charge 1 ms later begins a new life.
+        let t = T0 + 1_000;
+        let mut s = TokenBucketState::default();
+        let (d, h) = b.step_in_place(&mut s, t, 10);
+        assert!(d.admitted);
+        assert_eq!((a.life, h.life), (T0, t));
+        assert_eq!(b.settle(&mut s, t, a, -10), a);
+        assert_eq!(b.check(&mut s, t, 0).remaining, 0);
+        // B's own refund reaches its charge.
+        assert_eq!(b.settle(&mut s, t, h, -10).amount, 0);
+        assert_eq!(b.check(&mut s, t, 0).remaining, 10);
+    }
+
+    #[test]
+    fn a_life_survives_changed_numbers_and_ends_when_fresh() {
+        let small = bucket(10, 1, SECOND);
+        let big = bucket(20, 1, SECOND);
+        let mut s = TokenBucketState::default();
+        let (_, h) = small.step_in_place(&mut s, T0, 5);
+        // Redeployed with a larger capacity: the state is converted.
+        let (d, later) = big.step_in_place(&mut s, T0, 1);
+        assert!(d.admitted);
+        assert_eq!((h.life, later.life), (T0, T0));
+        assert_eq!(big.settle(&mut s, T0, h, -5).amount, 0);
+        assert_eq!(big.check(&mut s, T0, 0).remaining, 19);
+        // And with a smaller one: clamped, same life.
+        big.step_in_place(&mut s, T0, 19);
+        let tiny = bucket(5, 1, SECOND);
+        assert_eq!(tiny.check(&mut s, T0, 0).remaining, 0);
+        assert_eq!(s.born, T0);
+        // Read as fresh and written again: a new life.
+        let fresh = s.fresh_at();
+        s.read_fresh(fresh);
+        let (_, next) = tiny.step_in_place(&mut s, fresh, 1);
+        assert_eq!(next.life, fresh);
+    }
+
+    #[test]
     fn changed_capacity_takes_effect_at_once_and_waits_stay_bounded() {
         let big = bucket(1_000, 1, SECOND);
         let small = bucket(10, 1, SECOND);
@@ -1140,6 +1224,7 @@ mod tests {
                                         mark: u64::MAX,
                                         frac: u64::MAX,
                                         amount: u64::MAX,
+                                        life: u64::MAX,
                                     },
                                     delta,
                                 );

@@ -260,22 +260,28 @@ struct BucketSlot {
     state: Bucket,
 }
 
-/// A bucket's state in 16 bytes when its TAT is whole µs with no offset
+/// A bucket's state in 24 bytes when its TAT is whole µs with no offset
 /// (every state of a whole-µs rate without refunds), else boxed.
 #[derive(Debug)]
 enum Bucket {
-    /// The TAT `at` (whole µs, no offset), last written at `at - lag`; or,
-    /// when `lag` is [`FRESH`](Bucket::FRESH), a TAT of 0 last written at `at`.
+    /// The TAT `at` (whole µs, no offset), last written at `at - lag`, in
+    /// the life that began at `born`; or, when `lag` is
+    /// [`FRESH`](Bucket::FRESH), a TAT of 0 last written at `at`.
     Whole {
         lag: u32,
         at: u64,
+        born: u64,
     },
     Full(Box<TokenBucketState>),
 }
 
 impl Default for Bucket {
     fn default() -> Self {
-        Bucket::Whole { lag: 0, at: 0 }
+        Bucket::Whole {
+            lag: 0,
+            at: 0,
+            born: 0,
+        }
     }
 }
 
@@ -288,8 +294,11 @@ impl Bucket {
             Bucket::Whole {
                 lag: Self::FRESH,
                 at,
-            } => TokenBucketState::from_whole(0, at),
-            Bucket::Whole { lag, at } => TokenBucketState::from_whole(at, at - u64::from(lag)),
+                ..
+            } => TokenBucketState::from_whole(0, at, 0),
+            Bucket::Whole { lag, at, born } => {
+                TokenBucketState::from_whole(at, at - u64::from(lag), born)
+            }
             Bucket::Full(ref state) => (**state).clone(),
         }
     }
@@ -308,10 +317,11 @@ impl Bucket {
     /// make it on the state this holds.
     #[inline]
     fn step(&mut self, bucket: &TokenBucket, now: u64, cost: u64) -> (Decision, Hold) {
-        if let Bucket::Whole { lag, at } = *self {
+        if let Bucket::Whole { lag, at, born } = *self {
             let (mut tat, mut last) = Self::whole(lag, at);
-            if let Some(step) = bucket.step_whole(&mut tat, &mut last, now, cost) {
-                self.set_whole(tat, last);
+            let mut born = born;
+            if let Some(step) = bucket.step_whole(&mut tat, &mut last, &mut born, now, cost) {
+                self.set_whole(tat, last, born);
                 return step;
             }
         }
@@ -325,28 +335,31 @@ impl Bucket {
     #[inline]
     fn set(&mut self, state: TokenBucketState) {
         match state.whole() {
-            Some((tat, last)) => self.set_whole(tat, last),
+            Some((tat, last, born)) => self.set_whole(tat, last, born),
             None => self.set_full(state),
         }
     }
 
-    /// Holds the whole-µs state of TAT `tat` and last write `last`.
+    /// Holds the whole-µs state of TAT `tat` and last write `last` in the
+    /// life that began at `born`.
     #[inline]
-    fn set_whole(&mut self, tat: u64, last: u64) {
+    fn set_whole(&mut self, tat: u64, last: u64, born: u64) {
         // A TAT before `last` wraps to a lag too large to keep.
         let lag = tat.wrapping_sub(last);
         if lag < u64::from(Self::FRESH) {
             *self = Bucket::Whole {
                 lag: lag as u32,
                 at: tat,
+                born,
             };
         } else if tat == 0 {
             *self = Bucket::Whole {
                 lag: Self::FRESH,
                 at: last,
+                born: 0,
             };
         } else {
-            self.set_full(TokenBucketState::from_whole(tat, last));
+            self.set_full(TokenBucketState::from_whole(tat, last, born));
         }
     }
 
@@ -1231,8 +1244,8 @@ mod tests {
 
     #[test]
     fn slot_sizes() {
-        // The bucket slot: the key, then a whole-µs TAT and its lag.
-        assert_eq!(std::mem::size_of::<BucketSlot>(), 40);
+        // The bucket slot: the key, then a whole-µs TAT, its lag and life.
+        assert_eq!(std::mem::size_of::<BucketSlot>(), 48);
         assert_eq!(std::mem::size_of::<Lone<FixedWindow>>(), 64);
         assert_eq!(std::mem::size_of::<Lone<SlidingWindow>>(), 72);
         assert_eq!(std::mem::size_of::<Lone<SlidingLog>>(), 112);

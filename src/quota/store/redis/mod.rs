@@ -91,7 +91,7 @@ fn script_source(injected_clock: bool) -> String {
 /// |---|---|
 /// | fixed window | hash `{s, e, c, g}`: window start and end (µs), count, epoch |
 /// | sliding log | sorted set of `"<t>:<seq>:<cost>:<cum>"` scored by `t` (µs): one entry per admission, with its sequence number, the cost it still holds and the running total |
-/// | token bucket | string `"tat:frac:den:off:last"`: GCRA theoretical arrival time (µs and a fraction), settlement offset, last write (µs) |
+/// | token bucket | string `"tat:frac:den:off:last:born"`: GCRA theoretical arrival time (µs and a fraction), settlement offset, last write (µs), the state's life (the µs of its first write since fresh) |
 /// | weighted window | **one** hash `{s, e, c, p, g}`: window start and end (µs), current and previous counts, epoch |
 /// | the quota key's expiry | string: µs, the latest time a policy's state becomes fresh |
 ///
@@ -153,10 +153,10 @@ fn script_source(injected_clock: bool) -> String {
 /// pressure. Persistence (AOF with `fsync`) and `WAIT`-based replication
 /// narrow the window; nothing here closes it.
 /// The fault tests show the reset. A refund of a charge made before the
-/// loss never reaches a window or log entry made after it (a window's
-/// first state begins a new epoch, an entry is named by its time); a token
-/// bucket's can, since its hold names only a span of the bucket's timeline,
-/// which a new bucket may cover again: up to that charge's cost more.
+/// loss never reaches a window, log entry or bucket made after it (a
+/// window's first state begins a new epoch, an entry is named by its time,
+/// a bucket's first write begins a new life, named by its time), as long as
+/// the new state is first written at another µs than the lost one was.
 ///
 /// # Example
 ///
@@ -558,7 +558,7 @@ fn script_argv(
     if let Some(holds) = holds {
         for i in 0..quota.policies().len() {
             let hold = holds.0.get(i).copied().unwrap_or_default();
-            argv.extend([hold.mark, hold.frac, hold.amount].map(|n| n.to_string()));
+            argv.extend([hold.mark, hold.frac, hold.amount, hold.life].map(|n| n.to_string()));
         }
     }
     argv
@@ -579,20 +579,21 @@ fn unreadable(quota: &Quota, len: usize) -> StoreError {
 /// Turns the script's reply into a decision per policy.
 fn decode(quota: &Quota, reply: &[i64]) -> Result<QuotaDecision, StoreError> {
     let policies = quota.policies();
-    if reply.len() != 1 + 7 * policies.len() {
+    if reply.len() != 1 + 8 * policies.len() {
         return Err(unreadable(quota, reply.len()));
     }
     let admitted = reply[0] == 1;
     let mut holds = Holds::default();
     let decisions = policies
         .iter()
-        .zip(reply[1..].chunks_exact(7))
+        .zip(reply[1..].chunks_exact(8))
         .map(|(policy, r)| {
             if admitted {
                 holds.0.push(Hold {
                     mark: unsigned(r[4]),
                     frac: unsigned(r[5]),
                     amount: unsigned(r[6]),
+                    life: unsigned(r[7]),
                 });
             }
             Decision {
@@ -613,16 +614,17 @@ fn decode(quota: &Quota, reply: &[i64]) -> Result<QuotaDecision, StoreError> {
 
 /// Turns the settle script's reply into the holds after it.
 fn decode_holds(quota: &Quota, reply: &[i64]) -> Result<Holds, StoreError> {
-    if reply.len() != 3 * quota.policies().len() {
+    if reply.len() != 4 * quota.policies().len() {
         return Err(unreadable(quota, reply.len()));
     }
     Ok(Holds(
         reply
-            .chunks_exact(3)
+            .chunks_exact(4)
             .map(|r| Hold {
                 mark: unsigned(r[0]),
                 frac: unsigned(r[1]),
                 amount: unsigned(r[2]),
+                life: unsigned(r[3]),
             })
             .collect(),
     ))

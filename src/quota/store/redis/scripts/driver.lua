@@ -26,13 +26,14 @@
 --          production clock, which reads TIME.
 -- ARGV[4 + 5(i-1) ..]: policy i as algorithm ('fw', 'sl', 'tb', 'sw'),
 --          shadow ('1' or '0'), and the algorithm's three numbers.
--- Settle only, ARGV[4 + 5n + 3(i-1) ..]: policy i's hold (mark, frac, amount).
+-- Settle only, ARGV[4 + 5n + 4(i-1) ..]: policy i's hold (mark, frac, amount,
+--          life).
 --
 -- Decide returns { admitted, then per policy: admitted, remaining,
 -- retry_after (µs, -1 for none), reset (µs), and the hold: mark, frac,
--- amount (zeros when nothing was recorded) }. On a refusal a policy that
+-- amount, life (zeros when nothing was recorded) }. On a refusal a policy that
 -- would have admitted reports its state as it stands (a check of cost 0). Settle returns per policy the
--- hold after it: mark, frac, amount.
+-- hold after it: mark, frac, amount, life.
 -- Nothing is written before every argument has been read, so a refusal
 -- consumes nothing and an error leaves the state as it was. A state that is
 -- equivalent to fresh (fresh_at <= now) is deleted by every decision that
@@ -52,7 +53,7 @@ if amount == nil or now == nil or (op ~= 'd' and op ~= 's') then
 end
 
 local per = 5
-if op == 's' then per = 8 end
+if op == 's' then per = 9 end
 local n = (#ARGV - 3) / per
 if n ~= math.floor(n) or n < 1 or n > #KEYS then
   return redis.error_reply('ERR tower-admission: bad arguments')
@@ -107,20 +108,22 @@ if op == 's' then
   local whole_fresh = expiry ~= nil and expiry <= now
   local holds = {}
   for i = 1, n do
-    local base = 3 + 5 * n + (i - 1) * 3
+    local base = 3 + 5 * n + (i - 1) * 4
     local mark, frac, held = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3])
-    if mark == nil or frac == nil or held == nil then
+    local life = tonumber(ARGV[base + 4])
+    if mark == nil or frac == nil or held == nil or life == nil then
       return redis.error_reply('ERR tower-admission: bad hold ' .. i)
     end
-    holds[i] = { mark, frac, held }
+    holds[i] = { mark, frac, held, life }
   end
   local out = {}
   for i, p in ipairs(policies) do
     local mark, frac, held = p.algo.settle(
-      p.state, now, amount, holds[i][1], holds[i][2], holds[i][3], whole_fresh)
+      p.state, now, amount, holds[i][1], holds[i][2], holds[i][3], whole_fresh, holds[i][4])
     out[#out + 1] = mark
     out[#out + 1] = frac
     out[#out + 1] = held
+    out[#out + 1] = holds[i][4]
   end
   save_all(true, expiry_after(true))
   return out
@@ -138,14 +141,16 @@ for _, p in ipairs(policies) do
   out[#out + 1] = 0
   out[#out + 1] = 0
   out[#out + 1] = 0
+  out[#out + 1] = 0
 end
 for i, p in ipairs(policies) do
-  local base = 1 + (i - 1) * 7
+  local base = 1 + (i - 1) * 8
   if p.admitted and out[1] == 1 then
-    local mark, frac, held = p.algo.record(p.state, now, amount)
+    local mark, frac, held, life = p.algo.record(p.state, now, amount)
     out[base + 5] = mark
     out[base + 6] = frac
     out[base + 7] = held
+    out[base + 8] = life or 0
   elseif p.admitted then
     -- Nothing recorded: the policy reports its state as it stands, as a
     -- check of nothing finds it.

@@ -5,13 +5,15 @@
 --
 -- load(key, B, p, q): the three numbers are TokenBucket::script_args().
 --
--- Key: a string "tat:frac:den:off:last":
+-- Key: a string "tat:frac:den:off:last:born":
 --   tat, frac  the theoretical arrival time, whole µs plus frac/den µs;
 --   den        the denominator q it was written under, 0 for whole µs (q = 1);
 --   off        the settlement offset, whole µs (holds' marks are tat + off);
---   last       the latest time it was written, µs.
--- A bare integer (the older format) is read as the TAT in whole µs. The key
--- expires when the state is equivalent to fresh: at ceil(tat) + off.
+--   last       the latest time it was written, µs;
+--   born       the state's life: the time of its first write since fresh.
+-- The older formats are read with a life of 0: one without `born`, and a
+-- bare integer, read as the TAT in whole µs. The key expires when the state
+-- is equivalent to fresh: at ceil(tat) + off.
 --
 -- Exact in doubles (TokenBucket::lua_exact): times below 2^52 µs, and with
 -- q = 1 a time to refill from empty B*p of at most 2^50 µs; with q > 1,
@@ -71,17 +73,21 @@ function token_bucket.load(key, capacity, p, q)
   local raw = redis.call('GET', key)
   local s = {
     key = key, B = capacity, p = p, q = q,
-    tat = 0, frac = 0, den = 0, off = 0, last = 0,
+    tat = 0, frac = 0, den = 0, off = 0, last = 0, born = 0,
     exists = raw ~= false, dirty = false,
   }
   s.Ww, s.Wf = tb_span(s, capacity)
   s.unit = q
   if q == 1 then s.unit = 0 end
   if raw then
-    local t, f, d, o, l = string.match(raw, '^(%d+):(%d+):(%d+):(%d+):(%d+)$')
+    local t, f, d, o, l, b = string.match(raw, '^(%d+):(%d+):(%d+):(%d+):(%d+):(%d+)$')
+    if not t then
+      t, f, d, o, l = string.match(raw, '^(%d+):(%d+):(%d+):(%d+):(%d+)$')
+    end
     if t then
       s.tat, s.frac, s.den = tonumber(t), tonumber(f), tonumber(d)
       s.off, s.last = tonumber(o), tonumber(l)
+      s.born = tonumber(b) or 0
     else
       s.tat = tonumber(raw) or 0
     end
@@ -95,7 +101,7 @@ end
 -- to the whole µs (offset + 1 µs). Only ever later.
 local function tb_in_unit(s, now)
   if s.exists and token_bucket.fresh_at(s) <= now then
-    s.tat, s.frac, s.den, s.off = 0, 0, 0, 0
+    s.tat, s.frac, s.den, s.off, s.born = 0, 0, 0, 0, 0
   end
   local whole = s.den == 0 and s.frac == 0
   if (s.den ~= s.unit and not whole) or s.frac >= s.q then
@@ -126,9 +132,11 @@ local function tb_prepare(s, now)
   end
 end
 
--- Writes the TAT (nw, nf) set at now (TokenBucket::store): idle time since
--- the old TAT is given back from the offset.
+-- Writes the TAT (nw, nf) set at now (TokenBucket::store): a write to a
+-- fresh state begins a new life; idle time since the old TAT is given back
+-- from the offset.
 local function tb_store(s, now, nw, nf)
+  if s.tat == 0 and s.frac == 0 and s.off == 0 then s.born = now end
   if s.tat < now then
     local idle = now - s.tat
     if s.frac > 0 then idle = idle - 1 end
@@ -177,10 +185,10 @@ function token_bucket.record(s, now, cost)
   end
   tb_store(s, now, nw, nf)
   local mw, mf = tb_add(q, nw, nf, s.off, 0)
-  return mw, mf, amount
+  return mw, mf, amount, s.born
 end
 
-function token_bucket.settle(s, now, delta, mark, frac, amount)
+function token_bucket.settle(s, now, delta, mark, frac, amount, _, life)
   if delta == 0 then return mark, frac, amount end
   -- Not clamped: the charge may have been made under numbers a redeploy has
   -- replaced, and the state decided since under larger ones (see
@@ -197,6 +205,9 @@ function token_bucket.settle(s, now, delta, mark, frac, amount)
     end
     return mark, frac, amount
   end
+  -- A charge of another life of the state (one Redis lost) holds nothing
+  -- in this one.
+  if life ~= s.born then return mark, frac, amount end
   -- The state's own time: a clock set back refunds nothing extra.
   local ref = max(now, s.last)
   if tb_le(s.tat, s.frac, ref, 0) then return mark, frac, amount end
@@ -242,6 +253,7 @@ function token_bucket.save(s, now, _)
     return
   end
   if not s.dirty then return end
-  local value = string.format('%.0f:%.0f:%.0f:%.0f:%.0f', s.tat, s.frac, s.den, s.off, s.last)
+  local value = string.format('%.0f:%.0f:%.0f:%.0f:%.0f:%.0f', s.tat, s.frac, s.den, s.off,
+    s.last, s.born)
   redis.call('SET', s.key, value, 'PX', ttl)
 end
