@@ -74,6 +74,13 @@ impl Default for MemoryConfig {
 ///   so under unchanged numbers dropping inflates no quota. A key dropped
 ///   before a redeploy to a longer window starts fresh under it, as its
 ///   Redis key, expired by then, would. Refusals create no state at all.
+/// - **A changed quota shape starts fresh.** A key's state is kept under
+///   the quota's name and its policies' algorithm kinds, in order. New
+///   numbers keep it (each algorithm converts its state); a policy added,
+///   removed or of another kind starts every key of the quota fresh, where
+///   the Redis store keeps each policy's state by its position and kind. A
+///   process that swaps such a quota in on a running store (a configuration
+///   reload) so gives each key up to one more limit of the new quota.
 /// - **Shadow policies never keep a key's room.** A full store also drops a
 ///   key whose enforcing policies' states are fresh, its shadow policies'
 ///   state with it (they start fresh), and a quota of shadow policies only
@@ -93,7 +100,7 @@ impl Default for MemoryConfig {
 /// - **Memory per key.** Each quota has a table per shard: its slots packed
 ///   in a vector, found through a hash index of 5 bytes a bucket. A key of
 ///   up to 22 bytes is kept inline; a longer one shares the caller's
-///   `Arc<str>`. A slot is 40 bytes for a quota of one token bucket (plus a
+///   `Arc<str>`. A slot is 48 bytes for a quota of one token bucket (plus a
 ///   32-byte box while the state has a fraction of a µs, a refund's offset
 ///   or more than 2^32 µs between its TAT and its last write), 64 for one
 ///   fixed window, 72 for one weighted window, 112 for one sliding log, and
@@ -206,7 +213,7 @@ enum Sweep {
 
 #[derive(Debug)]
 enum Kind {
-    /// One token bucket, the most common quota: 40-byte slots.
+    /// One token bucket, the most common quota: 48-byte slots.
     Bucket(Table<BucketSlot>),
     /// One policy of another algorithm: the state alone beside the key.
     FixedWindow(Table<Lone<FixedWindow>>),
