@@ -367,7 +367,9 @@ fn every_key_expires_when_its_state_becomes_fresh() {
     let quota = Quota::new(
         "all",
         [
-            Policy::fixed_window("fw", 100, Duration::from_secs(60)).unwrap(),
+            // An hour, aligned to Redis time: a minute's end between the
+            // decisions and the checks below expired the key (PTTL -2).
+            Policy::fixed_window("fw", 100, Duration::from_secs(3600)).unwrap(),
             Policy::sliding_log("sl", 100, Duration::from_secs(60)).unwrap(),
             Policy::token_bucket("tb", 20, 100, Duration::from_secs(60)).unwrap(),
             Policy::sliding_window("sw", 100, Duration::from_secs(60)).unwrap(),

@@ -400,7 +400,8 @@ mod on_redis {
         }
         assert_eq!(admitted, 20);
         // Every quota of the request lives in Redis, under one hash tag per
-        // quota and key, and every key expires.
+        // quota and key (a quota with a log or weighted window keeps its
+        // expiry in `:x` too), and every key expires.
         let keys = server.cli(&["--scan", "--pattern", "reporting-api:*"]);
         let mut keys: Vec<&str> = keys.lines().collect();
         keys.sort_unstable();
@@ -410,7 +411,9 @@ mod on_redis {
                 "reporting-api:{all-callers:*}:0:tb",
                 "reporting-api:{requests-free:alice}:0:sl",
                 "reporting-api:{requests-free:alice}:1:tb",
+                "reporting-api:{requests-free:alice}:x",
                 "reporting-api:{work-free:alice}:0:sw",
+                "reporting-api:{work-free:alice}:x",
             ]
         );
         for key in keys {
