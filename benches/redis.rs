@@ -5,8 +5,9 @@
 //!
 //! - **store**: 50 concurrent tokio tasks call `RedisStore::decide` (one
 //!   shared multiplexed connection, production script reading `TIME`);
-//! - **redis-benchmark**: `redis-benchmark -c 50 EVALSHA <sha> 1 <key> ...`
-//!   with exactly the key and arguments the store sends.
+//! - **redis-benchmark**: `redis-benchmark -c 50 EVALSHA <sha> <n> <keys>
+//!   ...` with exactly the keys (the policy's, and the quota's expiry key
+//!   for a log or weighted window) and arguments the store sends.
 //!
 //! The store's 50 callers share one multiplexed connection, so their
 //! requests reach Redis pipelined; the same command through redis-benchmark
@@ -129,7 +130,7 @@ fn redis_benchmark_run(
     pipeline: usize,
     server: &RedisServer,
     sha: &str,
-    key: &str,
+    keys: &[String],
     args: &[String],
     n: usize,
 ) -> f64 {
@@ -137,7 +138,8 @@ fn redis_benchmark_run(
         .args(["-h", "127.0.0.1", "-p", &server.port().to_string()])
         .args(["-n", &n.to_string(), "-c", &CALLERS.to_string(), "--csv"])
         .args(["-P", &pipeline.to_string()])
-        .args(["EVALSHA", sha, "1", key])
+        .args(["EVALSHA", sha, &keys.len().to_string()])
+        .args(keys)
         .args(args)
         .output()
         .expect("run redis-benchmark");
@@ -204,12 +206,19 @@ fn main() {
             let decisions = (n / CALLERS * CALLERS) as f64;
             assert_eq!(e1 - e0, n as u64 / CALLERS as u64 * CALLERS as u64);
             trips.push((a1 - a0) as f64 / decisions);
-            let redis_key =
-                store.keys(&quota, &format!("b{round}-{}", name.replace(' ', "-")))[0].clone();
-            theirs.push(redis_benchmark_run(1, &server, &sha, &redis_key, &args, n));
-            let redis_key =
-                store.keys(&quota, &format!("p{round}-{}", name.replace(' ', "-")))[0].clone();
-            piped.push(redis_benchmark_run(16, &server, &sha, &redis_key, &args, n));
+            // The keys the store sends: the policy's, then the quota's
+            // expiry key for a log or weighted window.
+            let script_keys = |run: &str| {
+                let key = format!("{run}{round}-{}", name.replace(' ', "-"));
+                let mut keys = store.keys(&quota, &key);
+                keys.extend(store.expiry_key(&quota, &key));
+                keys
+            };
+            let run = |pipeline, name| {
+                redis_benchmark_run(pipeline, &server, &sha, &script_keys(name), &args, n)
+            };
+            theirs.push(run(1, "b"));
+            piped.push(run(16, "p"));
         }
         let (ours, theirs, piped) = (median(ours), median(theirs), median(piped));
         println!(

@@ -173,7 +173,8 @@ fn print_redis_commands() {
         }
     };
     for (quota, key) in quotas {
-        let keys = store.keys(&quota, key);
+        let mut keys = store.keys(&quota, key);
+        keys.extend(store.expiry_key(&quota, key));
         let mut words = vec!["EVALSHA".to_owned(), store.script_sha().to_owned()];
         words.push(keys.len().to_string());
         words.extend(keys);
