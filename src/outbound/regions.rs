@@ -1140,10 +1140,10 @@ impl RegionalBudget {
         })
     }
 
-    /// The epoch of `region`'s state, which must exist.
-    async fn live_epoch(&self, region: &Region) -> Result<String, RegionError> {
+    /// `field` of `region`'s state, which must exist.
+    async fn state_field(&self, region: &Region, field: &str) -> Result<Value, RegionError> {
         let mut cmd = redis::cmd("HGET");
-        cmd.arg(&region.state_key).arg("epoch");
+        cmd.arg(&region.state_key).arg(field);
         let reply = self
             .call(region, Request::Cmd(&cmd))
             .await
@@ -1152,37 +1152,29 @@ impl RegionalBudget {
             Value::Nil => Err(RegionError::StateLost {
                 regions: vec![region.name.to_string()],
             }),
-            value => {
-                let epoch = text(&value).ok_or_else(|| RegionError::Malformed {
-                    region: region.name.to_string(),
-                    message: "unreadable epoch".to_owned(),
-                })?;
-                region.remember_epoch(Some(&epoch));
-                Ok(epoch)
-            }
+            value => Ok(value),
         }
     }
 
+    /// The epoch of `region`'s state, which must exist.
+    async fn live_epoch(&self, region: &Region) -> Result<String, RegionError> {
+        let value = self.state_field(region, "epoch").await?;
+        let epoch = text(&value).ok_or_else(|| RegionError::Malformed {
+            region: region.name.to_string(),
+            message: "unreadable epoch".to_owned(),
+        })?;
+        region.remember_epoch(Some(&epoch));
+        Ok(epoch)
+    }
+
     async fn read_allocation(&self, region: &Region) -> Result<u64, RegionError> {
-        let mut cmd = redis::cmd("HGET");
-        cmd.arg(&region.state_key).arg("alloc");
-        let reply = self
-            .call(region, Request::Cmd(&cmd))
-            .await
-            .map_err(|e| e.into_region(region))?;
-        match reply {
-            Value::Nil => Err(RegionError::StateLost {
-                regions: vec![region.name.to_string()],
-            }),
-            v => {
-                int(&v)
-                    .and_then(|a| u64::try_from(a).ok())
-                    .ok_or_else(|| RegionError::Malformed {
-                        region: region.name.to_string(),
-                        message: "the allocation is not a non-negative integer".to_owned(),
-                    })
-            }
-        }
+        let value = self.state_field(region, "alloc").await?;
+        int(&value)
+            .and_then(|a| u64::try_from(a).ok())
+            .ok_or_else(|| RegionError::Malformed {
+                region: region.name.to_string(),
+                message: "the allocation is not a non-negative integer".to_owned(),
+            })
     }
 
     /// Every region's state hash at once; `None` for a missing one.
