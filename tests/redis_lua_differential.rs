@@ -348,22 +348,29 @@ fn fresh_at_from_redis(server: &RedisServer, key: &str, algorithm: &Algorithm) -
     }
 }
 
-/// The production script (Redis `TIME`): after decisions every key has an
-/// expiry (never -1), and it is the moment its state becomes fresh, to the
-/// millisecond, and the quota key's expiry key the latest of them; a state
-/// that is fresh again is deleted.
-#[test]
-fn every_key_expires_when_its_state_becomes_fresh() {
+/// A Redis server of its own, a runtime, and a store on it that runs the
+/// production script (Redis `TIME`), its keys under `prefix`.
+fn production(prefix: &str) -> (RedisServer, tokio::runtime::Runtime, RedisStore) {
     let server = RedisServer::start();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     let store = RedisStore::builder(server.url())
-        .prefix("ttl")
+        .prefix(prefix)
         .deadline(Duration::from_secs(10))
         .build()
         .unwrap();
+    (server, rt, store)
+}
+
+/// The production script (Redis `TIME`): after decisions every key has an
+/// expiry (never -1), and it is the moment its state becomes fresh, to the
+/// millisecond, and the quota key's expiry key the latest of them; a state
+/// that is fresh again is deleted.
+#[test]
+fn every_key_expires_when_its_state_becomes_fresh() {
+    let (server, rt, store) = production("ttl");
     let quota = Quota::new(
         "all",
         [
@@ -469,15 +476,7 @@ fn every_key_expires_when_its_state_becomes_fresh() {
 /// the new limit: 3 per 300 ms, then 3 per 30 s admitted 3 more 300 ms on.
 #[test]
 fn a_longer_window_moves_the_logs_expiry_on_a_refusal_too() {
-    let server = RedisServer::start();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let store = RedisStore::builder(server.url())
-        .deadline(Duration::from_secs(10))
-        .build()
-        .unwrap();
+    let (server, rt, store) = production("admission");
     let log = |window| Quota::new("api", [Policy::sliding_log("per", 3, window).unwrap()]).unwrap();
     let (old, new) = (
         log(Duration::from_millis(300)),
@@ -507,15 +506,7 @@ fn a_longer_window_moves_the_logs_expiry_on_a_refusal_too() {
 /// expiry to the minute's, and Redis dropped what the hour still held.
 #[test]
 fn a_settle_under_a_shorter_window_keeps_each_keys_expiry() {
-    let server = RedisServer::start();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let store = RedisStore::builder(server.url())
-        .deadline(Duration::from_secs(10))
-        .build()
-        .unwrap();
+    let (server, rt, store) = production("admission");
     let both = |window| {
         Quota::new(
             "api",
@@ -553,15 +544,7 @@ fn a_settle_under_a_shorter_window_keeps_each_keys_expiry() {
 /// trailing key made the refund delete the live log, and 3 were admitted.
 #[test]
 fn a_log_is_settled_as_it_stands_without_a_current_expiry_key() {
-    let server = RedisServer::start();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let store = RedisStore::builder(server.url())
-        .deadline(Duration::from_secs(10))
-        .build()
-        .unwrap();
+    let (server, rt, store) = production("admission");
     let quota = Quota::new(
         "api",
         [Policy::sliding_log("log", 3, Duration::from_secs(60)).unwrap()],
