@@ -801,3 +801,98 @@ async fn a_free_worker_takes_a_new_job_while_another_runs_a_long_one() {
     queue.shutdown().await;
     assert_eq!(queue.completed_total(), 3);
 }
+
+/// The answer to an owner at its cap does not depend on how the queue finds
+/// it: owner A at `per_owner` behind 1,000 other owners' jobs is refused,
+/// again and again, with exactly the 429 it got before the per-owner counts
+/// were kept beside the queue (status, `Retry-After`, `RateLimit` fields and
+/// problem type), and every refusal leaves the queue as it was.
+#[tokio::test(start_paused = true)]
+async fn an_owner_at_its_cap_behind_a_thousand_jobs_gets_the_same_429() {
+    let gate = Arc::new(Semaphore::new(0));
+    let queue = {
+        let gate = Arc::clone(&gate);
+        JobQueue::builder()
+            .capacity(2_000)
+            .workers(2)
+            .per_owner(2)
+            .retry_after(Duration::from_secs(7))
+            .build(move |n: u32| {
+                let gate = Arc::clone(&gate);
+                async move {
+                    gate.acquire().await.unwrap().forget();
+                    Ok::<_, String>(n)
+                }
+            })
+            .unwrap()
+    };
+    // A's two jobs run; 1,000 jobs of 500 other owners wait behind them.
+    queue.submit("owner-a", 0).unwrap();
+    queue.submit("owner-a", 1).unwrap();
+    settle().await;
+    for n in 0..1_000 {
+        queue.submit(format!("other-{}", n % 500), n).unwrap();
+    }
+    assert_eq!((queue.running(), queue.queued()), (2, 1_000));
+    // A's running jobs started 1 ms ago and are assumed to take 7 s.
+    let running_busy = SubmitError::OwnerBusy {
+        limit: 2,
+        retry_after: Duration::from_millis(6_999),
+    };
+    for n in 0..10_000 {
+        assert_eq!(queue.submit("owner-a", n), Err(running_busy), "try {n}");
+    }
+    assert_eq!((queue.running(), queue.queued()), (2, 1_000));
+    assert_eq!(queue.submitted_total(), 1_002);
+
+    // B's two jobs wait at positions 1,000 and 1,001 (0 = oldest): the
+    // first starts when a worker has run 500 more jobs after the running
+    // one, 6.999 s + 500 x 7 s from now, and ends 7 s after that.
+    queue.submit("owner-b", 0).unwrap();
+    queue.submit("owner-b", 1).unwrap();
+    let waiting_busy = SubmitError::OwnerBusy {
+        limit: 2,
+        retry_after: Duration::from_millis(3_513_999),
+    };
+    for n in 0..10_000 {
+        assert_eq!(queue.submit("owner-b", n), Err(waiting_busy), "try {n}");
+    }
+    assert_eq!((queue.running(), queue.queued()), (2, 1_002));
+    assert_eq!(queue.submitted_total(), 1_004);
+
+    for (refused, seconds) in [(running_busy, "7"), (waiting_busy, "3514")] {
+        let response = refused.into_response(false);
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(response.headers()[RETRY_AFTER], seconds);
+        assert_eq!(
+            response.headers()["ratelimit-policy"],
+            "\"jobs-per-owner\";q=2;qu=\"concurrent-requests\""
+        );
+        assert_eq!(
+            response.headers()["ratelimit"],
+            format!("\"jobs-per-owner\";r=0;t={seconds}").as_str()
+        );
+        assert_eq!(
+            response.headers()[http::header::CONTENT_TYPE],
+            "application/problem+json"
+        );
+        let body = http_body_util::BodyExt::collect(response.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
+        let doc: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            doc,
+            serde_json::json!({
+                "type": "https://docs.rs/tower-admission/latest/tower_admission/reject/#overloaded",
+                "title": "Too many requests in progress",
+                "status": 429,
+                "detail": "you are at your concurrency limit",
+                "retry_after": seconds.parse::<u64>().unwrap(),
+            })
+        );
+    }
+    gate.add_permits(2_000);
+    queue.shutdown().await;
+    assert_eq!(queue.completed_total(), 1_004);
+}

@@ -24,7 +24,10 @@
 //!   [`SubmitError::OwnerBusy`], a `429` + `Retry-After`
 //!   ([`OverloadScope::Identity`](crate::reject::OverloadScope::Identity)):
 //!   the caller can fix it by waiting for its own jobs, and one caller
-//!   cannot fill the queue for everyone.
+//!   cannot fill the queue for everyone. Each owner's jobs are kept beside
+//!   the queue, so a refusal and its `Retry-After` cost the same however
+//!   long the queue is (no walk of the waiting jobs under the queue's lock),
+//!   and an owner with no job waiting or running holds no memory.
 //! * **Workers** are 1 to [`MAX_WORKERS`]; every other bound is at least 1.
 //! * **Records**: waiting and running jobs always have a record (so at most
 //!   `capacity + workers`). Finished records are kept for at most

@@ -1,4 +1,4 @@
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::fmt;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -193,18 +193,54 @@ struct Record<R, E> {
     status: JobStatus<R, E>,
 }
 
+/// A job waiting for a worker.
+struct Pending<T> {
+    /// Its place in submit order: the jobs waiting have consecutive numbers,
+    /// so a job's position in the queue is its number less the oldest's.
+    seq: u64,
+    id: JobId,
+    owner: Arc<str>,
+    input: T,
+}
+
+/// Where a running job is found: its start, then its submit number (the
+/// numbers of jobs that started at the same instant tell them apart).
+type RunKey = (Instant, u64);
+
+/// One owner's jobs waiting or running, kept beside the queue so that a
+/// refusal of the owner needs no walk of the queue. Never empty: an owner
+/// with neither has no entry.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct OwnerJobs {
+    /// Submit numbers of the owner's waiting jobs, oldest first (the queue
+    /// starts jobs oldest first, so a start takes the front).
+    waiting: VecDeque<u64>,
+    /// The owner's running jobs, soonest started first.
+    running: BTreeSet<RunKey>,
+}
+
+impl OwnerJobs {
+    /// Jobs waiting or running, which count against the owner's cap.
+    fn active(&self) -> usize {
+        self.waiting.len() + self.running.len()
+    }
+}
+
 struct State<T, R, E> {
-    /// Jobs waiting for a worker, oldest first, with their owners.
-    pending: VecDeque<(JobId, Arc<str>, T)>,
-    /// Jobs a worker is running: owner and start.
-    running: HashMap<JobId, (Arc<str>, Instant)>,
+    /// Jobs waiting for a worker, oldest first.
+    pending: VecDeque<Pending<T>>,
+    /// Submit number of the next accepted job.
+    next_seq: u64,
+    /// Jobs a worker is running, soonest started first, with their owners.
+    running: BTreeMap<RunKey, Arc<str>>,
     /// Durations of the last [`MEASURED_JOBS`] finished jobs, and their sum.
     durations: VecDeque<Duration>,
     durations_sum: Duration,
     records: HashMap<JobId, Record<R, E>>,
-    /// Jobs waiting or running per owner, when owners are capped; an owner
-    /// with none has no entry.
-    active: HashMap<Arc<str>, usize>,
+    /// Each owner's jobs waiting or running, when owners are capped (`None`
+    /// otherwise); an owner with none has no entry, so there are at most
+    /// `capacity + workers` entries.
+    owners: Option<HashMap<Arc<str>, OwnerJobs>>,
     /// Finished jobs in order of completion, for retention.
     finished: VecDeque<(JobId, Instant)>,
     submitted: u64,
@@ -233,38 +269,74 @@ impl<T, R, E> State<T, R, E> {
         }
     }
 
-    /// When each of `workers` is expected to be free, soonest first: a
-    /// running job's `mean` less its elapsed time (zero once past it), zero
-    /// for an idle worker. Each is at most `mean`.
-    fn free_in(&self, workers: usize, mean: Duration, now: Instant) -> Vec<Duration> {
-        let mut free: Vec<Duration> = self
-            .running
-            .values()
-            .map(|(_, started)| ends_in(mean, *started, now))
-            .collect();
-        free.resize(workers.max(free.len()), Duration::ZERO);
-        free.sort_unstable();
-        free
+    /// When worker `k` of `workers` (sorted, soonest free first) is
+    /// expected to be free: zero for an idle worker (they sort first), else
+    /// its running job's `mean` less its elapsed time (zero once past it).
+    /// The soonest started job ends soonest, so the running jobs in start
+    /// order are the busy workers in order. `O(min(k, workers - k))`.
+    fn free_in(&self, workers: usize, k: usize, mean: Duration, now: Instant) -> Duration {
+        let idle = workers.saturating_sub(self.running.len());
+        let Some(busy) = k.checked_sub(idle) else {
+            return Duration::ZERO;
+        };
+        let Some(from_end) = self.running.len().checked_sub(busy + 1) else {
+            return Duration::ZERO;
+        };
+        let key = if busy <= from_end {
+            self.running.keys().nth(busy)
+        } else {
+            self.running.keys().nth_back(from_end)
+        };
+        key.map_or(Duration::ZERO, |&(started, _)| ends_in(mean, started, now))
     }
 
     /// The estimated wait until the job at `position` in `pending` starts:
-    /// with every job taking `mean`, worker `k` is free at `free[k]`, then
+    /// with every job taking `mean`, worker `k` is free at `free_in(k)`, then
     /// every `mean` after, and the jobs ahead take those turns in order.
-    fn start_in(free: &[Duration], mean: Duration, position: usize) -> Duration {
-        let Some(first) = free.get(position % free.len().max(1)) else {
-            return Duration::ZERO;
-        };
-        let rounds = u32::try_from(position / free.len()).unwrap_or(u32::MAX);
+    fn start_in(&self, workers: usize, mean: Duration, position: usize, now: Instant) -> Duration {
+        let workers = workers.max(self.running.len()).max(1);
+        let first = self.free_in(workers, position % workers, mean, now);
+        let rounds = u32::try_from(position / workers).unwrap_or(u32::MAX);
         first.saturating_add(mean.saturating_mul(rounds))
     }
 
-    /// One of `owner`'s jobs finished: it no longer counts against the
-    /// owner's cap.
-    fn finished_by(&mut self, owner: &Arc<str>) {
-        if let Some(active) = self.active.get_mut(owner) {
-            *active -= 1;
-            if *active == 0 {
-                self.active.remove(owner);
+    /// Jobs `owner` has waiting or running (0 when owners are not capped).
+    fn active(&self, owner: &str) -> usize {
+        self.owners
+            .as_ref()
+            .and_then(|owners| owners.get(owner))
+            .map_or(0, OwnerJobs::active)
+    }
+
+    /// Job `seq` of `owner` joined the queue.
+    fn owner_queued(&mut self, owner: &Arc<str>, seq: u64) {
+        if let Some(owners) = &mut self.owners {
+            owners
+                .entry(Arc::clone(owner))
+                .or_default()
+                .waiting
+                .push_back(seq);
+        }
+    }
+
+    /// `owner`'s oldest waiting job started: it now runs as `key`.
+    fn owner_started(&mut self, owner: &Arc<str>, key: RunKey) {
+        if let Some(jobs) = self.owners.as_mut().and_then(|o| o.get_mut(owner)) {
+            let oldest = jobs.waiting.pop_front();
+            debug_assert_eq!(oldest, Some(key.1), "jobs start oldest first");
+            jobs.running.insert(key);
+        }
+    }
+
+    /// `owner`'s job running as `key` finished: it no longer counts against
+    /// the owner's cap, and an owner left with no job loses its entry.
+    fn owner_finished(&mut self, owner: &Arc<str>, key: RunKey) {
+        if let Some(owners) = &mut self.owners {
+            if let Some(jobs) = owners.get_mut(owner) {
+                jobs.running.remove(&key);
+                if jobs.active() == 0 {
+                    owners.remove(owner);
+                }
             }
         }
     }
@@ -297,35 +369,32 @@ impl<T, R, E> Shared<T, R, E> {
     }
 
     /// The estimated wait until a place in the full queue frees: until the
-    /// soonest worker is free to take the oldest waiting job.
+    /// soonest worker is free to take the oldest waiting job. `O(1)`.
     fn full_wait(&self, state: &State<T, R, E>, now: Instant) -> Duration {
         let mean = state.mean_duration(self.config.retry_after);
-        let free = state.free_in(self.config.workers, mean, now);
-        free.first().copied().unwrap_or(Duration::ZERO)
+        state.free_in(self.config.workers, 0, mean, now)
     }
 
     /// The estimated wait until one of `owner`'s jobs finishes: its running
-    /// job expected to end first, else its oldest waiting job's start plus
-    /// one `mean`.
+    /// job expected to end first (the one started first), else its oldest
+    /// waiting job's start plus one `mean`. Read from the owner's entry and
+    /// the oldest job's number, never by a walk of the queue:
+    /// `O(min(k, workers - k))` for the worker `k` it waits for.
     fn owner_wait(&self, state: &State<T, R, E>, owner: &str, now: Instant) -> Duration {
         let mean = state.mean_duration(self.config.retry_after);
-        let running = state
-            .running
-            .values()
-            .filter(|(of, _)| &**of == owner)
-            .map(|(_, started)| ends_in(mean, *started, now))
-            .min();
-        if let Some(wait) = running {
-            return wait;
+        let Some(jobs) = state.owners.as_ref().and_then(|o| o.get(owner)) else {
+            return Duration::ZERO;
+        };
+        if let Some(&(started, _)) = jobs.running.first() {
+            return ends_in(mean, started, now);
         }
-        let free = state.free_in(self.config.workers, mean, now);
+        let (Some(&seq), Some(oldest)) = (jobs.waiting.front(), state.pending.front()) else {
+            return Duration::ZERO;
+        };
+        let position = usize::try_from(seq.saturating_sub(oldest.seq)).unwrap_or(usize::MAX);
         state
-            .pending
-            .iter()
-            .position(|(_, of, _)| &**of == owner)
-            .map_or(Duration::ZERO, |position| {
-                State::<T, R, E>::start_in(&free, mean, position).saturating_add(mean)
-            })
+            .start_in(self.config.workers, mean, position, now)
+            .saturating_add(mean)
     }
 }
 
@@ -415,14 +484,12 @@ where
         }
         let owner = owner.into();
         if let Some(limit) = self.shared.config.per_owner {
-            let active = state.active.get(&owner).copied().unwrap_or(0);
-            if active >= limit {
+            if state.active(&owner) >= limit {
                 let retry_after = self.shared.owner_wait(&state, &owner, now);
                 drop(state);
                 tracing::debug!(limit, ?retry_after, "owner's job cap reached, job refused");
                 return Err(SubmitError::OwnerBusy { limit, retry_after });
             }
-            *state.active.entry(owner.clone()).or_insert(0) += 1;
         }
         self.shared.prune(&mut state, now);
         let mut id = JobId::random();
@@ -436,7 +503,15 @@ where
                 status: JobStatus::Queued,
             },
         );
-        state.pending.push_back((id, owner, input));
+        let seq = state.next_seq;
+        state.next_seq += 1;
+        state.owner_queued(&owner, seq);
+        state.pending.push_back(Pending {
+            seq,
+            id,
+            owner,
+            input,
+        });
         state.submitted += 1;
         drop(state);
         self.shared.notify.notify_one();
@@ -623,11 +698,12 @@ impl JobQueueBuilder {
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 pending: VecDeque::new(),
-                running: HashMap::new(),
+                next_seq: 0,
+                running: BTreeMap::new(),
                 durations: VecDeque::with_capacity(MEASURED_JOBS),
                 durations_sum: Duration::ZERO,
                 records: HashMap::new(),
-                active: HashMap::new(),
+                owners: self.per_owner.map(|_| HashMap::new()),
                 finished: VecDeque::new(),
                 submitted: 0,
                 completed: 0,
@@ -664,7 +740,7 @@ where
     Fut: Future<Output = Result<R, E>>,
 {
     loop {
-        let (id, input) = loop {
+        let (id, owner, key, input) = loop {
             // Register for a wake-up before looking at the queue, so a job
             // submitted between the look and the wait is never missed. The
             // registration ends before the job runs: a wake-up is only ever
@@ -676,12 +752,19 @@ where
             let next = {
                 let mut state = shared.state.lock();
                 match state.pending.pop_front() {
-                    Some((id, owner, input)) => {
-                        state.running.insert(id, (owner, Instant::now()));
+                    Some(Pending {
+                        seq,
+                        id,
+                        owner,
+                        input,
+                    }) => {
+                        let key = (Instant::now(), seq);
+                        state.running.insert(key, Arc::clone(&owner));
+                        state.owner_started(&owner, key);
                         if let Some(record) = state.records.get_mut(&id) {
                             record.status = JobStatus::Running;
                         }
-                        Some((id, input))
+                        Some((id, owner, key, input))
                     }
                     None if state.closed => return,
                     None => None,
@@ -705,16 +788,17 @@ where
         };
         let now = Instant::now();
         let mut state = shared.state.lock();
-        if let Some((_, started)) = state.running.remove(&id) {
-            state.measure(now.saturating_duration_since(started));
-        }
+        state.running.remove(&key);
+        state.measure(now.saturating_duration_since(key.0));
+        state.owner_finished(&owner, key);
         state.completed += 1;
         if let Some(record) = state.records.get_mut(&id) {
             record.status = status;
-            let owner = record.owner.clone();
-            state.finished_by(&owner);
         }
         state.finished.push_back((id, now));
         shared.prune(&mut state, now);
     }
 }
+
+#[cfg(test)]
+mod tests;
