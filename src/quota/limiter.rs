@@ -109,8 +109,9 @@ impl Verdict {
     }
 
     /// True when the request may proceed.
+    #[inline]
     pub fn is_admitted(&self) -> bool {
-        self.outcome == Outcome::Admitted
+        matches!(self.outcome, Outcome::Admitted)
     }
 
     /// The wait on a refusal that a wait can cure; `None` otherwise.
@@ -333,14 +334,7 @@ impl<S: Store> Limiter<S> {
         result: Result<QuotaDecision, StoreError>,
     ) -> Verdict {
         let verdict = match result {
-            Ok(mut decision) => {
-                let holds = std::mem::take(&mut decision.holds);
-                let mut verdict = self.verdict(quota, decision);
-                if verdict.is_admitted() {
-                    verdict.recorded = Recorded::Shared(holds);
-                }
-                verdict
-            }
+            Ok(decision) => self.verdict(quota, decision, Recorded::Shared),
             Err(error) => self.on_failure(quota, key, cost, error),
         };
         let admitted = verdict.is_admitted();
@@ -367,7 +361,9 @@ impl<S: Store> Limiter<S> {
                 .increment(1);
         }
         #[cfg(feature = "metrics")]
-        count_policy_refusals(quota, &verdict);
+        if !admitted {
+            count_policy_refusals(quota, &verdict);
+        }
         verdict
     }
 
@@ -433,20 +429,20 @@ impl<S: Store> Limiter<S> {
         // The local limiter decides the shared policies; it charges the
         // request even when the store's outcome is unknown.
         match self.local.decide_now(&local_quota, key, cost) {
-            Ok(mut decision) => {
-                let holds = std::mem::take(&mut decision.holds);
-                let mut verdict = self.verdict(&local_quota, decision);
+            Ok(decision) => {
+                // An unknown outcome may stand in the shared store too: it is
+                // never refunded, so its local charge is not settleable.
+                let recorded = |holds| match unknown {
+                    true => Recorded::Nowhere,
+                    false => Recorded::Local(Box::new((local_quota.clone(), holds))),
+                };
+                let mut verdict = self.verdict(&local_quota, decision, recorded);
                 if let Outcome::CostExceedsCapacity { .. } = verdict.outcome {
                     // Over the local share but within the real limit: a
                     // transient refusal while the store is down.
                     verdict.outcome = Outcome::Unavailable {
                         wait: UNAVAILABLE_RETRY_AFTER,
                     };
-                }
-                // An unknown outcome may stand in the shared store too: it is
-                // never refunded, so its local charge is not settleable.
-                if verdict.is_admitted() && !unknown {
-                    verdict.recorded = Recorded::Local(Box::new((local_quota.clone(), holds)));
                 }
                 verdict.fail(error, Some(local_quota));
                 verdict
@@ -468,12 +464,25 @@ impl<S: Store> Limiter<S> {
     }
 
     /// Turns a store decision into a verdict: the outcome from the enforcing
-    /// policies only, shadow counts and logs.
+    /// policies only, shadow counts and logs. An admission is recorded
+    /// where `recorded` says, with the decision's holds.
     #[inline(always)]
-    fn verdict(&self, quota: &Quota, decision: QuotaDecision) -> Verdict {
+    fn verdict(
+        &self,
+        quota: &Quota,
+        mut decision: QuotaDecision,
+        recorded: impl FnOnce(Holds) -> Recorded,
+    ) -> Verdict {
+        let holds = std::mem::take(&mut decision.holds);
+        let admitted = |decisions| Verdict {
+            outcome: Outcome::Admitted,
+            decisions,
+            failed: None,
+            recorded: recorded(holds),
+        };
         if let ([policy], true) = (quota.policies(), decision.admitted) {
             if !policy.is_shadow() || decision.decisions[0].admitted {
-                return Verdict::new(Outcome::Admitted, decision.decisions);
+                return admitted(decision.decisions);
             }
         }
         for (p, d) in quota.policies().iter().zip(&decision.decisions) {
@@ -494,7 +503,7 @@ impl<S: Store> Limiter<S> {
             }
         }
         if decision.admitted {
-            return Verdict::new(Outcome::Admitted, decision.decisions);
+            return admitted(decision.decisions);
         }
         let refusing = || {
             quota

@@ -69,28 +69,28 @@ pin_project! {
     /// allocation: the decision is made in `call` and the inner future is
     /// polled in place. A store that awaits (Redis) runs in one boxed future.
     pub struct ResponseFuture<F, B, E> {
+        // The inner service's future, when the decision was made in `call`:
+        // outside any enum, so that it is written once, in place.
         #[pin]
-        state: State<F, B, E>,
+        inner: Option<F>,
+        rest: Rest<B, E>,
     }
 }
 
-pin_project! {
-    #[project = StateProj]
-    enum State<F, B, E> {
-        Inner {
-            #[pin]
-            future: F,
-            // RateLimit headers to add to the response, when configured.
-            headers: Option<[HeaderValue; 2]>,
-            refund: Refund,
-        },
-        Refused {
-            response: Option<Response<B>>,
-        },
-        Waiting {
-            future: Boxed<B, E>,
-        },
-    }
+enum Rest<B, E> {
+    /// Admitted in `call`: the RateLimit values to add to the inner
+    /// response, when configured, and the charge to give back if it is a
+    /// refusal.
+    Admitted {
+        headers: Option<[HeaderValue; 2]>,
+        refund: Refund,
+    },
+    Refused {
+        response: Option<Response<B>>,
+    },
+    Waiting {
+        future: Boxed<B, E>,
+    },
 }
 
 impl<F, B, E> Future for ResponseFuture<F, B, E>
@@ -100,21 +100,25 @@ where
     type Output = Result<Response<B>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project().state.project() {
-            StateProj::Inner {
-                future,
-                headers,
-                refund,
-            } => {
-                let mut response = ready!(future.poll(cx))?;
-                refund_if_refused(&response, refund.take());
-                headers::append(response.headers_mut(), headers.take());
-                Poll::Ready(Ok(response))
+        let this = self.project();
+        if let Some(future) = this.inner.as_pin_mut() {
+            let mut response = ready!(future.poll(cx))?;
+            if let Rest::Admitted { headers, refund } = this.rest {
+                if refund.is_some() {
+                    refund_if_refused(&response, refund.take());
+                }
+                if headers.is_some() {
+                    headers::append(response.headers_mut(), headers.take());
+                }
             }
-            StateProj::Refused { response } => Poll::Ready(Ok(response
+            return Poll::Ready(Ok(response));
+        }
+        match this.rest {
+            Rest::Refused { response } => Poll::Ready(Ok(response
                 .take()
                 .expect("ResponseFuture polled after completion"))),
-            StateProj::Waiting { future } => future.as_mut().poll(cx),
+            Rest::Waiting { future } => future.as_mut().poll(cx),
+            Rest::Admitted { .. } => unreachable!("an admission has an inner future"),
         }
     }
 }
@@ -155,7 +159,15 @@ where
         };
         let (planned, key, cost) = match resolved {
             Resolved::Apply { planned, key, cost } => (planned, key, cost),
-            Resolved::Skip => return inner(self.inner.call(req), None, None),
+            Resolved::Skip => {
+                return ResponseFuture {
+                    inner: Some(self.inner.call(req)),
+                    rest: Rest::Admitted {
+                        headers: None,
+                        refund: None,
+                    },
+                }
+            }
             Resolved::NoIdentity => {
                 let rejection = Rejection::Unauthenticated {
                     reason: "no authenticated identity",
@@ -171,11 +183,16 @@ where
         let mut noop = Context::from_waker(Waker::noop());
         if let Poll::Ready(result) = Pin::new(&mut decide).poll(&mut noop) {
             let mut verdict = limiter.resolve(quota, &key, cost, result);
-            return match admit(&self.config, planned, key, cost, &mut verdict, &mut req) {
-                Admission::Admitted(headers, refund) => {
-                    inner(self.inner.call(req), headers, refund)
-                }
-                Admission::Refused(response) => refused(response),
+            let (headers, refund) =
+                match admit(&self.config, planned, key, cost, &mut verdict, &mut req) {
+                    Admission::Admitted(headers, refund) => (headers, refund),
+                    Admission::Refused(response) => return refused(response),
+                };
+            drop(verdict);
+            // Built in place: the inner future is written once, not moved.
+            return ResponseFuture {
+                inner: Some(self.inner.call(req)),
+                rest: Rest::Admitted { headers, refund },
             };
         }
         // Sent: dropped from here on before the store answers, it is counted
@@ -186,7 +203,8 @@ where
         let mut service = std::mem::replace(&mut self.inner, ready);
         let config = self.config.clone();
         ResponseFuture {
-            state: State::Waiting {
+            inner: None,
+            rest: Rest::Waiting {
                 future: Box::pin(async move {
                     let result = decide.await;
                     pending.answered();
@@ -203,21 +221,6 @@ where
                 }),
             },
         }
-    }
-}
-
-#[inline(always)]
-fn inner<F, B, E>(
-    future: F,
-    headers: Option<[HeaderValue; 2]>,
-    refund: Refund,
-) -> ResponseFuture<F, B, E> {
-    ResponseFuture {
-        state: State::Inner {
-            future,
-            headers,
-            refund,
-        },
     }
 }
 
@@ -256,7 +259,8 @@ fn refund_if_refused<B>(response: &Response<B>, refund: Refund) {
 #[inline(always)]
 fn refused<F, B, E>(response: Response<B>) -> ResponseFuture<F, B, E> {
     ResponseFuture {
-        state: State::Refused {
+        inner: None,
+        rest: Rest::Refused {
             response: Some(response),
         },
     }
@@ -273,7 +277,7 @@ fn admit<St: Store, ReqB, B: RefusalBody>(
     req: &mut Request<ReqB>,
 ) -> Admission<B> {
     let quota = &planned.quota;
-    let Some(rejection) = Rejection::from_outcome(verdict.outcome(), cost) else {
+    if verdict.is_admitted() {
         let headers = if config.headers_on_success {
             headers::values(quota, verdict, planned.policy_field.as_ref())
         } else {
@@ -292,6 +296,9 @@ fn admit<St: Store, ReqB, B: RefusalBody>(
             refund = config.refund_inner_refusals.then_some(charge);
         }
         return Admission::Admitted(headers, refund);
+    }
+    let Some(rejection) = Rejection::from_outcome(verdict.outcome(), cost) else {
+        unreachable!("only an admission maps to no rejection");
     };
     tracing::debug!(quota = quota.name(), key = &**key, cost, %rejection, "quota refused");
     let mut response = rejection.into_layer_response(is_grpc(req.headers()));
