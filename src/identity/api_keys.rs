@@ -41,8 +41,9 @@ const BEARER: &[u8] = b"bearer ";
 /// that needs a SHA-256 preimage. The lookup is O(1) whatever the number of
 /// keys, which a constant-time scan over every stored digest would not be.
 ///
-/// The scheme `Bearer` is matched case-insensitively (RFC 9110 §11.1). The
-/// token must be 1 or more visible ASCII characters without spaces.
+/// The scheme `Bearer` is matched case-insensitively (RFC 9110 §11.1) and is
+/// followed by one or more spaces, never a tab (RFC 9110 §11.4). The token
+/// must be 1 or more visible ASCII characters without spaces.
 /// A missing, repeated, non-ASCII, oversized ([`MAX_AUTHORIZATION_LEN`]) or
 /// otherwise malformed header is [`AuthError::Missing`]; a well-formed key
 /// that is not configured is [`AuthError::Unknown`].
@@ -238,7 +239,12 @@ fn bearer_token(headers: &HeaderMap) -> Option<&[u8]> {
     if bytes.len() <= BEARER.len() || !bytes[..BEARER.len()].eq_ignore_ascii_case(BEARER) {
         return None;
     }
-    let token = bytes[BEARER.len()..].trim_ascii_start();
+    // RFC 9110 §11.4: `auth-scheme 1*SP token68`. Only spaces separate the
+    // two; a tab is neither separator nor token.
+    let mut token = &bytes[BEARER.len()..];
+    while let [b' ', rest @ ..] = token {
+        token = rest;
+    }
     (!token.is_empty() && token.iter().all(is_visible)).then_some(token)
 }
 
@@ -303,6 +309,7 @@ mod tests {
         assert_eq!(bearer_token(&headers(&[b"Bearer"])), None);
         assert_eq!(bearer_token(&headers(&[b"Bearer "])), None);
         assert_eq!(bearer_token(&headers(&[b"Bearer a b"])), None);
+        assert_eq!(bearer_token(&headers(&[b"Bearer \tabc"])), None);
         assert_eq!(bearer_token(&headers(&[b"Basic abc"])), None);
         assert_eq!(bearer_token(&headers(&[b"Bearer \xe9t\xe9"])), None);
         assert_eq!(bearer_token(&headers(&[b"Bearer a", b"Bearer a"])), None);
