@@ -10,14 +10,21 @@ use super::body::PermitBody;
 use super::state::{AcquireFuture, Guard, Refusal};
 use crate::reject::{OverloadScope, RefusalBody, Rejection};
 
-pub(crate) type CallInner<F> = Box<dyn FnOnce() -> F + Send>;
+/// Polls a clone of the inner service ready, then calls it with the request:
+/// the inner future, or the error of `poll_ready` as the final output.
+pub(crate) type CallInner<F> =
+    Box<dyn FnMut(&mut Context<'_>) -> Poll<Result<F, <F as Future>::Output>> + Send>;
 
 pin_project! {
     /// Response future of [`Concurrency`](super::Concurrency).
     ///
-    /// Waits in the queue(s) when needed, then runs the inner service's
-    /// future, and finally wraps its body in a [`PermitBody`].
-    pub struct ResponseFuture<F> {
+    /// Waits in the queue(s) when needed, then (holding the permits) waits
+    /// for the inner service to be ready and runs its future, and finally
+    /// wraps its body in a [`PermitBody`].
+    pub struct ResponseFuture<F>
+    where
+        F: Future,
+    {
         #[pin]
         state: State<F>,
     }
@@ -25,11 +32,18 @@ pin_project! {
 
 pin_project! {
     #[project = StateProj]
-    enum State<F> {
+    enum State<F>
+    where
+        F: Future,
+    {
         Waiting {
             acquire: AcquireFuture,
             call: Option<CallInner<F>>,
             grpc: bool,
+        },
+        Readying {
+            call: CallInner<F>,
+            guard: Option<Guard>,
         },
         Calling {
             #[pin]
@@ -43,7 +57,7 @@ pin_project! {
     }
 }
 
-impl<F> ResponseFuture<F> {
+impl<F: Future> ResponseFuture<F> {
     pub(crate) fn waiting(acquire: AcquireFuture, call: CallInner<F>, grpc: bool) -> Self {
         ResponseFuture {
             state: State::Waiting {
@@ -114,9 +128,8 @@ where
                 } => match ready!(acquire.as_mut().poll(cx)) {
                     Ok(guard) => {
                         let call = call.take().expect("polled after completion");
-                        let fut = call();
-                        state.set(State::Calling {
-                            fut,
+                        state.set(State::Readying {
+                            call,
                             guard: Some(guard),
                         });
                     }
@@ -127,6 +140,22 @@ where
                             grpc,
                         });
                         return Poll::Ready(Ok(refusal_response(refusal, grpc)));
+                    }
+                },
+                StateProj::Readying { call, guard } => match ready!(call(cx)) {
+                    Ok(fut) => {
+                        let guard = guard.take();
+                        state.set(State::Calling { fut, guard });
+                    }
+                    // `poll_ready` failed: the permits are released now, as
+                    // for an error of the inner future.
+                    Err(Err(e)) => {
+                        guard.take();
+                        return Poll::Ready(Err(e));
+                    }
+                    Err(Ok(response)) => {
+                        let guard = guard.take().expect("polled after completion");
+                        return Poll::Ready(Ok(response.map(|body| PermitBody::new(body, guard))));
                     }
                 },
                 StateProj::Calling { fut, guard } => {
@@ -148,10 +177,11 @@ where
     }
 }
 
-impl<F> fmt::Debug for ResponseFuture<F> {
+impl<F: Future> fmt::Debug for ResponseFuture<F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
             State::Waiting { .. } => "waiting",
+            State::Readying { .. } => "readying",
             State::Calling { .. } => "calling",
             State::Refused { .. } => "refused",
         };

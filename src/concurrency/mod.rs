@@ -102,6 +102,16 @@
 //! `call`, and [`Concurrency`]'s `poll_ready` only delegates to the inner
 //! service. A refused request never reaches the inner service.
 //!
+//! A request admitted at once is handed to the inner service that
+//! `poll_ready` made ready. A request that must queue holds nothing of the
+//! inner service while it waits: the ready inner service is dropped, giving
+//! back what its readiness reserved (a `tower::buffer::Buffer` slot, a
+//! `tower::limit::ConcurrencyLimit` permit), and once the request holds its
+//! permits it polls a clone of the inner service ready and calls it. So a
+//! buffer or limit inside this layer is never filled by queued requests,
+//! and waiting for it counts as in flight. An error of that `poll_ready` is
+//! the request's answer, and its permits go back at once.
+//!
 //! # Bounded memory
 //!
 //! The per-identity map holds one entry per subject that has a request

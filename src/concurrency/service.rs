@@ -89,11 +89,24 @@ where
             Begin::Refused(refusal) => ResponseFuture::refused(refusal, is_grpc(req.headers())),
             Begin::Wait(acquire) => {
                 let grpc = is_grpc(req.headers());
-                // The inner service was made ready by `poll_ready`; take that
-                // one and leave a fresh clone behind.
-                let clone = self.inner.clone();
-                let mut inner = std::mem::replace(&mut self.inner, clone);
-                ResponseFuture::waiting(acquire, Box::new(move || inner.call(req)), grpc)
+                // The waiter gets a clone, polled ready once it holds its
+                // permits. The service `poll_ready` made ready is replaced by
+                // a fresh clone and dropped, giving up whatever its readiness
+                // reserved (a `Buffer` slot, a `ConcurrencyLimit` permit): a
+                // request waiting in the queue holds nothing of the inner
+                // service.
+                let mut inner = self.inner.clone();
+                self.inner = self.inner.clone();
+                let mut req = Some(req);
+                let call = move |cx: &mut Context<'_>| match inner.poll_ready(cx) {
+                    Poll::Pending => Poll::Pending,
+                    Poll::Ready(Err(e)) => Poll::Ready(Err(Err(e))),
+                    Poll::Ready(Ok(())) => {
+                        let req = req.take().expect("called after completion");
+                        Poll::Ready(Ok(inner.call(req)))
+                    }
+                };
+                ResponseFuture::waiting(acquire, Box::new(call), grpc)
             }
         }
     }
