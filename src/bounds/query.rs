@@ -97,10 +97,18 @@ impl ValidatedQuery {
 /// | parameter | rule |
 /// |---|---|
 /// | `page_size` | digits `0-9` only: no sign, no `+`, no spaces, no leading zeros (`007` is refused so that one page size has one spelling); `1..=max`; absent means the default |
-/// | `from`, `to` | RFC 3339 timestamps (`2024-05-01T00:00:00Z`; a `+` offset must be sent as `%2B`, since `+` means space in a query); `from < to`; `to - from <= max_span`; with a `max_span`, one without the other is refused |
+/// | `from`, `to` | RFC 3339 timestamps (`2024-05-01T00:00:00Z`; `T`, `t` or a space between date and time; a `+` offset must be sent as `%2B`, since `+` means space in a query); `from < to`, compared as instants whatever their offsets; `to - from <= max_span`; with a `max_span`, one without the other is refused |
 /// | `cursor` | 1 to `max_cursor_len` visible ASCII characters (`!` to `~`); opaque otherwise |
 /// | names added with [`allow`](QueryRulesBuilder::allow) | passed through unchecked |
 /// | anything else | refused or ignored, per [`UnknownParams`] |
+///
+/// Timestamps are kept to the nanosecond, in the offset they were given in.
+/// Fraction digits past the ninth are dropped. A leap second (`23:59:60`,
+/// only as the last second of a month in UTC, with any fraction) is accepted
+/// and read as `23:59:59.999999999`, since [`OffsetDateTime`] has no leap
+/// seconds. Both keep the order of instants, never reverse it, but can make
+/// two different values equal: `from` and `to` within one leap second, or
+/// within one nanosecond, are refused as not in order.
 ///
 /// Percent-encoding is decoded first (`application/x-www-form-urlencoded`,
 /// with the `form_urlencoded` crate). A known parameter given twice is always
@@ -523,8 +531,16 @@ fn parse_time(v: &str) -> Result<OffsetDateTime, String> {
     if let Some(t) = parse_plain_utc(v.as_bytes()) {
         return Ok(t);
     }
+    // The `time` crate takes any byte between date and time; RFC 3339 has
+    // `T`, `t` or (by its note) a space there, after the 10 bytes of the date.
+    let separated = matches!(v.as_bytes().get(10), Some(b'T' | b't' | b' '));
     match OffsetDateTime::parse(v, &Rfc3339) {
-        Ok(t) => Ok(t),
+        Ok(t) if separated => Ok(t),
+        Ok(_) => Err(
+            "must be an RFC 3339 timestamp such as 2024-05-01T00:00:00Z, \
+             with T or a space between date and time"
+                .to_owned(),
+        ),
         Err(_) if v.contains(' ') => Err(
             "must be an RFC 3339 timestamp such as 2024-05-01T00:00:00Z; \
              a '+' in the offset must be sent as %2B"
@@ -799,8 +815,12 @@ mod tests {
     }
 
     /// `parse_time` before the fast path: the `time` crate alone, with the
-    /// offset, which `OffsetDateTime` equality ignores.
+    /// offset, which `OffsetDateTime` equality ignores, and only `T`, `t` or
+    /// a space between date and time (the crate takes any byte there).
     fn by_time_crate(v: &str) -> Option<(OffsetDateTime, time::UtcOffset)> {
+        if !matches!(v.as_bytes().get(10), Some(b'T' | b't' | b' ')) {
+            return None;
+        }
         OffsetDateTime::parse(v, &Rfc3339)
             .ok()
             .map(|t| (t, t.offset()))
@@ -942,11 +962,9 @@ mod tests {
                 false,
                 Some(utc("2024-05-01T00:00:00Z")),
             ),
-            (
-                "2024-05-01x00:00:00Z",
-                false,
-                Some(utc("2024-05-01T00:00:00Z")),
-            ),
+            ("2024-05-01x00:00:00Z", false, None),
+            ("2024-05-01_00:00:00Z", false, None),
+            ("2024-05-01\t00:00:00Z", false, None),
             (
                 "2024-05-01T00:00:00.5Z",
                 false,
