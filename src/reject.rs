@@ -53,16 +53,25 @@
 //! `application/grpc-web` and `application/grpc-web-text`) get a gRPC status
 //! instead, with the code in the table above and the problem `detail` as
 //! `grpc-message`. It is a trailers-only response: the status in the
-//! headers, HTTP status 200, an empty body and
-//! `content-type: application/grpc`. Every gRPC refusal carries
+//! headers, HTTP status 200 and an empty body. [`Protocol::of`] is the one
+//! place that tells the flavours apart, and the `content-type` follows it:
+//!
+//! | request `content-type` (any case) | refusal `content-type` |
+//! |---|---|
+//! | `application/grpc`, `application/grpc+codec` | `application/grpc` |
+//! | `application/grpc-web`, `application/grpc-web+codec` | the request's media type, in lower case |
+//! | `application/grpc-web-text`, `application/grpc-web-text+codec` | the request's media type, in lower case |
+//!
+//! Every gRPC refusal carries
 //! `grpc-retry-pushback-ms`, which gRPC clients with a retry policy obey: the
 //! same wait as `Retry-After` in milliseconds when a wait can cure the
-//! refusal, and `-1` (do not retry) when none can.
+//! refusal, and `-1` (do not retry) when none can. A browser reads these
+//! headers only when CORS exposes them: put the CORS layer outside this
+//! crate's layers, exposing `grpc-status`, `grpc-message`,
+//! `grpc-status-details-bin` and `grpc-retry-pushback-ms`.
 //!
-//! A gRPC-Web caller gets the same status headers. To answer it with its
-//! own content type, put the gRPC-Web translation (tonic-web's layer, or a
-//! proxy) in front of this crate's layers, so that they see plain gRPC and
-//! their refusals are translated like any other response.
+//! A layer that answers gRPC-Web must name the request with
+//! [`Protocol::of`]; a `bool` from [`is_grpc`] answers plain gRPC.
 //!
 //! What the layers count in a gRPC call:
 //!
@@ -84,7 +93,9 @@
 //!   sent: the handler's next read of its request stream fails, and the
 //!   call's status in the trailers becomes the cap's refusal
 //!   (`RESOURCE_EXHAUSTED` naming the cap, `grpc-retry-pushback-ms: -1`),
-//!   whatever status the handler ended with.
+//!   whatever status the handler ended with. For gRPC-Web the trailers are
+//!   the body's trailer frame (base64 for `-text`), which the refusal's
+//!   replaces ([`StatusBody`](crate::bounds::StatusBody)).
 //!
 //! With the `tonic` feature the status also carries `google.rpc` details in
 //! `grpc-status-details-bin`:
@@ -359,13 +370,198 @@ pub(crate) fn ceil_secs(d: Duration) -> u64 {
 
 /// True when the request is gRPC: its `content-type` starts with
 /// `application/grpc` in any case, since media types are case-insensitive.
+/// gRPC-Web requests are gRPC too; [`Protocol::of`] tells them apart.
 pub fn is_grpc(headers: &HeaderMap) -> bool {
-    const GRPC: &[u8] = b"application/grpc";
-    headers.get(CONTENT_TYPE).is_some_and(|v| {
-        v.as_bytes()
-            .get(..GRPC.len())
-            .is_some_and(|prefix| prefix.eq_ignore_ascii_case(GRPC))
-    })
+    headers
+        .get(CONTENT_TYPE)
+        .is_some_and(|v| starts_with_ignore_case(v.as_bytes(), b"application/grpc"))
+}
+
+fn starts_with_ignore_case(bytes: &[u8], prefix: &[u8]) -> bool {
+    bytes
+        .get(..prefix.len())
+        .is_some_and(|start| start.eq_ignore_ascii_case(prefix))
+}
+
+/// The protocol a request speaks, which decides how its refusals are
+/// written: problem details for HTTP, a trailers-only gRPC status for gRPC
+/// (`content-type: application/grpc`), and the same status with the
+/// caller's own content type for gRPC-Web.
+///
+/// ```
+/// use http::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
+/// use tower_admission::reject::{Protocol, Rejection};
+///
+/// let mut headers = HeaderMap::new();
+/// headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc-web-text"));
+/// let protocol = Protocol::of(&headers);
+/// assert!(protocol.is_grpc_web());
+/// let refusal = Rejection::Unauthenticated { reason: "missing credential" };
+/// let response = refusal.into_response(protocol);
+/// assert_eq!(response.headers()["content-type"], "application/grpc-web-text");
+/// assert_eq!(response.headers()["grpc-status"], "16");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Protocol(Wire);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Wire {
+    Http,
+    Grpc,
+    /// The request's `content-type`, answered back as its media type in
+    /// lower case; `text` for `application/grpc-web-text*` (base64 bodies).
+    GrpcWeb {
+        content_type: HeaderValue,
+        text: bool,
+    },
+}
+
+impl Protocol {
+    /// HTTP: refusals are problem details.
+    pub const HTTP: Protocol = Protocol(Wire::Http);
+    /// Plain gRPC: refusals are trailers-only with `content-type: application/grpc`.
+    pub const GRPC: Protocol = Protocol(Wire::Grpc);
+
+    /// The protocol of a request with these headers. Its `content-type`,
+    /// in any case, names it:
+    ///
+    /// * `application/grpc-web` or `application/grpc-web-text`, alone or
+    ///   with a `+codec` suffix or parameters: gRPC-Web, its refusals
+    ///   answered with that media type in lower case (parameters dropped);
+    /// * any other that starts with `application/grpc` ([`is_grpc`]): gRPC;
+    /// * anything else, or none: HTTP.
+    pub fn of(headers: &HeaderMap) -> Protocol {
+        let Some(value) = headers.get(CONTENT_TYPE) else {
+            return Protocol::HTTP;
+        };
+        let bytes = value.as_bytes();
+        if !starts_with_ignore_case(bytes, b"application/grpc") {
+            return Protocol::HTTP;
+        }
+        let rest = &bytes[b"application/grpc".len()..];
+        let (text, rest) = if starts_with_ignore_case(rest, b"-web-text") {
+            (true, &rest[b"-web-text".len()..])
+        } else if starts_with_ignore_case(rest, b"-web") {
+            (false, &rest[b"-web".len()..])
+        } else {
+            return Protocol::GRPC;
+        };
+        match rest.first() {
+            None | Some(b'+' | b';' | b' ' | b'\t') => Protocol(Wire::GrpcWeb {
+                content_type: value.clone(),
+                text,
+            }),
+            Some(_) => Protocol::GRPC,
+        }
+    }
+
+    /// True for gRPC and gRPC-Web: refusals are gRPC statuses.
+    pub fn is_grpc(&self) -> bool {
+        !matches!(self.0, Wire::Http)
+    }
+
+    /// True for gRPC-Web, binary or text.
+    pub fn is_grpc_web(&self) -> bool {
+        matches!(self.0, Wire::GrpcWeb { .. })
+    }
+
+    /// True for gRPC-Web-text, whose bodies are base64.
+    pub(crate) fn is_grpc_web_text(&self) -> bool {
+        matches!(self.0, Wire::GrpcWeb { text: true, .. })
+    }
+
+    /// The `content-type` of a gRPC refusal.
+    fn grpc_content_type(&self) -> HeaderValue {
+        match &self.0 {
+            Wire::GrpcWeb { content_type, .. } => {
+                let media = content_type.as_bytes();
+                let end = media.iter().position(|&b| b == b';').unwrap_or(media.len());
+                let media = media[..end].trim_ascii_end().to_ascii_lowercase();
+                HeaderValue::from_bytes(&media)
+                    .unwrap_or_else(|_| HeaderValue::from_static("application/grpc-web+proto"))
+            }
+            _ => HeaderValue::from_static("application/grpc"),
+        }
+    }
+}
+
+/// `true` is [`Protocol::GRPC`] and `false` [`Protocol::HTTP`], as
+/// [`is_grpc`] answers; use [`Protocol::of`] to answer gRPC-Web callers in
+/// their own content type.
+impl From<bool> for Protocol {
+    fn from(grpc: bool) -> Self {
+        if grpc {
+            Protocol::GRPC
+        } else {
+            Protocol::HTTP
+        }
+    }
+}
+
+/// The gRPC-Web trailer frame that carries `trailers` in a response body:
+/// flag byte `0x80`, the 4-byte big-endian length, then each trailer as
+/// `name:value\r\n`; base64 when `text`.
+pub(crate) fn grpc_web_trailer_frame(trailers: &HeaderMap, text: bool) -> Bytes {
+    let mut block = Vec::new();
+    for (name, value) in trailers {
+        block.extend_from_slice(name.as_str().as_bytes());
+        block.push(b':');
+        block.extend_from_slice(value.as_bytes());
+        block.extend_from_slice(b"\r\n");
+    }
+    let mut frame = Vec::with_capacity(block.len() + 5);
+    frame.push(0x80);
+    frame.extend_from_slice(&u32::try_from(block.len()).unwrap_or(u32::MAX).to_be_bytes());
+    frame.extend_from_slice(&block);
+    if text {
+        Bytes::from(base64(&frame))
+    } else {
+        Bytes::from(frame)
+    }
+}
+
+const BASE64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+/// Standard base64 with padding, as gRPC-Web-text writes its bodies.
+pub(crate) fn base64(bytes: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, &b)| n | u32::from(b) << (16 - 8 * i));
+        for i in 0..4 {
+            out.push(if i <= chunk.len() {
+                BASE64[(n >> (18 - 6 * i) & 63) as usize]
+            } else {
+                b'='
+            });
+        }
+    }
+    out
+}
+
+/// The bytes of one group of four base64 characters (one to three; fewer
+/// when padded), or `None` when it is not base64.
+pub(crate) fn unbase64_group(group: [u8; 4]) -> Option<([u8; 3], usize)> {
+    let mut n = 0u32;
+    let mut chars = 0;
+    for (i, &c) in group.iter().enumerate() {
+        let v = match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' => 62,
+            b'/' => 63,
+            // Padding only at the end, after at least two characters.
+            b'=' if i >= 2 && group[i..].iter().all(|&p| p == b'=') => break,
+            _ => return None,
+        };
+        n |= u32::from(v) << (18 - 6 * i);
+        chars += 1;
+    }
+    let [_, a, b, c] = n.to_be_bytes();
+    Some(([a, b, c], chars - 1))
 }
 
 impl Rejection {
@@ -575,16 +771,23 @@ impl Rejection {
         doc
     }
 
-    /// The HTTP response for this rejection, or its gRPC form when `grpc`.
-    pub fn into_response(self, grpc: bool) -> Response<Full<Bytes>> {
-        self.into_layer_response(grpc)
+    /// The response for this rejection in the request's [`Protocol`]:
+    /// problem details for HTTP, a gRPC status for gRPC and gRPC-Web. A
+    /// `bool` is [`is_grpc`]'s answer (`true` is plain gRPC).
+    pub fn into_response(self, protocol: impl Into<Protocol>) -> Response<Full<Bytes>> {
+        self.into_layer_response(protocol)
     }
 
     /// The rejection as a response of any layer of this crate, in the inner
-    /// service's body type.
-    pub fn into_layer_response<B: RefusalBody>(self, grpc: bool) -> Response<B> {
-        let mut response = if grpc {
-            self.grpc_response()
+    /// service's body type; see [`into_response`](Self::into_response).
+    pub fn into_layer_response<B: RefusalBody>(self, protocol: impl Into<Protocol>) -> Response<B> {
+        let protocol = protocol.into();
+        let mut response = if protocol.is_grpc() {
+            let mut response = self.grpc_response();
+            response
+                .headers_mut()
+                .insert(CONTENT_TYPE, protocol.grpc_content_type());
+            response
         } else {
             let body = serde_json::to_vec(&self.problem()).unwrap_or_default();
             let mut response = Response::new(Bytes::from(body));

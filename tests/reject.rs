@@ -205,22 +205,29 @@ fn an_endless_wait_saturates_retry_after() {
 
 /// Media types are case-insensitive (RFC 9110 §8.3.1), so `Application/gRPC`
 /// is gRPC like `application/grpc`: every `+codec` form and gRPC-Web too,
-/// answered with the gRPC status, never problem+json. Other types are HTTP.
+/// answered with the gRPC status (in gRPC-Web's own content type for a
+/// gRPC-Web caller), never problem+json. Other types are HTTP.
 #[tokio::test]
 async fn every_grpc_content_type_gets_a_grpc_status_in_any_case() {
     use tower_admission::reject::is_grpc;
 
     let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
     let app = app(MemoryStore::with_config(MemoryConfig::default(), clock));
-    let grpc_types = [
-        "application/grpc",
-        "application/grpc+proto",
-        "application/grpc; charset=utf-8",
-        "Application/gRPC+proto",
-        "APPLICATION/GRPC",
-        "application/grpc-web",
-        "application/grpc-web-text+proto",
+    // Each with the content type of its refusal: gRPC-Web callers get their
+    // own media type back.
+    let answered = [
+        ("application/grpc", "application/grpc"),
+        ("application/grpc+proto", "application/grpc"),
+        ("application/grpc; charset=utf-8", "application/grpc"),
+        ("Application/gRPC+proto", "application/grpc"),
+        ("APPLICATION/GRPC", "application/grpc"),
+        ("application/grpc-web", "application/grpc-web"),
+        (
+            "application/grpc-web-text+proto",
+            "application/grpc-web-text+proto",
+        ),
     ];
+    let grpc_types = answered.map(|(sent, _)| sent);
     for content_type in grpc_types {
         let mut headers = HeaderMap::new();
         headers.insert(http::header::CONTENT_TYPE, content_type.parse().unwrap());
@@ -237,7 +244,7 @@ async fn every_grpc_content_type_gets_a_grpc_status_in_any_case() {
     for _ in 0..20 {
         assert_eq!(send(&app).await.0, StatusCode::OK);
     }
-    for content_type in grpc_types {
+    for (content_type, answer) in answered {
         let mut request = alice();
         request
             .headers_mut()
@@ -246,10 +253,7 @@ async fn every_grpc_content_type_gets_a_grpc_status_in_any_case() {
         assert_eq!(response.status(), StatusCode::OK, "{content_type}");
         let headers = response.headers();
         assert_eq!(headers["grpc-status"], "8", "{content_type}");
-        assert_eq!(
-            headers["content-type"], "application/grpc",
-            "{content_type}"
-        );
+        assert_eq!(headers["content-type"], answer, "{content_type}");
         assert_eq!(headers["grpc-retry-pushback-ms"], "1000", "{content_type}");
         let body = response.into_body().collect().await.unwrap().to_bytes();
         assert!(body.is_empty(), "{content_type}: trailers-only");

@@ -23,7 +23,8 @@ use tower_http::decompression::RequestDecompressionLayer;
 use tower_http::limit::{RequestBodyLimit, ResponseBody, ResponseFuture as LimitFuture};
 
 use super::decode::{Coding, Codings, DecodeBody};
-use crate::reject::{is_grpc, InvalidParameter, Rejection, SizeCap};
+use super::grpc_web::WebEnd;
+use crate::reject::{InvalidParameter, Protocol, Rejection, SizeCap};
 
 type BoxError = Box<dyn StdError + Send + Sync>;
 
@@ -227,7 +228,7 @@ where
                 wire_bytes: caps.wire_bytes,
                 decoded_bytes: caps.decoded_bytes,
             },
-            grpc: is_grpc(req.headers()),
+            protocol: Protocol::of(req.headers()),
             encoding: combine_content_encoding(req.headers_mut()),
         };
         // The stack is built around the inner service for this call: its
@@ -593,7 +594,7 @@ fn probed<B>(req: Request<B>, stage: Stage) -> Request<ProbedBody<B>> {
 #[derive(Debug)]
 struct Watch {
     trip: Trip,
-    grpc: bool,
+    protocol: Protocol,
     /// The `content-encoding` as sent, for a 415 to name.
     encoding: Option<HeaderValue>,
 }
@@ -670,8 +671,8 @@ impl Watch {
                     .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
                     .unwrap_or_default();
                 let accept = response.headers().get(ACCEPT_ENCODING).cloned();
-                let mut rejected =
-                    Rejection::UnsupportedEncoding { encoding }.into_layer_response(self.grpc);
+                let mut rejected = Rejection::UnsupportedEncoding { encoding }
+                    .into_layer_response(self.protocol.clone());
                 if let Some(accept) = accept {
                     rejected.headers_mut().insert(ACCEPT_ENCODING, accept);
                 }
@@ -680,10 +681,22 @@ impl Watch {
             None => None,
         };
         match rejection {
-            Some(rejection) => rejection.into_layer_response(self.grpc),
+            Some(rejection) => rejection.into_layer_response(self.protocol.clone()),
             None => {
-                let trip = self.grpc.then(|| self.trip.clone());
-                response.map(|inner| Either::Left(Either::Right(StatusBody { inner, trip })))
+                let trip = self.protocol.is_grpc().then(|| self.trip.clone());
+                // A gRPC-Web answer carries its trailers in the body, in the
+                // encoding of the response (binary or base64).
+                let answer = Protocol::of(response.headers());
+                let web = (self.protocol.is_grpc_web() && answer.is_grpc_web())
+                    .then(|| Box::new(WebEnd::new(answer.is_grpc_web_text())));
+                response.map(|inner| {
+                    Either::Left(Either::Right(StatusBody {
+                        inner,
+                        trip,
+                        web,
+                        ended: false,
+                    }))
+                })
             }
         }
     }
@@ -693,15 +706,24 @@ pin_project! {
     /// The response body of a request that [`BodyLimits`] passed through
     /// its caps. For a gRPC call, a cap that trips after the handler
     /// answered (a streaming response has begun), or a coded body found
-    /// malformed then, replaces the call's status in the trailers with the
-    /// refusal it gets before an answer: its `grpc-status`, `grpc-message`,
-    /// details and `grpc-retry-pushback-ms`. Otherwise the inner body,
-    /// unchanged.
+    /// malformed then, replaces the call's status with the refusal it gets
+    /// before an answer: its `grpc-status`, `grpc-message`, details and
+    /// `grpc-retry-pushback-ms`, and keeps the handler's other trailers.
+    /// Plain gRPC carries them in the HTTP trailers. gRPC-Web (a gRPC-Web
+    /// request answered in gRPC-Web) carries them in the body's trailer
+    /// frame (flag byte `0x80`, 4-byte big-endian length, `name:value\r\n`
+    /// lines; base64 for `-text`), which replaces the handler's; the frames
+    /// before it pass on as they come (for `-text`, in whole base64 groups).
+    /// Otherwise the inner body, unchanged.
     pub struct StatusBody<B> {
         #[pin]
         inner: B,
         // Until the trailers are sent, for a gRPC call only.
         trip: Option<Trip>,
+        // How a gRPC-Web body ends.
+        web: Option<Box<WebEnd>>,
+        // gRPC-Web: the inner body ended and the end of this one was sent.
+        ended: bool,
     }
 }
 
@@ -710,19 +732,23 @@ impl<B: fmt::Debug> fmt::Debug for StatusBody<B> {
         f.debug_struct("StatusBody")
             .field("inner", &self.inner)
             .field("grpc", &self.trip.is_some())
+            .field("grpc_web", &self.web.is_some())
             .finish()
     }
 }
 
-impl<B: Body> Body for StatusBody<B> {
-    type Data = B::Data;
+impl<B: Body<Data = Bytes>> Body for StatusBody<B> {
+    type Data = Bytes;
     type Error = B::Error;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         let this = self.project();
+        if let Some(web) = this.web {
+            return poll_web(this.inner, this.trip, web, this.ended, cx);
+        }
         if this.trip.is_none() {
             return this.inner.poll_frame(cx);
         }
@@ -745,23 +771,82 @@ impl<B: Body> Body for StatusBody<B> {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream() && self.trip.as_ref().is_none_or(|trip| !trip.tripped())
+        let web_done = self.web.as_ref().is_none_or(|web| web.is_empty());
+        (self.ended || (self.inner.is_end_stream() && web_done))
+            && self.trip.as_ref().is_none_or(|trip| !trip.tripped())
     }
 
     fn size_hint(&self) -> SizeHint {
+        if self.web.is_some() {
+            // The trailer frame may be replaced by one of another length.
+            return SizeHint::default();
+        }
         self.inner.size_hint()
     }
 }
 
+/// [`StatusBody::poll_frame`] for gRPC-Web: data passes through `web` until
+/// the inner body ends, then the held trailer frame is sent as it was, or
+/// replaced by the refusal's.
+fn poll_web<B: Body<Data = Bytes>>(
+    mut inner: Pin<&mut B>,
+    trip: &mut Option<Trip>,
+    web: &mut WebEnd,
+    ended: &mut bool,
+    cx: &mut Context<'_>,
+) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+    loop {
+        if let Some(trailers) = web.deferred.take() {
+            *ended = true;
+            return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
+        }
+        if *ended {
+            return Poll::Ready(None);
+        }
+        let http_trailers = match ready!(inner.as_mut().poll_frame(cx)) {
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) => {
+                    let data = web.data(data);
+                    if data.is_empty() {
+                        continue;
+                    }
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Err(frame) => match frame.into_trailers() {
+                    Ok(trailers) => Some(trailers),
+                    Err(frame) => return Poll::Ready(Some(Ok(frame))),
+                },
+            },
+            Some(Err(err)) => return Poll::Ready(Some(Err(err))),
+            None => None,
+        };
+        let refuse = trip
+            .take()
+            .and_then(|trip| trip.rejection())
+            .map(|rejection| move |trailers| refused_trailers(trailers, rejection));
+        let (data, http_trailers) = web.finish(http_trailers, refuse);
+        // HTTP trailers the inner body sent, and no refusal replaced: after
+        // the held data.
+        *ended = http_trailers.is_none();
+        web.deferred = http_trailers;
+        if !data.is_empty() {
+            return Poll::Ready(Some(Ok(Frame::data(data))));
+        }
+    }
+}
+
 /// `trailers` with their gRPC status replaced by the one of `rejection`, as
-/// [`Rejection::into_response`] writes it.
+/// [`Rejection::into_response`] writes it, in that order.
 fn refused_trailers(mut trailers: HeaderMap, rejection: Rejection) -> HeaderMap {
-    let (mut refusal, _) = rejection.into_response(true).into_parts();
-    refusal.headers.remove(CONTENT_TYPE);
+    let (refusal, _) = rejection.into_response(true).into_parts();
     for name in ["grpc-status", "grpc-message", "grpc-status-details-bin"] {
         trailers.remove(name);
     }
-    trailers.extend(refusal.headers);
+    for (name, value) in &refusal.headers {
+        if name != CONTENT_TYPE {
+            trailers.insert(name, value.clone());
+        }
+    }
     trailers
 }
 

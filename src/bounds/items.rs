@@ -19,7 +19,7 @@ use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqA
 use serde::Deserialize;
 use tower::{Layer, Service};
 
-use crate::reject::{is_grpc, InvalidParameter, RefusalBody, Rejection, SizeCap};
+use crate::reject::{InvalidParameter, Protocol, RefusalBody, Rejection, SizeCap};
 
 /// Why a batch was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -406,7 +406,7 @@ where
                     let (Some(mut parts), Some(mut inner)) = (parts.take(), inner.take()) else {
                         panic!("ResponseFuture polled after completion");
                     };
-                    let grpc = is_grpc(&parts.headers);
+                    let protocol = Protocol::of(&parts.headers);
                     let counted = match read {
                         Err(err) => Err(BatchError::Malformed(InvalidParameter::new(
                             "body",
@@ -425,7 +425,9 @@ where
                         }
                         Err(err) => {
                             this.state.set(State::Done);
-                            return Poll::Ready(Ok(err.into_rejection().into_layer_response(grpc)));
+                            return Poll::Ready(Ok(err
+                                .into_rejection()
+                                .into_layer_response(protocol)));
                         }
                     }
                 }

@@ -111,6 +111,7 @@
 
 mod body;
 mod decode;
+mod grpc_web;
 mod items;
 mod query;
 

@@ -17,7 +17,7 @@ use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 use tower::{Layer, Service};
 
-use crate::reject::{is_grpc, InvalidParameter, RefusalBody, Rejection};
+use crate::reject::{InvalidParameter, Protocol, RefusalBody, Rejection};
 
 use crate::ConfigError;
 
@@ -682,7 +682,7 @@ where
                 kind: Kind::Rejected {
                     response: Some(
                         Rejection::InvalidParameters(errors)
-                            .into_layer_response(is_grpc(req.headers())),
+                            .into_layer_response(Protocol::of(req.headers())),
                     ),
                 },
             },

@@ -8,7 +8,7 @@ use pin_project_lite::pin_project;
 
 use super::body::PermitBody;
 use super::state::{AcquireFuture, Guard, Refusal};
-use crate::reject::{OverloadScope, RefusalBody, Rejection};
+use crate::reject::{OverloadScope, Protocol, RefusalBody, Rejection};
 
 /// Polls a clone of the inner service ready, then calls it with the request:
 /// the inner future, or the error of `poll_ready` as the final output.
@@ -39,7 +39,7 @@ pin_project! {
         Waiting {
             acquire: AcquireFuture,
             call: Option<CallInner<F>>,
-            grpc: bool,
+            protocol: Protocol,
         },
         Readying {
             call: CallInner<F>,
@@ -52,18 +52,18 @@ pin_project! {
         },
         Refused {
             refusal: Option<Refusal>,
-            grpc: bool,
+            protocol: Protocol,
         },
     }
 }
 
 impl<F: Future> ResponseFuture<F> {
-    pub(crate) fn waiting(acquire: AcquireFuture, call: CallInner<F>, grpc: bool) -> Self {
+    pub(crate) fn waiting(acquire: AcquireFuture, call: CallInner<F>, protocol: Protocol) -> Self {
         ResponseFuture {
             state: State::Waiting {
                 acquire,
                 call: Some(call),
-                grpc,
+                protocol,
             },
         }
     }
@@ -77,32 +77,37 @@ impl<F: Future> ResponseFuture<F> {
         }
     }
 
-    pub(crate) fn refused(refusal: Refusal, grpc: bool) -> Self {
+    pub(crate) fn refused(refusal: Refusal, protocol: Protocol) -> Self {
         ResponseFuture {
             state: State::Refused {
                 refusal: Some(refusal),
-                grpc,
+                protocol,
             },
         }
     }
 }
 
-fn refusal_response<B: RefusalBody>(refusal: Refusal, grpc: bool) -> Response<PermitBody<B>> {
+fn refusal_response<B: RefusalBody>(
+    refusal: Refusal,
+    protocol: Protocol,
+) -> Response<PermitBody<B>> {
     // Each cap of requests is advertised as a quota of concurrent requests:
     // the caller's own ("concurrency") or the service's
     // ("global-concurrency"). A full identity map has no such cap.
     let advertised = match (&refusal.rejection, refusal.cap) {
-        (&Rejection::Overloaded { scope, retry_after }, Some(cap)) if !grpc => Some((
-            match scope {
-                OverloadScope::Identity => "concurrency",
-                _ => "global-concurrency",
-            },
-            cap,
-            retry_after,
-        )),
+        (&Rejection::Overloaded { scope, retry_after }, Some(cap)) if !protocol.is_grpc() => {
+            Some((
+                match scope {
+                    OverloadScope::Identity => "concurrency",
+                    _ => "global-concurrency",
+                },
+                cap,
+                retry_after,
+            ))
+        }
         _ => None,
     };
-    let mut response = refusal.rejection.into_layer_response(grpc);
+    let mut response = refusal.rejection.into_layer_response(protocol);
     if let Some((name, cap, wait)) = advertised {
         crate::quota::headers::insert_concurrency(response.headers_mut(), name, cap, wait);
     }
@@ -124,7 +129,7 @@ where
                 StateProj::Waiting {
                     acquire,
                     call,
-                    grpc,
+                    protocol,
                 } => match ready!(acquire.as_mut().poll(cx)) {
                     Ok(guard) => {
                         let call = call.take().expect("polled after completion");
@@ -134,12 +139,12 @@ where
                         });
                     }
                     Err(refusal) => {
-                        let grpc = *grpc;
+                        let protocol = std::mem::replace(protocol, Protocol::HTTP);
                         state.set(State::Refused {
                             refusal: None,
-                            grpc,
+                            protocol: Protocol::HTTP,
                         });
-                        return Poll::Ready(Ok(refusal_response(refusal, grpc)));
+                        return Poll::Ready(Ok(refusal_response(refusal, protocol)));
                     }
                 },
                 StateProj::Readying { call, guard } => match ready!(call(cx)) {
@@ -168,9 +173,10 @@ where
                         Err(e) => Err(e),
                     });
                 }
-                StateProj::Refused { refusal, grpc } => {
+                StateProj::Refused { refusal, protocol } => {
                     let refusal = refusal.take().expect("polled after completion");
-                    return Poll::Ready(Ok(refusal_response(refusal, *grpc)));
+                    let protocol = std::mem::replace(protocol, Protocol::HTTP);
+                    return Poll::Ready(Ok(refusal_response(refusal, protocol)));
                 }
             }
         }

@@ -10,7 +10,7 @@ use super::future::ResponseFuture;
 use super::layer::ConcurrencyLayer;
 use super::state::{Begin, ConcurrencyStats, Shared};
 use crate::identity::Identity;
-use crate::reject::{is_grpc, RefusalBody};
+use crate::reject::{Protocol, RefusalBody};
 
 /// Middleware that bounds requests in flight; built by
 /// [`ConcurrencyLayer`].
@@ -86,9 +86,11 @@ where
             .map(Identity::subject_arc);
         match self.shared.begin(subject) {
             Begin::Ready(guard) => ResponseFuture::calling(self.inner.call(req), guard),
-            Begin::Refused(refusal) => ResponseFuture::refused(refusal, is_grpc(req.headers())),
+            Begin::Refused(refusal) => {
+                ResponseFuture::refused(refusal, Protocol::of(req.headers()))
+            }
             Begin::Wait(acquire) => {
-                let grpc = is_grpc(req.headers());
+                let protocol = Protocol::of(req.headers());
                 // The waiter gets a clone, polled ready once it holds its
                 // permits. The service `poll_ready` made ready is replaced by
                 // a fresh clone and dropped, giving up whatever its readiness
@@ -106,7 +108,7 @@ where
                         Poll::Ready(Ok(inner.call(req)))
                     }
                 };
-                ResponseFuture::waiting(acquire, Box::new(call), grpc)
+                ResponseFuture::waiting(acquire, Box::new(call), protocol)
             }
         }
     }

@@ -10,7 +10,7 @@ use pin_project_lite::pin_project;
 use tower::{Layer, Service};
 
 use super::{AuthError, Identity};
-use crate::reject::{is_grpc, RefusalBody, Rejection};
+use crate::reject::{Protocol, RefusalBody, Rejection};
 
 /// Establishes who is calling from the request head.
 ///
@@ -202,7 +202,7 @@ where
                 return ResponseFuture {
                     state: State::Refused {
                         reason: err.reason(),
-                        grpc: is_grpc(&parts.headers),
+                        protocol: Protocol::of(&parts.headers),
                     },
                 }
             }
@@ -258,7 +258,7 @@ pin_project! {
         },
         Refused {
             reason: &'static str,
-            grpc: bool,
+            protocol: Protocol,
         },
         Done,
     }
@@ -306,7 +306,7 @@ where
                         Err(err) => {
                             this.state.set(State::Refused {
                                 reason: err.reason(),
-                                grpc: is_grpc(&parts.headers),
+                                protocol: Protocol::of(&parts.headers),
                             });
                         }
                     }
@@ -316,12 +316,12 @@ where
                     this.state.set(State::Done);
                     return Poll::Ready(Ok(response));
                 }
-                StateProj::Refused { reason, grpc } => {
-                    let (reason, grpc) = (*reason, *grpc);
+                StateProj::Refused { reason, protocol } => {
+                    let (reason, protocol) = (*reason, std::mem::replace(protocol, Protocol::HTTP));
                     tracing::debug!(reason, "request not authenticated");
                     this.state.set(State::Done);
                     let rejection = Rejection::Unauthenticated { reason };
-                    return Poll::Ready(Ok(rejection.into_layer_response(grpc)));
+                    return Poll::Ready(Ok(rejection.into_layer_response(protocol)));
                 }
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
             }

@@ -8,7 +8,7 @@ use http::request::Parts;
 use http::StatusCode;
 
 use super::{ClientIp, Identity};
-use crate::reject::{is_grpc, Rejection};
+use crate::reject::{Protocol, Rejection};
 
 /// Reads the [`Identity`] inserted by
 /// [`AuthenticateLayer`](super::AuthenticateLayer).
@@ -25,7 +25,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Identity {
                 reason: "no authenticated identity",
             };
             rejection
-                .into_response(is_grpc(&parts.headers))
+                .into_response(Protocol::of(&parts.headers))
                 .map(axum::body::Body::new)
         })
     }

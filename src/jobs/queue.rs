@@ -16,7 +16,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::id::JobId;
-use crate::reject::{OverloadScope, Rejection};
+use crate::reject::{OverloadScope, Protocol, Rejection};
 use crate::ConfigError;
 
 /// Default for [`JobQueueBuilder::capacity`].
@@ -118,14 +118,17 @@ impl SubmitError {
     }
 
     /// The 503 or 429 response (problem+json, or gRPC `UNAVAILABLE` or
-    /// `RESOURCE_EXHAUSTED` when `grpc`).
+    /// `RESOURCE_EXHAUSTED` for a gRPC or gRPC-Web `protocol`; `true` is
+    /// plain gRPC).
     ///
     /// Over HTTP a full queue is also advertised as the service's quota of
     /// concurrent work, used up: `RateLimit-Policy: "job-queue";q=<capacity>;
     /// qu="concurrent-requests"` and `RateLimit: "job-queue";r=0;t=<wait>`;
     /// an owner's cap likewise as `"jobs-per-owner"`.
-    pub fn into_response(self, grpc: bool) -> Response<Full<Bytes>> {
-        let mut response = self.rejection().into_response(grpc);
+    pub fn into_response(self, protocol: impl Into<Protocol>) -> Response<Full<Bytes>> {
+        let protocol = protocol.into();
+        let grpc = protocol.is_grpc();
+        let mut response = self.rejection().into_response(protocol);
         let advertised = match self {
             SubmitError::Full {
                 capacity,

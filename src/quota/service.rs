@@ -11,7 +11,7 @@ use tower::Service;
 use crate::quota::layer::{Config, Planned, Resolved};
 use crate::quota::settle::Charge;
 use crate::quota::{headers, Settlement, Store, Verdict};
-use crate::reject::{is_grpc, RefusalBody, Rejection};
+use crate::reject::{Protocol, RefusalBody, Rejection};
 
 /// A charge to give back when the request is refused further in.
 type Refund = Option<Arc<Charge>>;
@@ -172,7 +172,7 @@ where
                 let rejection = Rejection::Unauthenticated {
                     reason: "no authenticated identity",
                 };
-                return refused(rejection.into_layer_response(is_grpc(req.headers())));
+                return refused(rejection.into_layer_response(Protocol::of(req.headers())));
             }
         };
         let limiter = &self.config.limiter;
@@ -301,7 +301,7 @@ fn admit<St: Store, ReqB, B: RefusalBody>(
         unreachable!("only an admission maps to no rejection");
     };
     tracing::debug!(quota = quota.name(), key = &**key, cost, %rejection, "quota refused");
-    let mut response = rejection.into_layer_response(is_grpc(req.headers()));
+    let mut response = rejection.into_layer_response(Protocol::of(req.headers()));
     let values = headers::values(quota, verdict, planned.policy_field.as_ref());
     headers::append(response.headers_mut(), values);
     Admission::Refused(response)
