@@ -791,8 +791,16 @@ async fn a_lowered_grant_whose_reply_is_lost_stays_counted_until_the_old_expiry(
     let redis = ManualClock::new(Timestamp(START));
     let shared = store(&server, Some(&redis));
     let mut fleet = Fleet::new(redis.clone(), shared.clone(), 40);
+    // a reaches Redis through a proxy that can cut a reply.
+    let proxy = support::ReplyCutProxy::start(server.port()).await;
+    let via_proxy = LeaseStore::builder(proxy.url())
+        .prefix("t")
+        .deadline(Duration::from_secs(5))
+        .test_clock(redis.clone())
+        .build()
+        .unwrap();
     let all = |b: Builder| b.initial_demand(Rate::per_second(R));
-    let a = fleet.join(&shared, "a", 1_000, 0, all);
+    let a = fleet.join(&via_proxy, "a", 1_000, 0, all);
     fleet.tick(0).await;
     fleet.run_until(2 * SEC, MS).await;
     let b = fleet.join(&shared, "b", 1_000, 0, all);
@@ -802,28 +810,26 @@ async fn a_lowered_grant_whose_reply_is_lost_stays_counted_until_the_old_expiry(
         fleet.nodes[a].status().expires_at.0,
         START + 6 * SEC - MARGIN
     );
-    // At 5 s a's refresh runs in Redis but its reply is lost: a twin with
-    // a's id sends it, and a never hears of it.
+    // At 5 s a's refresh runs in Redis but its reply is lost, and a sends
+    // no other until its old grant has run out.
+    fleet.run_until(5 * SEC - MS, MS).await;
+    proxy.cut_next_reply();
+    fleet.tick(MS).await;
+    assert_eq!((proxy.cuts(), fleet.refresh_errors), (1, 1));
     fleet.nodes[a].quiet_until = 6 * SEC - MARGIN;
-    fleet.run_until(5 * SEC, MS).await;
-    let twin_clock = ManualClock::new(Timestamp(fleet.now()));
-    let twin = RateLease::builder(
-        shared.clone(),
-        BUDGET,
-        Rate::per_second(R),
-        NonZeroU32::new(40).unwrap(),
-    )
-    .instance_id("a")
-    .initial_demand(Rate::per_second(R))
-    .clock(twin_clock)
-    .build()
-    .unwrap();
+    let table = fleet.table().await;
+    let steps: Vec<(u64, u64)> = table
+        .instance("a")
+        .unwrap()
+        .steps
+        .iter()
+        .map(|s| (s.rate.as_milli(), s.expires_at.0))
+        .collect();
     assert_eq!(
-        twin.refresh().await.unwrap().grant,
-        Rate::per_second(120),
-        "the script lowered a to 120/s"
+        steps,
+        [(R_MILLI, START + 6 * SEC), (120_000, START + 10 * SEC)],
+        "the script lowered a to 120/s, and counts its old 240/s until 6 s"
     );
-    drop(twin);
     let s = fleet.nodes[b].lease.refresh().await.unwrap();
     assert_eq!(s.grant, Rate::ZERO, "a's old 240/s is still counted");
     fleet.run_until(5_990 * MS, MS).await;
@@ -2537,4 +2543,217 @@ async fn a_record_without_a_budget_still_counts_its_grant() {
     let table = store.grants(BUDGET).await.unwrap();
     assert_eq!(table.committed_at(Timestamp(START)), Rate::per_second(R));
     assert_eq!(table.instance("old").unwrap().steps.len(), 1);
+}
+
+// ---------------------------------------------------------------------------
+// One instance id in two live processes (a copied config).
+// ---------------------------------------------------------------------------
+
+/// Sends of `node` in each whole second `[s, s + 1)` of fleet time, for
+/// `seconds` in `from..to`.
+fn per_second(node: &Node, from: u64, to: u64) -> Vec<usize> {
+    (from..to)
+        .map(|s| sends_between(node, START + s * SEC, START + (s + 1) * SEC))
+        .collect()
+}
+
+/// Two live processes configured with one instance id share one Redis: the
+/// first to call holds the id's grants, the other is refused with
+/// `InstanceIdInUse` and spends the fallback share, `R / N`. Together they
+/// send at most one grant plus one fallback share (`docs/leases.md`, "One
+/// instance id in two processes"): with `R` = 240/s and `N` = 40, exactly
+/// 240 + 6 = 246 in every second once running, and at most
+/// `K(240/s) + K_f + 246·T` = 6 + 1 + 246 = 253 in any closed 1 s window.
+/// Before, both were granted the whole 240/s, and sent 480 a second.
+#[tokio::test]
+async fn two_live_processes_with_one_instance_id_send_at_most_one_grant_plus_one_fallback_share() {
+    let events = Events::default();
+    let _log =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(events.clone()));
+    let server = RedisServer::start();
+    let redis = ManualClock::new(Timestamp(START));
+    let shared = store(&server, Some(&redis));
+    // N = 40: the fallback share is 6/s.
+    let mut fleet = Fleet::new(redis.clone(), shared.clone(), 40);
+    let whole = |b: Builder| b.initial_demand(Rate::per_second(R));
+    let first = fleet.join(&shared, "pod", 1_000, 0, whole);
+    // Its twin's local clock is 2 s ahead of Redis's.
+    let twin = fleet.join(&shared, "pod", 1_000, 2, whole);
+    fleet.tick(0).await;
+    fleet.run_until(12 * SEC, MS).await;
+
+    let (a, b) = (&fleet.nodes[first], &fleet.nodes[twin]);
+    let together: Vec<usize> = per_second(a, 1, 12)
+        .iter()
+        .zip(per_second(b, 1, 12))
+        .map(|(x, y)| x + y)
+        .collect();
+    assert_eq!(
+        (per_second(a, 1, 12), per_second(b, 1, 12)),
+        (vec![240; 11], vec![6; 11]),
+        "the holder spends its grant, its twin the fallback share"
+    );
+    assert_eq!(together, vec![246; 11]);
+    let most = max_in_window(&fleet.all_sends(), SEC);
+    assert!(most <= 253, "{most} sends in a 1 s window, bound 253");
+    let (sa, sb) = (a.status(), b.status());
+    assert_eq!(
+        (sa.mode, sa.grant, sb.mode, sb.rate),
+        (
+            LeaseMode::Granted,
+            Rate::per_second(R),
+            LeaseMode::Fallback,
+            Rate::per_second(R / 40)
+        )
+    );
+    // Refused at 0, 5 and 10 s, each time until the holder's latest expiry
+    // (its refreshes at 0, 1, 5 and 9 s), never every `retry_every`.
+    assert_eq!((sa.id_in_use, sb.id_in_use), (0, 3));
+    assert_eq!(fleet.refresh_errors, 3);
+    let table = fleet.table().await;
+    assert_eq!(table.instances.len(), 1);
+    assert_eq!(latest(&table, "pod"), R_MILLI);
+    // The answer names the id and when it is free: the holder's grant of
+    // 9 s lasts until 14 s.
+    assert_eq!(
+        fleet.nodes[twin].lease.refresh().await.map(|s| s.mode),
+        Err(LeaseError::InstanceIdInUse {
+            id: "pod".to_owned(),
+            free_in: Duration::from_secs(2)
+        })
+    );
+    assert_eq!(
+        events.count(
+            tracing::Level::ERROR,
+            "instance id \"pod\" is held by another"
+        ),
+        1,
+        "one error, not one per refused refresh"
+    );
+    assert_eq!(events.count(tracing::Level::WARN, ""), 0);
+}
+
+/// A process restarted under its old instance id (a new lease, the old one
+/// died without a release) is refused only while the old grants last: at
+/// most one lease length, here exactly the 4 s left of the grant its
+/// previous run renewed at 9 s. Meanwhile it spends the fallback share,
+/// 6/s; at 14 s its own refresh, due then, takes the id and is granted the
+/// whole 240/s, with no one's help.
+#[tokio::test]
+async fn a_restarted_process_waits_only_for_its_previous_runs_grant_to_expire() {
+    let events = Events::default();
+    let _log =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(events.clone()));
+    let server = RedisServer::start();
+    let redis = ManualClock::new(Timestamp(START));
+    let shared = store(&server, Some(&redis));
+    let mut fleet = Fleet::new(redis.clone(), shared.clone(), 40);
+    let whole = |b: Builder| b.initial_demand(Rate::per_second(R));
+    let old = fleet.join(&shared, "pod", 1_000, 0, whole);
+    fleet.tick(0).await;
+    fleet.run_until(10 * SEC, MS).await;
+    // Its last refresh was at 9 s: the grant lasts until 14 s.
+    assert_eq!(
+        fleet.nodes[old].fleet(fleet.nodes[old].status().next_refresh),
+        START + 13 * SEC
+    );
+    fleet.nodes[old].alive = false;
+
+    let new = fleet.join(&shared, "pod", 1_000, -3, whole);
+    fleet.tick(0).await;
+    let s = fleet.nodes[new].status();
+    assert_eq!(
+        (
+            s.mode,
+            s.rate,
+            s.id_in_use,
+            fleet.nodes[new].fleet(s.next_refresh)
+        ),
+        (
+            LeaseMode::Fallback,
+            Rate::per_second(R / 40),
+            1,
+            START + 14 * SEC
+        ),
+        "refused, in the fallback, and due again when the old grant expires"
+    );
+    fleet.run_until(14 * SEC - MS, MS).await;
+    assert_eq!(fleet.nodes[new].status().mode, LeaseMode::Fallback);
+    fleet.tick(MS).await;
+    let s = fleet.nodes[new].status();
+    assert_eq!(
+        (s.mode, s.grant, s.id_in_use),
+        (LeaseMode::Granted, Rate::per_second(R), 1)
+    );
+    fleet.run_until(20 * SEC, MS).await;
+    let node = &fleet.nodes[new];
+    assert_eq!(
+        sends_between(node, START + 10 * SEC, START + 14 * SEC),
+        23,
+        "6/s for 4 s; the 24th token fills at 14 s"
+    );
+    assert_eq!(per_second(node, 15, 20), vec![240; 5]);
+    assert_eq!(fleet.refresh_errors, 1);
+    assert_eq!(
+        events.count(
+            tracing::Level::ERROR,
+            "instance id \"pod\" is held by another"
+        ),
+        1
+    );
+    assert_eq!(events.count(tracing::Level::INFO, "rate lease renewed"), 1);
+}
+
+/// The refused lease of a shared id changes nothing of the holder's: its
+/// release leaves the holder's grant counted, and even when it was built
+/// to fail open it spends the fallback share (Redis is reachable and said
+/// no), not without limit. A record written before the script kept its
+/// holder's life is taken by its next caller, as before.
+#[tokio::test]
+async fn a_refused_lease_neither_frees_the_holders_grant_nor_fails_open() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(Timestamp(START));
+    let store = store(&server, Some(&clock));
+    let holder = instance(&store, "pod", R, &clock).build().unwrap();
+    let twin = instance(&store, "pod", R, &clock)
+        .fail_open()
+        .build()
+        .unwrap();
+    assert_eq!(holder.refresh().await.unwrap().grant, Rate::per_second(R));
+    assert!(matches!(
+        twin.refresh().await,
+        Err(LeaseError::InstanceIdInUse { .. })
+    ));
+    let admitted = (0..1_000)
+        .filter(|_| {
+            clock.advance(Duration::from_millis(1));
+            twin.try_acquire(1).is_ok()
+        })
+        .count();
+    // One attempt a millisecond, 1,000 if it failed open: the fallback
+    // share of 6/s in a bucket of one unit admits one every 167 ms.
+    assert_eq!(admitted, 5, "a second of the fallback share, 6/s");
+    assert_eq!(twin.release().await, Ok(()));
+    let table = store.grants(BUDGET).await.unwrap();
+    assert_eq!(latest(&table, "pod"), R_MILLI);
+    assert_eq!(table.committed_at(table.now), Rate::per_second(R));
+    // The holder renews, at its measured demand (none: the least, 0.6/s).
+    assert_eq!(holder.refresh().await.unwrap().grant, Rate::from_milli(600));
+
+    // A record with no holder's life: the next caller takes it.
+    holder.release().await.unwrap();
+    let expiry = (START + SEC + L).to_string();
+    server.cli(&[
+        "HSET",
+        "t:{lease:dep}",
+        "i:legacy",
+        &format!("100000,0,100000,{expiry},240000"),
+    ]);
+    let legacy = instance(&store, "legacy", R, &clock).build().unwrap();
+    assert_eq!(legacy.refresh().await.unwrap().grant, Rate::per_second(R));
+    let other = instance(&store, "legacy", R, &clock).build().unwrap();
+    assert!(matches!(
+        other.refresh().await,
+        Err(LeaseError::InstanceIdInUse { .. })
+    ));
 }

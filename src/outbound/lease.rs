@@ -139,6 +139,17 @@ pub enum LeaseError {
     Timeout,
     /// The lease was released; nothing was sent.
     Released,
+    /// Refused: another live lease holds this instance id's grants (a second
+    /// process configured with the same id, or the previous run of this one
+    /// while its grants last). The script changed nothing; this lease
+    /// spends the fallback capacity until a refresh succeeds, due when the
+    /// other lease's grants expire unless it renews them.
+    InstanceIdInUse {
+        /// The instance id.
+        id: String,
+        /// Until the other lease's last grant expires (Redis time).
+        free_in: Duration,
+    },
 }
 
 impl fmt::Display for LeaseError {
@@ -148,6 +159,10 @@ impl fmt::Display for LeaseError {
             LeaseError::Failed { message } => write!(f, "lease call failed: {message}"),
             LeaseError::Timeout => f.write_str("no answer from redis before the deadline"),
             LeaseError::Released => f.write_str("the lease was released"),
+            LeaseError::InstanceIdInUse { id, free_in } => write!(
+                f,
+                "instance id {id:?} is held by another live lease (two processes configured with one id?); free in {free_in:?} unless that lease renews"
+            ),
         }
     }
 }
@@ -371,11 +386,17 @@ impl LeaseStore {
 
     async fn grant(&self, key: &str, id: &str, args: &Args) -> Result<GrantReply, LeaseError> {
         let reply = self.call(key, id, args).await?;
-        let nums = ints(&reply).filter(|n| n.len() == 6);
+        let nums = ints(&reply).filter(|n| n.len() == 7);
         let Some(n) = nums else {
             return Err(bad_reply("grant"));
         };
         let u = |i: usize| u64::try_from(n[i]).unwrap_or(0);
+        if u(6) > 0 {
+            return Err(LeaseError::InstanceIdInUse {
+                id: id.to_owned(),
+                free_in: Duration::from_micros(u(6).saturating_sub(u(2))),
+            });
+        }
         Ok(GrantReply {
             rate: Rate(u(0)),
             expiry: u(1),
@@ -385,8 +406,9 @@ impl LeaseStore {
         })
     }
 
-    /// Deletes instance `id`'s grants; for `lease_us` after, a refresh of
-    /// its `life` that reaches Redis late changes nothing.
+    /// Deletes instance `id`'s grants if `life` holds them; for `lease_us`
+    /// after, a refresh of its `life` that reaches Redis late changes
+    /// nothing.
     async fn release(
         &self,
         key: &str,
@@ -645,6 +667,9 @@ pub struct LeaseStatus {
     pub next_refresh: Timestamp,
     /// Refreshes that failed in a row.
     pub failures: u32,
+    /// Refreshes refused since the lease was built because another live
+    /// lease held its instance id ([`LeaseError::InstanceIdInUse`]).
+    pub id_in_use: u64,
 }
 
 /// A share of a fleet-wide rate budget, leased from Redis and spent locally
@@ -736,6 +761,21 @@ pub struct LeaseStatus {
 /// refusal with no rate to spend (starting, a zero grant): its wait is the
 /// time to the next refresh.
 ///
+/// # One id, one holder
+///
+/// Each lease draws a random *life* when it is built, and the script keeps
+/// it beside the id's grants. A refresh of another life while those grants
+/// last (a second live process configured with the same id, or a restarted
+/// one while its previous run's grants run out) is refused with
+/// [`LeaseError::InstanceIdInUse`]: that lease stops spending any grant it
+/// holds, spends the fallback capacity `R / expected_instances` (even after
+/// [`fail_open`](RateLeaseBuilder::fail_open)), logs one `error` naming the
+/// id, counts the refusal in [`LeaseStatus::id_in_use`] and refreshes again
+/// when the other's last grant expires. So two processes with one id send
+/// at most one grant plus one fallback share, and a restarted process takes
+/// its id at most one lease length after its previous run's last refresh
+/// (at once after a [`release`](Self::release)).
+///
 /// A bucket whose capacity is one unit loses what it would accrue while it
 /// is full, so callers that retry only on their own schedule use a little
 /// less than the grant (one attempt per millisecond at 24/s: 23.8/s).
@@ -784,9 +824,11 @@ struct Shared<C> {
     key: String,
     budget: Box<str>,
     id: Box<str>,
-    /// This lease's life, random: after a release, Redis ignores a refresh
-    /// of this life that was still on its way, not one of a new lease under
-    /// the same id.
+    /// This lease's life, random (from the thread-local CSPRNG, seeded by
+    /// the OS): the script records it beside the id's grants and refuses a
+    /// refresh of another life while they last; after a release, Redis
+    /// ignores a refresh of this life that was still on its way, not one of
+    /// a new lease under the same id.
     life: u64,
     cfg: Settings,
     clock: C,
@@ -857,6 +899,11 @@ struct State {
     epoch: u64,
     /// The local time of the latest change.
     changed_at: Timestamp,
+    /// The last refresh was refused: another live lease holds the id (logged
+    /// once, until a refresh succeeds).
+    id_taken: bool,
+    /// Refreshes refused so, in all.
+    id_in_use: u64,
 }
 
 /// The lease's rate over time between two changes (refresh replies or a
@@ -1067,6 +1114,7 @@ impl State {
             capacity: u64::try_from(cfg.capacity(rate) / NANO).unwrap_or(u64::MAX),
             next_refresh: self.next_refresh,
             failures: self.failures,
+            id_in_use: self.id_in_use,
         }
     }
 }
@@ -1125,6 +1173,12 @@ impl RateLease<SystemClock> {
 impl<C: Clock> RateLeaseBuilder<C> {
     /// This instance's id, unique in the fleet: 1 to 128 characters of
     /// `[A-Za-z0-9._:-]`. Default: 16 random hex digits.
+    ///
+    /// An id in use by another live lease (a copied config) is detected: its
+    /// refreshes are refused with [`LeaseError::InstanceIdInUse`] while the
+    /// other's grants last, logged once at `error`, and it spends the
+    /// fallback capacity meanwhile (see [`RateLease`], "One id, one
+    /// holder").
     pub fn instance_id(mut self, id: &str) -> Self {
         self.id = Some(id.to_owned());
         self
@@ -1315,6 +1369,8 @@ impl<C: Clock> RateLeaseBuilder<C> {
             failures: 0,
             epoch: 0,
             changed_at: now,
+            id_taken: false,
+            id_in_use: 0,
         };
         Ok(RateLease {
             inner: Arc::new(Shared {
@@ -1366,7 +1422,7 @@ impl<C: Clock> RateLease<C> {
         }
         s.advance(now, cfg);
         s.note_fallback(now, cfg, &self.inner.budget, &self.inner.id);
-        if cfg.fail_open && s.mode_at(now) == LeaseMode::Fallback {
+        if cfg.fail_open && !s.id_taken && s.mode_at(now) == LeaseMode::Fallback {
             return Ok(());
         }
         let need = u128::from(cost) * NANO;
@@ -1444,9 +1500,11 @@ impl<C: Clock> RateLease<C> {
             .wait_without_rate(now, &self.inner.cfg)
     }
 
-    /// Whether the fallback admits without limit ([`RateLeaseBuilder::fail_open`]).
+    /// Whether the fallback admits without limit now
+    /// ([`RateLeaseBuilder::fail_open`], and the id is not held by another
+    /// lease).
     pub(crate) fn fails_open(&self) -> bool {
-        self.inner.cfg.fail_open
+        self.inner.cfg.fail_open && !self.inner.state.lock().id_taken
     }
 
     /// Counts `cost` toward the demand of an attempt that a caller refused
@@ -1552,6 +1610,7 @@ impl<C: Clock> RateLease<C> {
                 s.until = Timestamp(sent_at.0.saturating_add(life).saturating_sub(cfg.margin_us));
                 s.target = reply.target;
                 s.failures = 0;
+                s.id_taken = false;
                 let cap = cfg.capacity(s.rate_at(recv, cfg));
                 s.tokens = s.tokens.min(cap);
                 // A guess is followed a quarter period later by a measure.
@@ -1576,6 +1635,46 @@ impl<C: Clock> RateLease<C> {
                 }
                 s.note_fallback(recv, cfg, &inner.budget, &inner.id);
                 Ok(s.status(recv, cfg))
+            }
+            Err(LeaseError::InstanceIdInUse { ref id, free_in }) => {
+                // The script counts another lease's grants under this id,
+                // not this one's: whatever this lease holds stops now, and
+                // it spends the fallback capacity, as when Redis is
+                // unreachable (never without limit, even when failing
+                // open: Redis is reachable and said no). It tries again
+                // when the other's grants expire.
+                if s.phase == Phase::Starting {
+                    s.phase = Phase::Active;
+                    s.last = recv;
+                }
+                s.until = Timestamp(s.until.0.min(recv.0));
+                s.tokens = s.tokens.min(cfg.capacity(cfg.fallback));
+                s.failures = s.failures.saturating_add(1);
+                s.id_in_use = s.id_in_use.saturating_add(1);
+                let wait = duration_to_micros(free_in).max(1);
+                s.next_refresh = Timestamp(recv.0.saturating_add(wait));
+                #[cfg(feature = "metrics")]
+                metrics::counter!(
+                    "tower_admission_lease_id_in_use_total",
+                    "budget" => inner.budget.to_string()
+                )
+                .increment(1);
+                if !s.id_taken {
+                    s.id_taken = true;
+                    // Logged here, not as an expiry.
+                    s.fallback = true;
+                    tracing::error!(
+                        budget = &*inner.budget,
+                        instance = &**id,
+                        fallback = %cfg.fallback,
+                        free_in = ?free_in,
+                        "rate lease refused: instance id {id:?} is held by another live lease (is it configured in two processes?); spending the fallback capacity until the id is free"
+                    );
+                }
+                Err(LeaseError::InstanceIdInUse {
+                    id: id.clone(),
+                    free_in,
+                })
             }
             Err(error) => {
                 if s.phase == Phase::Starting {

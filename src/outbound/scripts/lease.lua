@@ -11,8 +11,9 @@
 --              of that life (one sent before the release, reaching Redis
 --              late) changes nothing; one of another life (a new lease under
 --              the same id) clears it.
---   `i:<id>`   one instance: "demand,provisional,rate1,exp1,rate2,exp2,...,budget"
---              (milli-units per second, 0/1/2, µs, milli-units per second).
+--   `i:<id>`   one instance: "demand,provisional,rate1,exp1,rate2,exp2,...,budget,o<life>"
+--              (milli-units per second, 0/1/2, µs, milli-units per second,
+--              the life of the lease that holds the id).
 --              The (rate, exp) pairs are the instance's
 --              *steps*: every grant it may still be spending, each counted
 --              until its expiry. Kept sorted by expiry with strictly
@@ -20,7 +21,10 @@
 --              expiry than another is implied by it and dropped). The
 --              trailing `budget` is the R the instance last called with
 --              (absent in records written before it was kept: an odd
---              count of numbers has it).
+--              count of numbers has it). The trailing `o<life>` names the
+--              lease that holds the id (absent in records written before
+--              it was kept: such a record is taken by its next caller). It
+--              is no number, so a script that predates it skips it.
 -- ARGV[1]: 'g' (grant), 'r' (release) or 's' (snapshot, read only).
 -- ARGV[2]: the instance id.
 -- ARGV[3]: its demand (milli-units/s); ARGV[4]: 1 if that demand is a guess
@@ -32,7 +36,15 @@
 --          state (Redis restarted empty) the grants still being spent are
 --          counted again from their holders' first call.
 -- ARGV[9]: the injected time (test-only script). ARGV[10]: the calling
---          lease's life, random per lease.
+--          lease's life, random per lease (16 hex digits).
+--
+-- One id, one holder. A grant call whose id's record has a step not yet
+-- expired and names another life (a second live process configured with
+-- the same id, or a restarted one while its old grants run) is refused: it
+-- writes nothing and returns { 0, 0, now, 0, 0, live, until }, with `until`
+-- the holder's last expiry, when the id is free again unless the holder
+-- renews. Two processes with one id would otherwise each spend the id's
+-- whole grant, while the script counts it once.
 --
 -- The rule. An instance's commitment at time t is the highest rate of its
 -- steps that expire after t. Every profile is non-increasing in t, so the
@@ -57,13 +69,14 @@
 -- held-back one counts as twice itself, at most R: room for its next
 -- doubling, without stranding the rest.
 --
--- 'g' returns { grant, expiry, now, recheck, target, live }: the grant rate
+-- 'g' returns { grant, expiry, now, recheck, target, live, 0 }: the grant rate
 -- and its expiry (µs), the script's time, and, when the grant is below the
 -- target, the earliest time (µs) at which the target should fit, from the
 -- other instances' steps and targets (0 when it fits now or never will).
--- 'r' deletes the instance (its holder has stopped spending), leaves its
--- `x:` mark for L, and returns { now }. A grant call that finds its own
--- life's mark returns { 0, now, now, 0, 0, live } and writes nothing. 's' returns { now, n, then per instance: id, demand, flag
+-- 'r' deletes the instance if the caller's life holds it (its holder has
+-- stopped spending; another life's grants stay counted), leaves its `x:`
+-- mark for L, and returns { now }. A grant call that finds its own life's
+-- mark returns { 0, now, now, 0, 0, live, 0 } and writes nothing. 's' returns { now, n, then per instance: id, demand, flag
 -- (as ARGV[4]), #steps, rate1, exp1, ... }.
 
 local key = KEYS[1]
@@ -87,26 +100,35 @@ end
 local last = tonumber(redis.call('HGET', key, '_t') or '0') or 0
 if last > now then now = last end
 
--- The steps of `value` that still count after `now`.
+-- The steps of `value` that still count after `now`, and its holder's life
+-- (nil in a record that predates it).
 local function parse(value)
   local nums = {}
-  for s in string.gmatch(value, '[^,]+') do nums[#nums + 1] = tonumber(s) end
+  local owner = nil
+  for s in string.gmatch(value, '[^,]+') do
+    if string.sub(s, 1, 1) == 'o' then
+      owner = string.sub(s, 2)
+    else
+      nums[#nums + 1] = tonumber(s)
+    end
+  end
   local steps = {}
   for k = 3, #nums - 1, 2 do
     if nums[k + 1] > now then steps[#steps + 1] = { nums[k], nums[k + 1] } end
   end
   local budget = nil
   if #nums >= 3 and #nums % 2 == 1 then budget = nums[#nums] end
-  return nums[1] or 0, nums[2] or 0, steps, budget
+  return nums[1] or 0, nums[2] or 0, steps, budget, owner
 end
 
-local function encode(d, g, steps, budget)
+local function encode(d, g, steps, budget, owner)
   local parts = { string.format('%d', d), string.format('%d', g) }
   for _, s in ipairs(steps) do
     parts[#parts + 1] = string.format('%d', s[1])
     parts[#parts + 1] = string.format('%d', s[2])
   end
   parts[#parts + 1] = string.format('%d', budget)
+  parts[#parts + 1] = 'o' .. owner
   return table.concat(parts, ',')
 end
 
@@ -135,7 +157,7 @@ local function prune(steps)
   return kept
 end
 
-local ids, dem, flags, steps, budgets = {}, {}, {}, {}, {}
+local ids, dem, flags, steps, budgets, owners = {}, {}, {}, {}, {}, {}
 local all = redis.call('HGETALL', key)
 for k = 1, #all, 2 do
   local f = all[k]
@@ -147,13 +169,14 @@ for k = 1, #all, 2 do
       redis.call('HDEL', key, f)
     end
   elseif f ~= '_t' then
-    local d, g, st, b = parse(all[k + 1])
+    local d, g, st, b, o = parse(all[k + 1])
     if #st > 0 or f == me then
       ids[#ids + 1] = f
       dem[f] = d
       flags[f] = g
       steps[f] = st
       budgets[f] = b
+      owners[f] = o
     elseif op ~= 's' then
       -- Every grant of this instance has expired: it is gone.
       redis.call('HDEL', key, f)
@@ -196,8 +219,14 @@ local function save_time()
   redis.call('PEXPIRE', key, idiv(horizon - now + 999, 1000) + EXPIRY_PAD_MS)
 end
 
+-- Whether the id's record has a grant not yet expired under another life.
+local function held_by_other()
+  return steps[me] ~= nil and #steps[me] > 0 and owners[me] ~= nil
+    and owners[me] ~= life
+end
+
 if op == 'r' then
-  if steps[me] ~= nil then
+  if steps[me] ~= nil and not held_by_other() then
     redis.call('HDEL', key, me)
     local rest = {}
     for _, f in ipairs(ids) do
@@ -217,10 +246,17 @@ end
 local released = marks[mark]
 if released ~= nil then
   if released[1] == life then
-    return { 0, now, now, 0, 0, #ids }
+    return { 0, now, now, 0, 0, #ids, 0 }
   end
   marks[mark] = nil
   redis.call('HDEL', key, mark)
+end
+if held_by_other() then
+  local until_t = now
+  for _, s in ipairs(steps[me]) do
+    if s[2] > until_t then until_t = s[2] end
+  end
+  return { 0, 0, now, 0, 0, #ids, until_t }
 end
 if steps[me] == nil then
   ids[#ids + 1] = me
@@ -311,6 +347,6 @@ if grant < want then
   end
 end
 
-redis.call('HSET', key, me, encode(demand, flag, steps[me], R))
+redis.call('HSET', key, me, encode(demand, flag, steps[me], R, life))
 save_time()
-return { grant, expiry, now, recheck, want, #ids }
+return { grant, expiry, now, recheck, want, #ids, 0 }
