@@ -165,6 +165,9 @@ impl Field {
         }
     }
 
+    // Inlined, so that the constant pieces are written as stores of their
+    // own size rather than through a call to `memcpy`.
+    #[inline(always)]
     fn put(&mut self, bytes: &[u8]) {
         if self.heap.is_empty() {
             let end = self.len + bytes.len();
