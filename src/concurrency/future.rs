@@ -25,41 +25,38 @@ pin_project! {
     where
         F: Future,
     {
+        // The inner service's future once called: outside the state enum,
+        // so that a request admitted at once writes it in place.
         #[pin]
+        fut: Option<F>,
+        // The permits, from admission until the inner future's answer.
+        guard: Option<Guard>,
         state: State<F>,
     }
 }
 
-pin_project! {
-    #[project = StateProj]
-    enum State<F>
-    where
-        F: Future,
-    {
-        Waiting {
-            acquire: AcquireFuture,
-            call: Option<CallInner<F>>,
-            protocol: Protocol,
-        },
-        Readying {
-            call: CallInner<F>,
-            guard: Option<Guard>,
-        },
-        Calling {
-            #[pin]
-            fut: F,
-            guard: Option<Guard>,
-        },
-        Refused {
-            refusal: Option<Refusal>,
-            protocol: Protocol,
-        },
-    }
+enum State<F: Future> {
+    Waiting {
+        acquire: AcquireFuture,
+        call: Option<CallInner<F>>,
+        protocol: Protocol,
+    },
+    Readying {
+        call: CallInner<F>,
+    },
+    /// `fut` runs.
+    Calling,
+    Refused {
+        refusal: Option<Refusal>,
+        protocol: Protocol,
+    },
 }
 
 impl<F: Future> ResponseFuture<F> {
     pub(crate) fn waiting(acquire: AcquireFuture, call: CallInner<F>, protocol: Protocol) -> Self {
         ResponseFuture {
+            fut: None,
+            guard: None,
             state: State::Waiting {
                 acquire,
                 call: Some(call),
@@ -68,17 +65,19 @@ impl<F: Future> ResponseFuture<F> {
         }
     }
 
+    #[inline(always)]
     pub(crate) fn calling(fut: F, guard: Guard) -> Self {
         ResponseFuture {
-            state: State::Calling {
-                fut,
-                guard: Some(guard),
-            },
+            fut: Some(fut),
+            guard: Some(guard),
+            state: State::Calling,
         }
     }
 
     pub(crate) fn refused(refusal: Refusal, protocol: Protocol) -> Self {
         ResponseFuture {
+            fut: None,
+            guard: None,
             state: State::Refused {
                 refusal: Some(refusal),
                 protocol,
@@ -123,57 +122,56 @@ where
     type Output = Result<Response<PermitBody<B>>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut state = self.project().state;
+        let mut this = self.project();
         loop {
-            match state.as_mut().project() {
-                StateProj::Waiting {
+            if let Some(fut) = this.fut.as_mut().as_pin_mut() {
+                let result = ready!(fut.poll(cx));
+                let guard = this.guard.take().expect("polled after completion");
+                return Poll::Ready(match result {
+                    Ok(response) => Ok(response.map(|body| PermitBody::new(body, guard))),
+                    // The inner service failed: there is no body to hold
+                    // the permits, so they are released now.
+                    Err(e) => Err(e),
+                });
+            }
+            match this.state {
+                State::Waiting {
                     acquire,
                     call,
                     protocol,
                 } => match ready!(acquire.as_mut().poll(cx)) {
                     Ok(guard) => {
                         let call = call.take().expect("polled after completion");
-                        state.set(State::Readying {
-                            call,
-                            guard: Some(guard),
-                        });
+                        *this.guard = Some(guard);
+                        *this.state = State::Readying { call };
                     }
                     Err(refusal) => {
                         let protocol = std::mem::replace(protocol, Protocol::HTTP);
-                        state.set(State::Refused {
+                        *this.state = State::Refused {
                             refusal: None,
                             protocol: Protocol::HTTP,
-                        });
+                        };
                         return Poll::Ready(Ok(refusal_response(refusal, protocol)));
                     }
                 },
-                StateProj::Readying { call, guard } => match ready!(call(cx)) {
+                State::Readying { call } => match ready!(call(cx)) {
                     Ok(fut) => {
-                        let guard = guard.take();
-                        state.set(State::Calling { fut, guard });
+                        this.fut.set(Some(fut));
+                        *this.state = State::Calling;
                     }
                     // `poll_ready` failed: the permits are released now, as
                     // for an error of the inner future.
                     Err(Err(e)) => {
-                        guard.take();
+                        this.guard.take();
                         return Poll::Ready(Err(e));
                     }
                     Err(Ok(response)) => {
-                        let guard = guard.take().expect("polled after completion");
+                        let guard = this.guard.take().expect("polled after completion");
                         return Poll::Ready(Ok(response.map(|body| PermitBody::new(body, guard))));
                     }
                 },
-                StateProj::Calling { fut, guard } => {
-                    let result = ready!(fut.poll(cx));
-                    let guard = guard.take().expect("polled after completion");
-                    return Poll::Ready(match result {
-                        Ok(response) => Ok(response.map(|body| PermitBody::new(body, guard))),
-                        // The inner service failed: there is no body to hold
-                        // the permits, so they are released now.
-                        Err(e) => Err(e),
-                    });
-                }
-                StateProj::Refused { refusal, protocol } => {
+                State::Calling => unreachable!("a called request has its inner future"),
+                State::Refused { refusal, protocol } => {
                     let refusal = refusal.take().expect("polled after completion");
                     let protocol = std::mem::replace(protocol, Protocol::HTTP);
                     return Poll::Ready(Ok(refusal_response(refusal, protocol)));
@@ -188,7 +186,7 @@ impl<F: Future> fmt::Debug for ResponseFuture<F> {
         let state = match &self.state {
             State::Waiting { .. } => "waiting",
             State::Readying { .. } => "readying",
-            State::Calling { .. } => "calling",
+            State::Calling => "calling",
             State::Refused { .. } => "refused",
         };
         f.debug_struct("ResponseFuture")
