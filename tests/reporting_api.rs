@@ -528,7 +528,13 @@ fn a_broken_file_is_refused_with_its_key_path_and_reason() {
             "{from:?} -> {to:?}: got {error:?}, expected it to start with {expected:?}"
         );
     }
-    // From a file, the message starts with the file's name.
+    // From a file, the message starts with the file's name and the line.
+    let line = std::fs::read_to_string(SHIPPED)
+        .unwrap()
+        .lines()
+        .position(|l| l.contains("capacity = 20, refill = 100"))
+        .unwrap()
+        + 1;
     let dir = std::env::temp_dir().join(format!("reporting-config-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("broken.toml");
@@ -541,7 +547,7 @@ fn a_broken_file_is_refused_with_its_key_path_and_reason() {
     assert_eq!(
         error,
         format!(
-            "{}: plans.free.policies[1].refill: must be at least 1",
+            "{}:{line}: plans.free.policies[1].refill: must be at least 1",
             path.display()
         )
     );
@@ -1058,4 +1064,177 @@ fn lease_flags_without_redis_are_refused_at_start() {
     );
     assert_eq!(parse(&["--help"]), Ok(None));
     assert!(args::USAGE.contains("--expected-instances N"));
+    // `--help` is the usage, then every flag described.
+    let usage = args::USAGE.lines().next().unwrap();
+    assert!(args::HELP.contains(usage), "{}", args::HELP);
+}
+
+/// A bad value in a file is refused with the file, the line it is on, its
+/// own key path (a policy's field included) and the reason. Before, no line
+/// was given, and a policy's bad value named only its policy
+/// (`plans.free.policies[0]: invalid type: string "x", expected u64`).
+#[test]
+fn a_bad_value_is_refused_with_its_file_line_and_its_own_key() {
+    let shipped = std::fs::read_to_string(SHIPPED).unwrap();
+    // The line (from 1) of the one line that contains `needle`.
+    let line_of = |needle: &str| {
+        let lines: Vec<usize> = shipped
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| l.contains(needle))
+            .map(|(i, _)| i + 1)
+            .collect();
+        assert_eq!(lines.len(), 1, "{needle:?} must be on one line");
+        lines[0]
+    };
+    let free_log = line_of("\"per-minute\", algorithm = \"sliding_log\", limit = 100,");
+    let free_burst = line_of("capacity = 20, refill = 100");
+    let cases = [
+        (
+            ("limit = 100, window", "limit = \"x\", window"),
+            free_log,
+            "plans.free.policies[0].limit: invalid type: string \"x\", expected u64",
+        ),
+        (
+            (
+                "limit = 100, window = \"60s\"",
+                "limit = 100, window = \"60\"",
+            ),
+            free_log,
+            "plans.free.policies[0].window: \"60\": the unit must be ms, s, m, h or d",
+        ),
+        (
+            ("capacity = 20, refill = 100", "capacity = -1, refill = 100"),
+            free_burst,
+            "plans.free.policies[1].capacity: invalid value: integer `-1`, expected u64",
+        ),
+        (
+            ("capacity = 20, refill = 100", "capacity = 20, refill = 0"),
+            free_burst,
+            "plans.free.policies[1].refill: must be at least 1",
+        ),
+        (
+            ("capacity = 20, refill = 100", "refill = 100"),
+            free_burst,
+            "plans.free.policies[1]: missing field `capacity`: a token_bucket policy \
+             takes `name`, `capacity`, `refill`, `period`",
+        ),
+        (
+            (
+                "capacity = 20, refill = 100",
+                "capacity = 20, limit = 5, refill = 100",
+            ),
+            free_burst,
+            "plans.free.policies[1]: unknown field `limit`: a token_bucket policy \
+             takes `name`, `capacity`, `refill`, `period`",
+        ),
+        (
+            ("max_page_size = 100", "max_page_size = \"lots\""),
+            line_of("max_page_size = 100"),
+            "query.max_page_size: invalid type: string \"lots\", expected u32",
+        ),
+        (
+            ("max_page_size = 100", "max_page_size = 5"),
+            line_of("max_page_size = 100"),
+            "query.max_page_size: must be at least query.default_page_size",
+        ),
+        (
+            ("job_workers = 2", "job_workers = 0"),
+            line_of("job_workers = 2"),
+            "batch.job_workers: must be at least 1",
+        ),
+        (
+            ("per_identity = { limit = 4,", "per_identity = { limit = 0,"),
+            line_of("per_identity = { limit = 4,"),
+            "concurrency.per_identity.limit: must be at least 1",
+        ),
+        (
+            ("plan = \"pro\"", "plan = \"gold\""),
+            line_of("plan = \"pro\""),
+            "keys[1].plan: no plan named \"gold\"",
+        ),
+        (
+            ("default_plan = \"free\"", "default_plan = \"gold\""),
+            line_of("default_plan = \"free\""),
+            "default_plan: no plan named \"gold\"",
+        ),
+        // A key missing from its table: the table's line.
+        (
+            ("job_retention = \"10m\"", ""),
+            line_of("[batch]"),
+            "batch: missing field `job_retention`",
+        ),
+        // A syntax error: its line, and no key path.
+        (
+            ("job_workers = 2", "job_workers = 2\njob_workers = 3"),
+            line_of("job_workers = 2") + 1,
+            "duplicate key",
+        ),
+    ];
+    let dir = std::env::temp_dir().join(format!("reporting-config-lines-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("bad.toml");
+    for ((from, to), line, expected) in cases {
+        std::fs::write(&path, edited(from, to)).unwrap();
+        let error = Config::load(&path).unwrap_err();
+        let expected = format!("{}:{line}: {expected}", path.display());
+        assert!(
+            error.starts_with(&expected),
+            "{from:?} -> {to:?}:\n got      {error:?}\n expected {expected:?}"
+        );
+    }
+    // A missing top-level key is on no line.
+    std::fs::write(&path, edited("default_plan = \"free\"", "")).unwrap();
+    assert_eq!(
+        Config::load(&path).unwrap_err(),
+        format!("{}: (file): missing field `default_plan`", path.display())
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Admission times (ms from the start) of demo-free's `GET /v1/reports`
+/// under `config`, sent greedily on the manual clock: every 100 ms for
+/// 60 s, requests until one is refused.
+async fn greedy_free_admissions(config: &Config) -> Vec<u64> {
+    let (app, clock) = api_of(config, dependency("http://127.0.0.1:1", roomy_budget()));
+    let mut admitted = Vec::new();
+    for step in 0..=600u64 {
+        if step > 0 {
+            clock.advance(Duration::from_millis(100));
+        }
+        for _ in 0..30 {
+            let (status, _, body) =
+                send(&app, get("/v1/reports?page_size=1", Some("demo-free"))).await;
+            if status != StatusCode::OK {
+                assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+                break;
+            }
+            admitted.push(step * 100);
+        }
+    }
+    admitted
+}
+
+/// The article's numbers end to end: the free plan's bucket (20, 100 per
+/// minute) admits 23 in 2 s and 120 in 60 s; the exact per-minute log beside
+/// it keeps every 60 s to 100.
+#[tokio::test]
+async fn the_free_plan_admits_23_in_2_s_and_at_most_100_in_any_60_s() {
+    let within = |admitted: &[u64], from: u64, to: u64| {
+        admitted.iter().filter(|t| (from..=to).contains(t)).count()
+    };
+    let both = greedy_free_admissions(&Config::builtin()).await;
+    assert_eq!(within(&both, 0, 2_000), 23);
+    assert_eq!(within(&both, 0, 59_999), 100);
+    // Every window (t - 60 s, t] ending at an admission holds at most 100.
+    let busiest = both
+        .iter()
+        .map(|&t| both.iter().filter(|&&s| s + 60_000 > t && s <= t).count())
+        .max();
+    assert_eq!(busiest, Some(100));
+
+    let log = "  { name = \"per-minute\", algorithm = \"sliding_log\", limit = 100, window = \"60s\" },\n";
+    let burst_only = greedy_free_admissions(&Config::parse(&edited(log, "")).unwrap()).await;
+    assert_eq!(within(&burst_only, 0, 2_000), 23);
+    assert_eq!(within(&burst_only, 0, 60_000), 120);
 }

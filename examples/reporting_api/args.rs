@@ -7,6 +7,36 @@ pub(crate) const USAGE: &str = "usage: reporting_api [--config PATH] [--listen A
                      [--budget-redis URL] [--dependency-url URL] [--instance-id ID]
                      [--expected-instances N]";
 
+/// What `--help` prints: the usage, then every flag with its default.
+pub(crate) const HELP: &str =
+    "The sample reporting API: every layer of tower-admission on one service.
+
+usage: reporting_api [--config PATH] [--listen ADDR] [--redis URL]
+                     [--budget-redis URL] [--dependency-url URL] [--instance-id ID]
+                     [--expected-instances N]
+
+  --config PATH            every other knob (quotas, caps, keys, shutdown limit), in a file
+                           shaped like examples/reporting_api/reporting.toml; default: that
+                           file, built in
+  --listen ADDR            the address to serve on; default 127.0.0.1:3000 (port 0: any free
+                           port, printed at start)
+  --redis URL              keep the quotas in Redis, shared by every instance given the same
+                           URL, and the dependency budget as one rate lease for the fleet;
+                           default: everything in memory (needs --features redis)
+  --budget-redis URL       with --redis: the lease in another Redis; default: the --redis one
+  --dependency-url URL     the shared dependency batch items call; default: a mock served in
+                           this process
+  --instance-id ID         with --redis: this instance's name in the lease table; default random
+  --expected-instances N   with --redis: the largest fleet; while the lease's Redis cannot be
+                           reached, each instance spends 240/N attempts per second; default 40
+  -h, --help               print this and exit
+
+Demo keys (Authorization: Bearer KEY): demo-free, demo-pro, demo-globex.
+Routes: GET /healthz, GET /metrics, GET /v1/reports, POST /v1/reports/batch, GET /v1/jobs/ID.
+SIGINT or SIGTERM: in-flight requests finish and accepted jobs drain (shutdown.limit, 60 s);
+a second signal exits at once. Exit status: 0 after a clean stop, 1 when the start or the
+shutdown fails, 2 for a bad command line or configuration.";
+
 /// Flags that only shape the fleet-wide lease, so they need `--redis`.
 const LEASE_FLAGS: [&str; 3] = ["--budget-redis", "--instance-id", "--expected-instances"];
 

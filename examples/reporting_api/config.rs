@@ -2,8 +2,8 @@
 //!
 //! The built-in defaults are `reporting.toml` beside this file, compiled in;
 //! `--config PATH` reads another. A bad file is refused with the file, the
-//! key path and the reason, for example
-//! `reporting.toml: plans.free.policies[1].refill: must be at least 1`.
+//! line, the key path and the reason, for example
+//! `reporting.toml:38: plans.free.policies[1].refill: must be at least 1`.
 
 use std::collections::BTreeMap;
 use std::num::NonZeroU32;
@@ -33,6 +33,25 @@ pub(crate) struct Config {
     pub(crate) batch: Batch,
     pub(crate) concurrency: Concurrency,
     pub(crate) dependency: Dependency,
+    /// What a shutdown waits for; a file without this table gets 60 s.
+    #[serde(default)]
+    pub(crate) shutdown: Shutdown,
+}
+
+/// After SIGINT or SIGTERM: requests in flight finish and accepted jobs
+/// drain, all within `limit` of the signal; past it the process exits 1.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Shutdown {
+    pub(crate) limit: Span,
+}
+
+impl Default for Shutdown {
+    fn default() -> Self {
+        Shutdown {
+            limit: Span(Duration::from_secs(60)),
+        }
+    }
 }
 
 /// One API key and the identity it authenticates.
@@ -60,9 +79,11 @@ pub(crate) struct Policies {
     pub(crate) policies: Vec<PolicySpec>,
 }
 
-/// One policy, named by its algorithm.
+/// One policy, named by its algorithm. Read through [`RawPolicy`], so that a
+/// bad value is named by its own key (`policies[0].limit`), not only by its
+/// policy's.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(tag = "algorithm", rename_all = "snake_case", deny_unknown_fields)]
+#[serde(try_from = "RawPolicy")]
 pub(crate) enum PolicySpec {
     FixedWindow {
         name: String,
@@ -85,6 +106,87 @@ pub(crate) enum PolicySpec {
         refill: u64,
         period: Span,
     },
+}
+
+/// A policy as the file spells it: every key any algorithm takes, each
+/// checked against the algorithm named.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPolicy {
+    name: String,
+    algorithm: AlgorithmName,
+    limit: Option<u64>,
+    window: Option<Span>,
+    capacity: Option<u64>,
+    refill: Option<u64>,
+    period: Option<Span>,
+}
+
+/// The algorithms a policy can name.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum AlgorithmName {
+    FixedWindow,
+    SlidingLog,
+    SlidingWindow,
+    TokenBucket,
+}
+
+impl TryFrom<RawPolicy> for PolicySpec {
+    type Error = String;
+
+    fn try_from(raw: RawPolicy) -> Result<Self, String> {
+        let (algorithm, takes): (&str, &[&str]) = match raw.algorithm {
+            AlgorithmName::FixedWindow => ("fixed_window", &["limit", "window"]),
+            AlgorithmName::SlidingLog => ("sliding_log", &["limit", "window"]),
+            AlgorithmName::SlidingWindow => ("sliding_window", &["limit", "window"]),
+            AlgorithmName::TokenBucket => ("token_bucket", &["capacity", "refill", "period"]),
+        };
+        let given = [
+            ("limit", raw.limit.is_some()),
+            ("window", raw.window.is_some()),
+            ("capacity", raw.capacity.is_some()),
+            ("refill", raw.refill.is_some()),
+            ("period", raw.period.is_some()),
+        ];
+        let expected = || {
+            let keys: Vec<String> = takes.iter().map(|k| format!("`{k}`")).collect();
+            format!("a {algorithm} policy takes `name`, {}", keys.join(", "))
+        };
+        for (key, present) in given {
+            if present && !takes.contains(&key) {
+                return Err(format!("unknown field `{key}`: {}", expected()));
+            }
+            if !present && takes.contains(&key) {
+                return Err(format!("missing field `{key}`: {}", expected()));
+            }
+        }
+        let (name, limit, window) = (raw.name, raw.limit.unwrap_or(0), raw.window);
+        let window = window.unwrap_or(Span(Duration::ZERO));
+        Ok(match raw.algorithm {
+            AlgorithmName::FixedWindow => PolicySpec::FixedWindow {
+                name,
+                limit,
+                window,
+            },
+            AlgorithmName::SlidingLog => PolicySpec::SlidingLog {
+                name,
+                limit,
+                window,
+            },
+            AlgorithmName::SlidingWindow => PolicySpec::SlidingWindow {
+                name,
+                limit,
+                window,
+            },
+            AlgorithmName::TokenBucket => PolicySpec::TokenBucket {
+                name,
+                capacity: raw.capacity.unwrap_or(0),
+                refill: raw.refill.unwrap_or(0),
+                period: raw.period.unwrap_or(Span(Duration::ZERO)),
+            },
+        })
+    }
 }
 
 /// Body caps, in bytes.
@@ -209,11 +311,30 @@ fn parse_span(text: &str) -> Result<Duration, String> {
         .ok_or_else(|| format!("{text:?} is too long"))
 }
 
-/// A bad configuration: where and why.
+/// A bad configuration: where and why. `path` is the key path, or
+/// `(file)` for the file as a whole (a TOML syntax error, a missing
+/// top-level table); `line` is the line of the file it is on, from 1.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct BadConfig {
     pub(crate) path: String,
+    pub(crate) line: Option<usize>,
     pub(crate) reason: String,
+}
+
+/// The key path of the file as a whole.
+const WHOLE_FILE: &str = "(file)";
+
+impl BadConfig {
+    /// The message for `file`: `FILE:LINE: PATH: REASON`, the line left out
+    /// when the problem is on none (a missing top-level key), the path left
+    /// out for a syntax error.
+    pub(crate) fn in_file(&self, file: &str) -> String {
+        match (self.line, self.path == WHOLE_FILE) {
+            (Some(line), true) => format!("{file}:{line}: {}", self.reason),
+            (Some(line), false) => format!("{file}:{line}: {self}"),
+            (None, _) => format!("{file}: {self}"),
+        }
+    }
 }
 
 impl std::fmt::Display for BadConfig {
@@ -225,8 +346,59 @@ impl std::fmt::Display for BadConfig {
 fn bad(path: impl Into<String>, reason: impl Into<String>) -> BadConfig {
     BadConfig {
         path: path.into(),
+        line: None,
         reason: reason.into(),
     }
+}
+
+/// The line (from 1) of byte `offset` of `text`.
+fn line_at(text: &str, offset: usize) -> usize {
+    let end = offset.min(text.len());
+    text.as_bytes()[..end]
+        .iter()
+        .filter(|b| **b == b'\n')
+        .count()
+        + 1
+}
+
+/// The line of the deepest key of `path` (`plans.free.policies[1].refill`)
+/// that `text` has: the key's own line, or its table's or array item's
+/// when the key is missing there. `None` for the whole file.
+fn line_of_path(text: &str, path: &str) -> Option<usize> {
+    if path == WHOLE_FILE {
+        return None;
+    }
+    let root = toml::de::DeTable::parse(text).ok()?.into_inner();
+    let mut value = toml::de::DeValue::Table(root);
+    let mut span = None;
+    for segment in path.split('.') {
+        let (key, indices) = segment.split_once('[').unwrap_or((segment, ""));
+        let mut found = match value.get(key) {
+            Some(found) => found.clone(),
+            None => break,
+        };
+        let mut complete = true;
+        for index in indices.split('[').filter(|i| !i.is_empty()) {
+            let item = index
+                .trim_end_matches(']')
+                .parse::<usize>()
+                .ok()
+                .and_then(|i| found.get_ref().get(i).cloned());
+            match item {
+                Some(item) => found = item,
+                None => {
+                    complete = false;
+                    break;
+                }
+            }
+        }
+        span = Some(found.span());
+        if !complete {
+            break;
+        }
+        value = found.into_inner();
+    }
+    span.map(|span| line_at(text, span.start))
 }
 
 /// The quotas a config builds, checked.
@@ -250,16 +422,38 @@ impl Config {
     pub(crate) fn load(path: &std::path::Path) -> Result<Config, String> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
-        Config::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
+        Config::parse(&text).map_err(|e| e.in_file(&path.display().to_string()))
     }
 
-    /// Parses and checks a whole file.
+    /// Parses and checks a whole file; a refusal says the line it is on.
     pub(crate) fn parse(text: &str) -> Result<Config, BadConfig> {
-        let de = toml::Deserializer::parse(text).map_err(|e| bad("(file)", e.to_string()))?;
+        Config::parse_and_check(text).map_err(|mut e| {
+            if e.line.is_none() {
+                e.line = line_of_path(text, &e.path);
+            }
+            e
+        })
+    }
+
+    fn parse_and_check(text: &str) -> Result<Config, BadConfig> {
+        let spanned = |e: toml::de::Error, path: String| BadConfig {
+            line: e.span().map(|span| line_at(text, span.start)),
+            reason: e.message().to_owned(),
+            path,
+        };
+        let de = toml::Deserializer::parse(text).map_err(|e| spanned(e, WHOLE_FILE.into()))?;
         let config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
             let path = e.path().to_string();
-            let reason = e.into_inner().message().to_owned();
-            bad(if path == "." { "(file)".into() } else { path }, reason)
+            if path == "." {
+                // A missing top-level key is on no line.
+                return bad(WHOLE_FILE, e.into_inner().message());
+            }
+            // The key's own line; a value the file does not hold (one
+            // built from several keys) is placed by the parser's span.
+            let line = line_of_path(text, &path);
+            let mut e = spanned(e.into_inner(), path);
+            e.line = line.or(e.line);
+            e
         })?;
         config.check()?;
         Ok(config)
@@ -338,6 +532,7 @@ impl Config {
         }
         at_least_one("dependency.attempts", u64::from(self.dependency.attempts))?;
         above_zero("dependency.timeout", self.dependency.timeout)?;
+        above_zero("shutdown.limit", self.shutdown.limit)?;
         self.concurrency_layer()
             .map_err(|e| bad(format!("concurrency.{}", e.field()), e.reason()))?;
         Ok(())

@@ -23,6 +23,11 @@
 //! | `--instance-id ID` | with `--redis`, this instance's name in the lease table (default random) |
 //! | `--expected-instances N` | with `--redis`, the largest fleet: while the lease's Redis cannot be reached, each instance spends 240/N per second (default 40) |
 //!
+//! `--help` prints the same. SIGINT or SIGTERM stops taking connections; the
+//! requests in flight finish and the accepted jobs drain within
+//! `shutdown.limit` of the signal (exit 0), or the process exits 1 at it. A
+//! second signal exits at once. A bad command line or configuration exits 2.
+//!
 //! Try it:
 //!
 //! ```text
@@ -43,7 +48,7 @@ mod mock;
 
 use std::net::SocketAddr;
 
-use args::{Args, USAGE};
+use args::{Args, HELP, USAGE};
 use config::Config;
 use dependency::Dependency;
 use tower_admission::quota::MemoryStore;
@@ -58,7 +63,7 @@ async fn main() {
         .init();
     let args = match args::parse(std::env::args().skip(1)) {
         Ok(None) => {
-            println!("{USAGE}");
+            println!("{HELP}");
             std::process::exit(0);
         }
         Ok(Some(args)) => args,
@@ -112,43 +117,77 @@ async fn main() {
             std::process::exit(1);
         }
     };
+    // The address bound, which differs from `--listen` for port 0.
+    let addr = listener.local_addr().unwrap_or(args.listen);
     let store = if args.redis.is_some() {
         "redis"
     } else {
         "memory"
     };
     tracing::info!(
-        addr = %args.listen,
+        %addr,
         store,
         dependency = %dependency_url,
         "reporting API listening"
     );
-    print_banner(&config, args.listen);
+    print_banner(&config, addr);
     let service = app
         .router
         .clone()
         .into_make_service_with_connect_info::<SocketAddr>();
-    // In-flight requests finish after the signal; then accepted jobs drain.
-    let served = axum::serve(listener, service)
-        .with_graceful_shutdown(shutdown_signal())
-        .await;
-    if let Err(e) = served {
-        eprintln!("reporting_api: server error: {e}");
-        std::process::exit(1);
-    }
+    // After the signal no connection is taken, requests in flight finish
+    // and accepted jobs drain, all within `shutdown.limit` of the signal.
+    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        let _ = stop_tx.send(true);
+    });
+    let mut stopping = stop_rx.clone();
+    let server = axum::serve(listener, service).with_graceful_shutdown(async move {
+        let _ = stopping.wait_for(|stop| *stop).await;
+    });
+    let mut server = std::pin::pin!(std::future::IntoFuture::into_future(server));
+    let limit = config.shutdown.limit.0;
+    let deadline = tokio::select! {
+        served = &mut server => {
+            // The server stopped on its own: an error, or a signal that every
+            // connection had already answered by the time it was seen.
+            exit_on_server_error(served);
+            tokio::time::Instant::now() + limit
+        }
+        _ = stop_rx.wait_for(|stop| *stop) => {
+            let deadline = tokio::time::Instant::now() + limit;
+            match tokio::time::timeout_at(deadline, &mut server).await {
+                Ok(served) => exit_on_server_error(served),
+                Err(_) => {
+                    tracing::warn!(
+                        ?limit,
+                        "requests still in flight at the shutdown limit; exiting"
+                    );
+                    std::process::exit(1);
+                }
+            }
+            deadline
+        }
+    };
     tracing::info!("stopped taking requests; draining accepted jobs");
-    if tokio::time::timeout(DRAIN_LIMIT, app.drain())
+    if tokio::time::timeout_at(deadline, app.drain())
         .await
         .is_err()
     {
-        tracing::warn!(limit = ?DRAIN_LIMIT, "jobs still running after the drain limit; exiting");
+        tracing::warn!(?limit, "jobs still running at the shutdown limit; exiting");
         std::process::exit(1);
     }
     tracing::info!("all accepted jobs finished; bye");
 }
 
-/// The longest a shutdown waits for accepted jobs.
-const DRAIN_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
+/// Exits 1 when the server failed.
+fn exit_on_server_error(served: std::io::Result<()>) {
+    if let Err(e) = served {
+        eprintln!("reporting_api: server error: {e}");
+        std::process::exit(1);
+    }
+}
 
 /// The first SIGINT (Ctrl-C) or SIGTERM starts the graceful shutdown. Once
 /// Tokio listens for them they no longer end the process, so a second one
