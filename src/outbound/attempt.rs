@@ -9,7 +9,22 @@ use crate::outbound::BudgetError;
 /// The attempt number of an outbound request, in its extensions: 1 for the
 /// first attempt, 2 and up for retries. Set by [`RetryAttempts`]; the
 /// [`DependencyBudgetLayer`](crate::outbound::DependencyBudgetLayer) reads it
-/// to pick the share.
+/// to pick the share. A request without it is a first attempt.
+///
+/// A retry policy of your own, or a hedge (a second copy of a request sent
+/// while the first is still out), marks its extra sends with
+/// [`next`](Self::next) so that they draw on the retry share:
+///
+/// ```
+/// use tower_admission::outbound::Attempt;
+///
+/// let mut hedge = http::Request::new(());
+/// hedge.extensions_mut().insert(Attempt::FIRST.next());
+/// assert!(hedge.extensions().get::<Attempt>().unwrap().is_retry());
+/// ```
+///
+/// There is no attempt 0; the number stops at `u32::MAX` instead of
+/// wrapping back to a first attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Attempt(u32);
 
@@ -27,7 +42,8 @@ impl Attempt {
         self.0 > 1
     }
 
-    fn next(self) -> Attempt {
+    /// The attempt after this one (saturating at `u32::MAX`).
+    pub fn next(self) -> Attempt {
         Attempt(self.0.saturating_add(1))
     }
 }

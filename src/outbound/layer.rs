@@ -42,6 +42,25 @@ type CostFn<B> = Arc<dyn Fn(&Request<B>) -> u64 + Send + Sync>;
 ///   each share, about 1,000 a second at 1 ms; `LeasedBudget` and a memory
 ///   store answer in place. `fail_fast` attempts do not queue.
 ///
+/// - **Charged at send, never before.** `poll_ready` readies the inner
+///   service; the budget is charged in the response future, and the attempt
+///   is sent the moment it is admitted. An attempt dropped before it is
+///   admitted (while the inner is not ready, or while it waits for the
+///   budget) is charged nothing, and so is a request that `tower::retry`
+///   cloned but never sent. The ready inner is held while the attempt waits
+///   for the budget, so a concurrency cap inside this layer counts waiting
+///   attempts as in flight.
+/// - **Outside the retry layer by mistake**, the budget would see one call
+///   per request and let its retries pass uncharged. With
+///   [`RetryAttempts`](crate::outbound::RetryAttempts) that order does not
+///   compile: the policy retries only a service whose error is
+///   [`BudgetError`]. A policy of your own must mark its retries
+///   ([`Attempt::next`]) to reach the retry share.
+/// - **Several budgets on one client** (stacked layers): an attempt that an
+///   inner budget refuses is not sent, but the outer budgets keep its
+///   charge. Put the budget most likely to refuse outermost; a refusal
+///   there charges no other.
+///
 /// The budget is a [`DependencyBudget`](crate::outbound::DependencyBudget)
 /// over any store, or a lease spent locally (`LeasedBudget`, feature
 /// `redis`). A bound on send starts is not a bound on arrivals at the
@@ -70,6 +89,31 @@ type CostFn<B> = Arc<dyn Fn(&Request<B>) -> u64 + Send + Sync>;
 /// # Ok::<(), tower_admission::ConfigError>(())
 /// # })?;
 /// # Ok::<(), tower_admission::ConfigError>(())
+/// ```
+///
+/// The same layers in the wrong order, the budget outside the retries, are
+/// refused by the compiler:
+///
+/// ```compile_fail
+/// # use std::time::Duration;
+/// # use tower::{ServiceBuilder, ServiceExt};
+/// # use tower_admission::outbound::{DependencyBudget, DependencyBudgetLayer, RetryAttempts};
+/// # use tower_admission::quota::{MemoryStore, Policy};
+/// # async fn wrong() -> Result<(), Box<dyn std::error::Error>> {
+/// # let budget = DependencyBudget::builder(MemoryStore::new(), "reports-db")
+/// #     .normal(Policy::token_bucket("normal", 20, 200, Duration::from_secs(1))?)
+/// #     .retry(Policy::token_bucket("retry", 4, 40, Duration::from_secs(1))?)
+/// #     .build()?;
+/// # let client = tower::service_fn(|_req: http::Request<String>| async {
+/// #     Ok::<_, std::convert::Infallible>(http::Response::new(String::from("ok")))
+/// # });
+/// let client = ServiceBuilder::new()
+///     .layer(DependencyBudgetLayer::new(budget))
+///     .retry(RetryAttempts::new(3))
+///     .service(client);
+/// let _ = client.oneshot(http::Request::new(String::new())).await;
+/// # Ok(())
+/// # }
 /// ```
 pub struct DependencyBudgetLayer<Bu, B> {
     budget: Bu,

@@ -20,7 +20,9 @@
 //!   [`BudgetError`] that carries the wait.
 //! - [`RetryAttempts`]: a `tower::retry` policy that marks each attempt's
 //!   number ([`Attempt`]) and retries 429 and 5xx with backoff and jitter,
-//!   never sooner than the dependency's `Retry-After` or gRPC pushback.
+//!   never sooner than the dependency's `Retry-After` or gRPC pushback. A
+//!   policy of your own, or a hedge, marks its extra sends with
+//!   [`Attempt::next`] to draw on the retry share.
 //! - `RateLease` (feature `redis`): an instance's lease on a rate of a
 //!   fleet-wide budget, granted by a Lua script on Redis time that never lets
 //!   unexpired grants sum above the budget, spent locally with no Redis call
