@@ -817,8 +817,15 @@ fn job_span_and_dependency_values_are_refused_with_their_key_paths() {
             "query.max_span: must be above zero",
         ),
         (
-            ("timeout = \"10s\"", "timeout = \"0s\""),
+            ("\ntimeout = \"10s\"", "\ntimeout = \"0s\""),
             "dependency.timeout: must be above zero",
+        ),
+        (
+            (
+                "header_read_timeout = \"10s\"",
+                "header_read_timeout = \"0s\"",
+            ),
+            "server.header_read_timeout: must be above zero",
         ),
         (
             ("normal_per_second = 200", "normal_per_second = 10000000001"),

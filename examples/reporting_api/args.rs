@@ -15,7 +15,7 @@ usage: reporting_api [--config PATH] [--listen ADDR] [--redis URL]
                      [--budget-redis URL] [--dependency-url URL] [--instance-id ID]
                      [--expected-instances N]
 
-  --config PATH            every other knob (quotas, caps, keys, shutdown limit), in a file
+  --config PATH            every other knob (quotas, caps, keys, timeouts), in a file
                            shaped like examples/reporting_api/reporting.toml; default: that
                            file, built in
   --listen ADDR            the address to serve on; default 127.0.0.1:3000 (port 0: any free

@@ -33,9 +33,29 @@ pub(crate) struct Config {
     pub(crate) batch: Batch,
     pub(crate) concurrency: Concurrency,
     pub(crate) dependency: Dependency,
+    /// The server's own limits; a file without this table gets 10 s.
+    #[serde(default)]
+    pub(crate) server: Server,
     /// What a shutdown waits for; a file without this table gets 60 s.
     #[serde(default)]
     pub(crate) shutdown: Shutdown,
+}
+
+/// A connection that has not sent a whole request head within
+/// `header_read_timeout` (of its start, or of its previous response) is
+/// closed.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Server {
+    pub(crate) header_read_timeout: Span,
+}
+
+impl Default for Server {
+    fn default() -> Self {
+        Server {
+            header_read_timeout: Span(Duration::from_secs(10)),
+        }
+    }
 }
 
 /// After SIGINT or SIGTERM: requests in flight finish and accepted jobs
@@ -532,6 +552,10 @@ impl Config {
         }
         at_least_one("dependency.attempts", u64::from(self.dependency.attempts))?;
         above_zero("dependency.timeout", self.dependency.timeout)?;
+        above_zero(
+            "server.header_read_timeout",
+            self.server.header_read_timeout,
+        )?;
         above_zero("shutdown.limit", self.shutdown.limit)?;
         self.concurrency_layer()
             .map_err(|e| bad(format!("concurrency.{}", e.field()), e.reason()))?;

@@ -26,7 +26,9 @@
 //! `--help` prints the same. SIGINT or SIGTERM stops taking connections; the
 //! requests in flight finish and the accepted jobs drain within
 //! `shutdown.limit` of the signal (exit 0), or the process exits 1 at it. A
-//! second signal exits at once. A bad command line or configuration exits 2.
+//! second signal exits at once. A connection that has not sent a whole
+//! request head within `server.header_read_timeout` (10 s) is closed. A bad
+//! command line or configuration exits 2.
 //!
 //! Try it:
 //!
@@ -45,6 +47,7 @@ mod dependency;
 mod metrics;
 #[path = "../mock_dependency/mock.rs"]
 mod mock;
+mod serve;
 
 use std::net::SocketAddr;
 
@@ -131,10 +134,6 @@ async fn main() {
         "reporting API listening"
     );
     print_banner(&config, addr);
-    let service = app
-        .router
-        .clone()
-        .into_make_service_with_connect_info::<SocketAddr>();
     // After the signal no connection is taken, requests in flight finish
     // and accepted jobs drain, all within `shutdown.limit` of the signal.
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
@@ -143,29 +142,30 @@ async fn main() {
         let _ = stop_tx.send(true);
     });
     let mut stopping = stop_rx.clone();
-    let server = axum::serve(listener, service).with_graceful_shutdown(async move {
-        let _ = stopping.wait_for(|stop| *stop).await;
-    });
-    let mut server = std::pin::pin!(std::future::IntoFuture::into_future(server));
+    let server = serve::serve(
+        listener,
+        app.router.clone(),
+        config.server.header_read_timeout.0,
+        async move {
+            let _ = stopping.wait_for(|stop| *stop).await;
+        },
+    );
+    let mut server = std::pin::pin!(server);
     let limit = config.shutdown.limit.0;
     let deadline = tokio::select! {
-        served = &mut server => {
-            // The server stopped on its own: an error, or a signal that every
-            // connection had already answered by the time it was seen.
-            exit_on_server_error(served);
+        () = &mut server => {
+            // The server stopped on its own: a signal that every connection
+            // had already answered by the time it was seen.
             tokio::time::Instant::now() + limit
         }
         _ = stop_rx.wait_for(|stop| *stop) => {
             let deadline = tokio::time::Instant::now() + limit;
-            match tokio::time::timeout_at(deadline, &mut server).await {
-                Ok(served) => exit_on_server_error(served),
-                Err(_) => {
-                    tracing::warn!(
-                        ?limit,
-                        "requests still in flight at the shutdown limit; exiting"
-                    );
-                    std::process::exit(1);
-                }
+            if tokio::time::timeout_at(deadline, &mut server).await.is_err() {
+                tracing::warn!(
+                    ?limit,
+                    "requests still in flight at the shutdown limit; exiting"
+                );
+                std::process::exit(1);
             }
             deadline
         }
@@ -179,14 +179,6 @@ async fn main() {
         std::process::exit(1);
     }
     tracing::info!("all accepted jobs finished; bye");
-}
-
-/// Exits 1 when the server failed.
-fn exit_on_server_error(served: std::io::Result<()>) {
-    if let Err(e) = served {
-        eprintln!("reporting_api: server error: {e}");
-        std::process::exit(1);
-    }
 }
 
 /// The first SIGINT (Ctrl-C) or SIGTERM starts the graceful shutdown. Once
