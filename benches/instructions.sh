@@ -31,11 +31,13 @@ out=$(mktemp)
 table=$(mktemp)
 trap 'rm -f "$out" "$table"' EXIT
 # Every instruction but those of quanta's clock calibration (a OnceCell
-# initialiser on first use), which alone moves a run by up to 40 per decision.
+# initialiser on first use, and the clock_gettime calls it alone makes here),
+# which moves a run by up to 40 per decision and hundreds per request.
 count() {
   valgrind --tool=callgrind --callgrind-out-file="$out" "$bin" "$1" "$2" >/dev/null 2>&1
   callgrind_annotate --inclusive=no --threshold=100 --auto=no "$out" \
     | grep -E '^ *[0-9,]+ \(' | grep -v 'PROGRAM TOTALS' | grep -v 'OnceCell<T>::initialize' \
+    | grep -v 'clock_gettime' \
     | awk '{gsub(",", "", $1); s += $1} END {print s}'
 }
 {

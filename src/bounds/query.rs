@@ -255,19 +255,12 @@ impl QueryRules {
         raw_query: Option<&str>,
     ) -> Result<ValidatedQuery, Vec<InvalidParameter>> {
         let rules = &*self.inner;
-        let known = |i: usize| match i {
-            0 => PAGE_SIZE,
-            1 => FROM,
-            2 => TO,
-            3 => CURSOR,
-            _ => rules.allowed[i - 4].as_str(),
-        };
-        let known_len = 4 + rules.allowed.len();
-        // The first value given for each known parameter and how many were
-        // given, by index in `known`. Inline for the four fixed names and up
-        // to four allowed ones: a valid query costs no allocation here.
-        let mut seen: SmallVec<[Seen<'_>; 8]> = SmallVec::new();
-        seen.resize_with(known_len, Seen::default);
+        // The first value given for each of the four fixed names and how
+        // many were given: a valid query costs no allocation here.
+        let mut seen: [Seen<'_>; 4] = Default::default();
+        // How many times each allowed name was given (their values are not
+        // looked at), sized on the first allowed name met.
+        let mut allowed: SmallVec<[usize; 8]> = SmallVec::new();
         // Unknown names, each once, compared whole: the first ones listed,
         // the others only counted. Names are cut only when echoed, so two
         // names that share their first `MAX_ECHOED_NAME` characters stay two.
@@ -275,29 +268,34 @@ impl QueryRules {
         // (borrowed from the query when nothing was decoded), so the
         // entries never outgrow the query, whose length the HTTP server caps.
         let mut unknown: Vec<Cow<'_, str>> = Vec::new();
-        let mut unlisted: HashSet<Cow<'_, str>> = HashSet::new();
+        let mut unlisted: Option<HashSet<Cow<'_, str>>> = None;
 
         for (name, value) in Pairs::new(raw_query.unwrap_or("")) {
+            if let Some(i) = fixed_index(name.as_bytes()) {
+                let entry = &mut seen[i];
+                entry.count += 1;
+                if entry.first.is_none() {
+                    entry.first = Some(value);
+                }
+                continue;
+            }
             // The first index wins, as for a name allowed twice.
-            match (0..known_len).find(|&i| known(i) == name) {
-                Some(i) => {
-                    let entry = &mut seen[i];
-                    entry.count += 1;
-                    if entry.first.is_none() {
-                        entry.first = Some(value);
-                    }
+            if let Some(i) = rules.allowed.iter().position(|a| *a == *name) {
+                if allowed.is_empty() {
+                    allowed.resize(rules.allowed.len(), 0);
                 }
-                None if rules.unknown == UnknownParams::Reject => {
-                    if unknown.contains(&name) {
-                        continue;
-                    }
-                    if unknown.len() < MAX_UNKNOWN_REPORTED {
-                        unknown.push(name);
-                    } else {
-                        unlisted.insert(name);
-                    }
+                allowed[i] += 1;
+                continue;
+            }
+            if rules.unknown == UnknownParams::Reject {
+                if unknown.contains(&name) {
+                    continue;
                 }
-                None => {}
+                if unknown.len() < MAX_UNKNOWN_REPORTED {
+                    unknown.push(name);
+                } else {
+                    unlisted.get_or_insert_with(HashSet::new).insert(name);
+                }
             }
         }
 
@@ -311,7 +309,7 @@ impl QueryRules {
                 } => Some(one),
                 _ => {
                     errors.push(InvalidParameter::new(
-                        known(i),
+                        FIXED[i],
                         "given more than once; give it at most once",
                     ));
                     None
@@ -332,27 +330,27 @@ impl QueryRules {
 
         let from_raw = single(1, &mut errors);
         let to_raw = single(2, &mut errors);
-        let from = from_raw.and_then(|v| match parse_time(v) {
+        let from = from_raw.and_then(|v| match parse_stamp(v) {
             Ok(t) => Some(t),
             Err(reason) => {
                 errors.push(InvalidParameter::new(FROM, reason));
                 None
             }
         });
-        let to = to_raw.and_then(|v| match parse_time(v) {
+        let to = to_raw.and_then(|v| match parse_stamp(v) {
             Ok(t) => Some(t),
             Err(reason) => {
                 errors.push(InvalidParameter::new(TO, reason));
                 None
             }
         });
-        match (from, to) {
+        match (&from, &to) {
             (Some(from), Some(to)) => {
-                if from >= to {
+                if from.instant >= to.instant {
                     errors.push(InvalidParameter::new(TO, "must be later than from"));
                 } else if let Some(max) = rules.max_span {
                     // Positive: `from < to`.
-                    let span = (to - from).unsigned_abs();
+                    let span = from.until(to);
                     if span > max {
                         errors.push(InvalidParameter::new(
                             TO,
@@ -387,17 +385,20 @@ impl QueryRules {
                 }
             });
 
-        for i in 4..known_len {
-            let _ = single(i, &mut errors);
+        for (name, &count) in rules.allowed.iter().zip(&allowed) {
+            if count > 1 {
+                errors.push(InvalidParameter::new(
+                    name.as_str(),
+                    "given more than once; give it at most once",
+                ));
+            }
         }
 
+        let unlisted = unlisted.map_or(0, |u| u.len());
         let last = unknown.len().saturating_sub(1);
         for (i, name) in unknown.into_iter().enumerate() {
-            let reason = if i == last && !unlisted.is_empty() {
-                format!(
-                    "unknown parameter; {} more unknown parameters not listed",
-                    unlisted.len()
-                )
+            let reason = if i == last && unlisted > 0 {
+                format!("unknown parameter; {unlisted} more unknown parameters not listed")
             } else {
                 "unknown parameter".to_owned()
             };
@@ -407,13 +408,28 @@ impl QueryRules {
         if errors.is_empty() {
             Ok(ValidatedQuery {
                 page_size,
-                from,
-                to,
+                from: from.map(|t| t.at),
+                to: to.map(|t| t.at),
                 cursor,
             })
         } else {
             Err(errors)
         }
+    }
+}
+
+/// The four validated names, by index in [`QueryRules::validate`]'s `seen`.
+const FIXED: [&str; 4] = [PAGE_SIZE, FROM, TO, CURSOR];
+
+/// The index in [`FIXED`] of `name`. A match on bytes compares lengths
+/// first, then a few bytes inline, with no call to `memcmp`.
+fn fixed_index(name: &[u8]) -> Option<usize> {
+    match name {
+        b"page_size" => Some(0),
+        b"from" => Some(1),
+        b"to" => Some(2),
+        b"cursor" => Some(3),
+        _ => None,
     }
 }
 
@@ -425,27 +441,33 @@ struct Seen<'a> {
 }
 
 /// The name and value pairs of a raw query, decoded as
-/// `application/x-www-form-urlencoded`. A query with no `%` and no `+` has
-/// nothing to decode, so it is split in place on the bytes `&` and `=`,
-/// exactly as `form_urlencoded::parse` splits it (empty pairs skipped, a pair
-/// without `=` has an empty value), without its per-pair decoding.
-enum Pairs<'a> {
-    Plain(&'a str),
-    Encoded(form_urlencoded::Parse<'a>),
+/// `application/x-www-form-urlencoded`, exactly as `form_urlencoded::parse`
+/// gives them: split on the bytes `&`, then each pair at its first `=`
+/// (empty pairs skipped, a pair without `=` has an empty value), then each
+/// part decoded. A pair with no `%` and no `+` has nothing to decode, so it
+/// is split in place, without the per-part decoding; a pair with either is
+/// handed whole to `form_urlencoded`, which borrows each part it leaves as
+/// is, as it would in the whole query. One scan finds the end of a pair and
+/// whether it has a `%` or `+`.
+struct Pairs<'a> {
+    rest: &'a str,
 }
 
 impl<'a> Pairs<'a> {
     fn new(raw: &'a str) -> Self {
-        // A fold, not `any`: without an early exit the scan is vectorised.
-        let encoded = raw
-            .bytes()
-            .fold(false, |found, b| found | (b == b'%') | (b == b'+'));
-        if encoded {
-            Pairs::Encoded(form_urlencoded::parse(raw.as_bytes()))
-        } else {
-            Pairs::Plain(raw)
-        }
+        Pairs { rest: raw }
     }
+}
+
+const ONES: u64 = u64::from_le_bytes([0x01; 8]);
+const HIGHS: u64 = u64::from_le_bytes([0x80; 8]);
+
+/// The high bit of each byte of `word` that is `byte`. Borrows can flag
+/// bytes above the first match, never below it, so the lowest flag is
+/// exact, and any flag at all means a match at or below it.
+fn flags(word: u64, byte: u8) -> u64 {
+    let x = word ^ (ONES * u64::from(byte));
+    x.wrapping_sub(ONES) & !x & HIGHS
 }
 
 /// `s` split at the first `byte`, which is ASCII, or all of `s` and "".
@@ -458,41 +480,69 @@ fn split_at_byte(s: &str, byte: u8) -> (&str, &str) {
 
 /// The index of the first `byte` in `s`, eight bytes at a time.
 fn find_byte(s: &[u8], byte: u8) -> Option<usize> {
-    const ONES: u64 = u64::from_le_bytes([0x01; 8]);
-    const HIGHS: u64 = u64::from_le_bytes([0x80; 8]);
-    let pattern = ONES * u64::from(byte);
     let (words, tail) = s.as_chunks::<8>();
     for (i, word) in words.iter().enumerate() {
-        // A zero byte where `word` has `byte`. Borrows can flag bytes above
-        // the first zero, never below it, so the lowest flag is exact.
-        let x = u64::from_le_bytes(*word) ^ pattern;
-        let zeros = x.wrapping_sub(ONES) & !x & HIGHS;
-        if zeros != 0 {
-            return Some(i * 8 + (zeros.trailing_zeros() / 8) as usize);
+        let found = flags(u64::from_le_bytes(*word), byte);
+        if found != 0 {
+            return Some(i * 8 + (found.trailing_zeros() / 8) as usize);
         }
     }
     let rest = tail.iter().position(|&b| b == byte)?;
     Some(words.len() * 8 + rest)
 }
 
+/// The index of the first `&` in `s` (or its length), and whether a `%` or
+/// a `+` comes before it, eight bytes at a time.
+fn pair_end(s: &[u8]) -> (usize, bool) {
+    let (words, tail) = s.as_chunks::<8>();
+    let mut encoded = 0;
+    for (i, word) in words.iter().enumerate() {
+        let word = u64::from_le_bytes(*word);
+        let amp = flags(word, b'&');
+        let enc = flags(word, b'%') | flags(word, b'+');
+        if amp != 0 {
+            // The bits up to the lowest `&`: a `%` or `+` flagged there is
+            // one before it (a borrow's flag has a real match below it).
+            let before = amp ^ amp.wrapping_sub(1);
+            let end = i * 8 + (amp.trailing_zeros() / 8) as usize;
+            return (end, encoded | (enc & before) != 0);
+        }
+        encoded |= enc;
+    }
+    let mut encoded = encoded != 0;
+    for (i, &b) in tail.iter().enumerate() {
+        if b == b'&' {
+            return (words.len() * 8 + i, encoded);
+        }
+        encoded |= (b == b'%') | (b == b'+');
+    }
+    (s.len(), encoded)
+}
+
 impl<'a> Iterator for Pairs<'a> {
     type Item = (Cow<'a, str>, Cow<'a, str>);
 
     fn next(&mut self) -> Option<Self::Item> {
-        match self {
-            Pairs::Encoded(pairs) => pairs.next(),
-            Pairs::Plain(rest) => loop {
-                if rest.is_empty() {
-                    return None;
+        loop {
+            if self.rest.is_empty() {
+                return None;
+            }
+            let (end, encoded) = pair_end(self.rest.as_bytes());
+            // `&` is ASCII: both cuts are on character boundaries.
+            let pair = self.rest.get(..end).unwrap_or("");
+            self.rest = self.rest.get(end + 1..).unwrap_or("");
+            if pair.is_empty() {
+                continue;
+            }
+            if encoded {
+                // One pair, as it has no `&` and is not empty.
+                match form_urlencoded::parse(pair.as_bytes()).next() {
+                    Some(decoded) => return Some(decoded),
+                    None => continue,
                 }
-                let (pair, tail) = split_at_byte(rest, b'&');
-                *rest = tail;
-                if pair.is_empty() {
-                    continue;
-                }
-                let (name, value) = split_at_byte(pair, b'=');
-                return Some((Cow::Borrowed(name), Cow::Borrowed(value)));
-            },
+            }
+            let (name, value) = split_at_byte(pair, b'=');
+            return Some((Cow::Borrowed(name), Cow::Borrowed(value)));
         }
     }
 }
@@ -524,18 +574,61 @@ fn parse_page_size(v: &str, max: u32) -> Result<u32, String> {
     }
 }
 
+/// A timestamp as given, and its instant as seconds and nanoseconds since
+/// the Unix epoch, which order and subtract as integers (an
+/// [`OffsetDateTime`] compares and subtracts through its calendar date).
+#[derive(Debug, Clone, Copy)]
+struct Stamp {
+    at: OffsetDateTime,
+    instant: (i64, u32),
+}
+
+impl Stamp {
+    fn new(at: OffsetDateTime) -> Self {
+        Stamp {
+            at,
+            instant: (at.unix_timestamp(), at.nanosecond()),
+        }
+    }
+
+    /// `later - self`, which is `(later.at - self.at).unsigned_abs()`, for
+    /// `self` before `later`.
+    fn until(&self, later: &Stamp) -> Duration {
+        let ((s0, n0), (s1, n1)) = (self.instant, later.instant);
+        let (secs, nanos) = if n1 >= n0 {
+            (s1 - s0, n1 - n0)
+        } else {
+            (s1 - s0 - 1, n1 + 1_000_000_000 - n0)
+        };
+        Duration::new(secs.unsigned_abs(), nanos)
+    }
+}
+
+#[cfg(test)]
 fn parse_time(v: &str) -> Result<OffsetDateTime, String> {
+    parse_stamp(v).map(|t| t.at)
+}
+
+/// The common form inline, anything else (and every error) out of line.
+#[inline]
+fn parse_stamp(v: &str) -> Result<Stamp, String> {
+    match plain_utc(v.as_bytes()) {
+        Some(t) => Ok(t),
+        None => parse_other_stamp(v),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn parse_other_stamp(v: &str) -> Result<Stamp, String> {
     if v.is_empty() {
         return Err("must not be empty".to_owned());
-    }
-    if let Some(t) = parse_plain_utc(v.as_bytes()) {
-        return Ok(t);
     }
     // The `time` crate takes any byte between date and time; RFC 3339 has
     // `T`, `t` or (by its note) a space there, after the 10 bytes of the date.
     let separated = matches!(v.as_bytes().get(10), Some(b'T' | b't' | b' '));
     match OffsetDateTime::parse(v, &Rfc3339) {
-        Ok(t) if separated => Ok(t),
+        Ok(t) if separated => Ok(Stamp::new(t)),
         Ok(_) => Err(
             "must be an RFC 3339 timestamp such as 2024-05-01T00:00:00Z, \
              with T or a space between date and time"
@@ -550,29 +643,96 @@ fn parse_time(v: &str) -> Result<OffsetDateTime, String> {
     }
 }
 
+#[cfg(test)]
+fn parse_plain_utc(v: &[u8]) -> Option<OffsetDateTime> {
+    plain_utc(v).map(|t| t.at)
+}
+
+/// The shape of the common form: `0` for a digit, else the byte itself.
+const FORM: &[u8; 20] = b"0000-00-00T00:00:00Z";
+
+/// Eight bytes of [`FORM`] from `at`, as a little-endian word: `pattern`
+/// gives each byte itself, `limit` the largest value each byte of the input
+/// xor the form may have (9 under a digit, 0 under a separator) as
+/// `0x7f - limit`.
+const fn form_word(at: usize, limit: bool) -> u64 {
+    let mut word = 0;
+    let mut i = 0;
+    while i < 8 {
+        let byte = FORM[at + i];
+        let byte = match (limit, byte) {
+            (false, _) => byte,
+            (true, b'0') => 0x7f - 9,
+            (true, _) => 0x7f,
+        };
+        word |= (byte as u64) << (8 * i);
+        i += 1;
+    }
+    word
+}
+
+/// Days before the first of each month in a common year.
+const DAYS_BEFORE_MONTH: [u16; 12] = [0, 31, 59, 90, 120, 151, 181, 212, 243, 273, 304, 334];
+
 /// The common form `YYYY-MM-DDTHH:MM:SSZ` (uppercase `T` and `Z`, no
 /// fraction, second at most 59), parsed without the `time` crate's general
 /// parser; `None` for anything else, valid or not, which goes to that parser.
 /// What this accepts the `time` crate accepts as the same instant in UTC.
-fn parse_plain_utc(v: &[u8]) -> Option<OffsetDateTime> {
-    const FORM: &[u8; 20] = b"0000-00-00T00:00:00Z";
+///
+/// Eight bytes at a time: each byte xor the form's is 0-9 under a digit and
+/// 0 under a separator exactly when the byte fits, and each two-digit field
+/// is then one byte of `x * 10 + (x >> 8)`.
+#[inline]
+fn plain_utc(v: &[u8]) -> Option<Stamp> {
+    const LOWS: u64 = !HIGHS;
     let v: &[u8; 20] = v.try_into().ok()?;
-    // Each byte less the form's: 0-9 under a digit, 0 under a separator.
-    let n: [u8; 20] = std::array::from_fn(|i| v[i].wrapping_sub(FORM[i]));
-    // A fold, not `all`: without an early exit it is vectorised.
-    let fits = n.iter().zip(FORM).fold(true, |fits, (&n, &form)| {
-        fits & (n <= if form == b'0' { 9 } else { 0 })
-    });
-    if !fits {
+    let (head, tail) = v.split_at(8);
+    let (middle, _) = tail.split_at(8);
+    let (_, last) = v.split_at(12);
+    let word = |bytes: &[u8]| -> Option<u64> { Some(u64::from_le_bytes(bytes.try_into().ok()?)) };
+    let words = [word(head)?, word(middle)?, word(last)?];
+    let mut fields = [0u64; 3];
+    let mut misfit = 0;
+    for (k, (&w, field)) in words.iter().zip(&mut fields).enumerate() {
+        let at = [0, 8, 12][k];
+        let x = w ^ form_word(at, false);
+        misfit |= ((x & LOWS).wrapping_add(form_word(at, true)) | x) & HIGHS;
+        *field = x.wrapping_mul(10).wrapping_add(x >> 8);
+    }
+    if misfit != 0 {
         return None;
     }
-    let two = |i: usize| n[i] * 10 + n[i + 1];
-    let year = i32::from(two(0)) * 100 + i32::from(two(2));
-    let month = time::Month::try_from(two(5)).ok()?;
-    let date = time::Date::from_calendar_date(year, month, two(8)).ok()?;
+    let [a, b, c] = fields;
+    let two = |word: u64, byte: u32| (word >> (8 * byte)) as u8;
+    let year = u16::from(two(a, 0)) * 100 + u16::from(two(a, 2));
+    let (month, day) = (two(a, 5), two(b, 0));
+    let (hour, minute, second) = (two(b, 3), two(b, 6), two(c, 5));
+    let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
+    let days_in_month = match month {
+        2 => 28 + u8::from(leap),
+        4 | 6 | 9 | 11 => 30,
+        1..=12 => 31,
+        _ => return None,
+    };
     // A leap second (`:60`) fails here and is left to the `time` crate.
-    let time = time::Time::from_hms(two(11), two(14), two(17)).ok()?;
-    Some(time::PrimitiveDateTime::new(date, time).assume_utc())
+    if day == 0 || day > days_in_month || hour > 23 || minute > 59 || second > 59 {
+        return None;
+    }
+    let ordinal =
+        DAYS_BEFORE_MONTH[usize::from(month - 1)] + u16::from(day) + u16::from(leap && month > 2);
+    let date = time::Date::from_ordinal_date(i32::from(year), ordinal).ok()?;
+    let time = time::Time::from_hms(hour, minute, second).ok()?;
+    // Days from 0000-01-01 to the first of `year`: the leap years before it
+    // are the multiples of 4, less those of 100, plus those of 400, in
+    // `0..year`; then to the Unix epoch, 1970-01-01, day 719,528.
+    let y = i64::from(year);
+    let days =
+        365 * y + (y + 3) / 4 - (y + 99) / 100 + (y + 399) / 400 + i64::from(ordinal) - 1 - 719_528;
+    let secs = days * 86_400 + i64::from(hour) * 3_600 + i64::from(minute) * 60 + i64::from(second);
+    Some(Stamp {
+        at: time::PrimitiveDateTime::new(date, time).assume_utc(),
+        instant: (secs, 0),
+    })
 }
 
 /// `d` in seconds, with only the fraction digits it needs (`3600`,
