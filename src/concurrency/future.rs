@@ -35,6 +35,9 @@ pin_project! {
     }
 }
 
+// A plain tag (no niche in the fields' values), so that telling the
+// states apart, and dropping `Calling`, reads one byte.
+#[repr(u8)]
 enum State<F: Future> {
     Waiting {
         acquire: AcquireFuture,

@@ -41,24 +41,18 @@ impl ConcurrencyLayer {
 
     /// Requests of `subject` holding its per-identity permit.
     pub fn identity_in_flight(&self, subject: &str) -> usize {
-        self.shared
-            .per_identity
-            .as_ref()
-            .map_or(0, |ids| ids.counts_of(subject).0)
+        self.shared.identity_counts(subject).0
     }
 
     /// Requests of `subject` waiting in its per-identity queue.
     pub fn identity_queued(&self, subject: &str) -> usize {
-        self.shared
-            .per_identity
-            .as_ref()
-            .map_or(0, |ids| ids.counts_of(subject).1)
+        self.shared.identity_counts(subject).1
     }
 
     /// Number of identities the per-identity map tracks now: those with a
     /// request queued, running or sending its body.
     pub fn tracked_identities(&self) -> usize {
-        self.shared.per_identity.as_ref().map_or(0, |ids| ids.len())
+        self.shared.tracked_identities()
     }
 
     /// A snapshot of every counter.
@@ -120,7 +114,8 @@ impl ConcurrencyLayerBuilder {
     /// `queue` more waiting up to `deadline` each. Refusals are 503.
     ///
     /// `queue == 0` is the load-shedding form: a request that finds every
-    /// permit taken is refused at once and `deadline` is not used.
+    /// permit taken is refused at once and `deadline` is not used. A
+    /// `deadline` is at most one day.
     pub fn global(mut self, limit: usize, queue: usize, deadline: Duration) -> Self {
         self.global = Some(CapConfig {
             limit,
@@ -151,9 +146,10 @@ impl ConcurrencyLayerBuilder {
         self
     }
 
-    /// Overrides the `Retry-After` of every refusal. By default it is the
-    /// refusing cap's queue deadline (rounded up to whole seconds, at least
-    /// 1 s); 1 s for a full identity map, which has no queue.
+    /// Overrides the `Retry-After` of every refusal (at most one day). By
+    /// default it is the refusing cap's queue deadline (rounded up to whole
+    /// seconds, at least 1 s); 1 s for a full identity map, which has no
+    /// queue.
     pub fn retry_after(mut self, wait: Duration) -> Self {
         self.retry_after = Some(wait);
         self
@@ -161,6 +157,9 @@ impl ConcurrencyLayerBuilder {
 
     /// Checks the configuration and builds the layer.
     pub fn build(self) -> Result<ConcurrencyLayer, ConfigError> {
+        if self.retry_after.is_some_and(|wait| wait > MAX_WAIT) {
+            return Err(ConfigError::new("retry_after", "must be at most one day"));
+        }
         let global = self
             .global
             .map(|c| limits(c, self.retry_after, ["global.limit", "global.deadline"]))
@@ -198,6 +197,12 @@ impl ConcurrencyLayerBuilder {
     }
 }
 
+/// The longest queue deadline and `Retry-After` override: one day. A
+/// request waits in a queue only while its caller stays connected, so a
+/// longer wait (`Duration::MAX`, say, which would be sent as a
+/// `Retry-After` of 18446744073709551615) is a mistake.
+const MAX_WAIT: Duration = Duration::from_secs(24 * 3600);
+
 fn limits(
     c: CapConfig,
     override_wait: Option<Duration>,
@@ -205,6 +210,9 @@ fn limits(
 ) -> Result<Limits, ConfigError> {
     if c.limit == 0 {
         return Err(ConfigError::new(limit_field, "must be at least 1"));
+    }
+    if c.deadline > MAX_WAIT {
+        return Err(ConfigError::new(deadline_field, "must be at most one day"));
     }
     if c.queue > 0 && c.deadline.is_zero() {
         return Err(ConfigError::new(

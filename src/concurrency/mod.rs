@@ -130,9 +130,9 @@
 //! map is looked at. Hence with `max_identities >= global.limit +
 //! global.queue`, [`OverloadReason::TooManyIdentities`] never happens.
 //!
-//! The map sits behind one mutex, taken twice per identified request (to
-//! enter and to leave), each time with the global cap's mutex taken inside
-//! it; the global cap's mutex is never held while the map's is taken.
+//! The map and the global cap's permits sit behind one mutex, taken once
+//! when a request enters and once when it leaves, identified or not (a
+//! request no cap counts takes it never).
 //!
 //! # Example
 //!

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use ahash::RandomState;
 use hashbrown::HashTable;
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
 use crate::reject::{OverloadScope, Rejection};
@@ -62,22 +62,56 @@ pub(crate) struct Limits {
     pub(crate) retry_after: Duration,
 }
 
+/// The gauges' keys and metadata, as `metrics::gauge!` builds them (in
+/// `static`s, since every name and label is a literal), so that one step
+/// moves all its gauges with one look-up of the recorder.
+#[cfg(feature = "metrics")]
+mod keys {
+    use metrics::{Key, Label};
+
+    const IN_FLIGHT: &str = "tower_admission_concurrency_in_flight";
+    const QUEUED: &str = "tower_admission_concurrency_queued";
+    static GLOBAL: [Label; 1] = [Label::from_static_parts("scope", "global")];
+    static IDENTITY: [Label; 1] = [Label::from_static_parts("scope", "identity")];
+
+    /// `in_flight` then `queued`, of scope `global`, then of `identity`.
+    pub(super) static SCOPED: [[Key; 2]; 2] = [
+        [
+            Key::from_static_parts(IN_FLIGHT, &GLOBAL),
+            Key::from_static_parts(QUEUED, &GLOBAL),
+        ],
+        [
+            Key::from_static_parts(IN_FLIGHT, &IDENTITY),
+            Key::from_static_parts(QUEUED, &IDENTITY),
+        ],
+    ];
+    pub(super) static TRACKED: Key =
+        Key::from_static_name("tower_admission_concurrency_tracked_identities");
+}
+
+/// The metadata `metrics::gauge!` gives a gauge registered here.
+#[cfg(feature = "metrics")]
+static METADATA: metrics::Metadata<'static> =
+    metrics::Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
+
+/// Index of `scope` in [`keys::SCOPED`].
+#[cfg(feature = "metrics")]
+fn scope_index(scope: OverloadScope) -> usize {
+    match scope {
+        OverloadScope::Global => 0,
+        _ => 1,
+    }
+}
+
 /// Moves the `tower_admission_concurrency_in_flight` gauge of `scope` by
 /// `delta`.
-///
-/// Each scope's label is a literal, so the macro keeps the key in a `static`
-/// and builds nothing per call.
 #[inline]
 fn gauge_in_flight(scope: OverloadScope, delta: f64) {
     #[cfg(feature = "metrics")]
-    match scope {
-        OverloadScope::Global => {
-            metrics::gauge!("tower_admission_concurrency_in_flight", "scope" => "global")
-                .increment(delta)
-        }
-        _ => metrics::gauge!("tower_admission_concurrency_in_flight", "scope" => "identity")
-            .increment(delta),
-    }
+    metrics::with_recorder(|r| {
+        r.register_gauge(&keys::SCOPED[scope_index(scope)][0], &METADATA)
+            .increment(delta)
+    });
     #[cfg(not(feature = "metrics"))]
     let _ = (scope, delta);
 }
@@ -87,14 +121,10 @@ fn gauge_in_flight(scope: OverloadScope, delta: f64) {
 #[inline]
 fn gauge_queued(scope: OverloadScope, delta: f64) {
     #[cfg(feature = "metrics")]
-    match scope {
-        OverloadScope::Global => {
-            metrics::gauge!("tower_admission_concurrency_queued", "scope" => "global")
-                .increment(delta)
-        }
-        _ => metrics::gauge!("tower_admission_concurrency_queued", "scope" => "identity")
-            .increment(delta),
-    }
+    metrics::with_recorder(|r| {
+        r.register_gauge(&keys::SCOPED[scope_index(scope)][1], &METADATA)
+            .increment(delta)
+    });
     #[cfg(not(feature = "metrics"))]
     let _ = (scope, delta);
 }
@@ -137,21 +167,27 @@ fn moved(total: &mut [isize; 2], before: [usize; 2], after: [usize; 2]) {
 }
 
 impl Moves {
+    /// Moves the gauges that moved, with one look-up of the recorder.
     fn apply(self) {
-        for (scope, [held, queued]) in [
-            (OverloadScope::Global, self.global),
-            (OverloadScope::Identity, self.identity),
-        ] {
-            if held != 0 {
-                gauge_in_flight(scope, held as f64);
-            }
-            if queued != 0 {
-                gauge_queued(scope, queued as f64);
-            }
+        #[cfg(feature = "metrics")]
+        if self.global != [0; 2] || self.identity != [0; 2] || self.tracked != 0 {
+            metrics::with_recorder(|r| {
+                let [[global_held, global_queued], [identity_held, identity_queued]] =
+                    &keys::SCOPED;
+                let bump = |key, delta: isize| {
+                    if delta != 0 {
+                        r.register_gauge(key, &METADATA).increment(delta as f64);
+                    }
+                };
+                bump(global_held, self.global[0]);
+                bump(global_queued, self.global[1]);
+                bump(identity_held, self.identity[0]);
+                bump(identity_queued, self.identity[1]);
+                bump(&keys::TRACKED, self.tracked);
+            });
         }
-        if self.tracked != 0 {
-            gauge_tracked_identities(self.tracked as f64);
-        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = self;
     }
 }
 
@@ -196,6 +232,7 @@ impl<M> Permits<M> {
     /// One step under the owner's lock: a permit given back between a failed
     /// take and the enqueue would reach no waiter, and this one would wait
     /// with a permit free.
+    #[inline]
     fn take(&mut self, limits: &Limits) -> Take<M> {
         if self.held < limits.limit {
             self.held += 1;
@@ -235,6 +272,7 @@ impl<M> Permits<M> {
 impl Permits {
     /// Gives one permit back: to the first waiter still waiting (true), or
     /// to the cap (false).
+    #[inline]
     fn release(&mut self) -> bool {
         while let Some(tx) = self.queue.pop_front() {
             if tx.send(()).is_ok() {
@@ -319,11 +357,11 @@ impl Permits<Handoff> {
     }
 }
 
-/// The global cap locked, taken under the map's lock (always in that
-/// order), with its counts when it was locked.
+/// The global cap's permits, under the lock they share with the map, with
+/// their counts when the step began.
 struct GlobalLocked<'a> {
     limits: &'a Limits,
-    permits: MutexGuard<'a, Permits>,
+    permits: &'a mut Permits,
     before: [usize; 2],
 }
 
@@ -346,8 +384,7 @@ impl From<Handoff> for Given {
 }
 
 impl<'a> GlobalLocked<'a> {
-    fn lock(cap: &'a Cap) -> Self {
-        let permits = cap.permits.lock();
+    fn new(cap: &'a Cap, permits: &'a mut Permits) -> Self {
         GlobalLocked {
             limits: &cap.limits,
             before: permits.counts(),
@@ -359,6 +396,7 @@ impl<'a> GlobalLocked<'a> {
         self.permits.take(self.limits)
     }
 
+    #[inline]
     fn give_back(&mut self, given: Given) {
         match given {
             Given::Nothing => {}
@@ -371,63 +409,38 @@ impl<'a> GlobalLocked<'a> {
         }
     }
 
-    /// Releases the lock and records how the counts moved.
-    fn unlock(self, moves: &mut Moves) {
+    /// Records how the counts moved.
+    fn finish(self, moves: &mut Moves) {
         moved(&mut moves.global, self.before, self.permits.counts());
     }
 }
 
-/// The global cap.
+/// The global cap's settings; its permits are in [`Locked`].
 #[derive(Debug)]
 pub(crate) struct Cap {
     pub(crate) limits: Limits,
-    permits: Mutex<Permits>,
 }
 
-impl Cap {
-    fn new(limits: Limits) -> Self {
-        Cap {
-            limits,
-            permits: Mutex::default(),
-        }
-    }
-
-    pub(crate) fn in_flight(&self) -> usize {
-        self.permits.lock().held
-    }
-
-    pub(crate) fn queued(&self) -> usize {
-        self.permits.lock().queued
-    }
-
-    /// The global step of a request without an identity entry.
-    fn take(&self) -> Take {
-        let take = self.permits.lock().take(&self.limits);
-        gauge_taken(OverloadScope::Global, &take);
-        take
-    }
-
-    /// Gives back what a request without an identity entry holds.
-    fn give_back(&self, rx: Option<&mut oneshot::Receiver<()>>) {
-        let freed = self.permits.lock().give_back(rx);
-        gauge_given_back(OverloadScope::Global, freed);
-    }
-}
-
-/// The per-identity caps: one [`Entry`] per subject that has a request in
-/// flight or queued, under one lock: a subject alone in flight costs no
-/// allocation.
-///
-/// With a global cap, every step that changes an entry takes the global
-/// cap's lock inside this one, and a subject has an entry only while one of
-/// its requests holds or waits for a global permit.
+/// The per-identity caps' settings; the map is in [`Locked`].
 #[derive(Debug)]
 pub(crate) struct PerIdentity {
     pub(crate) limits: Limits,
     /// The map itself, as a load-shedding cap of `limit` identities.
     map_limits: Limits,
     hasher: RandomState,
-    map: Mutex<HashTable<Entry>>,
+}
+
+/// Everything that changes, under one lock: the global cap's permits and
+/// the per-identity map, one [`Entry`] per subject that has a request in
+/// flight or queued (a subject alone in flight costs no allocation).
+///
+/// A step that changes an entry and the global cap together (a subject has
+/// an entry only while one of its requests holds or waits for a global
+/// permit) takes this one lock once.
+#[derive(Debug, Default)]
+struct Locked {
+    global: Permits,
+    map: HashTable<Entry>,
 }
 
 /// One subject's cap.
@@ -442,39 +455,28 @@ impl Entry {
     fn is(&self, subject: &Arc<str>) -> bool {
         Arc::ptr_eq(&self.key, subject) || *self.key == **subject
     }
+
+    /// The address of its key, which tells it from every other entry.
+    fn addr(&self) -> usize {
+        key_addr(&self.key)
+    }
 }
 
-/// A subject's entry, found again by its hash and key pointer: giving a
-/// permit back hashes nothing.
-#[derive(Debug)]
+fn key_addr(key: &Arc<str>) -> usize {
+    Arc::as_ptr(key).cast::<u8>() as usize
+}
+
+/// A subject's entry, found again by its hash and the address of its key:
+/// giving a permit back hashes nothing, and holding it counts no reference.
+///
+/// The entry outlives every `EntryRef` that looks it up (it lives while it
+/// has a permit or a waiter, and a request looks it up only to give one
+/// back), so its key's allocation lives too, and no other live entry's key
+/// has that address.
+#[derive(Debug, Clone, Copy)]
 struct EntryRef {
-    key: Arc<str>,
+    addr: usize,
     hash: u64,
-}
-
-impl PerIdentity {
-    pub(crate) fn len(&self) -> usize {
-        self.map.lock().len()
-    }
-
-    /// The permits held by `subject` and its waiters.
-    pub(crate) fn counts_of(&self, subject: &str) -> (usize, usize) {
-        let hash = self.hasher.hash_one(subject);
-        self.map
-            .lock()
-            .find(hash, |e| *e.key == *subject)
-            .map_or((0, 0), |e| (e.permits.held, e.permits.queued))
-    }
-}
-
-/// Moves the `tower_admission_concurrency_tracked_identities` gauge by
-/// `delta`.
-#[inline]
-fn gauge_tracked_identities(delta: f64) {
-    #[cfg(feature = "metrics")]
-    metrics::gauge!("tower_admission_concurrency_tracked_identities").increment(delta);
-    #[cfg(not(feature = "metrics"))]
-    let _ = delta;
 }
 
 /// What the identified step of [`Shared::begin`] decided.
@@ -492,9 +494,9 @@ enum Step {
 
 /// What a request of a tracked subject gives back when it leaves.
 enum Leave {
-    /// Admitted: its identity permit and, when it holds one, its global
-    /// permit.
-    Admitted { global: bool },
+    /// Admitted: its identity permit and, when there is a global cap, its
+    /// global permit.
+    Admitted,
     /// Its identity permit and its place in the global queue.
     GlobalQueue(oneshot::Receiver<()>),
     /// Its place in the identity queue, or what it was handed meanwhile.
@@ -524,7 +526,6 @@ impl GlobalWaiter {
                 self.rx = None;
                 return Ok(Guard {
                     shared: Arc::clone(&self.shared),
-                    global: true,
                     identity: self.identity.take(),
                 });
             }
@@ -545,12 +546,8 @@ impl Drop for GlobalWaiter {
             return;
         };
         match (&self.identity, &self.shared.per_identity) {
-            (Some(at), Some(ids)) => self.shared.leave(ids, at, Leave::GlobalQueue(rx)),
-            _ => {
-                if let Some(cap) = &self.shared.global {
-                    cap.give_back(Some(&mut rx));
-                }
-            }
+            (Some(at), Some(_)) => self.shared.leave(at, Leave::GlobalQueue(rx)),
+            _ => self.shared.give_back_global(Some(&mut rx)),
         }
     }
 }
@@ -586,14 +583,10 @@ impl IdentityWaiter {
             ));
         };
         self.rx = None;
-        let at = EntryRef {
-            key: Arc::clone(&self.at.key),
-            hash: self.at.hash,
-        };
+        let at = self.at;
         drop(self);
         match handoff {
             Handoff::Held => Ok(Guard {
-                global: shared.global.is_some(),
                 identity: Some(at),
                 shared,
             }),
@@ -619,33 +612,26 @@ impl IdentityWaiter {
 
 impl Drop for IdentityWaiter {
     fn drop(&mut self) {
-        if let (Some(rx), Some(ids)) = (self.rx.take(), &self.shared.per_identity) {
-            self.shared.leave(ids, &self.at, Leave::IdentityQueue(rx));
+        if let Some(rx) = self.rx.take() {
+            self.shared.leave(&self.at, Leave::IdentityQueue(rx));
         }
     }
 }
 
-/// Everything a request holds while it is admitted. Dropping it releases the
-/// permits (and the identity's map entry when it was the last user), in one
-/// step under the map's lock for a tracked subject.
+/// Everything a request holds while it is admitted: the global permit if
+/// there is a global cap, and its identity permit if it has an entry.
+/// Dropping it releases the permits (and the identity's map entry when it
+/// was the last user), in one step under the lock.
 pub(crate) struct Guard {
     shared: Arc<Shared>,
-    global: bool,
     identity: Option<EntryRef>,
 }
 
 impl Drop for Guard {
     fn drop(&mut self) {
         match (&self.identity, &self.shared.per_identity) {
-            (Some(at), Some(ids)) => {
-                let global = self.global;
-                self.shared.leave(ids, at, Leave::Admitted { global });
-            }
-            _ => {
-                if let (true, Some(cap)) = (self.global, &self.shared.global) {
-                    cap.give_back(None);
-                }
-            }
+            (Some(at), Some(_)) => self.shared.leave(at, Leave::Admitted),
+            _ => self.shared.give_back_global(None),
         }
     }
 }
@@ -653,8 +639,8 @@ impl Drop for Guard {
 impl fmt::Debug for Guard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Guard")
-            .field("global", &self.global)
-            .field("identity", &self.identity.as_ref().map(|at| &*at.key))
+            .field("global", &self.shared.global.is_some())
+            .field("identity", &self.identity.is_some())
             .finish()
     }
 }
@@ -696,6 +682,7 @@ struct RefusalCounters {
 pub(crate) struct Shared {
     pub(crate) global: Option<Cap>,
     pub(crate) per_identity: Option<PerIdentity>,
+    locked: Mutex<Locked>,
     refusals: RefusalCounters,
 }
 
@@ -706,15 +693,42 @@ impl Shared {
         identity_map: Limits,
     ) -> Arc<Self> {
         Arc::new(Shared {
-            global: global.map(Cap::new),
+            global: global.map(|limits| Cap { limits }),
             per_identity: per_identity.map(|limits| PerIdentity {
                 limits,
                 map_limits: identity_map,
                 hasher: RandomState::new(),
-                map: Mutex::new(HashTable::new()),
             }),
+            locked: Mutex::default(),
             refusals: RefusalCounters::default(),
         })
+    }
+
+    /// Identities the map tracks now.
+    pub(crate) fn tracked_identities(&self) -> usize {
+        self.locked.lock().map.len()
+    }
+
+    /// The permits held by `subject` and its waiters.
+    pub(crate) fn identity_counts(&self, subject: &str) -> (usize, usize) {
+        let Some(ids) = &self.per_identity else {
+            return (0, 0);
+        };
+        let hash = ids.hasher.hash_one(subject);
+        self.locked
+            .lock()
+            .map
+            .find(hash, |e| *e.key == *subject)
+            .map_or((0, 0), |e| (e.permits.held, e.permits.queued))
+    }
+
+    /// Gives back what a request without an identity entry holds of the
+    /// global cap, if there is one.
+    fn give_back_global(&self, rx: Option<&mut oneshot::Receiver<()>>) {
+        if self.global.is_some() {
+            let freed = self.locked.lock().global.give_back(rx);
+            gauge_given_back(OverloadScope::Global, freed);
+        }
     }
 
     fn refuse(&self, scope: OverloadScope, reason: OverloadReason, limits: &Limits) -> Refusal {
@@ -767,14 +781,14 @@ impl Shared {
         let Some(cap) = &self.global else {
             return Begin::Ready(Guard {
                 shared: Arc::clone(self),
-                global: false,
                 identity: None,
             });
         };
-        match cap.take() {
+        let take = self.locked.lock().global.take(&cap.limits);
+        gauge_taken(OverloadScope::Global, &take);
+        match take {
             Take::Held => Begin::Ready(Guard {
                 shared: Arc::clone(self),
-                global: true,
                 identity: None,
             }),
             Take::Queued(rx) => Begin::Wait(Box::pin(
@@ -800,20 +814,25 @@ impl Shared {
     fn begin_identified(self: &Arc<Self>, ids: &PerIdentity, subject: &Arc<str>) -> Begin {
         let hash = ids.hasher.hash_one(&**subject);
         let mut moves = Moves::default();
-        let mut map = ids.map.lock();
+        let mut locked = self.locked.lock();
+        let Locked {
+            global: global_permits,
+            map,
+        } = &mut *locked;
         let step = if let Some(entry) = map.find_mut(hash, |e| e.is(subject)) {
             let at = EntryRef {
-                key: Arc::clone(&entry.key),
+                addr: entry.addr(),
                 hash,
             };
             let before = entry.permits.counts();
             let step = if entry.permits.held < ids.limits.limit {
                 // One of its own permits is free (so none of its requests
                 // waits for one): the global step decides.
-                let take = match self.global.as_ref().map(GlobalLocked::lock) {
+                let global = self.global.as_ref();
+                let take = match global.map(|cap| GlobalLocked::new(cap, global_permits)) {
                     Some(mut global) => {
                         let take = global.take();
-                        global.unlock(&mut moves);
+                        global.finish(&mut moves);
                         take
                     }
                     None => Take::Held,
@@ -838,7 +857,8 @@ impl Shared {
             moved(&mut moves.identity, before, entry.permits.counts());
             step
         } else {
-            let mut global = self.global.as_ref().map(GlobalLocked::lock);
+            let global = self.global.as_ref();
+            let mut global = global.map(|cap| GlobalLocked::new(cap, global_permits));
             // The global refusal first: with `max_identities >= limit +
             // queue` of the global cap, the map is never full while the
             // global cap has a permit or a place.
@@ -847,8 +867,9 @@ impl Shared {
             } else if map.len() >= ids.map_limits.limit {
                 Step::TooManyIdentities
             } else {
+                let key = Arc::clone(subject);
                 let at = EntryRef {
-                    key: Arc::clone(subject),
+                    addr: key_addr(&key),
                     hash,
                 };
                 let step = match global.as_mut().map(GlobalLocked::take) {
@@ -857,7 +878,7 @@ impl Shared {
                     Some(Take::QueueFull) => unreachable!("checked above"),
                 };
                 let entry = Entry {
-                    key: Arc::clone(subject),
+                    key,
                     hash,
                     permits: Permits {
                         held: 1,
@@ -870,16 +891,15 @@ impl Shared {
                 step
             };
             if let Some(global) = global {
-                global.unlock(&mut moves);
+                global.finish(&mut moves);
             }
             step
         };
-        drop(map);
+        drop(locked);
         moves.apply();
         match step {
             Step::Held(at) => Begin::Ready(Guard {
                 shared: Arc::clone(self),
-                global: self.global.is_some(),
                 identity: Some(at),
             }),
             Step::GlobalQueued(at, rx) => Begin::Wait(Box::pin(
@@ -922,19 +942,23 @@ impl Shared {
         }
     }
 
-    /// A request of `at`'s subject leaves: in one step under the map's lock
-    /// (and the global cap's inside it), it gives back its global permit or
+    /// A request of `at`'s subject leaves: in one step under the lock, it
+    /// gives back its global permit or
     /// place, then its identity permit, which goes to the subject's first
     /// waiter with the global step taken for it; the last to go removes the
     /// entry.
-    fn leave(&self, ids: &PerIdentity, at: &EntryRef, leave: Leave) {
+    fn leave(&self, at: &EntryRef, leave: Leave) {
         let mut moves = Moves::default();
-        let mut map = ids.map.lock();
-        // What it gives back of the global cap, and whether it gives back
-        // an identity permit (or else a place in the identity queue).
+        let mut locked = self.locked.lock();
+        let Locked {
+            global: global_permits,
+            map,
+        } = &mut *locked;
+        // What it gives back of the global cap (if there is one), and
+        // whether it gives back an identity permit (or else a place in the
+        // identity queue).
         let (given, permit) = match leave {
-            Leave::Admitted { global: true } => (Given::Permit, true),
-            Leave::Admitted { global: false } => (Given::Nothing, true),
+            Leave::Admitted => (Given::Permit, true),
             Leave::GlobalQueue(rx) => (Given::Place(rx), true),
             Leave::IdentityQueue(mut rx) => {
                 rx.close();
@@ -946,19 +970,20 @@ impl Shared {
             }
         };
         // Never `Err`: an entry lives while it has a permit or a waiter.
-        let Ok(mut found) = map.find_entry(at.hash, |e| Arc::ptr_eq(&e.key, &at.key)) else {
+        let Ok(mut found) = map.find_entry(at.hash, |e| e.addr() == at.addr) else {
             return;
         };
         let permits = &mut found.get_mut().permits;
         let before = permits.counts();
         if permit {
-            let mut global = self.global.as_ref().map(GlobalLocked::lock);
+            let global = self.global.as_ref();
+            let mut global = global.map(|cap| GlobalLocked::new(cap, global_permits));
             if let Some(global) = &mut global {
                 global.give_back(given);
             }
             permits.release_identity(global.as_mut());
             if let Some(global) = global {
-                global.unlock(&mut moves);
+                global.finish(&mut moves);
             }
         } else {
             permits.queued -= 1;
@@ -968,20 +993,20 @@ impl Shared {
             found.remove();
             moves.tracked -= 1;
         }
-        drop(map);
+        drop(locked);
         moves.apply();
     }
 
     pub(crate) fn stats(&self) -> ConcurrencyStats {
         let r = &self.refusals;
-        let (global_in_flight, global_queued) = match &self.global {
-            Some(cap) => (cap.in_flight(), cap.queued()),
-            None => (0, 0),
+        let (global_in_flight, global_queued, tracked_identities) = {
+            let locked = self.locked.lock();
+            (locked.global.held, locked.global.queued, locked.map.len())
         };
         ConcurrencyStats {
             global_in_flight,
             global_queued,
-            tracked_identities: self.per_identity.as_ref().map_or(0, |ids| ids.len()),
+            tracked_identities,
             refused_global_queue_full: r.global_queue_full.load(Ordering::Relaxed),
             refused_global_deadline: r.global_deadline.load(Ordering::Relaxed),
             refused_identity_queue_full: r.identity_queue_full.load(Ordering::Relaxed),
@@ -993,8 +1018,9 @@ impl Shared {
 
 /// A snapshot of a concurrency layer's counters, for tests and metrics.
 ///
-/// The gauges (`*_in_flight`, `*_queued`, `tracked_identities`) are read one
-/// after the other, not atomically together.
+/// The gauges (`*_in_flight`, `*_queued`, `tracked_identities`) are read
+/// together in one step; the refusal counters one after the other, not
+/// atomically with them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ConcurrencyStats {
