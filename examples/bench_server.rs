@@ -21,6 +21,8 @@
 //!   [`MemoryStore`];
 //! - `stack-1` to `stack-5`: the in-memory stack cut after its first N
 //!   layers, for the cost of each layer;
+//! - `stack-no-fields`: the in-memory stack whose per-user quota adds no
+//!   `RateLimit` fields to admitted responses, for what those fields cost;
 //! - `stack-redis`: the same stack with both quotas on a `RedisStore`
 //!   (`--redis redis://127.0.0.1:PORT`; needs the `redis` feature). Each
 //!   request makes one round trip per quota, two in all.
@@ -54,7 +56,8 @@ use tower_governor::GovernorLayer;
 
 use inbound::{base, huge_bucket};
 
-const MODES: &str = "bare, governor, quota, stack, stack-1 to stack-5, or stack-redis";
+const MODES: &str =
+    "bare, governor, quota, stack, stack-1 to stack-5, stack-no-fields, or stack-redis";
 
 /// Which stack serves `GET /`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,6 +68,8 @@ enum Mode {
     Stack,
     /// The stack's first N layers, N in 1 to 5.
     FirstLayers(usize),
+    /// The stack without `RateLimit` fields on admitted responses.
+    StackNoFields,
     StackRedis,
 }
 
@@ -76,6 +81,7 @@ impl Mode {
             "quota" => Ok(Mode::Quota),
             "stack" => Ok(Mode::Stack),
             "stack-redis" => Ok(Mode::StackRedis),
+            "stack-no-fields" => Ok(Mode::StackNoFields),
             other => match other.strip_prefix("stack-").and_then(|n| n.parse().ok()) {
                 Some(n @ 1..=5) => Ok(Mode::FirstLayers(n)),
                 _ => Err(format!("--mode {other:?}: expected {MODES}")),
@@ -122,7 +128,7 @@ fn parse_args() -> Result<Args, String> {
             }
             "-h" | "--help" => {
                 println!(
-                    "usage: bench_server --mode bare|governor|quota|stack|stack-1..stack-5|stack-redis [--listen ADDR] [--redis URL]\n       bench_server --redis-commands"
+                    "usage: bench_server --mode bare|governor|quota|stack|stack-1..stack-5|stack-no-fields|stack-redis [--listen ADDR] [--redis URL]\n       bench_server --redis-commands"
                 );
                 std::process::exit(0);
             }
@@ -218,6 +224,7 @@ fn app(args: &Args) -> Result<Router, ConfigError> {
         ),
         Mode::Stack => inbound::whole_stack(MemoryStore::new())?,
         Mode::FirstLayers(n) => inbound::first_layers(MemoryStore::new(), n)?,
+        Mode::StackNoFields => inbound::whole_stack_without_fields(MemoryStore::new())?,
         Mode::StackRedis => redis_stack(args.redis.as_deref().unwrap_or_default())?,
     })
 }

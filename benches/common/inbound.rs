@@ -23,6 +23,9 @@
 //! [`first_layers`] builds the stack cut after its first `n` layers, for the
 //! cost of each layer (variants `stack_1` to `stack_5` of
 //! `benches/instructions.sh`, modes `stack-1` to `stack-5` of the server).
+//! [`whole_stack_without_fields`] is the whole stack whose per-user quota
+//! adds no `RateLimit` fields to admitted responses (server mode
+//! `stack-no-fields`), for what those fields cost.
 
 use std::num::NonZeroU32;
 use std::time::Duration;
@@ -102,10 +105,26 @@ pub(crate) fn whole_stack<St: Store + Clone>(store: St) -> Result<Router, Config
     first_layers(store, LAYERS.len())
 }
 
+/// [`whole_stack`] with no `RateLimit` fields on admitted responses (a
+/// refusal still carries them): the same work less writing the two values
+/// and sending their 138 bytes.
+#[allow(dead_code)] // used by the server only
+pub(crate) fn whole_stack_without_fields<St: Store + Clone>(
+    store: St,
+) -> Result<Router, ConfigError> {
+    cut(store, LAYERS.len(), false)
+}
+
 /// The stack's first `n` layers of [`LAYERS`] over `store`, serving
 /// [`base`]; `n` of 6 or more is the whole stack.
 pub(crate) fn first_layers<St: Store + Clone>(store: St, n: usize) -> Result<Router, ConfigError> {
-    let (auth, body, query, per_user, aggregate, concurrency) = layers(store)?;
+    cut(store, n, true)
+}
+
+/// [`first_layers`], the per-user quota adding the `RateLimit` fields to
+/// admitted responses when `fields` is true.
+fn cut<St: Store + Clone>(store: St, n: usize, fields: bool) -> Result<Router, ConfigError> {
+    let (auth, body, query, per_user, aggregate, concurrency) = layers(store, fields)?;
     let first = ServiceBuilder::new().layer(auth);
     Ok(match n {
         0 => base(),
@@ -141,12 +160,13 @@ type Layers<St> = (
     ConcurrencyLayer,
 );
 
-/// The six layers, each built once here.
-fn layers<St: Store + Clone>(store: St) -> Result<Layers<St>, ConfigError> {
+/// The six layers, each built once here; `fields`: the per-user quota adds
+/// the `RateLimit` fields to admitted responses, as the sample API does.
+fn layers<St: Store + Clone>(store: St, fields: bool) -> Result<Layers<St>, ConfigError> {
     let keys = ApiKeys::new().with_key(API_KEY, Identity::new("alice", "acme", "free"));
     let per_user = QuotaLayer::builder(store.clone())
         .quota(per_user_quota()?)
-        .headers_on_success(true)
+        .headers_on_success(fields)
         .build()?;
     let aggregate = QuotaLayer::builder(store)
         .quota(aggregate_quota()?)

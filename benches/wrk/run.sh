@@ -22,7 +22,9 @@
 # Environment: DURATION (default 10s), CONNECTIONS (default 50),
 # ROUNDS (default 5), MODES (default "bare governor quota stack
 # stack-redis"; bare is always run, since the ratios are to it; stack-1 to
-# stack-5, the stack cut after its first N layers, give each layer's cost), REDIS_N
+# stack-5, the stack cut after its first N layers, give each layer's cost;
+# stack-no-fields, the stack without RateLimit fields on admitted responses,
+# gives theirs), REDIS_N
 # (requests per redis-benchmark run, default 200000), PIN (default 1: the
 # server runs on CPU 0 and wrk on CPU 1, through taskset, which keeps the two
 # from migrating onto one core; PIN=0 lets the scheduler place both).
