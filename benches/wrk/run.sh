@@ -15,7 +15,9 @@
 #
 # Every quota admits every request, so this measures the admitted path.
 # Five rounds, every other one in reverse order; the table shows the median
-# of the runs per mode and every raw figure. Each mode gets a 1 s warm-up
+# of the runs per mode and every raw figure, and the server's CPU time per
+# request in user space and in the kernel (from /proc), which tells the
+# layers' own work from what the kernel spends on the same traffic. Each mode gets a 1 s warm-up
 # before its measured 10 s run. Loopback only. About 6 minutes once the
 # example is built.
 #
@@ -157,8 +159,16 @@ wait_for_port() {
     return 1
 }
 
-# results[mode] = "rps p50_us p99_us;rps p50_us p99_us;..." over rounds
+# results[mode] = "rps p50_us p99_us user_ns kernel_ns;..." over rounds: the
+# last two are the server's CPU time per request during the measured run,
+# in user space and in the kernel (its utime and stime, which the kernel
+# counts in ticks of 1/CLK_TCK s: at 100 ticks and 3 s of 400,000 requests,
+# 25 ns a tick per request).
 declare -A results
+ticks_per_s="$(getconf CLK_TCK)"
+# The server's user and kernel CPU time so far, in ticks: fields 14 and 15
+# of /proc/PID/stat (its command name, field 2, holds no space here).
+cpu_ticks() { awk '{ print $14, $15 }' "/proc/$1/stat"; }
 
 run_mode() {
     local mode="$1" port script out line
@@ -174,11 +184,20 @@ run_mode() {
     # ratios count only the layers.
     script="$here/auth.lua"
     "${pin_wrk[@]}" wrk -t1 -c"$connections" -d1s -s "$script" "http://127.0.0.1:$port/" >/dev/null
+    local user0 kernel0 user1 kernel1
+    read -r user0 kernel0 < <(cpu_ticks "$server_pid")
     out="$("${pin_wrk[@]}" wrk -t1 -c"$connections" -d"$duration" -s "$script" "http://127.0.0.1:$port/")"
+    read -r user1 kernel1 < <(cpu_ticks "$server_pid")
     stop_server
     line="$(grep '^WRK_RESULT' <<<"$out")"
-    local rps p50 p99 non2xx socket
+    local rps p50 p99 non2xx socket requests user_ns kernel_ns
     rps="$(sed -E 's/.* rps=([0-9]+).*/\1/' <<<"$line")"
+    requests="$(sed -E 's/.* requests=([0-9]+).*/\1/' <<<"$line")"
+    # The server answered at least wrk's count (wrk leaves out the requests
+    # still in flight when it stops), so these read a little high, alike
+    # for every mode.
+    user_ns="$(awk -v t=$((user1 - user0)) -v hz="$ticks_per_s" -v n="$requests" 'BEGIN { printf "%.0f", t * 1e9 / hz / n }')"
+    kernel_ns="$(awk -v t=$((kernel1 - kernel0)) -v hz="$ticks_per_s" -v n="$requests" 'BEGIN { printf "%.0f", t * 1e9 / hz / n }')"
     p50="$(sed -E 's/.* p50_us=([0-9]+).*/\1/' <<<"$line")"
     p99="$(sed -E 's/.* p99_us=([0-9]+).*/\1/' <<<"$line")"
     non2xx="$(sed -E 's/.* non2xx=([0-9]+).*/\1/' <<<"$line")"
@@ -187,8 +206,8 @@ run_mode() {
         echo "$mode: $non2xx non-2xx responses and $socket socket errors; every request must be admitted" >&2
         exit 1
     fi
-    echo "  $mode: $rps req/s, p50 ${p50} us, p99 ${p99} us" >&2
-    results[$mode]="${results[$mode]:-}${rps} ${p50} ${p99};"
+    echo "  $mode: $rps req/s, p50 ${p50} us, p99 ${p99} us; server CPU per request ${user_ns} ns user, ${kernel_ns} ns kernel" >&2
+    results[$mode]="${results[$mode]:-}${rps} ${p50} ${p99} ${user_ns} ${kernel_ns};"
 }
 
 commit="$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
@@ -216,7 +235,7 @@ median() {
         if (NR % 2) printf "%.0f", v[(NR + 1) / 2];
         else printf "%.0f", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
-column_of() { # mode, field (1 rps, 2 p50, 3 p99)
+column_of() { # mode, field (1 rps, 2 p50, 3 p99, 4 user ns, 5 kernel ns)
     tr ';' '\n' <<<"${results[$1]}" | awk -v f="$2" 'NF { print $f }' | paste -sd' '
 }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a / b }'; }
@@ -271,15 +290,15 @@ fi
 table="$(
     echo "wrk -t1 -c$connections -d$duration, $rounds rounds (order alternated), median per mode; server: 1 tokio worker; source: $commit; pinned: $pin"
     echo
-    echo "| mode | req/s (median) | req/s per run | p50 latency (median) | p99 latency (median) | req/s vs bare | per-round ratio to bare (median) |"
-    echo "|---|---:|---|---:|---:|---:|---:|"
+    echo "| mode | req/s (median) | req/s per run | p50 latency (median) | p99 latency (median) | req/s vs bare | per-round ratio to bare (median) | server CPU per request, user (median) | server CPU per request, kernel (median) |"
+    echo "|---|---:|---|---:|---:|---:|---:|---:|---:|"
     for mode in "${modes[@]}"; do
         p50="$(column_of "$mode" 2 | median)"
         p99="$(column_of "$mode" 3 | median)"
         runs="$(column_of "$mode" 1 | sed 's/ /, /g')"
-        printf '| %s | %s | %s | %s µs | %s µs | %s | %s |\n' \
+        printf '| %s | %s | %s | %s µs | %s µs | %s | %s | %s ns | %s ns |\n' \
             "$mode" "${med_rps[$mode]}" "$runs" "$p50" "$p99" "$(ratio "${med_rps[$mode]}" "${med_rps[bare]}")" \
-            "$(round_ratio "$mode" bare)"
+            "$(round_ratio "$mode" bare)" "$(column_of "$mode" 4 | median)" "$(column_of "$mode" 5 | median)"
     done
     echo
     if [ -n "${med_rps[governor]:-}" ] && [ -n "${med_rps[quota]:-}" ]; then
@@ -311,7 +330,7 @@ if [ "$smoke" = 1 ]; then
     # with Redis, two ceiling rows of positive figures. No figure is judged.
     number='[0-9]+(\.[0-9]+)?'
     for mode in "${modes[@]}"; do
-        if ! grep -Eq "^\| $mode \| [1-9][0-9]* \| [0-9, ]+ \| [0-9]+ µs \| [0-9]+ µs \| $number \| $number \|$" <<<"$table"; then
+        if ! grep -Eq "^\| $mode \| [1-9][0-9]* \| [0-9, ]+ \| [0-9]+ µs \| [0-9]+ µs \| $number \| $number \| [0-9]+ ns \| [0-9]+ ns \|$" <<<"$table"; then
             echo "smoke: no well-formed row for mode $mode" >&2
             exit 1
         fi
