@@ -17,19 +17,19 @@
 # Five rounds, every other one in reverse order; the table shows the median
 # of the runs per mode and every raw figure, and the server's CPU time per
 # request in user space and in the kernel (from /proc), which tells the
-# layers' own work from what the kernel spends on the same traffic. Each mode gets a 1 s warm-up
-# before its measured 10 s run. Loopback only. About 6 minutes once the
-# example is built.
+# layers' own work from what the kernel spends on the same traffic. Each
+# mode gets a 1 s warm-up before its measured 10 s run. Loopback only.
+# About 6 minutes once the example is built.
 #
 # Environment: DURATION (default 10s), CONNECTIONS (default 50),
 # ROUNDS (default 5), MODES (default "bare governor quota stack
 # stack-redis"; bare is always run, since the ratios are to it; stack-1 to
 # stack-5, the stack cut after its first N layers, give each layer's cost;
 # stack-no-fields, the stack without RateLimit fields on admitted responses,
-# gives theirs), REDIS_N
-# (requests per redis-benchmark run, default 200000), PIN (default 1: the
-# server runs on CPU 0 and wrk on CPU 1, through taskset, which keeps the two
-# from migrating onto one core; PIN=0 lets the scheduler place both).
+# gives theirs), REDIS_N (requests per redis-benchmark run, default
+# 200000), PIN (default 1: the server runs on CPU 0 and wrk on CPU 1,
+# through taskset, which keeps the two from migrating onto one core; PIN=0
+# lets the scheduler place both).
 # SMOKE=1 sets ROUNDS=1, DURATION=2s, REDIS_N=20000 unless they are given,
 # runs the debug build, and checks that the table is well formed; it never
 # checks a figure. About 30 s once the example is built.
