@@ -169,6 +169,10 @@ ticks_per_s="$(getconf CLK_TCK)"
 # The server's user and kernel CPU time so far, in ticks: fields 14 and 15
 # of /proc/PID/stat (its command name, field 2, holds no space here).
 cpu_ticks() { awk '{ print $14, $15 }' "/proc/$1/stat"; }
+# Ticks spent over a run of N requests, as ns per request.
+ns_per_request() { # ticks, requests
+    awk -v t="$1" -v hz="$ticks_per_s" -v n="$2" 'BEGIN { printf "%.0f", t * 1e9 / hz / n }'
+}
 
 run_mode() {
     local mode="$1" port script out line
@@ -196,8 +200,8 @@ run_mode() {
     # The server answered at least wrk's count (wrk leaves out the requests
     # still in flight when it stops), so these read a little high, alike
     # for every mode.
-    user_ns="$(awk -v t=$((user1 - user0)) -v hz="$ticks_per_s" -v n="$requests" 'BEGIN { printf "%.0f", t * 1e9 / hz / n }')"
-    kernel_ns="$(awk -v t=$((kernel1 - kernel0)) -v hz="$ticks_per_s" -v n="$requests" 'BEGIN { printf "%.0f", t * 1e9 / hz / n }')"
+    user_ns="$(ns_per_request $((user1 - user0)) "$requests")"
+    kernel_ns="$(ns_per_request $((kernel1 - kernel0)) "$requests")"
     p50="$(sed -E 's/.* p50_us=([0-9]+).*/\1/' <<<"$line")"
     p99="$(sed -E 's/.* p99_us=([0-9]+).*/\1/' <<<"$line")"
     non2xx="$(sed -E 's/.* non2xx=([0-9]+).*/\1/' <<<"$line")"
