@@ -21,6 +21,7 @@ fn mock(limit: u32, latency_ms: u64, fail_every: u64) -> (Router, MockHandle) {
         limit: NonZeroU32::new(limit).unwrap(),
         latency: Duration::from_millis(latency_ms),
         fail_every: NonZeroU64::new(fail_every),
+        ..MockConfig::default()
     })
 }
 
@@ -81,7 +82,8 @@ async fn fifteen_arrivals_at_one_instant_admit_ten_and_refuse_five() {
     // max_in_any_1s counts arrivals, the refused five included.
     assert_eq!(
         stats(&app).await,
-        json!({"total": 15, "max_in_any_1s": 15, "max_concurrent": 15, "rejected": 5, "failed": 0})
+        json!({"total": 15, "max_in_any_1s": 15, "max_concurrent": 15, "rejected": 5, "failed": 0,
+                "p50_ms": 5, "p99_ms": 5})
     );
     assert_eq!(
         handle.stats(),
@@ -90,7 +92,9 @@ async fn fifteen_arrivals_at_one_instant_admit_ten_and_refuse_five() {
             max_in_any_1s: 15,
             max_concurrent: 15,
             rejected: 5,
-            failed: 0
+            failed: 0,
+            p50_ms: Some(5),
+            p99_ms: Some(5),
         }
     );
 }
@@ -112,7 +116,8 @@ async fn one_second_later_ten_more_are_admitted() {
 
     assert_eq!(
         stats(&app).await,
-        json!({"total": 26, "max_in_any_1s": 15, "max_concurrent": 15, "rejected": 6, "failed": 0})
+        json!({"total": 26, "max_in_any_1s": 15, "max_concurrent": 15, "rejected": 6, "failed": 0,
+                "p50_ms": 5, "p99_ms": 5})
     );
 }
 
@@ -134,7 +139,9 @@ async fn the_window_is_the_last_second_of_arrivals_refused_ones_included() {
             max_in_any_1s: 2,
             max_concurrent: 1,
             rejected: 2,
-            failed: 0
+            failed: 0,
+            p50_ms: Some(0),
+            p99_ms: Some(0),
         }
     );
 }
@@ -150,7 +157,8 @@ async fn fail_every_three_fails_exactly_every_third_accepted_arrival() {
     assert_eq!(statuses, [ok, ok, failed, ok, ok, failed, ok, ok, failed]);
     assert_eq!(
         stats(&app).await,
-        json!({"total": 9, "max_in_any_1s": 9, "max_concurrent": 1, "rejected": 0, "failed": 3})
+        json!({"total": 9, "max_in_any_1s": 9, "max_concurrent": 1, "rejected": 0, "failed": 3,
+                "p50_ms": 5, "p99_ms": 5})
     );
 
     // Refused arrivals are not accepted ones: they do not move the count of K.
@@ -216,7 +224,8 @@ async fn reset_clears_everything_and_answers_204() {
     assert_eq!(count(&responses, StatusCode::TOO_MANY_REQUESTS), 2);
     assert_eq!(
         stats(&app).await,
-        json!({"total": 5, "max_in_any_1s": 5, "max_concurrent": 5, "rejected": 2, "failed": 1})
+        json!({"total": 5, "max_in_any_1s": 5, "max_concurrent": 5, "rejected": 2, "failed": 1,
+                "p50_ms": 5, "p99_ms": 5})
     );
 
     let start = Instant::now();
@@ -224,7 +233,8 @@ async fn reset_clears_everything_and_answers_204() {
     assert_eq!(response.status(), StatusCode::NO_CONTENT);
     assert_eq!(
         stats(&app).await,
-        json!({"total": 0, "max_in_any_1s": 0, "max_concurrent": 0, "rejected": 0, "failed": 0})
+        json!({"total": 0, "max_in_any_1s": 0, "max_concurrent": 0, "rejected": 0, "failed": 0,
+                "p50_ms": null, "p99_ms": null})
     );
     assert_eq!(handle.stats(), Stats::default());
     assert_eq!(
@@ -250,7 +260,9 @@ async fn reset_clears_everything_and_answers_204() {
             max_in_any_1s: 3,
             max_concurrent: 3,
             rejected: 0,
-            failed: 1
+            failed: 1,
+            p50_ms: Some(5),
+            p99_ms: Some(5),
         }
     );
 }
@@ -336,6 +348,7 @@ fn the_parser_reads_every_flag_and_has_defaults() {
             config: MockConfig {
                 limit: NonZeroU32::new(300).unwrap(),
                 latency: Duration::from_millis(5),
+                capacity: None,
                 fail_every: None,
             },
         })
@@ -356,6 +369,7 @@ fn the_parser_reads_every_flag_and_has_defaults() {
             config: MockConfig {
                 limit: NonZeroU32::new(50).unwrap(),
                 latency: Duration::ZERO,
+                capacity: None,
                 fail_every: NonZeroU64::new(4),
             },
         })
