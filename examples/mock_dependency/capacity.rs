@@ -11,9 +11,11 @@
 //!
 //! The model is exact, event by event, in integer nanoseconds: it keeps a
 //! *virtual time* `V` that advances at the common rate, and a request that
-//! arrives at `V = v` with work `w` is done when `V` reaches `v + w`. A
-//! completion's instant is rounded up to the nanosecond and a partial advance
-//! rounded down, so each event can delay the rest by under 1 ns.
+//! arrives at `V = v` with work `w` is done when `V` reaches `v + w`. `V` is
+//! computed from an anchor set at the last event (arrival, departure,
+//! capacity change), so reading it in between loses nothing. A completion's
+//! instant is rounded up to the nanosecond and `V` at an arrival rounded
+//! down, so each event can delay the rest by under 1 ns of work.
 //!
 //! Time is given as nanoseconds since an origin the caller picks, so the model
 //! is a pure state machine: no clock, no tasks.
@@ -34,11 +36,13 @@ pub(crate) struct Ticket {
 #[derive(Debug)]
 pub(crate) struct Sharing {
     capacity: Option<NonZeroU32>,
-    /// The instant the model was last advanced to.
+    /// The instant of the last event: the anchor `V` is computed from.
     at: Nanos,
-    /// Virtual time: the work each request in flight has received since the
-    /// origin, as of `at`.
-    virtual_now: Nanos,
+    /// Virtual time at `at`: the work each request then in flight had
+    /// received since the origin.
+    virtual_at: Nanos,
+    /// The latest instant the model was advanced to.
+    now: Nanos,
     /// The requests in flight by the virtual time at which they are done.
     finishing: BTreeMap<Nanos, u64>,
     in_flight: u64,
@@ -50,7 +54,8 @@ impl Sharing {
         Sharing {
             capacity,
             at: now,
-            virtual_now: 0,
+            virtual_at: 0,
+            now,
             finishing: BTreeMap::new(),
             in_flight: 0,
         }
@@ -69,14 +74,14 @@ impl Sharing {
     /// Changes the capacity at `now`; the requests in flight keep the work
     /// they have received and continue at the new rate.
     pub(crate) fn set_capacity(&mut self, capacity: Option<NonZeroU32>, now: Nanos) {
-        self.advance(now);
+        self.anchor(now);
         self.capacity = capacity;
     }
 
     /// A request with `work` nanoseconds of work arrives at `now`.
     pub(crate) fn arrive(&mut self, work: Nanos, now: Nanos) -> Ticket {
-        self.advance(now);
-        let finish = self.virtual_now.saturating_add(work);
+        self.anchor(now);
+        let finish = self.virtual_at.saturating_add(work);
         if work > 0 {
             *self.finishing.entry(finish).or_insert(0) += 1;
             self.in_flight += 1;
@@ -86,7 +91,7 @@ impl Sharing {
 
     /// Whether `ticket` was done by the last advance.
     pub(crate) fn is_done(&self, ticket: Ticket) -> bool {
-        self.virtual_now >= ticket.finish
+        self.virtual_now() >= ticket.finish
     }
 
     /// Removes a request that leaves before it is done (its client went
@@ -97,6 +102,7 @@ impl Sharing {
         if self.is_done(ticket) {
             return false;
         }
+        self.anchor(now);
         if let Some(count) = self.finishing.get_mut(&ticket.finish) {
             *count -= 1;
             if *count == 0 {
@@ -109,9 +115,8 @@ impl Sharing {
 
     /// When `ticket` will be done if nothing else arrives and the capacity
     /// stays: the departures before it, which speed it up, are counted.
-    /// Valid after an advance to the present.
     pub(crate) fn done_at(&self, ticket: Ticket) -> Nanos {
-        let (mut at, mut v, mut n) = (self.at, self.virtual_now, self.in_flight);
+        let (mut at, mut v, mut n) = (self.at, self.virtual_at, self.in_flight);
         for (&finish, &count) in self.finishing.range(..=ticket.finish) {
             at = at.saturating_add(self.time_for(finish - v, n));
             v = finish;
@@ -124,22 +129,31 @@ impl Sharing {
     /// by then, each at its own instant (so the rate changes in between).
     /// An instant before the last one is taken as the last one.
     pub(crate) fn advance(&mut self, now: Nanos) {
-        while now > self.at {
-            let Some((&finish, &count)) = self.finishing.first_key_value() else {
-                self.at = now;
-                return;
-            };
-            let to_finish = self.time_for(finish - self.virtual_now, self.in_flight);
-            if to_finish <= now - self.at {
-                self.at += to_finish;
-                self.virtual_now = finish;
-                self.finishing.pop_first();
-                self.in_flight -= count;
-            } else {
-                self.virtual_now += self.work_in(now - self.at, self.in_flight);
-                self.at = now;
+        self.now = self.now.max(now);
+        while let Some((&finish, &count)) = self.finishing.first_key_value() {
+            let done = self
+                .at
+                .saturating_add(self.time_for(finish - self.virtual_at, self.in_flight));
+            if done > self.now {
+                break;
             }
+            self.at = done;
+            self.virtual_at = finish;
+            self.finishing.pop_first();
+            self.in_flight -= count;
         }
+    }
+
+    /// Advances to `now` and makes it the anchor, before the rate changes.
+    fn anchor(&mut self, now: Nanos) {
+        self.advance(now);
+        self.virtual_at = self.virtual_now();
+        self.at = self.now;
+    }
+
+    /// `V` at the last advance.
+    fn virtual_now(&self) -> Nanos {
+        self.virtual_at + self.work_in(self.now - self.at, self.in_flight)
     }
 
     /// The time `work` takes with `n` in flight, rounded up.

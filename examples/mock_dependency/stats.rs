@@ -75,6 +75,11 @@ impl Latencies {
         self.max_ms = self.max_ms.max(ms);
     }
 
+    /// How many buckets the histogram has: always `HISTOGRAM_MS + 1`.
+    pub(crate) fn buckets(&self) -> usize {
+        self.buckets.len()
+    }
+
     /// How many latencies were recorded.
     pub(crate) fn count(&self) -> u64 {
         self.count
