@@ -536,6 +536,16 @@ mod sharing {
         // A request already done is not in flight any more.
         assert!(!model.cancel(b, 30 * MS));
         assert_eq!(model.in_flight(), 0);
+
+        // Within the capacity, or unlimited, a departure speeds up no one.
+        for c in [2, 0] {
+            let mut model = Sharing::new(capacity(c), 0);
+            let a = model.arrive(20 * MS, 0);
+            let b = model.arrive(20 * MS, 0);
+            assert!(!model.cancel(a, 10 * MS), "capacity {c}");
+            assert_eq!(model.in_flight(), 1, "capacity {c}");
+            assert_eq!(model.done_at(b), 20 * MS, "capacity {c}");
+        }
     }
 
     #[test]

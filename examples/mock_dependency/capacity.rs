@@ -95,14 +95,15 @@ impl Sharing {
     }
 
     /// Removes a request that leaves before it is done (its client went
-    /// away); the others speed up from `now`. Returns whether it was still in
-    /// flight.
+    /// away). Returns whether the others speed up from `now`: it was in
+    /// flight and they were sharing the capacity.
     pub(crate) fn cancel(&mut self, ticket: Ticket, now: Nanos) -> bool {
         self.advance(now);
         if self.is_done(ticket) {
             return false;
         }
         self.anchor(now);
+        let sharing = matches!(self.capacity, Some(c) if self.in_flight > u64::from(c.get()));
         if let Some(count) = self.finishing.get_mut(&ticket.finish) {
             *count -= 1;
             if *count == 0 {
@@ -110,7 +111,7 @@ impl Sharing {
             }
             self.in_flight -= 1;
         }
-        true
+        sharing
     }
 
     /// When `ticket` will be done if nothing else arrives and the capacity

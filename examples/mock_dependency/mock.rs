@@ -257,9 +257,9 @@ impl Drop for InFlight {
         s.arrivals.leave();
         if !self.done {
             let now = self.shared.nanos(Instant::now());
-            let left_early = s.sharing.cancel(self.ticket, now);
+            let sped_up = s.sharing.cancel(self.ticket, now);
             drop(s);
-            if left_early {
+            if sped_up {
                 self.shared.sped_up.notify_waiters();
             }
         }
