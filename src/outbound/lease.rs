@@ -15,39 +15,18 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use redis::aio::MultiplexedConnection;
 use redis::{Script, Value};
 use tokio::task::JoinHandle;
 
 use crate::clock::{duration_to_micros, Clock, ManualClock, SystemClock, Timestamp};
+use crate::outbound::bucket::{nano, whole, Bucket};
+use crate::redis::{CallError, Connector, Request, Target, Timing};
 use crate::ConfigError;
 
 const LEASE_SCRIPT: &str = include_str!("scripts/lease.lua");
-/// The quota scripts' integer helpers (`idiv` and the rest), shared.
-const COMMON: &str = include_str!("../quota/store/redis/scripts/common.lua");
 
-/// Production clock: Redis `TIME`; the keys expire with their last grant.
-const CLOCK_REDIS: &str = "\
-if redis.replicate_commands then redis.replicate_commands() end
-local EXPIRY_PAD_MS = 0
-local function clock_now()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-";
-
-/// Test-only clock: the time is ARGV[9]. Redis's own expiry clock runs while
-/// the injected one stands still, so test keys live an hour longer.
-const CLOCK_INJECTED: &str = "\
-local EXPIRY_PAD_MS = 3600000
-local function clock_now()
-  return tonumber(ARGV[9])
-end
-";
-
-/// Nano-tokens per token: a rate in milli-units per second times a span in
-/// µs is a number of nano-tokens, exactly.
-const NANO: u128 = 1_000_000_000;
+/// The argument the test-only clock reads the time from.
+const CLOCK_ARG: u8 = 9;
 
 /// A demand window is held back when refused attempts were waiting for at
 /// least this part of it, as (numerator, denominator); see [`RateLease`].
@@ -169,6 +148,18 @@ impl fmt::Display for LeaseError {
 
 impl std::error::Error for LeaseError {}
 
+impl From<CallError> for LeaseError {
+    fn from(error: CallError) -> Self {
+        match error {
+            CallError::Unavailable(message) => LeaseError::Unavailable { message },
+            CallError::Rejected(message) | CallError::Unknown(message) => {
+                LeaseError::Failed { message }
+            }
+            CallError::Timeout(_) => LeaseError::Timeout,
+        }
+    }
+}
+
 /// The connection to the grant script on one Redis server (feature `redis`).
 /// Clones share the connection; many [`RateLease`]s (one per budget, or
 /// several simulated instances in a test) can share one store.
@@ -191,11 +182,9 @@ pub struct LeaseStore {
 struct StoreInner {
     prefix: Box<str>,
     deadline: Duration,
-    client: redis::Client,
+    connector: Connector,
     script: Script,
     clock: Option<ManualClock>,
-    conn: Mutex<Option<(u64, MultiplexedConnection)>>,
-    connecting: tokio::sync::Mutex<u64>,
 }
 
 impl fmt::Debug for LeaseStore {
@@ -203,7 +192,7 @@ impl fmt::Debug for LeaseStore {
         f.debug_struct("LeaseStore")
             .field("prefix", &self.inner.prefix)
             .field("deadline", &self.inner.deadline)
-            .field("connected", &self.inner.conn.lock().is_some())
+            .field("connected", &self.inner.connector.is_connected())
             .field("test_clock", &self.inner.clock.is_some())
             .finish()
     }
@@ -373,7 +362,7 @@ impl LeaseStore {
     /// loading it by hand or benchmarking it. Its arguments are documented at
     /// the top of `scripts/lease.lua`.
     pub fn script_source() -> String {
-        format!("{CLOCK_REDIS}{LEASE_SCRIPT}")
+        script(None)
     }
 
     /// Reads the grants of `budget` as the script counts them (read only).
@@ -441,72 +430,12 @@ impl LeaseStore {
             .arg(args.held.1)
             .arg(now)
             .arg(format!("{:016x}", args.life));
-        let run = async {
-            let (gen, mut conn) = self.connection().await?;
-            let unanswered = Unanswered { store: self, gen };
-            let result = invocation.invoke_async::<Value>(&mut conn).await;
-            std::mem::forget(unanswered);
-            result.map_err(|e| {
-                if e.code().is_none() {
-                    // The connection itself failed: the next call reconnects.
-                    self.drop_connection(gen);
-                }
-                LeaseError::Failed {
-                    message: e.to_string(),
-                }
-            })
-        };
-        // On timeout `run` is dropped, and with it an unanswered call's guard.
-        tokio::time::timeout(self.inner.deadline, run)
-            .await
-            .unwrap_or(Err(LeaseError::Timeout))
-    }
-
-    async fn connection(&self) -> Result<(u64, MultiplexedConnection), LeaseError> {
-        if let Some((gen, conn)) = &*self.inner.conn.lock() {
-            return Ok((*gen, conn.clone()));
-        }
-        let mut next_gen = self.inner.connecting.lock().await;
-        if let Some((gen, conn)) = &*self.inner.conn.lock() {
-            return Ok((*gen, conn.clone()));
-        }
-        let config = redis::AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(self.inner.deadline))
-            .set_response_timeout(None);
-        let conn = self
+        let reply = self
             .inner
-            .client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await
-            .map_err(|e| LeaseError::Unavailable {
-                message: e.to_string(),
-            })?;
-        *next_gen += 1;
-        let gen = *next_gen;
-        *self.inner.conn.lock() = Some((gen, conn.clone()));
-        Ok((gen, conn))
-    }
-
-    /// Forgets connection `gen`, not a newer one.
-    fn drop_connection(&self, gen: u64) {
-        let mut slot = self.inner.conn.lock();
-        if matches!(&*slot, Some((current, _)) if *current == gen) {
-            *slot = None;
-        }
-    }
-}
-
-/// A call sent on connection `gen` and not answered yet. Dropped unanswered
-/// (its deadline passed, or its caller gave up first), it drops that
-/// connection, which may hang, so the next call reconnects.
-struct Unanswered<'a> {
-    store: &'a LeaseStore,
-    gen: u64,
-}
-
-impl Drop for Unanswered<'_> {
-    fn drop(&mut self) {
-        self.store.drop_connection(self.gen);
+            .connector
+            .call(Request::Script(&invocation))
+            .await?;
+        Ok(reply)
     }
 }
 
@@ -546,25 +475,25 @@ impl LeaseStoreBuilder {
             ));
         }
         crate::error::redis_deadline("deadline", self.deadline)?;
-        let client = redis::Client::open(self.url.as_str())
-            .map_err(|e| ConfigError::new("url", e.to_string()))?;
-        let clock = if self.clock.is_some() {
-            CLOCK_INJECTED
-        } else {
-            CLOCK_REDIS
-        };
+        let target =
+            Target::single(&self.url).map_err(|e| ConfigError::new("url", e.to_string()))?;
+        let injected = self.clock.is_some().then_some(CLOCK_ARG);
         Ok(LeaseStore {
             inner: Arc::new(StoreInner {
                 prefix: self.prefix.into(),
                 deadline: self.deadline,
-                client,
-                script: Script::new(&format!("{clock}{COMMON}\n{LEASE_SCRIPT}")),
+                connector: Connector::new(target, Timing::per_call(self.deadline)),
+                script: Script::new(&script(injected)),
                 clock: self.clock,
-                conn: Mutex::new(None),
-                connecting: tokio::sync::Mutex::new(0),
             }),
         })
     }
+}
+
+/// The grant script: the prelude (clock and integer helpers), then
+/// `scripts/lease.lua`.
+fn script(injected: Option<u8>) -> String {
+    format!("{}{LEASE_SCRIPT}", crate::redis::prelude(injected))
 }
 
 fn bad_reply(op: &str) -> LeaseError {
@@ -859,7 +788,7 @@ impl Settings {
     /// The bucket capacity at `rate`, in nano-tokens.
     fn capacity(&self, rate: Rate) -> u128 {
         let by_rate = u128::from(rate.0) * u128::from(self.burst_us);
-        by_rate.max(u128::from(self.max_cost) * NANO)
+        by_rate.max(nano(self.max_cost))
     }
 }
 
@@ -878,7 +807,7 @@ struct State {
     until: Timestamp,
     /// Whether the fallback was entered (and logged).
     fallback: bool,
-    tokens: u128,
+    bucket: Bucket,
     last: Timestamp,
     window_start: Timestamp,
     attempted: u64,
@@ -997,9 +926,8 @@ impl State {
     }
 
     fn accrue(&mut self, rate: Rate, micros: u64, cfg: &Settings) {
-        let cap = cfg.capacity(rate);
-        let add = u128::from(rate.0) * u128::from(micros);
-        self.tokens = self.tokens.min(cap).saturating_add(add).min(cap);
+        self.bucket
+            .fill(u128::from(rate.0), micros, cfg.capacity(rate));
     }
 
     /// Fills the bucket up to `x`: at the grant until its local expiry, at
@@ -1009,7 +937,7 @@ impl State {
             return;
         }
         if self.phase != Phase::Active {
-            self.tokens = 0;
+            self.bucket.clear();
             self.last = x;
             return;
         }
@@ -1074,7 +1002,7 @@ impl State {
                 // A wait that runs past `x` counts in the next window.
                 let ahead = self.held_back_until.0.saturating_sub(x.0);
                 let held_back = self.held_back_us.saturating_sub(ahead);
-                let milli = u128::from(self.attempted) * NANO / u128::from(elapsed);
+                let milli = nano(self.attempted) / u128::from(elapsed);
                 self.window_start = x;
                 self.attempted = 0;
                 self.held_back_us = ahead;
@@ -1111,7 +1039,7 @@ impl State {
             expires_at: self.until,
             target: self.target,
             demand: self.demand,
-            capacity: u64::try_from(cfg.capacity(rate) / NANO).unwrap_or(u64::MAX),
+            capacity: whole(cfg.capacity(rate)),
             next_refresh: self.next_refresh,
             failures: self.failures,
             id_in_use: self.id_in_use,
@@ -1356,7 +1284,7 @@ impl<C: Clock> RateLeaseBuilder<C> {
             grant: Rate::ZERO,
             until: Timestamp(0),
             fallback: false,
-            tokens: 0,
+            bucket: Bucket::EMPTY,
             last: now,
             window_start: now,
             attempted: 0,
@@ -1425,22 +1353,16 @@ impl<C: Clock> RateLease<C> {
         if cfg.fail_open && !s.id_taken && s.mode_at(now) == LeaseMode::Fallback {
             return Ok(());
         }
-        let need = u128::from(cost) * NANO;
-        if s.tokens >= need {
-            s.tokens -= need;
+        if s.bucket.missing(cost) == 0 {
+            s.bucket.spend(cost);
             return Ok(());
         }
         let rate = s.rate_at(now, cfg);
         if rate.0 == 0 {
             return Err(s.wait_without_rate(now, cfg));
         }
-        let missing = need - s.tokens;
-        let micros = missing.div_ceil(u128::from(rate.0));
-        let wait = cap_at_refresh(
-            u64::try_from(micros).unwrap_or(u64::MAX),
-            s.next_refresh,
-            now,
-        );
+        let micros = s.bucket.wait_us(cost, u128::from(rate.0));
+        let wait = cap_at_refresh(micros, s.next_refresh, now);
         s.note_wait(now, wait);
         Err(Duration::from_micros(wait))
     }
@@ -1483,7 +1405,7 @@ impl<C: Clock> RateLease<C> {
     /// The bucket's capacity at `rate`, in whole cost units (as
     /// [`LeaseStatus::capacity`] gives it).
     pub(crate) fn capacity_at(&self, rate: Rate) -> u64 {
-        u64::try_from(self.inner.cfg.capacity(rate) / NANO).unwrap_or(u64::MAX)
+        whole(self.inner.cfg.capacity(rate))
     }
 
     /// The local time now, on the lease's clock.
@@ -1612,7 +1534,7 @@ impl<C: Clock> RateLease<C> {
                 s.failures = 0;
                 s.id_taken = false;
                 let cap = cfg.capacity(s.rate_at(recv, cfg));
-                s.tokens = s.tokens.min(cap);
+                s.bucket.cap(cap);
                 // A guess is followed a quarter period later by a measure.
                 let period = if s.guessing {
                     cfg.refresh_us / 4
@@ -1648,7 +1570,7 @@ impl<C: Clock> RateLease<C> {
                     s.last = recv;
                 }
                 s.until = Timestamp(s.until.0.min(recv.0));
-                s.tokens = s.tokens.min(cfg.capacity(cfg.fallback));
+                s.bucket.cap(cfg.capacity(cfg.fallback));
                 s.failures = s.failures.saturating_add(1);
                 s.id_in_use = s.id_in_use.saturating_add(1);
                 let wait = duration_to_micros(free_in).max(1);
@@ -1757,7 +1679,7 @@ impl<C: Clock> RateLease<C> {
             s.phase = Phase::Released;
             s.grant = Rate::ZERO;
             s.until = Timestamp(0);
-            s.tokens = 0;
+            s.bucket.clear();
             let now = self.inner.clock.now();
             s.note_change(before, now);
         }

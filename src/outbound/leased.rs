@@ -7,14 +7,11 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use crate::clock::{Clock, SystemClock, Timestamp};
+use crate::outbound::bucket::{Bucket, NANO};
 use crate::outbound::budget::Counters;
 use crate::outbound::lease::{cap_at_refresh, Schedule};
 use crate::outbound::{AttemptBudget, BudgetStats, LeaseMode, Rate, RateLease, Refusal, Share};
 use crate::ConfigError;
-
-/// Nano-tokens per token, as in the lease: a rate in milli-units per second
-/// times a span in µs.
-const NANO: u128 = 1_000_000_000;
 
 /// The refusal of a released lease: this budget never admits again.
 const RELEASED: Refusal = Refusal::Unavailable {
@@ -106,10 +103,10 @@ struct Inner<C: Clock> {
     stats: Counters,
 }
 
-/// A share's local bucket, in nano-tokens.
+/// A share's local bucket and the schedule it last filled on.
 #[derive(Debug, Clone, Copy)]
 struct ShareBucket {
-    tokens: u128,
+    bucket: Bucket,
     last: Timestamp,
     /// The lease's rate schedule when the bucket was last filled.
     schedule: Schedule,
@@ -132,7 +129,7 @@ impl<C: Clock> LeasedBudget<C> {
         let stats = Counters::new(lease.budget());
         // The buckets fill from now on the schedule the lease has now.
         let empty = ShareBucket {
-            tokens: 0,
+            bucket: Bucket::EMPTY,
             last: now,
             schedule: lease.schedule(),
         };
@@ -154,8 +151,8 @@ impl<C: Clock> LeasedBudget<C> {
         let lease = &self.inner.lease;
         let total = u128::from(lease.rate().as_milli());
         let part = u128::from(self.share_rate(share).as_milli());
-        (u128::from(lease.capacity_at(rate)) * part / total).max(2 * u128::from(lease.max_cost()))
-            * NANO
+        let units = u128::from(lease.capacity_at(rate)) * part / total;
+        units.max(2 * u128::from(lease.max_cost())) * NANO
     }
 
     /// Fills `bucket` from its last fill to `now` as the lease's own bucket
@@ -180,7 +177,7 @@ impl<C: Clock> LeasedBudget<C> {
                 let before = bucket.schedule;
                 self.replay(share, bucket, &before, bucket.last, change);
             } else {
-                bucket.tokens = bucket.tokens.min(self.share_capacity(share, Rate::ZERO));
+                bucket.bucket.cap(self.share_capacity(share, Rate::ZERO));
             }
             bucket.last = change;
             if change < current.since {
@@ -206,11 +203,9 @@ impl<C: Clock> LeasedBudget<C> {
                 continue;
             }
             let capacity = self.share_capacity(share, rate);
-            bucket.tokens = bucket
-                .tokens
-                .min(capacity)
-                .saturating_add(self.fill_rate(share, rate) * u128::from(micros))
-                .min(capacity);
+            bucket
+                .bucket
+                .fill(self.fill_rate(share, rate), micros, capacity);
         }
     }
 
@@ -279,7 +274,6 @@ impl<C: Clock> LeasedBudget<C> {
                 Err(wait) => Err(Refusal::Unavailable { wait }),
             };
         }
-        let need = u128::from(cost) * NANO;
         let mut shares = inner.shares.lock();
         let bucket = &mut shares[match share {
             Share::Normal => 0,
@@ -290,15 +284,14 @@ impl<C: Clock> LeasedBudget<C> {
         self.fill(share, bucket, now, schedule);
         let current = schedule.rate_at(now);
         let rate = self.fill_rate(share, current);
-        bucket.tokens = bucket.tokens.min(self.share_capacity(share, current));
-        if bucket.tokens < need {
+        bucket.bucket.cap(self.share_capacity(share, current));
+        if bucket.bucket.missing(cost) > 0 {
             let wait = if rate == 0 {
                 lease.note_demand(cost);
                 lease.wait_without_rate(now)
             } else {
-                let micros = (need - bucket.tokens).div_ceil(rate);
                 let micros = cap_at_refresh(
-                    u64::try_from(micros).unwrap_or(u64::MAX),
+                    bucket.bucket.wait_us(cost, rate),
                     lease.status_at(now).next_refresh,
                     now,
                 );
@@ -309,7 +302,7 @@ impl<C: Clock> LeasedBudget<C> {
         }
         match lease.try_acquire_at(cost, now) {
             Ok(()) => {
-                bucket.tokens -= need;
+                bucket.bucket.spend(cost);
                 inner.stats.admitted(share);
                 Ok(())
             }

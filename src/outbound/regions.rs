@@ -2,15 +2,13 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use redis::aio::MultiplexedConnection;
 use redis::{Script, Value};
-use tokio::time::Instant;
 
+use crate::redis::{CallError, Connector, Request, Target, Timing};
 use crate::ConfigError;
 
 const DEBIT: &str = include_str!("scripts/regions_debit.lua");
@@ -207,24 +205,14 @@ struct Inner {
 struct Region {
     name: Box<str>,
     initial: u64,
-    client: redis::Client,
+    connector: Connector,
     state_key: String,
     debits_key: String,
     pending_key: String,
     credits_key: String,
-    slot: tokio::sync::Mutex<Option<Live>>,
     /// The epoch of the region's state as last seen; a new debit to this
     /// region is bound to it.
     epoch: std::sync::Mutex<Option<String>>,
-}
-
-/// A live multiplexed connection; `closed` is set when Redis closes it or a
-/// call on it fails, times out or is dropped unanswered by its caller, so
-/// the next call reconnects.
-#[derive(Clone)]
-struct Live {
-    conn: MultiplexedConnection,
-    closed: Arc<AtomicBool>,
 }
 
 impl fmt::Debug for RegionalBudget {
@@ -611,10 +599,7 @@ impl RegionalBudget {
             let records = self
                 .pending_of(region)
                 .await
-                .map_err(|e| RegionError::Unreachable {
-                    region: region.name.to_string(),
-                    message: e.message,
-                })?;
+                .map_err(|e| e.into_region(region))?;
             all.extend(records.into_iter().map(|(p, _)| p));
         }
         Ok(all)
@@ -1063,7 +1048,7 @@ impl RegionalBudget {
             tracing::warn!(
                 region = &*donor.name,
                 id = id.as_str(),
-                error = %e.message,
+                error = %e,
                 "could not clear a completed transfer from the pending list; repair_all clears it"
             );
         }
@@ -1225,11 +1210,10 @@ impl RegionalBudget {
         let mut cmd = redis::cmd("HGETALL");
         cmd.arg(&donor.pending_key);
         let reply = self.call(donor, Request::Cmd(&cmd)).await?;
-        let map: HashMap<String, String> =
-            redis::from_redis_value(reply).map_err(|e| CallError {
-                unknown: false,
-                message: format!("unreadable pending list: {e}"),
-            })?;
+        let map: HashMap<String, String> = redis::from_redis_value(reply).map_err(|e| {
+            // Read only: known not applied.
+            CallError::Rejected(format!("unreadable pending list: {e}"))
+        })?;
         let mut out: Vec<(PendingTransfer, Record)> = map
             .into_iter()
             .filter_map(|(id, rec)| {
@@ -1259,65 +1243,7 @@ impl RegionalBudget {
     /// One Redis call on `region` under the call deadline, connecting first
     /// if needed.
     async fn call(&self, region: &Region, request: Request<'_>) -> Result<Value, CallError> {
-        let timeout = self.inner.call_timeout;
-        let deadline = Instant::now() + timeout;
-        let live = match tokio::time::timeout_at(deadline, region.acquire(timeout)).await {
-            Ok(Ok(live)) => live,
-            Ok(Err(e)) => {
-                return Err(CallError {
-                    unknown: false,
-                    message: format!("cannot connect: {e}"),
-                })
-            }
-            Err(_) => {
-                return Err(CallError {
-                    unknown: false,
-                    message: format!("still connecting after {timeout:?}; nothing was sent"),
-                })
-            }
-        };
-        let mut conn = live.conn.clone();
-        let sent = async {
-            let unanswered = Unanswered(&live.closed);
-            let reply = match request {
-                Request::Script(invocation) => invocation.invoke_async::<Value>(&mut conn).await,
-                Request::Cmd(cmd) => cmd.query_async::<Value>(&mut conn).await,
-            };
-            std::mem::forget(unanswered);
-            reply
-        };
-        match tokio::time::timeout_at(deadline, sent).await {
-            Ok(Ok(value)) => Ok(value),
-            // Redis answered with an error: the command or script did not
-            // write (the scripts check everything before their first write).
-            Ok(Err(e)) if e.code().is_some() => Err(CallError {
-                unknown: false,
-                message: e.to_string(),
-            }),
-            Ok(Err(e)) => {
-                live.closed.store(true, Ordering::Release);
-                Err(CallError {
-                    unknown: !e.is_connection_refusal(),
-                    message: e.to_string(),
-                })
-            }
-            // `sent` was dropped unanswered: the connection is closed.
-            Err(_) => Err(CallError {
-                unknown: true,
-                message: format!("no answer within {timeout:?}"),
-            }),
-        }
-    }
-}
-
-/// A call sent on a connection and not answered yet. Dropped unanswered
-/// (its deadline passed, or its caller gave up first), it marks that
-/// connection closed, since it may hang, so the next call reconnects.
-struct Unanswered<'a>(&'a AtomicBool);
-
-impl Drop for Unanswered<'_> {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::Release);
+        region.connector.call(request).await
     }
 }
 
@@ -1331,64 +1257,28 @@ impl Region {
     fn remember_epoch(&self, epoch: Option<&str>) {
         *self.epoch.lock().unwrap_or_else(|e| e.into_inner()) = epoch.map(str::to_owned);
     }
-
-    /// The live connection, or a new one.
-    async fn acquire(&self, connect_timeout: Duration) -> redis::RedisResult<Live> {
-        let mut slot = self.slot.lock().await;
-        if let Some(live) = slot.as_ref() {
-            if !live.closed.load(Ordering::Acquire) {
-                return Ok(live.clone());
-            }
-        }
-        *slot = None;
-        let closed = Arc::new(AtomicBool::new(false));
-        let flag = closed.clone();
-        // RESP3 reports a closed connection at once, so a call after Redis
-        // went away reconnects instead of being sent into a dead socket.
-        let config = redis::AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(connect_timeout))
-            .set_response_timeout(None)
-            .set_push_sender(move |push: redis::PushInfo| {
-                if push.kind == redis::PushKind::Disconnection {
-                    flag.store(true, Ordering::Release);
-                }
-                Ok::<(), std::convert::Infallible>(())
-            });
-        let conn = self
-            .client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await?;
-        let live = Live { conn, closed };
-        *slot = Some(live.clone());
-        Ok(live)
-    }
 }
 
-enum Request<'a> {
-    Script(&'a redis::ScriptInvocation<'a>),
-    Cmd(&'a redis::Cmd),
+/// A failed call as the error of a transfer step or of a region.
+trait Unreachable {
+    fn into_transfer(self, region: &Region, step: Step) -> TransferError;
+    fn into_region(self, region: &Region) -> RegionError;
 }
 
-/// A failed call: `unknown` if it may have been applied.
-struct CallError {
-    unknown: bool,
-    message: String,
-}
-
-impl CallError {
+impl Unreachable for CallError {
     fn into_transfer(self, region: &Region, step: Step) -> TransferError {
         TransferError::Unreachable {
             region: region.name.to_string(),
             step,
-            outcome_unknown: self.unknown,
-            message: self.message,
+            outcome_unknown: self.outcome_unknown(),
+            message: self.to_string(),
         }
     }
 
     fn into_region(self, region: &Region) -> RegionError {
         RegionError::Unreachable {
             region: region.name.to_string(),
-            message: self.message,
+            message: self.to_string(),
         }
     }
 }
@@ -1651,25 +1541,18 @@ impl RegionalBudgetBuilder {
                     format!("region `{name}` is added twice"),
                 ));
             }
-            let info = redis::IntoConnectionInfo::into_connection_info(url.as_str())
-                .map_err(|e| ConfigError::new("url", format!("region `{name}`: {e}")))?;
-            let settings = info
-                .redis_settings()
-                .clone()
-                .set_protocol(redis::ProtocolVersion::RESP3);
-            let client = redis::Client::open(info.set_redis_settings(settings))
+            let target = Target::single(url)
                 .map_err(|e| ConfigError::new("url", format!("region `{name}`: {e}")))?;
             sum += u128::from(*initial);
             let tag = format!("tower-admission:regions:{{{}:{name}}}", self.name);
             regions.push(Region {
                 name: name.as_str().into(),
                 initial: *initial,
-                client,
+                connector: Connector::new(target, Timing::per_call(self.call_timeout)),
                 state_key: format!("{tag}:state"),
                 debits_key: format!("{tag}:debits"),
                 pending_key: format!("{tag}:pending"),
                 credits_key: format!("{tag}:credits"),
-                slot: tokio::sync::Mutex::new(None),
                 epoch: std::sync::Mutex::new(None),
             });
         }
