@@ -70,10 +70,10 @@ impl<C: Clock> RateLeaseBuilder<C> {
     /// `[A-Za-z0-9._:-]`. Default: 16 random hex digits.
     ///
     /// An id in use by another live lease (a copied config) is detected: its
-    /// refreshes are refused with [`LeaseError::InstanceIdInUse`](crate::outbound::LeaseError::InstanceIdInUse) while the
-    /// other's grants last, logged once at `error`, and it spends the
-    /// fallback capacity meanwhile (see [`RateLease`], "One id, one
-    /// holder").
+    /// refreshes are refused with
+    /// [`LeaseError::InstanceIdInUse`](super::LeaseError::InstanceIdInUse)
+    /// while the other's grants last, logged once at `error`, and it spends the
+    /// fallback capacity meanwhile (see [`RateLease`], "One id, one holder").
     pub fn instance_id(mut self, id: &str) -> Self {
         self.id = Some(id.to_owned());
         self
@@ -173,8 +173,9 @@ impl<C: Clock> RateLeaseBuilder<C> {
         }
     }
 
-    /// Checks the settings and creates the lease in [`LeaseMode::Starting`](crate::outbound::LeaseMode::Starting);
-    /// nothing is sent until the first refresh.
+    /// Checks the settings and creates the lease in
+    /// [`LeaseMode::Starting`](super::LeaseMode::Starting); nothing is sent
+    /// until the first refresh.
     pub fn build(self) -> Result<RateLease<C>, ConfigError> {
         if !valid_name(&self.budget, 64) {
             return Err(ConfigError::new(

@@ -102,18 +102,19 @@ use crate::clock::{Clock, SystemClock, Timestamp};
 ///
 /// # One id, one holder
 ///
-/// Each lease draws a random *life* when it is built, and the script keeps
-/// it beside the id's grants. A refresh of another life while those grants
-/// last (a second live process configured with the same id, or a restarted
-/// one while its previous run's grants run out) is refused with
-/// [`LeaseError::InstanceIdInUse`](crate::outbound::LeaseError::InstanceIdInUse): that lease stops spending any grant it
-/// holds, spends the fallback capacity `R / expected_instances` (even after
-/// [`fail_open`](crate::outbound::RateLeaseBuilder::fail_open)), logs one `error` naming the
-/// id, counts the refusal in [`LeaseStatus::id_in_use`] and refreshes again
-/// when the other's last grant expires. So two processes with one id send
-/// at most one grant plus one fallback share, and a restarted process takes
-/// its id at most one lease length after its previous run's last refresh
-/// (at once after a [`release`](Self::release)).
+/// Each lease draws a random *life* when it is built, and the script keeps it
+/// beside the id's grants. A refresh of another life while those grants last (a
+/// second live process configured with the same id, or a restarted one while
+/// its previous run's grants run out) is refused with
+/// [`LeaseError::InstanceIdInUse`](super::LeaseError::InstanceIdInUse): that
+/// lease stops spending any grant it holds, spends the fallback capacity `R /
+/// expected_instances` (even after
+/// [`fail_open`](super::RateLeaseBuilder::fail_open)), logs one `error` naming
+/// the id, counts the refusal in [`LeaseStatus::id_in_use`] and refreshes again
+/// when the other's last grant expires. So two processes with one id send at
+/// most one grant plus one fallback share, and a restarted process takes its id
+/// at most one lease length after its previous run's last refresh (at once
+/// after a [`release`](Self::release)).
 ///
 /// A bucket whose capacity is one unit loses what it would accrue while it
 /// is full, so callers that retry only on their own schedule use a little
@@ -190,15 +191,15 @@ impl<C: Clock> RateLease<C> {
     /// Spends `cost` at local time `now`, or refuses with the wait until it
     /// would fit at the current rate. Synchronous: one lock, no I/O.
     ///
-    /// Every attempt, refused or not, counts toward the demand reported at
-    /// the next refresh, and a refusal's wait at a rate above zero toward
-    /// the time held back. With no rate to spend (starting, or a zero grant)
-    /// the wait is the time to the next refresh; a cost above
-    /// [`max_cost`](crate::outbound::RateLeaseBuilder::max_cost), or a released lease, is
+    /// Every attempt, refused or not, counts toward the demand reported at the
+    /// next refresh, and a refusal's wait at a rate above zero toward the time
+    /// held back. With no rate to spend (starting, or a zero grant) the wait is
+    /// the time to the next refresh; a cost above
+    /// [`max_cost`](super::RateLeaseBuilder::max_cost), or a released lease, is
     /// refused with `Duration::MAX`. No wait runs past a refresh that is due
-    /// later, which may change the rate: a caller told to wait until then
-    /// looks again then. While a refresh is overdue or in flight, the wait
-    /// is the one the current rate gives.
+    /// later, which may change the rate: a caller told to wait until then looks
+    /// again then. While a refresh is overdue or in flight, the wait is the one
+    /// the current rate gives.
     pub fn try_acquire_at(&self, cost: u64, now: Timestamp) -> Result<(), Duration> {
         let cfg = &self.inner.cfg;
         let mut s = self.inner.state.lock();

@@ -184,8 +184,9 @@ impl<C: Clock> RateLease<C> {
     }
 
     /// Waits until the first refresh has finished, successful or not (one
-    /// dropped before its reply has failed), or the lease was released: it
-    /// has left [`LeaseMode::Starting`](crate::outbound::LeaseMode::Starting) (for a readiness check).
+    /// dropped before its reply has failed), or the lease was released: it has
+    /// left [`LeaseMode::Starting`](super::LeaseMode::Starting) (for a
+    /// readiness check).
     pub async fn ready(&self) {
         let mut ready = self.inner.ready.subscribe();
         // The sender lives as long as `self`, so this cannot fail.

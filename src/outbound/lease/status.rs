@@ -3,7 +3,7 @@
 use super::Rate;
 use crate::clock::Timestamp;
 
-/// What a [`RateLease`](crate::outbound::RateLease) is spending.
+/// What a [`RateLease`](super::RateLease) is spending.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum LeaseMode {
@@ -13,13 +13,14 @@ pub enum LeaseMode {
     Granted,
     /// The grant expired without renewal (Redis unreachable): the fallback
     /// capacity `R / expected_instances`, or no limit at all after
-    /// [`fail_open`](crate::outbound::RateLeaseBuilder::fail_open).
+    /// [`fail_open`](super::RateLeaseBuilder::fail_open).
     Fallback,
     /// Released: nothing is spent, ever again.
     Released,
 }
 
-/// A snapshot of a [`RateLease`](crate::outbound::RateLease), from [`RateLease::status`](crate::outbound::RateLease::status).
+/// A snapshot of a [`RateLease`](super::RateLease), from
+/// [`RateLease::status`](super::RateLease::status).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LeaseStatus {
@@ -41,7 +42,8 @@ pub struct LeaseStatus {
     pub next_refresh: Timestamp,
     /// Refreshes that failed in a row.
     pub failures: u32,
-    /// Refreshes refused since the lease was built because another live
-    /// lease held its instance id ([`LeaseError::InstanceIdInUse`](crate::outbound::LeaseError::InstanceIdInUse)).
+    /// Refreshes refused since the lease was built because another live lease
+    /// held its instance id
+    /// ([`LeaseError::InstanceIdInUse`](super::LeaseError::InstanceIdInUse)).
     pub id_in_use: u64,
 }

@@ -20,8 +20,8 @@ pub(super) const LEASE_SCRIPT: &str = include_str!("scripts/lease.lua");
 pub(super) const CLOCK_ARG: u8 = 9;
 
 /// The connection to the grant script on one Redis server (feature `redis`).
-/// Clones share the connection; many [`RateLease`](crate::outbound::RateLease)s (one per budget, or
-/// several simulated instances in a test) can share one store.
+/// Clones share the connection; many [`RateLease`](super::RateLease)s (one per
+/// budget, or several simulated instances in a test) can share one store.
 ///
 /// The store connects on first use, reconnects after a failed call (or one
 /// that timed out or was dropped unanswered by its caller), and bounds

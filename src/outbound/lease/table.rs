@@ -6,7 +6,7 @@ use super::Rate;
 use crate::clock::Timestamp;
 
 /// The grants of one budget as the script counts them, read by
-/// [`LeaseStore::grants`](crate::outbound::LeaseStore::grants).
+/// [`LeaseStore::grants`](super::LeaseStore::grants).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct GrantTable {
