@@ -28,16 +28,19 @@
 //!   the clock (`clock_redis.lua`, Redis `TIME`; `clock_injected.lua`, the
 //!   test-only time from an argument) and the integer helpers
 //!   (`common.lua`). Scripts `include_str!` them from here only.
+//! - `keys.rs`: what may go into a key (a prefix, a budget's name).
 //!
 //! The local token bucket the leases spend from is
 //! `src/outbound/bucket.rs`, the one bucket of the crate's outbound side.
 
 mod call;
 mod connection;
+mod keys;
 mod prelude;
 
 pub(crate) use call::{CallError, Request};
 pub(crate) use connection::{Connector, Target, Timing};
+pub(crate) use keys::{check_prefix, valid_key_part};
 #[cfg(test)]
 pub(crate) use prelude::clock;
 pub(crate) use prelude::prelude;

@@ -8,10 +8,10 @@ use parking_lot::Mutex;
 
 use super::rate::MAX_RATE_MILLI;
 use super::state::{Phase, Settings, State};
-use super::store::valid_name;
 use super::{LeaseStore, Rate, RateLease, Shared};
 use crate::clock::{duration_to_micros, Clock, SystemClock, Timestamp};
 use crate::outbound::bucket::Bucket;
+use crate::redis::valid_key_part;
 use crate::ConfigError;
 
 /// Settings for a [`RateLease`]; [`build`](Self::build) checks them.
@@ -177,7 +177,7 @@ impl<C: Clock> RateLeaseBuilder<C> {
     /// [`LeaseMode::Starting`](super::LeaseMode::Starting); nothing is sent
     /// until the first refresh.
     pub fn build(self) -> Result<RateLease<C>, ConfigError> {
-        if !valid_name(&self.budget, 64) {
+        if !valid_key_part(&self.budget, 64) {
             return Err(ConfigError::new(
                 "budget",
                 format!(
@@ -196,7 +196,7 @@ impl<C: Clock> RateLeaseBuilder<C> {
             ));
         }
         let id = match self.id {
-            Some(id) if valid_name(&id, 128) => id,
+            Some(id) if valid_key_part(&id, 128) => id,
             Some(id) => {
                 return Err(ConfigError::new(
                     "instance_id",

@@ -11,7 +11,7 @@ use super::demand::MEASURED;
 use super::table::parse_table;
 use super::{GrantTable, LeaseError, Rate};
 use crate::clock::{Clock, ManualClock};
-use crate::redis::{Connector, Request, Target, Timing};
+use crate::redis::{check_prefix, Connector, Request, Target, Timing};
 use crate::ConfigError;
 
 pub(super) const LEASE_SCRIPT: &str = include_str!("scripts/lease.lua");
@@ -104,13 +104,6 @@ pub(super) struct GrantReply {
     pub(super) now: u64,
     pub(super) recheck: u64,
     pub(super) target: Rate,
-}
-
-pub(super) fn valid_name(s: &str, max: usize) -> bool {
-    !s.is_empty()
-        && s.len() <= max
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
 }
 
 impl LeaseStore {
@@ -246,15 +239,7 @@ impl LeaseStoreBuilder {
 
     /// Checks the settings and creates the store; no connection is made here.
     pub fn build(self) -> Result<LeaseStore, ConfigError> {
-        if !valid_name(&self.prefix, 64) {
-            return Err(ConfigError::new(
-                "prefix",
-                format!(
-                    "{:?} must be 1 to 64 characters of [A-Za-z0-9._:-]",
-                    self.prefix
-                ),
-            ));
-        }
+        check_prefix(&self.prefix)?;
         crate::error::redis_deadline("deadline", self.deadline)?;
         let target =
             Target::single(&self.url).map_err(|e| ConfigError::new("url", e.to_string()))?;

@@ -10,7 +10,7 @@ use redis::{RedisError, Script};
 use crate::clock::{Clock, ManualClock};
 use crate::quota::algorithm::Hold;
 use crate::quota::{Decision, Holds, Quota, QuotaDecision, Store, StoreError};
-use crate::redis::{CallError, Connector, Request, Target, Timing};
+use crate::redis::{check_prefix, CallError, Connector, Request, Target, Timing};
 use crate::ConfigError;
 
 const FIXED_WINDOW: &str = include_str!("scripts/fixed_window.lua");
@@ -407,21 +407,7 @@ impl RedisStoreBuilder {
     /// here: the first decision connects, and a Redis that is down at start
     /// gives [`StoreError::Unavailable`] until it is up.
     pub fn build(self) -> Result<RedisStore, ConfigError> {
-        let prefix_ok = !self.prefix.is_empty()
-            && self.prefix.len() <= 64
-            && self
-                .prefix
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'));
-        if !prefix_ok {
-            return Err(ConfigError::new(
-                "prefix",
-                format!(
-                    "{:?} must be 1 to 64 characters of [A-Za-z0-9._:-]",
-                    self.prefix
-                ),
-            ));
-        }
+        check_prefix(&self.prefix)?;
         crate::error::redis_deadline("deadline", self.deadline)?;
         if self.connect_timeout.is_zero() {
             return Err(ConfigError::new(
