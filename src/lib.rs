@@ -72,6 +72,8 @@ pub mod identity;
 pub mod jobs;
 pub mod outbound;
 pub mod quota;
+#[cfg(feature = "redis")]
+mod redis;
 pub mod reject;
 
 pub use error::ConfigError;

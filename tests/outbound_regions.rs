@@ -1155,7 +1155,7 @@ async fn a_credit_from_a_donor_reseeded_after_its_debit_never_lands() {
     let b = budget_on(&urls, DEADLINE);
     assert_eq!(b.initialize().await.unwrap(), Initialized::Seeded);
     // us knows the credit script, so the held call runs once delivered.
-    let credit = include_str!("../src/outbound/scripts/regions_credit.lua");
+    let credit = include_str!("../src/outbound/regions/scripts/regions_credit.lua");
     servers[US].cli(&["SCRIPT", "LOAD", credit]);
 
     proxy.stall_open_connections();

@@ -52,6 +52,8 @@ pub use budget::{
 pub use layer::{BudgetError, DependencyBudgetLayer, DependencyBudgetService, ResponseFuture};
 
 #[cfg(feature = "redis")]
+mod bucket;
+#[cfg(feature = "redis")]
 mod lease;
 #[cfg(feature = "redis")]
 mod leased;

@@ -1,43 +1,33 @@
 //! The Redis and Redis Cluster store (feature `redis`); see [`RedisStore`].
 
-mod connection;
-
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::{ErrorKind, RedisError, Script};
-use tokio::time::Instant;
+use redis::{RedisError, Script};
 
-use self::connection::{Conn, Connector, Lease, Target, Timing};
 use crate::clock::{Clock, ManualClock};
 use crate::quota::algorithm::Hold;
 use crate::quota::{Decision, Holds, Quota, QuotaDecision, Store, StoreError};
+use crate::redis::{check_prefix, CallError, Connector, Request, Target, Timing};
 use crate::ConfigError;
 
-const COMMON: &str = include_str!("scripts/common.lua");
-const CLOCK_REDIS: &str = include_str!("scripts/clock_redis.lua");
-const CLOCK_INJECTED: &str = include_str!("scripts/clock_injected.lua");
 const FIXED_WINDOW: &str = include_str!("scripts/fixed_window.lua");
 const SLIDING_LOG: &str = include_str!("scripts/sliding_log.lua");
 const TOKEN_BUCKET: &str = include_str!("scripts/token_bucket.lua");
 const SLIDING_WINDOW: &str = include_str!("scripts/sliding_window.lua");
 const DRIVER: &str = include_str!("scripts/driver.lua");
 
-/// The full decision script: a clock, helpers, the four algorithms, the driver.
+/// The full decision script: the prelude (a clock and the integer helpers,
+/// `src/redis/scripts/`), the four algorithms, the driver.
 ///
 /// `injected_clock` selects the test-only clock that reads the time from
 /// `ARGV[3]`; production scripts read Redis `TIME` and ignore `ARGV[3]`.
 fn script_source(injected_clock: bool) -> String {
-    let clock = if injected_clock {
-        CLOCK_INJECTED
-    } else {
-        CLOCK_REDIS
-    };
+    let prelude = crate::redis::prelude(injected_clock.then_some(3));
     [
-        clock,
-        COMMON,
+        prelude.as_str(),
         FIXED_WINDOW,
         SLIDING_LOG,
         TOKEN_BUCKET,
@@ -110,8 +100,8 @@ fn script_source(injected_clock: bool) -> String {
 /// default), enforced by the store with a tokio timer around the whole call.
 /// The redis crate's own response timeout is off on single-server
 /// connections; on a cluster it is only a backstop far above the deadline.
-/// The store keeps its own connection slot (see below) so it knows whether a
-/// failed call had been sent:
+/// Calls go through the crate's one Redis call module (`src/redis/`), whose
+/// connection slot (see below) knows whether a failed call had been sent:
 ///
 /// | what happened | error | consumed? |
 /// |---|---|---|
@@ -304,7 +294,6 @@ impl RedisStore {
         amount: String,
         holds: Option<&Holds>,
     ) -> Result<Vec<i64>, StoreError> {
-        let deadline = Instant::now() + self.inner.deadline;
         let now = match &self.inner.clock {
             Some(clock) => clock.now().as_micros().to_string(),
             None => "-".to_owned(),
@@ -320,71 +309,35 @@ impl RedisStore {
         for arg in script_argv(quota, op, amount, now, holds) {
             invocation.arg(arg);
         }
-        let lease = match self.inner.connector.acquire(deadline).await {
-            Ok(lease) => lease,
-            Err(error) => {
-                tracing::warn!(quota = quota.name(), %error, "redis store unavailable");
-                return Err(error);
-            }
-        };
-        let mut conn: Conn = lease.conn.clone();
-        let unanswered = Unanswered {
-            connector: &self.inner.connector,
-            lease: &lease,
-        };
-        let result = tokio::time::timeout_at(deadline, conn.invoke(&invocation)).await;
-        std::mem::forget(unanswered);
-        match result {
-            Ok(Ok(reply)) => {
-                self.inner.connector.answered(&lease);
-                Ok(reply)
-            }
-            Ok(Err(error)) => {
-                let error = self.classify(&error, &lease);
-                tracing::warn!(quota = quota.name(), %error, unknown_outcome = error.outcome_unknown(), "redis store call failed");
-                Err(error)
-            }
-            Err(_) => {
-                self.inner.connector.timed_out(&lease);
+        match self
+            .inner
+            .connector
+            .call(Request::Script(&invocation))
+            .await
+        {
+            Ok(reply) => Ok(reply),
+            Err(CallError::Timeout(deadline)) => {
                 tracing::warn!(
                     quota = quota.name(),
-                    deadline = ?self.inner.deadline,
+                    ?deadline,
                     unknown_outcome = true,
                     "redis store deadline passed after sending"
                 );
                 Err(StoreError::Timeout)
             }
-        }
-    }
-
-    /// Maps an error from a call that was handed to a live connection.
-    fn classify(&self, error: &RedisError, lease: &Lease) -> StoreError {
-        let unavailable = || StoreError::Unavailable {
-            message: error.to_string(),
-        };
-        if error.is_connection_refusal() {
-            // Nothing was sent (a cluster node refusing a new connection).
-            return unavailable();
-        }
-        if error.code().is_some() {
-            // Redis answered with an error: the script did not run or stopped
-            // before writing.
-            return unavailable();
-        }
-        if error.is_io_error() || error.is_connection_dropped() || error.is_unrecoverable_error() {
-            // The connection died with the command on it: it may have run.
-            self.inner
-                .connector
-                .broken(lease, "connection dropped during a call");
-            return StoreError::Timeout;
-        }
-        match error.kind() {
-            ErrorKind::Client
-            | ErrorKind::InvalidClientConfig
-            | ErrorKind::ClusterConnectionNotFound => unavailable(),
-            // An answer that could not be read, or a crate timeout: the
-            // script may have recorded the admission.
-            _ => StoreError::Timeout,
+            Err(CallError::Unavailable(message)) => {
+                let error = StoreError::Unavailable { message };
+                tracing::warn!(quota = quota.name(), %error, "redis store unavailable");
+                Err(error)
+            }
+            Err(error) => {
+                let error = match error {
+                    CallError::Rejected(message) => StoreError::Unavailable { message },
+                    _ => StoreError::Timeout,
+                };
+                tracing::warn!(quota = quota.name(), %error, unknown_outcome = error.outcome_unknown(), "redis store call failed");
+                Err(error)
+            }
         }
     }
 }
@@ -433,7 +386,8 @@ impl RedisStoreBuilder {
     }
 
     /// Replace a connection on which calls have kept timing out (or been
-    /// dropped unanswered by their callers) for this long, default 1 s.
+    /// dropped unanswered by their callers) for this long, default 1 s;
+    /// zero replaces it at the first.
     pub fn reconnect_after_stall(mut self, after: Duration) -> Self {
         self.stall_reset = after;
         self
@@ -453,21 +407,7 @@ impl RedisStoreBuilder {
     /// here: the first decision connects, and a Redis that is down at start
     /// gives [`StoreError::Unavailable`] until it is up.
     pub fn build(self) -> Result<RedisStore, ConfigError> {
-        let prefix_ok = !self.prefix.is_empty()
-            && self.prefix.len() <= 64
-            && self
-                .prefix
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'));
-        if !prefix_ok {
-            return Err(ConfigError::new(
-                "prefix",
-                format!(
-                    "{:?} must be 1 to 64 characters of [A-Za-z0-9._:-]",
-                    self.prefix
-                ),
-            ));
-        }
+        check_prefix(&self.prefix)?;
         crate::error::redis_deadline("deadline", self.deadline)?;
         if self.connect_timeout.is_zero() {
             return Err(ConfigError::new(
@@ -488,37 +428,19 @@ impl RedisStoreBuilder {
             ));
         }
         let bad_url = |e: RedisError| ConfigError::new("url", e.to_string());
-        let target = if self.cluster {
-            // The cluster client's response timeout is only a backstop that
-            // frees requests stuck on a dead node; the deadline bounds us.
-            // No retries: the client resends a command whose connection
-            // dropped after sending, and a script that ran twice charges or
-            // refunds twice.
-            let backstop = (self.deadline * 20).max(Duration::from_secs(1));
-            let client =
-                redis::cluster::ClusterClientBuilder::new(self.nodes.iter().map(String::as_str))
-                    .connection_timeout(self.connect_timeout)
-                    .response_timeout(backstop)
-                    .retries(0)
-                    .build()
-                    .map_err(bad_url)?;
-            Target::Cluster(Box::new(client))
-        } else {
-            // RESP3 (Redis 6+), so the connection reports its own closing.
-            let info = redis::IntoConnectionInfo::into_connection_info(self.nodes[0].as_str())
-                .map_err(bad_url)?;
-            let settings = info
-                .redis_settings()
-                .clone()
-                .set_protocol(redis::ProtocolVersion::RESP3);
-            Target::Single(redis::Client::open(info.set_redis_settings(settings)).map_err(bad_url)?)
-        };
         let timing = Timing {
+            deadline: self.deadline,
             connect_timeout: self.connect_timeout,
             backoff_min: self.backoff.0,
             backoff_max: self.backoff.1,
             stall_reset: self.stall_reset,
         };
+        let target = if self.cluster {
+            Target::cluster(self.nodes.iter().map(String::as_str), timing)
+        } else {
+            Target::single(&self.nodes[0])
+        }
+        .map_err(bad_url)?;
         Ok(RedisStore {
             inner: Arc::new(Inner {
                 prefix: self.prefix.into(),
@@ -628,21 +550,6 @@ fn decode_holds(quota: &Quota, reply: &[i64]) -> Result<Holds, StoreError> {
             })
             .collect(),
     ))
-}
-
-/// A call handed to a connection and not answered yet. Dropped unanswered
-/// (the caller gave up before the deadline), it counts toward a stall as a
-/// timeout does, so a stalled connection is replaced even when every caller
-/// gives up first.
-struct Unanswered<'a> {
-    connector: &'a Connector,
-    lease: &'a Lease,
-}
-
-impl Drop for Unanswered<'_> {
-    fn drop(&mut self) {
-        self.connector.timed_out(self.lease);
-    }
 }
 
 type Boxed<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
@@ -760,10 +667,11 @@ mod tests {
         let test = script_source(true);
         assert!(production.contains("redis.call('TIME')"));
         assert!(!production.contains("ARGV[3])"));
-        assert!(test.contains("tonumber(ARGV[3])"));
+        assert!(test.contains("local CLOCK_ARG = 3\n"));
+        assert!(test.contains("tonumber(ARGV[CLOCK_ARG])"));
         assert_eq!(
-            production.replace(CLOCK_REDIS, ""),
-            test.replace(CLOCK_INJECTED, "")
+            production.replace(&crate::redis::clock(None), ""),
+            test.replace(&crate::redis::clock(Some(3)), "")
         );
     }
 

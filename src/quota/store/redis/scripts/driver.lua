@@ -1,7 +1,8 @@
 -- tower-admission: one atomic decision for every policy of a quota.
 --
--- The script is the concatenation of a clock, common.lua, the four algorithm
--- files and this driver, run by EVALSHA. All keys of one decision share one
+-- The script is the concatenation of the prelude of src/redis/scripts (a
+-- clock, common.lua), the four algorithm files and this driver, run by
+-- EVALSHA. All keys of one decision share one
 -- hash tag, prefix:{quota:key}:policy:algo, so Redis Cluster keeps them on one
 -- slot and the script runs on one node, atomically. The Rust memory store
 -- applies the same rule (check all, then record all) in

@@ -1,25 +1,13 @@
-//! The store's own reconnecting connection slot.
-//!
-//! The redis crate's `ConnectionManager` reconnects inside the command future,
-//! so a caller that gives up at its deadline cannot tell "still connecting,
-//! nothing sent" from "sent, no answer yet". The two have opposite meanings
-//! for a limiter ([`StoreError::Unavailable`]: nothing consumed;
-//! [`StoreError::Timeout`]: outcome unknown), so the store keeps the phases
-//! apart itself:
-//!
-//! 1. **Acquire**: take the live connection, or join (or start) a connection
-//!    attempt. Any failure or deadline here is `Unavailable`: nothing was sent.
-//! 2. **Send**: hand the command to the live multiplexed connection. From here
-//!    on, a deadline or a dropped connection is `Timeout`: the bytes may have
-//!    reached Redis.
+//! The reconnecting connection slot: one live connection (single server or
+//! cluster), or one connection attempt that every caller joins, or a backoff.
 //!
 //! A dropped connection (seen by a failed call, or reported at once by the
 //! RESP3 connection's disconnect event) returns the slot to idle, and the
-//! next decision starts a new attempt, with exponential backoff between failed attempts (decisions
-//! during a backoff fail at once with `Unavailable`). A connection on which
-//! decisions keep timing out for `stall_reset` is dropped and replaced, so a
-//! stalled socket does not hold the store forever. Reconnection needs no
-//! action from the application.
+//! next call starts a new attempt, with exponential backoff between failed
+//! attempts (calls during a backoff fail at once, nothing sent). A connection
+//! on which calls keep going unanswered for `stall_reset` (at once when it is
+//! zero) is dropped and replaced, so a stalled socket does not hold the
+//! caller forever. Reconnection needs no action from the application.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -31,46 +19,101 @@ use redis::aio::MultiplexedConnection;
 use redis::cluster_async::ClusterConnection;
 use tokio::time::Instant;
 
-use crate::quota::StoreError;
+use redis::FromRedisValue;
+
+use super::{CallError, Request};
 
 /// Where to connect.
-pub(super) enum Target {
+pub(crate) enum Target {
     Single(redis::Client),
     Cluster(Box<redis::cluster::ClusterClient>),
 }
 
+impl Target {
+    /// One server at `url`, spoken to in RESP3 (Redis 6 or later) so that the
+    /// connection reports its own closing.
+    pub(crate) fn single(url: &str) -> redis::RedisResult<Target> {
+        let info = redis::IntoConnectionInfo::into_connection_info(url)?;
+        let settings = info
+            .redis_settings()
+            .clone()
+            .set_protocol(redis::ProtocolVersion::RESP3);
+        Ok(Target::Single(redis::Client::open(
+            info.set_redis_settings(settings),
+        )?))
+    }
+
+    /// A cluster reached through `nodes`. The client's response timeout is
+    /// only a backstop that frees requests stuck on a dead node (the
+    /// caller's deadline bounds every call), and it retries nothing: it
+    /// would resend a command whose connection dropped after sending, and a
+    /// script that ran twice charges or refunds twice.
+    pub(crate) fn cluster<'a>(
+        nodes: impl IntoIterator<Item = &'a str>,
+        timing: Timing,
+    ) -> redis::RedisResult<Target> {
+        let backstop = (timing.deadline * 20).max(Duration::from_secs(1));
+        let client = redis::cluster::ClusterClientBuilder::new(nodes)
+            .connection_timeout(timing.connect_timeout)
+            .response_timeout(backstop)
+            .retries(0)
+            .build()?;
+        Ok(Target::Cluster(Box::new(client)))
+    }
+}
+
 /// A live connection: cheap to clone, clones share the socket(s).
 #[derive(Clone)]
-pub(super) enum Conn {
+pub(crate) enum Conn {
     Single(MultiplexedConnection),
     Cluster(ClusterConnection),
 }
 
 impl Conn {
-    /// Runs the script invocation (EVALSHA, then SCRIPT LOAD and EVALSHA again
-    /// on NOSCRIPT).
-    pub(super) async fn invoke(
+    /// Sends `request` and reads its reply. A script goes by EVALSHA, then
+    /// SCRIPT LOAD and EVALSHA again on NOSCRIPT.
+    pub(crate) async fn send<T: FromRedisValue>(
         &mut self,
-        invocation: &redis::ScriptInvocation<'_>,
-    ) -> redis::RedisResult<Vec<i64>> {
-        match self {
-            Conn::Single(c) => invocation.invoke_async(c).await,
-            Conn::Cluster(c) => invocation.invoke_async(c).await,
+        request: &Request<'_>,
+    ) -> redis::RedisResult<T> {
+        match (self, request) {
+            (Conn::Single(c), Request::Script(s)) => s.invoke_async(c).await,
+            (Conn::Single(c), Request::Cmd(cmd)) => cmd.query_async(c).await,
+            (Conn::Cluster(c), Request::Script(s)) => s.invoke_async(c).await,
+            (Conn::Cluster(c), Request::Cmd(cmd)) => cmd.query_async(c).await,
         }
     }
 }
 
 /// Timing settings of a [`Connector`].
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Timing {
-    pub(super) connect_timeout: Duration,
-    pub(super) backoff_min: Duration,
-    pub(super) backoff_max: Duration,
-    pub(super) stall_reset: Duration,
+pub(crate) struct Timing {
+    /// The deadline of each call, connecting included.
+    pub(crate) deadline: Duration,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) backoff_min: Duration,
+    pub(crate) backoff_max: Duration,
+    pub(crate) stall_reset: Duration,
 }
 
-/// The connection slot, shared by every clone of a store.
-pub(super) struct Connector {
+impl Timing {
+    /// One call's deadline for everything: connecting takes at most the
+    /// deadline, a failed attempt is retried at the next call, and a call
+    /// left unanswered drops its connection at once.
+    pub(crate) fn per_call(deadline: Duration) -> Timing {
+        Timing {
+            deadline,
+            connect_timeout: deadline,
+            backoff_min: Duration::ZERO,
+            backoff_max: Duration::ZERO,
+            stall_reset: Duration::ZERO,
+        }
+    }
+}
+
+/// The connection slot, shared by every clone of its owner (a store, a
+/// lease store, a region).
+pub(crate) struct Connector {
     inner: Arc<ConnectorInner>,
 }
 
@@ -87,7 +130,7 @@ type ConnectFuture = Shared<BoxFuture<'static, Result<Conn, Arc<str>>>>;
 enum Slot {
     /// No connection and no attempt running.
     Idle { failures: u32 },
-    /// An attempt is running; decisions wait for it until their deadline.
+    /// An attempt is running; calls wait for it until their deadline.
     Connecting {
         gen: u64,
         failures: u32,
@@ -116,8 +159,8 @@ struct Health {
 }
 
 /// A connection taken from the slot for one call.
-pub(super) struct Lease {
-    pub(super) conn: Conn,
+pub(crate) struct Checkout {
+    pub(crate) conn: Conn,
     gen: u64,
     health: Arc<Health>,
 }
@@ -138,7 +181,7 @@ impl std::fmt::Debug for Connector {
 }
 
 impl Connector {
-    pub(super) fn new(target: Target, timing: Timing) -> Self {
+    pub(crate) fn new(target: Target, timing: Timing) -> Self {
         Connector {
             inner: Arc::new(ConnectorInner {
                 target,
@@ -150,15 +193,25 @@ impl Connector {
         }
     }
 
+    /// The timing settings.
+    pub(crate) fn timing(&self) -> Timing {
+        self.inner.timing
+    }
+
+    /// True while a live connection is in the slot.
+    pub(crate) fn is_connected(&self) -> bool {
+        matches!(&*self.inner.slot.lock(), Slot::Connected { .. })
+    }
+
     /// The live connection, waiting for a running attempt until `deadline`.
-    /// Every error is [`StoreError::Unavailable`]: nothing has been sent.
-    pub(super) async fn acquire(&self, deadline: Instant) -> Result<Lease, StoreError> {
+    /// Every error is [`CallError::Unavailable`]: nothing has been sent.
+    pub(crate) async fn acquire(&self, deadline: Instant) -> Result<Checkout, CallError> {
         loop {
             let (gen, attempt) = {
                 let mut slot = self.inner.slot.lock();
                 match &*slot {
                     Slot::Connected { gen, conn, health } => {
-                        return Ok(Lease {
+                        return Ok(Checkout {
                             conn: conn.clone(),
                             gen: *gen,
                             health: health.clone(),
@@ -198,7 +251,7 @@ impl Connector {
     }
 
     /// Starts a connection attempt that runs to its end even if every waiter
-    /// gives up, so the next decision finds it finished.
+    /// gives up, so the next call finds it finished.
     fn start_attempt(&self) -> (u64, ConnectFuture) {
         let gen = self.inner.next_gen.fetch_add(1, Ordering::Relaxed);
         let inner: Weak<ConnectorInner> = Arc::downgrade(&self.inner);
@@ -206,9 +259,9 @@ impl Connector {
             let inner = inner.clone();
             async move {
                 let Some(me) = inner.upgrade() else {
-                    return Err(Arc::from("store dropped"));
+                    return Err(Arc::from("connection owner dropped"));
                 };
-                // Holds the slot alive at most `connect_timeout` after the store drops.
+                // Holds the slot alive at most `connect_timeout` after its owner drops.
                 let (conn, pushes) = connect(&me.target, me.timing).await?;
                 if let Some(pushes) = pushes {
                     tokio::spawn(watch_disconnect(pushes, inner, gen));
@@ -228,16 +281,21 @@ impl Connector {
         (gen, attempt)
     }
 
-    /// The call on `lease` was answered.
-    pub(super) fn answered(&self, lease: &Lease) {
-        lease.health.stalled_since.store(0, Ordering::Relaxed);
+    /// The call on `checkout` was answered.
+    pub(crate) fn answered(&self, checkout: &Checkout) {
+        checkout.health.stalled_since.store(0, Ordering::Relaxed);
     }
 
-    /// The call on `lease` passed its deadline after sending. Replaces the
-    /// connection once calls have kept timing out for `stall_reset`.
-    pub(super) fn timed_out(&self, lease: &Lease) {
+    /// The call on `checkout` passed its deadline after sending (or was
+    /// dropped unanswered). Replaces the connection once calls have kept
+    /// timing out for `stall_reset`, at once when that is zero.
+    pub(crate) fn timed_out(&self, checkout: &Checkout) {
+        if self.inner.timing.stall_reset.is_zero() {
+            self.broken(checkout, "a call on this connection went unanswered");
+            return;
+        }
         let now = u64::try_from(self.inner.epoch.elapsed().as_micros()).unwrap_or(u64::MAX);
-        let since = match lease.health.stalled_since.compare_exchange(
+        let since = match checkout.health.stalled_since.compare_exchange(
             0,
             now.saturating_add(1),
             Ordering::Relaxed,
@@ -249,20 +307,20 @@ impl Connector {
         let stalled = Duration::from_micros(now.saturating_sub(since));
         if stalled >= self.inner.timing.stall_reset {
             self.broken(
-                lease,
+                checkout,
                 "no answer on this connection for the stall reset period",
             );
         }
     }
 
-    /// The connection of `lease` is dead: drop it so the next call reconnects.
-    pub(super) fn broken(&self, lease: &Lease, reason: &str) {
-        self.inner.broken(lease.gen, reason);
+    /// The connection of `checkout` is dead: drop it so the next call reconnects.
+    pub(crate) fn broken(&self, checkout: &Checkout, reason: &str) {
+        self.inner.broken(checkout.gen, reason);
     }
 }
 
 /// Marks connection `gen` broken as soon as the driver reports that the
-/// server closed it, so a decision after an idle drop is not sent into a
+/// server closed it, so a call after an idle drop is not sent into a
 /// dead socket (and reported as an unknown outcome) but reconnects.
 async fn watch_disconnect(
     mut pushes: tokio::sync::mpsc::UnboundedReceiver<redis::PushInfo>,
@@ -285,7 +343,7 @@ impl ConnectorInner {
         if matches!(&*slot, Slot::Connected { gen: current, .. } if *current == gen) {
             tracing::warn!(
                 reason,
-                "dropping redis connection; the next decision reconnects"
+                "dropping redis connection; the next call reconnects"
             );
             *slot = Slot::Idle { failures: 0 };
         }
@@ -340,7 +398,7 @@ async fn connect(target: &Target, timing: Timing) -> Result<(Conn, Pushes), Arc<
     let attempt = async {
         match target {
             Target::Single(client) => {
-                // No response timeout in the crate: the store's deadline bounds
+                // No response timeout in the crate: the caller's deadline bounds
                 // every call, and the crate's timeout would blur the phases.
                 // The push channel (RESP3) reports a closed connection.
                 let (pushes_tx, pushes) = tokio::sync::mpsc::unbounded_channel();
@@ -369,6 +427,6 @@ async fn connect(target: &Target, timing: Timing) -> Result<(Conn, Pushes), Arc<
     }
 }
 
-fn unavailable(message: String) -> StoreError {
-    StoreError::Unavailable { message }
+fn unavailable(message: String) -> CallError {
+    CallError::Unavailable(message)
 }

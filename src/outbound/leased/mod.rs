@@ -8,13 +8,13 @@ use parking_lot::Mutex;
 
 use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::outbound::budget::Counters;
-use crate::outbound::lease::{cap_at_refresh, Schedule};
+use crate::outbound::lease::cap_at_refresh;
 use crate::outbound::{AttemptBudget, BudgetStats, LeaseMode, Rate, RateLease, Refusal, Share};
 use crate::ConfigError;
 
-/// Nano-tokens per token, as in the lease: a rate in milli-units per second
-/// times a span in µs.
-const NANO: u128 = 1_000_000_000;
+mod share;
+
+use share::{Part, ShareBucket};
 
 /// The refusal of a released lease: this budget never admits again.
 const RELEASED: Refusal = Refusal::Unavailable {
@@ -106,15 +106,6 @@ struct Inner<C: Clock> {
     stats: Counters,
 }
 
-/// A share's local bucket, in nano-tokens.
-#[derive(Debug, Clone, Copy)]
-struct ShareBucket {
-    tokens: u128,
-    last: Timestamp,
-    /// The lease's rate schedule when the bucket was last filled.
-    schedule: Schedule,
-}
-
 impl<C: Clock> LeasedBudget<C> {
     /// Spends `lease` with `retry` of its rate kept for retries and the rest
     /// for first attempts. Fails unless `0 < retry < lease.rate()`.
@@ -131,11 +122,7 @@ impl<C: Clock> LeasedBudget<C> {
         let now = lease.now();
         let stats = Counters::new(lease.budget());
         // The buckets fill from now on the schedule the lease has now.
-        let empty = ShareBucket {
-            tokens: 0,
-            last: now,
-            schedule: lease.schedule(),
-        };
+        let empty = ShareBucket::new(now, lease.schedule());
         Ok(LeasedBudget {
             inner: Arc::new(Inner {
                 lease,
@@ -146,80 +133,12 @@ impl<C: Clock> LeasedBudget<C> {
         })
     }
 
-    /// `share`'s bucket capacity while the lease's rate is `rate`, in
-    /// nano-tokens: its part of the lease's, and at least two attempts of
-    /// the largest cost, so that a share that is full while the other share
-    /// has just emptied the lease's bucket keeps what it accrues meanwhile.
-    fn share_capacity(&self, share: Share, rate: Rate) -> u128 {
-        let lease = &self.inner.lease;
-        let total = u128::from(lease.rate().as_milli());
-        let part = u128::from(self.share_rate(share).as_milli());
-        (u128::from(lease.capacity_at(rate)) * part / total).max(2 * u128::from(lease.max_cost()))
-            * NANO
-    }
-
-    /// Fills `bucket` from its last fill to `now` as the lease's own bucket
-    /// fills: each stretch of the lease's schedule at `share`'s part of its
-    /// rate, capped at `share`'s part of its capacity. A share that was idle
-    /// across a fallback so gets what the fallback filled, never what its
-    /// grant would have.
-    ///
-    /// The schedule read at the last fill covers the time up to the change
-    /// that followed it (the lease's bucket filled on it until that reply).
-    /// When the lease changed more than once meanwhile, the schedules in
-    /// between are not known here: that time fills nothing, and the bucket
-    /// keeps at most its least capacity, so the fill never exceeds the
-    /// lease's. A fill at a `now` before the change (read before the reply
-    /// landed) keeps the earlier schedule, so the rest of the time up to
-    /// the change fills on it too, never on the new one.
-    fn fill(&self, share: Share, bucket: &mut ShareBucket, now: Timestamp, current: Schedule) {
-        let to = Timestamp(bucket.last.0.max(now.0));
-        if current.epoch != bucket.schedule.epoch {
-            let change = Timestamp(current.since.0.clamp(bucket.last.0, to.0));
-            if current.epoch == bucket.schedule.epoch + 1 {
-                let before = bucket.schedule;
-                self.replay(share, bucket, &before, bucket.last, change);
-            } else {
-                bucket.tokens = bucket.tokens.min(self.share_capacity(share, Rate::ZERO));
-            }
-            bucket.last = change;
-            if change < current.since {
-                return;
-            }
-            bucket.schedule = current;
+    /// `share`'s part of the lease.
+    fn part(&self, share: Share) -> Part<'_, C> {
+        Part {
+            lease: &self.inner.lease,
+            rate: self.share_rate(share),
         }
-        self.replay(share, bucket, &current, bucket.last, to);
-        bucket.last = to;
-    }
-
-    /// Fills `bucket` over `[from, to)` on `schedule`.
-    fn replay(
-        &self,
-        share: Share,
-        bucket: &mut ShareBucket,
-        schedule: &Schedule,
-        from: Timestamp,
-        to: Timestamp,
-    ) {
-        for (rate, micros) in schedule.stretches(from, to) {
-            if micros == 0 {
-                continue;
-            }
-            let capacity = self.share_capacity(share, rate);
-            bucket.tokens = bucket
-                .tokens
-                .min(capacity)
-                .saturating_add(self.fill_rate(share, rate) * u128::from(micros))
-                .min(capacity);
-        }
-    }
-
-    /// The rate `share`'s bucket fills at while the lease's rate is `rate`:
-    /// its part of it, milli-units per second.
-    fn fill_rate(&self, share: Share, rate: Rate) -> u128 {
-        let total = u128::from(self.inner.lease.rate().as_milli());
-        let part = u128::from(self.share_rate(share).as_milli());
-        u128::from(rate.as_milli()) * part / total
     }
 
     /// The lease every attempt is spent from.
@@ -257,18 +176,23 @@ impl<C: Clock> LeasedBudget<C> {
         result
     }
 
-    /// [`try_acquire_at`](Self::try_acquire_at) without counting a refusal.
+    /// [`try_acquire_at`](Self::try_acquire_at) without counting a refusal:
+    /// the whole share path, in order.
     fn charge_at(&self, share: Share, cost: u64, now: Timestamp) -> Result<(), Refusal> {
         let inner = &*self.inner;
         let lease = &inner.lease;
+        // 1. A released lease never admits again.
         let status = lease.status_at(now);
         if status.mode == LeaseMode::Released {
             return Err(RELEASED);
         }
+        // 2. A cost no bucket holds: refused, counted as demand.
         if cost > lease.max_cost() {
             lease.note_demand(cost);
             return Err(Refusal::CostExceedsBudget { share, cost });
         }
+        // 3. A fail-open lease in its fallback admits every attempt, share
+        //    or not.
         if lease.fails_open() && status.mode == LeaseMode::Fallback {
             let result = lease.try_acquire_at(cost, now);
             return match result {
@@ -279,26 +203,31 @@ impl<C: Clock> LeasedBudget<C> {
                 Err(wait) => Err(Refusal::Unavailable { wait }),
             };
         }
-        let need = u128::from(cost) * NANO;
+        // 4. The share's bucket fills on the lease's schedule up to now (read
+        //    under the shares' lock, so fills see the schedules in order),
+        //    held to its capacity at the current rate.
+        let part = self.part(share);
         let mut shares = inner.shares.lock();
         let bucket = &mut shares[match share {
             Share::Normal => 0,
             Share::Retry => 1,
         }];
-        // Read under the shares' lock, so fills see the schedules in order.
         let schedule = lease.schedule();
-        self.fill(share, bucket, now, schedule);
+        bucket.fill(&part, now, schedule);
         let current = schedule.rate_at(now);
-        let rate = self.fill_rate(share, current);
-        bucket.tokens = bucket.tokens.min(self.share_capacity(share, current));
-        if bucket.tokens < need {
+        let rate = part.fill_rate(current);
+        bucket.bucket.cap(part.capacity(current));
+        // 5. Short of the cost: refused with the wait until it fits (never
+        //    past the next refresh), which counts toward the time the lease
+        //    was held back; with no rate, the lease's own wait. Either way
+        //    the attempt counts as demand.
+        if bucket.bucket.missing(cost) > 0 {
             let wait = if rate == 0 {
                 lease.note_demand(cost);
                 lease.wait_without_rate(now)
             } else {
-                let micros = (need - bucket.tokens).div_ceil(rate);
                 let micros = cap_at_refresh(
-                    u64::try_from(micros).unwrap_or(u64::MAX),
+                    bucket.bucket.wait_us(cost, rate),
                     lease.status_at(now).next_refresh,
                     now,
                 );
@@ -307,9 +236,10 @@ impl<C: Clock> LeasedBudget<C> {
             };
             return Err(Refusal::Exhausted { share, wait });
         }
+        // 6. The lease's own bucket: both are charged, or neither.
         match lease.try_acquire_at(cost, now) {
             Ok(()) => {
-                bucket.tokens -= need;
+                bucket.bucket.spend(cost);
                 inner.stats.admitted(share);
                 Ok(())
             }

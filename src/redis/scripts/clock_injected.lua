@@ -1,6 +1,8 @@
--- tower-admission: TEST-ONLY clock. The time is ARGV[3], injected by a store
--- built with a test clock. A production store never loads this file: it runs
--- a different script (a different SHA) built with clock_redis.lua.
+-- tower-admission: TEST-ONLY clock. The time is ARGV[CLOCK_ARG], injected by
+-- a caller built with a test clock; the Rust side defines CLOCK_ARG (the
+-- argument each script keeps for it) before this file. A production script
+-- never loads this file: it is a different script (a different SHA) built
+-- with clock_redis.lua.
 --
 -- An injected clock stands still while Redis's expiry clock runs, so a key
 -- due to expire 1 ms after the injected time would vanish during the test.
@@ -11,5 +13,5 @@
 local EXPIRY_PAD_MS = 3600000
 
 local function clock_now()
-  return tonumber(ARGV[3])
+  return tonumber(ARGV[CLOCK_ARG])
 end

@@ -1,6 +1,7 @@
 -- tower-admission: production clock. The time is the Redis server's TIME,
--- in microseconds; ARGV[3] is ignored. Keys expire exactly when their state
--- becomes equivalent to fresh (rounded up to the millisecond).
+-- in microseconds; the argument a test clock would read is ignored. Keys
+-- expire exactly when their state becomes equivalent to fresh (rounded up to
+-- the millisecond).
 -- Effects replication (the default since Redis 5) keeps TIME safe in scripts.
 if redis.replicate_commands then redis.replicate_commands() end
 

@@ -1,9 +1,9 @@
 -- tower-admission: the grant server of rate leases, one atomic call.
 --
--- The Rust side prepends a clock: `clock_now()` (Redis TIME in µs in
--- production; ARGV[9] in the test-only script, a different SHA) and
--- EXPIRY_PAD_MS (0 in production), then the integer helpers of
--- src/quota/store/redis/scripts/common.lua (`idiv` and the rest).
+-- The Rust side prepends the prelude of src/redis/scripts: a clock,
+-- `clock_now()` (Redis TIME in µs in production; ARGV[9] in the test-only
+-- script, a different SHA) and EXPIRY_PAD_MS (0 in production), then the
+-- integer helpers of common.lua (`idiv` and the rest).
 --
 -- KEYS[1]: the budget's key, prefix:{lease:budget}, a hash:
 --   `_t`       the last time the script ran (µs): time never moves backwards;

@@ -1,0 +1,79 @@
+//! Demand measurement: the attempts per second since the last report, a
+//! guess when nothing is measured, and a window held back by its grant.
+
+use super::state::{Settings, State};
+use super::{LeaseMode, Rate};
+use crate::clock::Timestamp;
+use crate::outbound::bucket::nano;
+
+/// A demand window is held back when refused attempts were waiting for at
+/// least this part of it, as (numerator, denominator); see [`RateLease`].
+pub(super) const HELD_BACK: (u64, u64) = (3, 4);
+
+/// A measured demand: other instances' targets count it as it is (the
+/// script's ARGV[4]).
+pub(super) const MEASURED: u8 = 0;
+
+/// A guessed demand: other instances' targets count it as the whole budget.
+pub(super) const GUESS: u8 = 1;
+
+/// A demand held back by its grant: other instances' targets count it as
+/// twice itself, at most the whole budget.
+pub(super) const HELD_BACK_FLAG: u8 = 2;
+
+impl State {
+    /// Counts the wait of `wait_us` given at `x` to a refused attempt (the
+    /// bucket fills at a rate above zero) toward the time held back.
+    pub(super) fn note_wait(&mut self, x: Timestamp, wait_us: u64) {
+        let from = x.0.max(self.held_back_until.0).max(self.window_start.0);
+        let end = x.0.saturating_add(wait_us);
+        self.held_back_us += end.saturating_sub(from);
+        self.held_back_until = Timestamp(self.held_back_until.0.max(end));
+    }
+
+    /// The demand to report at `x`: the guess `initial_demand` with no grant
+    /// to spend (starting, or in the fallback); else attempts per second
+    /// since the window started, at least twice the grant if the window was
+    /// held back (a window shorter than a quarter of the refresh period is
+    /// kept open and the previous figure reported).
+    /// The flag says how others' targets count the demand: as measured, as
+    /// the whole budget (a guess) or as twice itself (held back).
+    pub(super) fn take_demand(&mut self, x: Timestamp, cfg: &Settings) -> (Rate, u8) {
+        let mut held = false;
+        let measured = if self.mode_at(x) != LeaseMode::Granted {
+            self.guessing = true;
+            cfg.initial_demand
+        } else {
+            let elapsed = x.0.saturating_sub(self.window_start.0);
+            if elapsed >= cfg.refresh_us / 4 && elapsed > 0 {
+                // A wait that runs past `x` counts in the next window.
+                let ahead = self.held_back_until.0.saturating_sub(x.0);
+                let held_back = self.held_back_us.saturating_sub(ahead);
+                let milli = nano(self.attempted) / u128::from(elapsed);
+                self.window_start = x;
+                self.attempted = 0;
+                self.held_back_us = ahead;
+                self.guessing = false;
+                let measured = Rate(u64::try_from(milli).unwrap_or(u64::MAX));
+                held = held_back.saturating_mul(HELD_BACK.1) >= elapsed.saturating_mul(HELD_BACK.0);
+                if held {
+                    measured.max(Rate(self.grant.0.saturating_mul(2)))
+                } else {
+                    measured
+                }
+            } else {
+                self.demand
+            }
+        };
+        let demand = measured.max(cfg.min_demand).min(cfg.rate);
+        self.demand = demand;
+        let flag = if self.guessing {
+            GUESS
+        } else if held {
+            HELD_BACK_FLAG
+        } else {
+            MEASURED
+        };
+        (demand, flag)
+    }
+}

@@ -1,0 +1,59 @@
+//! What a [`LeasedBudget`](crate::outbound::LeasedBudget) reads from and
+//! tells its lease, in the order its share path uses them.
+
+use std::time::Duration;
+
+use super::schedule::Schedule;
+use super::{Rate, RateLease};
+use crate::clock::{Clock, Timestamp};
+use crate::outbound::bucket::whole;
+
+impl<C: Clock> RateLease<C> {
+    /// The local time now, on the lease's clock.
+    pub(crate) fn now(&self) -> Timestamp {
+        self.inner.clock.now()
+    }
+
+    /// Whether the fallback admits without limit now
+    /// ([`RateLeaseBuilder::fail_open`], and the id is not held by another
+    /// lease).
+    pub(crate) fn fails_open(&self) -> bool {
+        self.inner.cfg.fail_open && !self.inner.state.lock().id_taken
+    }
+
+    /// The rate schedule in force now.
+    pub(crate) fn schedule(&self) -> Schedule {
+        self.inner.state.lock().schedule(&self.inner.cfg)
+    }
+
+    /// The bucket's capacity at `rate`, in whole cost units (as
+    /// [`LeaseStatus::capacity`] gives it).
+    pub(crate) fn capacity_at(&self, rate: Rate) -> u64 {
+        whole(self.inner.cfg.capacity(rate))
+    }
+
+    /// The wait [`try_acquire_at`](Self::try_acquire_at) gives at `now`
+    /// when there is no rate to spend.
+    pub(crate) fn wait_without_rate(&self, now: Timestamp) -> Duration {
+        self.inner
+            .state
+            .lock()
+            .wait_without_rate(now, &self.inner.cfg)
+    }
+
+    /// Counts `cost` toward the demand of an attempt that a caller refused
+    /// before it reached the bucket (a share of the lease was spent).
+    pub(crate) fn note_demand(&self, cost: u64) {
+        let mut s = self.inner.state.lock();
+        s.attempted = s.attempted.saturating_add(cost);
+    }
+
+    /// [`note_demand`](Self::note_demand) for an attempt refused at `now`
+    /// and told to wait `wait_us` for its part of a rate above zero: the
+    /// wait counts toward the time held back.
+    pub(crate) fn note_held_back(&self, cost: u64, now: Timestamp, wait_us: u64) {
+        let mut s = self.inner.state.lock();
+        s.attempted = s.attempted.saturating_add(cost);
+        s.note_wait(now, wait_us);
+    }
+}

@@ -1,0 +1,155 @@
+//! The lease's local state: its settings, its phase and grant, and the
+//! bucket that fills at the grant until its local expiry, at the fallback
+//! capacity after it.
+
+use std::time::Duration;
+
+use super::{LeaseMode, LeaseStatus, Rate};
+use crate::clock::Timestamp;
+use crate::outbound::bucket::{nano, whole, Bucket};
+
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Settings {
+    pub(super) rate: Rate,
+    pub(super) fallback: Rate,
+    pub(super) lease_us: u64,
+    pub(super) refresh_us: u64,
+    pub(super) retry_us: u64,
+    pub(super) burst_us: u64,
+    pub(super) margin_us: u64,
+    pub(super) max_cost: u64,
+    pub(super) min_demand: Rate,
+    pub(super) initial_demand: Rate,
+    pub(super) fail_open: bool,
+}
+
+impl Settings {
+    /// The bucket capacity at `rate`, in nano-tokens.
+    pub(super) fn capacity(&self, rate: Rate) -> u128 {
+        let by_rate = u128::from(rate.0) * u128::from(self.burst_us);
+        by_rate.max(nano(self.max_cost))
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Phase {
+    Starting,
+    Active,
+    Released,
+}
+
+#[derive(Debug)]
+pub(super) struct State {
+    pub(super) phase: Phase,
+    pub(super) grant: Rate,
+    /// Local end of `grant`; zero for none.
+    pub(super) until: Timestamp,
+    /// Whether the fallback was entered (and logged).
+    pub(super) fallback: bool,
+    pub(super) bucket: Bucket,
+    pub(super) last: Timestamp,
+    pub(super) window_start: Timestamp,
+    pub(super) attempted: u64,
+    /// The µs of the window during which a refused attempt was waiting for
+    /// the bucket to fill: the union of the waits the refusals gave.
+    pub(super) held_back_us: u64,
+    /// The end of the latest of those waits.
+    pub(super) held_back_until: Timestamp,
+    /// The demand reported is a guess: nothing measured yet, or back from
+    /// the fallback.
+    pub(super) guessing: bool,
+    pub(super) demand: Rate,
+    pub(super) target: Rate,
+    pub(super) next_refresh: Timestamp,
+    pub(super) failures: u32,
+    /// Counts the changes of the rate schedule (phase, grant, local
+    /// expiry), each made by a refresh's reply or a release.
+    pub(super) epoch: u64,
+    /// The local time of the latest change.
+    pub(super) changed_at: Timestamp,
+    /// The last refresh was refused: another live lease holds the id (logged
+    /// once, until a refresh succeeds).
+    pub(super) id_taken: bool,
+    /// Refreshes refused so, in all.
+    pub(super) id_in_use: u64,
+}
+
+impl State {
+    /// Counts a change of the schedule made at local time `x`, if the
+    /// schedule differs from `before`.
+    pub(super) fn note_change(&mut self, before: (Phase, Rate, Timestamp), x: Timestamp) {
+        if (self.phase, self.grant, self.until) != before {
+            self.epoch += 1;
+            self.changed_at = Timestamp(self.changed_at.0.max(x.0));
+        }
+    }
+
+    pub(super) fn rate_at(&self, x: Timestamp, cfg: &Settings) -> Rate {
+        match self.phase {
+            Phase::Starting | Phase::Released => Rate::ZERO,
+            Phase::Active if x < self.until => self.grant,
+            Phase::Active => cfg.fallback,
+        }
+    }
+
+    /// The wait at `x` with no rate to spend (starting, or a zero grant):
+    /// the time to the next refresh, or `retry_every` when one is due.
+    pub(super) fn wait_without_rate(&self, x: Timestamp, cfg: &Settings) -> Duration {
+        match self.next_refresh.0.saturating_sub(x.0) {
+            0 => Duration::from_micros(cfg.retry_us),
+            until => Duration::from_micros(until),
+        }
+    }
+
+    pub(super) fn mode_at(&self, x: Timestamp) -> LeaseMode {
+        match self.phase {
+            Phase::Starting => LeaseMode::Starting,
+            Phase::Released => LeaseMode::Released,
+            Phase::Active if x < self.until => LeaseMode::Granted,
+            Phase::Active => LeaseMode::Fallback,
+        }
+    }
+
+    pub(super) fn accrue(&mut self, rate: Rate, micros: u64, cfg: &Settings) {
+        self.bucket
+            .fill(u128::from(rate.0), micros, cfg.capacity(rate));
+    }
+
+    /// Fills the bucket up to `x`: at the grant until its local expiry, at
+    /// the fallback capacity after it.
+    pub(super) fn advance(&mut self, x: Timestamp, cfg: &Settings) {
+        if x <= self.last {
+            return;
+        }
+        if self.phase != Phase::Active {
+            self.bucket.clear();
+            self.last = x;
+            return;
+        }
+        if self.last < self.until {
+            let end = x.min(self.until);
+            self.accrue(self.grant, end.0 - self.last.0, cfg);
+            self.last = end;
+        }
+        if self.last < x {
+            self.accrue(cfg.fallback, x.0 - self.last.0, cfg);
+            self.last = x;
+        }
+    }
+
+    pub(super) fn status(&self, x: Timestamp, cfg: &Settings) -> LeaseStatus {
+        let rate = self.rate_at(x, cfg);
+        LeaseStatus {
+            mode: self.mode_at(x),
+            rate,
+            grant: self.grant,
+            expires_at: self.until,
+            target: self.target,
+            demand: self.demand,
+            capacity: whole(cfg.capacity(rate)),
+            next_refresh: self.next_refresh,
+            failures: self.failures,
+            id_in_use: self.id_in_use,
+        }
+    }
+}

@@ -1,0 +1,282 @@
+//! [`LeaseStore`]: the grant script's client, one call per refresh through
+//! the crate's one Redis call module.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::{Script, Value};
+
+use super::demand::MEASURED;
+use super::table::parse_table;
+use super::{GrantTable, LeaseError, Rate};
+use crate::clock::{Clock, ManualClock};
+use crate::redis::{check_prefix, Connector, Request, Target, Timing};
+use crate::ConfigError;
+
+pub(super) const LEASE_SCRIPT: &str = include_str!("scripts/lease.lua");
+
+/// The argument the test-only clock reads the time from.
+pub(super) const CLOCK_ARG: u8 = 9;
+
+/// The connection to the grant script on one Redis server (feature `redis`).
+/// Clones share the connection; many [`RateLease`](super::RateLease)s (one per
+/// budget, or several simulated instances in a test) can share one store.
+///
+/// The store connects on first use, reconnects after a failed call (or one
+/// that timed out or was dropped unanswered by its caller), and bounds
+/// every call by its deadline. The script is sent by `EVALSHA` (loaded
+/// again on `NOSCRIPT`, e.g. after a restart). It talks to one server;
+/// each budget is one key with a hash tag, `prefix:{lease:budget}`, so a
+/// Redis Cluster variant needs no change of keys or script.
+///
+/// A call that fails is always safe for the budget: the script counts every
+/// grant it issued until that grant's expiry, and an instance spends only
+/// grants it has received.
+#[derive(Clone)]
+pub struct LeaseStore {
+    pub(super) inner: Arc<StoreInner>,
+}
+
+pub(super) struct StoreInner {
+    pub(super) prefix: Box<str>,
+    pub(super) deadline: Duration,
+    pub(super) connector: Connector,
+    pub(super) script: Script,
+    pub(super) clock: Option<ManualClock>,
+}
+
+impl fmt::Debug for LeaseStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaseStore")
+            .field("prefix", &self.inner.prefix)
+            .field("deadline", &self.inner.deadline)
+            .field("connected", &self.inner.connector.is_connected())
+            .field("test_clock", &self.inner.clock.is_some())
+            .finish()
+    }
+}
+
+/// Settings for a [`LeaseStore`]; [`build`](Self::build) checks them.
+#[derive(Debug, Clone)]
+pub struct LeaseStoreBuilder {
+    pub(super) url: String,
+    pub(super) prefix: String,
+    pub(super) deadline: Duration,
+    pub(super) clock: Option<ManualClock>,
+}
+
+/// The arguments of a script call (ARGV 1 and 3 to 8).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Args {
+    pub(super) op: &'static str,
+    /// The calling lease's life (0 for a snapshot).
+    pub(super) life: u64,
+    pub(super) demand: Rate,
+    /// How others count the demand: `MEASURED`, `GUESS` or
+    /// `HELD_BACK_FLAG`.
+    pub(super) flag: u8,
+    pub(super) budget: Rate,
+    pub(super) lease_us: u64,
+    /// The grant held by the instance's own account: rate, µs left.
+    pub(super) held: (Rate, u64),
+}
+
+impl Args {
+    const fn op_only(op: &'static str) -> Args {
+        Args {
+            op,
+            life: 0,
+            demand: Rate::ZERO,
+            flag: MEASURED,
+            budget: Rate::ZERO,
+            lease_us: 0,
+            held: (Rate::ZERO, 0),
+        }
+    }
+}
+
+/// The reply of a grant call, on Redis time.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct GrantReply {
+    pub(super) rate: Rate,
+    pub(super) expiry: u64,
+    pub(super) now: u64,
+    pub(super) recheck: u64,
+    pub(super) target: Rate,
+}
+
+impl LeaseStore {
+    /// Settings for a store on one Redis server, e.g. `redis://127.0.0.1:6379/`.
+    pub fn builder(url: impl Into<String>) -> LeaseStoreBuilder {
+        LeaseStoreBuilder {
+            url: url.into(),
+            prefix: "admission".to_owned(),
+            deadline: Duration::from_millis(100),
+            clock: None,
+        }
+    }
+
+    /// The Redis key of `budget`: `prefix:{lease:budget}`.
+    pub fn key(&self, budget: &str) -> String {
+        format!("{}:{{lease:{budget}}}", self.inner.prefix)
+    }
+
+    /// The per-call deadline.
+    pub fn deadline(&self) -> Duration {
+        self.inner.deadline
+    }
+
+    /// The grant script as Redis runs it in production (reading `TIME`), for
+    /// loading it by hand or benchmarking it. Its arguments are documented at
+    /// the top of `scripts/lease.lua`.
+    pub fn script_source() -> String {
+        script(None)
+    }
+
+    /// Reads the grants of `budget` as the script counts them (read only).
+    pub async fn grants(&self, budget: &str) -> Result<GrantTable, LeaseError> {
+        let reply = self
+            .call(&self.key(budget), "-", &Args::op_only("s"))
+            .await?;
+        parse_table(&reply).ok_or_else(|| bad_reply("snapshot"))
+    }
+
+    pub(super) async fn grant(
+        &self,
+        key: &str,
+        id: &str,
+        args: &Args,
+    ) -> Result<GrantReply, LeaseError> {
+        let reply = self.call(key, id, args).await?;
+        let nums = ints(&reply).filter(|n| n.len() == 7);
+        let Some(n) = nums else {
+            return Err(bad_reply("grant"));
+        };
+        let u = |i: usize| u64::try_from(n[i]).unwrap_or(0);
+        if u(6) > 0 {
+            return Err(LeaseError::InstanceIdInUse {
+                id: id.to_owned(),
+                free_in: Duration::from_micros(u(6).saturating_sub(u(2))),
+            });
+        }
+        Ok(GrantReply {
+            rate: Rate(u(0)),
+            expiry: u(1),
+            now: u(2),
+            recheck: u(3),
+            target: Rate(u(4)),
+        })
+    }
+
+    /// Deletes instance `id`'s grants if `life` holds them; for `lease_us`
+    /// after, a refresh of its `life` that reaches Redis late changes
+    /// nothing.
+    pub(super) async fn release(
+        &self,
+        key: &str,
+        id: &str,
+        life: u64,
+        lease_us: u64,
+    ) -> Result<(), LeaseError> {
+        let args = Args {
+            life,
+            lease_us,
+            ..Args::op_only("r")
+        };
+        self.call(key, id, &args).await.map(drop)
+    }
+
+    /// One script call under the deadline. The arguments (and the injected
+    /// test time) are fixed before anything is awaited.
+    pub(super) async fn call(&self, key: &str, id: &str, args: &Args) -> Result<Value, LeaseError> {
+        let now = self.inner.clock.as_ref().map_or(0, |c| c.now().as_micros());
+        let mut invocation = self.inner.script.prepare_invoke();
+        invocation
+            .key(key)
+            .arg(args.op)
+            .arg(id)
+            .arg(args.demand.0)
+            .arg(args.flag)
+            .arg(args.budget.0)
+            .arg(args.lease_us)
+            .arg(args.held.0 .0)
+            .arg(args.held.1)
+            .arg(now)
+            .arg(format!("{:016x}", args.life));
+        let reply = self
+            .inner
+            .connector
+            .call(Request::Script(&invocation))
+            .await?;
+        Ok(reply)
+    }
+}
+
+impl LeaseStoreBuilder {
+    /// The key prefix, default `admission`: 1 to 64 characters of
+    /// `[A-Za-z0-9._:-]` (no braces, which would change the hash tag).
+    pub fn prefix(mut self, prefix: &str) -> Self {
+        prefix.clone_into(&mut self.prefix);
+        self
+    }
+
+    /// The deadline of each call (connecting included), default 100 ms, at
+    /// most 60 s. Calls run in the background, never on the send path.
+    pub fn deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = deadline;
+        self
+    }
+
+    /// **Test only.** Injects the time of `clock` into a separate test
+    /// script instead of Redis `TIME`. Never use it in production: every
+    /// instance would trust its own clock.
+    #[doc(hidden)]
+    pub fn test_clock(mut self, clock: ManualClock) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// Checks the settings and creates the store; no connection is made here.
+    pub fn build(self) -> Result<LeaseStore, ConfigError> {
+        check_prefix(&self.prefix)?;
+        crate::error::redis_deadline("deadline", self.deadline)?;
+        let target =
+            Target::single(&self.url).map_err(|e| ConfigError::new("url", e.to_string()))?;
+        let injected = self.clock.is_some().then_some(CLOCK_ARG);
+        Ok(LeaseStore {
+            inner: Arc::new(StoreInner {
+                prefix: self.prefix.into(),
+                deadline: self.deadline,
+                connector: Connector::new(target, Timing::per_call(self.deadline)),
+                script: Script::new(&script(injected)),
+                clock: self.clock,
+            }),
+        })
+    }
+}
+
+/// The grant script: the prelude (clock and integer helpers), then
+/// `scripts/lease.lua`.
+pub(super) fn script(injected: Option<u8>) -> String {
+    format!("{}{LEASE_SCRIPT}", crate::redis::prelude(injected))
+}
+
+pub(super) fn bad_reply(op: &str) -> LeaseError {
+    LeaseError::Failed {
+        message: format!("unexpected reply from the lease script ({op})"),
+    }
+}
+
+pub(super) fn ints(v: &Value) -> Option<Vec<i64>> {
+    match v {
+        Value::Array(items) => items
+            .iter()
+            .map(|i| match i {
+                Value::Int(n) => Some(*n),
+                _ => None,
+            })
+            .collect(),
+        _ => None,
+    }
+}

@@ -1,0 +1,178 @@
+//! [`RegionalBudgetBuilder`]: a regional budget's settings, checked.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::Script;
+
+use super::region::Region;
+use super::{Inner, RegionalBudget, CREDIT, DEBIT, MAX_NAME, MAX_TOTAL, PIN, REFUND, SEED};
+use crate::redis::{Connector, Target, Timing};
+use crate::ConfigError;
+
+/// Settings for a [`RegionalBudget`]; [`build`](Self::build) checks them.
+///
+/// ```
+/// use tower_admission::outbound::RegionalBudget;
+///
+/// let err = RegionalBudget::builder(240)
+///     .region("eu", "redis://127.0.0.1:6380/", 100)
+///     .region("us", "redis://127.0.0.1:6381/", 100)
+///     .build()
+///     .unwrap_err();
+/// assert_eq!(err.field(), "regions"); // 100 + 100 is not 240
+/// ```
+#[derive(Debug, Clone)]
+pub struct RegionalBudgetBuilder {
+    pub(super) name: String,
+    pub(super) total: u64,
+    pub(super) regions: Vec<(String, String, u64)>,
+    pub(super) call_timeout: Duration,
+}
+
+impl RegionalBudgetBuilder {
+    /// The budget's name, default `default`: 1 to 64 characters of
+    /// `[A-Za-z0-9_-]`. Budgets with different names keep separate keys in
+    /// the same Redis.
+    ///
+    /// ```
+    /// # use tower_admission::outbound::RegionalBudget;
+    /// let budget = RegionalBudget::builder(10)
+    ///     .name("search-api")
+    ///     .region("eu", "redis://127.0.0.1/", 10)
+    ///     .build()?;
+    /// assert_eq!(budget.name(), "search-api");
+    /// # Ok::<(), tower_admission::ConfigError>(())
+    /// ```
+    pub fn name(mut self, name: &str) -> Self {
+        name.clone_into(&mut self.name);
+        self
+    }
+
+    /// Adds a region: its name (1 to 64 characters of `[A-Za-z0-9_-]`),
+    /// the URL of its own Redis, and its initial allocation. The initial
+    /// allocations of all regions must sum to the total.
+    ///
+    /// ```
+    /// # use tower_admission::outbound::RegionalBudget;
+    /// let budget = RegionalBudget::builder(240)
+    ///     .region("eu", "redis://127.0.0.1:6380/", 240)
+    ///     .region("us", "redis://127.0.0.1:6381/", 0)
+    ///     .build()?;
+    /// # Ok::<(), tower_admission::ConfigError>(())
+    /// ```
+    pub fn region(mut self, name: &str, url: &str, initial: u64) -> Self {
+        self.regions
+            .push((name.to_owned(), url.to_owned(), initial));
+        self
+    }
+
+    /// The deadline of every Redis call (connecting included), default
+    /// 500 ms: above zero, at most 60 s.
+    ///
+    /// ```
+    /// # use tower_admission::outbound::RegionalBudget;
+    /// # use std::time::Duration;
+    /// let budget = RegionalBudget::builder(10)
+    ///     .region("eu", "redis://127.0.0.1/", 10)
+    ///     .call_timeout(Duration::from_millis(100))
+    ///     .build()?;
+    /// assert_eq!(budget.call_timeout(), Duration::from_millis(100));
+    /// # Ok::<(), tower_admission::ConfigError>(())
+    /// ```
+    pub fn call_timeout(mut self, timeout: Duration) -> Self {
+        self.call_timeout = timeout;
+        self
+    }
+
+    /// Checks the settings and builds the budget. Nothing connects yet.
+    ///
+    /// The error names the field: `name`, `total` (zero, or not below
+    /// 2^53), `regions` (none, or the split does not sum to the total),
+    /// `region` (a bad or repeated name), `url`, or `call_timeout`.
+    ///
+    /// ```
+    /// # use tower_admission::outbound::RegionalBudget;
+    /// let err = RegionalBudget::builder(240).build().unwrap_err();
+    /// assert_eq!(err.field(), "regions");
+    /// ```
+    pub fn build(self) -> Result<RegionalBudget, ConfigError> {
+        check_name("name", &self.name)?;
+        if self.total == 0 {
+            return Err(ConfigError::new("total", "the total must be at least 1"));
+        }
+        if self.total > MAX_TOTAL {
+            return Err(ConfigError::new(
+                "total",
+                format!("the total must be below 2^53 (at most {MAX_TOTAL})"),
+            ));
+        }
+        if self.regions.is_empty() {
+            return Err(ConfigError::new("regions", "at least one region is needed"));
+        }
+        crate::error::redis_deadline("call_timeout", self.call_timeout)?;
+        let mut sum: u128 = 0;
+        let mut regions: Vec<Region> = Vec::with_capacity(self.regions.len());
+        for (name, url, initial) in &self.regions {
+            check_name("region", name)?;
+            if regions.iter().any(|r| &*r.name == name) {
+                return Err(ConfigError::new(
+                    "region",
+                    format!("region `{name}` is added twice"),
+                ));
+            }
+            let target = Target::single(url)
+                .map_err(|e| ConfigError::new("url", format!("region `{name}`: {e}")))?;
+            sum += u128::from(*initial);
+            let tag = format!("tower-admission:regions:{{{}:{name}}}", self.name);
+            regions.push(Region {
+                name: name.as_str().into(),
+                initial: *initial,
+                connector: Connector::new(target, Timing::per_call(self.call_timeout)),
+                state_key: format!("{tag}:state"),
+                debits_key: format!("{tag}:debits"),
+                pending_key: format!("{tag}:pending"),
+                credits_key: format!("{tag}:credits"),
+                epoch: std::sync::Mutex::new(None),
+            });
+        }
+        if sum != u128::from(self.total) {
+            return Err(ConfigError::new(
+                "regions",
+                format!(
+                    "the initial allocations sum to {sum}, not to the total {}",
+                    self.total
+                ),
+            ));
+        }
+        Ok(RegionalBudget {
+            inner: Arc::new(Inner {
+                name: self.name.into(),
+                total: self.total,
+                call_timeout: self.call_timeout,
+                regions,
+                debit: Script::new(DEBIT),
+                credit: Script::new(CREDIT),
+                seed: Script::new(SEED),
+                refund: Script::new(REFUND),
+                pin: Script::new(PIN),
+            }),
+        })
+    }
+}
+
+pub(super) fn check_name(field: &'static str, name: &str) -> Result<(), ConfigError> {
+    let valid = !name.is_empty()
+        && name.len() <= MAX_NAME
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if valid {
+        Ok(())
+    } else {
+        Err(ConfigError::new(
+            field,
+            format!("`{name}` must be 1 to {MAX_NAME} characters of [A-Za-z0-9_-]"),
+        ))
+    }
+}

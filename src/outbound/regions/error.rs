@@ -1,0 +1,345 @@
+//! [`Step`], [`TransferError`] and [`RegionError`].
+
+use std::fmt;
+
+use super::TransferId;
+
+/// The step of a transfer at which an error happened.
+///
+/// ```
+/// use tower_admission::outbound::Step;
+/// assert_eq!(Step::Credit.to_string(), "credit");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Step {
+    /// Step 1, on the donor's Redis. Nothing is in flight unless the error
+    /// says the outcome is unknown.
+    Debit,
+    /// Step 2, on the receiver's Redis. The donor **has been debited**: the
+    /// amount is in flight until a repair credits it.
+    Credit,
+    /// Reading before any change: the receiver's epoch before a transfer's
+    /// debit, or the debit records for a repair; nothing was changed.
+    Lookup,
+    /// Giving back a debit the receiver refuses for good (it was credited
+    /// under the same id from an earlier state of the donor). The donor is
+    /// debited until a repair gives it back.
+    Refund,
+}
+
+impl fmt::Display for Step {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Step::Debit => "debit",
+            Step::Credit => "credit",
+            Step::Lookup => "lookup",
+            Step::Refund => "refund",
+        })
+    }
+}
+
+/// Why a transfer or repair failed.
+///
+/// ```no_run
+/// # use tower_admission::outbound::{RegionalBudget, Step, TransferError, TransferId};
+/// # async fn run(budget: RegionalBudget) -> Result<(), Box<dyn std::error::Error>> {
+/// let id = TransferId::random();
+/// match budget.transfer(&id, "eu", "us", 500).await {
+///     Err(TransferError::Insufficient { available, .. }) => println!("eu has {available}"),
+///     Err(TransferError::Unreachable { step: Step::Credit, .. }) => {
+///         budget.repair(&id).await?; // the debit happened; finish it later
+///     }
+///     other => println!("{other:?}"),
+/// }
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TransferError {
+    /// The amount was 0. Nothing was sent.
+    ZeroAmount,
+    /// The donor and the receiver are the same region. Nothing was sent.
+    SameRegion {
+        /// The region.
+        region: String,
+    },
+    /// A region is not in the budget. Nothing was sent.
+    UnknownRegion {
+        /// The name given.
+        region: String,
+    },
+    /// The donor holds less than the amount; nothing changed.
+    Insufficient {
+        /// The donor.
+        region: String,
+        /// What the donor holds.
+        available: u64,
+        /// The amount asked for.
+        requested: u64,
+    },
+    /// A region's Redis did not answer within the call deadline, or the
+    /// connection failed.
+    Unreachable {
+        /// The region whose Redis failed.
+        region: String,
+        /// The step that failed; at [`Step::Credit`] the donor has been
+        /// debited.
+        step: Step,
+        /// True if the call may have been applied (it was sent, then timed
+        /// out or lost its connection); false if it certainly was not.
+        outcome_unknown: bool,
+        /// What failed.
+        message: String,
+    },
+    /// A region has no allocation stored: it was never initialized, or its
+    /// Redis lost its data. Nothing changed in that region; see
+    /// [`RegionalBudget::recover_lost`](super::RegionalBudget::recover_lost).
+    StateLost {
+        /// The region.
+        region: String,
+        /// The step that found it; at [`Step::Credit`] the donor has been
+        /// debited.
+        step: Step,
+    },
+    /// The id was already used for a different transfer out of this donor
+    /// (another receiver or amount); nothing changed.
+    Conflict {
+        /// The id.
+        id: TransferId,
+        /// The donor.
+        from: String,
+        /// The receiver recorded for the id.
+        recorded_to: String,
+        /// The amount recorded for the id.
+        recorded_amount: u64,
+    },
+    /// The receiver's state was re-created
+    /// ([`RegionalBudget::recover_lost`](super::RegionalBudget::recover_lost))
+    /// after this transfer's debit, so the credit is refused, now and on every
+    /// retry or repair: the lost state may have received the amount already and
+    /// passed it on, and crediting it again could raise the sum above the
+    /// total. The donor stays debited and the amount is lost from the sum; the
+    /// transfer is dropped from the pending list.
+    ReceiverRecreated {
+        /// The id.
+        id: TransferId,
+        /// The donor, debited.
+        from: String,
+        /// The receiver, never credited.
+        to: String,
+        /// The amount lost.
+        amount: u64,
+    },
+    /// The donor lost the state that made this debit and was re-seeded at its
+    /// initial share
+    /// ([`RegionalBudget::initialize`](super::RegionalBudget::initialize))
+    /// before the credit landed, so the credit is refused, now and on every
+    /// retry or repair: the re-seeded share holds the amount again.
+    DonorReseeded {
+        /// The id.
+        id: TransferId,
+        /// The donor, re-seeded.
+        from: String,
+        /// The receiver, never credited.
+        to: String,
+        /// The amount.
+        amount: u64,
+    },
+    /// A Redis reply that the scripts never send (the keys were changed by
+    /// something else).
+    Malformed {
+        /// The region.
+        region: String,
+        /// What was wrong.
+        message: String,
+    },
+}
+
+impl TransferError {
+    /// True if the amount is, or may be, in flight after this error: the donor
+    /// was debited (the credit or a refund failed), or the debit's outcome is
+    /// unknown. [`RegionalBudget::repair`](super::RegionalBudget::repair) with
+    /// the same id finishes it.
+    ///
+    /// ```
+    /// use tower_admission::outbound::TransferError;
+    /// assert!(!TransferError::ZeroAmount.needs_repair());
+    /// ```
+    pub fn needs_repair(&self) -> bool {
+        match self {
+            TransferError::Unreachable {
+                step,
+                outcome_unknown,
+                ..
+            } => {
+                matches!(step, Step::Credit | Step::Refund)
+                    || (*step == Step::Debit && *outcome_unknown)
+            }
+            TransferError::StateLost { step, .. } => *step == Step::Credit,
+            _ => false,
+        }
+    }
+}
+
+impl fmt::Display for TransferError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TransferError::ZeroAmount => f.write_str("a transfer amount must be at least 1"),
+            TransferError::SameRegion { region } => {
+                write!(f, "cannot transfer from region `{region}` to itself")
+            }
+            TransferError::UnknownRegion { region } => write!(f, "unknown region `{region}`"),
+            TransferError::Insufficient {
+                region,
+                available,
+                requested,
+            } => write!(
+                f,
+                "region `{region}` holds {available}, less than the {requested} requested"
+            ),
+            TransferError::Unreachable {
+                region,
+                step,
+                outcome_unknown,
+                message,
+            } => {
+                write!(f, "region `{region}` unreachable at the {step} step")?;
+                if *outcome_unknown {
+                    f.write_str(" (outcome unknown)")?;
+                }
+                if matches!(step, Step::Credit | Step::Refund) {
+                    f.write_str("; the donor is debited, repair the transfer")?;
+                }
+                write!(f, ": {message}")
+            }
+            TransferError::StateLost { region, step } => write!(
+                f,
+                "region `{region}` has no allocation stored (never initialized, or its data was lost), at the {step} step"
+            ),
+            TransferError::Conflict {
+                id,
+                from,
+                recorded_to,
+                recorded_amount,
+            } => write!(
+                f,
+                "transfer id `{id}` from `{from}` was already used for {recorded_amount} to `{recorded_to}`"
+            ),
+            TransferError::ReceiverRecreated {
+                id,
+                from,
+                to,
+                amount,
+            } => write!(
+                f,
+                "transfer `{id}` of {amount} from `{from}` can never be credited: `{to}` was re-created after the debit; the amount is lost"
+            ),
+            TransferError::DonorReseeded {
+                id,
+                from,
+                to,
+                amount,
+            } => write!(
+                f,
+                "transfer `{id}` of {amount} to `{to}` can never be credited: `{from}` was re-seeded after losing the state that debited it"
+            ),
+            TransferError::Malformed { region, message } => {
+                write!(f, "unexpected data in region `{region}`: {message}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for TransferError {}
+
+/// Why reading, initializing or recovering regions failed.
+///
+/// ```no_run
+/// # use tower_admission::outbound::{RegionError, RegionalBudget};
+/// # async fn run(budget: RegionalBudget) {
+/// match budget.allocation("eu").await {
+///     Ok(a) => println!("eu: {a}"),
+///     Err(RegionError::Unreachable { message, .. }) => eprintln!("eu is down: {message}"),
+///     Err(e) => eprintln!("{e}"),
+/// }
+/// # }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RegionError {
+    /// The region is not in the budget.
+    UnknownRegion {
+        /// The name given.
+        region: String,
+    },
+    /// The region's Redis did not answer within the call deadline, or the
+    /// connection failed.
+    Unreachable {
+        /// The region.
+        region: String,
+        /// What failed.
+        message: String,
+    },
+    /// These regions have no allocation stored: never initialized, or their
+    /// Redis lost its data.
+    StateLost {
+        /// The regions.
+        regions: Vec<String>,
+    },
+    /// [`RegionalBudget::snapshot`](super::RegionalBudget::snapshot) found no
+    /// consistent cut in this many reads (transfers kept completing between
+    /// them).
+    NotConsistent {
+        /// How many times it read.
+        attempts: u32,
+    },
+    /// The allocations sum above the total
+    /// ([`RegionalBudget::snapshot`](super::RegionalBudget::snapshot)), or
+    /// would once the missing regions were seeded at their initial shares
+    /// ([`RegionalBudget::initialize`](super::RegionalBudget::initialize),
+    /// which then seeds nothing).
+    AboveTotal {
+        /// The sum, with the missing regions' shares for `initialize`.
+        sum: u64,
+        /// The budget's total.
+        total: u64,
+    },
+    /// A Redis reply that the scripts never produce.
+    Malformed {
+        /// The region.
+        region: String,
+        /// What was wrong.
+        message: String,
+    },
+}
+
+impl fmt::Display for RegionError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RegionError::UnknownRegion { region } => write!(f, "unknown region `{region}`"),
+            RegionError::Unreachable { region, message } => {
+                write!(f, "region `{region}` unreachable: {message}")
+            }
+            RegionError::StateLost { regions } => write!(
+                f,
+                "no allocation stored in {} (never initialized, or the data was lost)",
+                regions.join(", ")
+            ),
+            RegionError::NotConsistent { attempts } => write!(
+                f,
+                "no consistent cut of the regions in {attempts} reads; transfers kept completing between them"
+            ),
+            RegionError::Malformed { region, message } => {
+                write!(f, "unexpected data in region `{region}`: {message}")
+            }
+            RegionError::AboveTotal { sum, total } => write!(
+                f,
+                "the allocations sum to {sum}, above the total {total}, counting any region still to be seeded at its initial share"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for RegionError {}

@@ -1,0 +1,323 @@
+//! Finding and finishing half-done transfers.
+
+use std::collections::HashMap;
+
+use futures_util::future::join_all;
+use redis::Value;
+
+use super::ledger::{text, Credit, Record};
+use super::region::{malformed, Region, Unreachable};
+use super::{RegionError, RegionalBudget, Step, TransferError, TransferId};
+use crate::redis::{CallError, Request};
+
+impl RegionalBudget {
+    /// Every debit whose credit is not yet confirmed, from all regions: the
+    /// transfers in flight, or interrupted and waiting for
+    /// [`repair_all`](Self::repair_all).
+    ///
+    /// A transfer whose credit has been applied but not yet settled on the
+    /// donor is listed too; repairing it changes nothing but the list.
+    ///
+    /// ```no_run
+    /// # use tower_admission::outbound::RegionalBudget;
+    /// # async fn run(budget: RegionalBudget) -> Result<(), Box<dyn std::error::Error>> {
+    /// for p in budget.pending().await? {
+    ///     println!("{}: {} from {} to {}", p.id(), p.amount(), p.from(), p.to());
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn pending(&self) -> Result<Vec<PendingTransfer>, RegionError> {
+        let mut all = Vec::new();
+        for region in &self.inner.regions {
+            let records = self
+                .pending_of(region)
+                .await
+                .map_err(|e| e.into_region(region))?;
+            all.extend(records.into_iter().map(|(p, _)| p));
+        }
+        Ok(all)
+    }
+
+    /// Finishes transfer `id` if it was debited but not credited; never
+    /// credits twice, so it is safe to call at any time, concurrently with
+    /// the transfer itself, and as often as needed.
+    ///
+    /// The debit record is looked up in every region (an id names one
+    /// transfer per donor; if several donors recorded the same id, each is
+    /// finished). Every region must answer the lookup. A transfer whose
+    /// receiver was re-created after its debit is never credited: this
+    /// returns [`TransferError::ReceiverRecreated`] and drops it from the
+    /// pending list.
+    ///
+    /// ```no_run
+    /// # use tower_admission::outbound::{RegionalBudget, RepairOutcome, TransferId};
+    /// # async fn run(budget: RegionalBudget, id: TransferId) -> Result<(), Box<dyn std::error::Error>> {
+    /// match budget.repair(&id).await? {
+    ///     RepairOutcome::Completed => println!("credited now"),
+    ///     RepairOutcome::AlreadyComplete => println!("nothing was missing"),
+    ///     RepairOutcome::NothingDebited => println!("no region debited {id}"),
+    ///     _ => {}
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn repair(&self, id: &TransferId) -> Result<RepairOutcome, TransferError> {
+        let lookups = join_all(self.inner.regions.iter().map(|donor| async move {
+            let mut cmd = redis::cmd("HGET");
+            cmd.arg(&donor.debits_key).arg(id.as_str());
+            self.call(donor, Request::Cmd(&cmd)).await
+        }))
+        .await;
+        let mut found = Vec::new();
+        for (donor, lookup) in self.inner.regions.iter().zip(lookups) {
+            match lookup.map_err(|e| e.into_transfer(donor, Step::Lookup))? {
+                Value::Nil => {}
+                value => {
+                    let record = text(&value)
+                        .and_then(|s| Record::parse(&s))
+                        .ok_or_else(|| malformed(donor, "unreadable debit record"))?;
+                    found.push((donor, record));
+                }
+            }
+        }
+        if found.is_empty() {
+            return Ok(RepairOutcome::NothingDebited);
+        }
+        let mut completed = false;
+        for (donor, record) in found {
+            let receiver = self
+                .region(&record.to)
+                .ok_or_else(|| TransferError::UnknownRegion {
+                    region: record.to.clone(),
+                })?;
+            completed |= matches!(
+                self.finish(donor, receiver, id, &record).await?,
+                Credit::Now
+            );
+        }
+        Ok(if completed {
+            RepairOutcome::Completed
+        } else {
+            RepairOutcome::AlreadyComplete
+        })
+    }
+
+    /// Repairs every pending transfer of every region (see
+    /// [`pending`](Self::pending) and [`repair`](Self::repair)); never
+    /// credits twice. It goes on past failures and reports them, a transfer
+    /// whose receiver was re-created after its debit as
+    /// [`TransferError::ReceiverRecreated`] (once: it is dropped from the
+    /// pending list).
+    ///
+    /// ```no_run
+    /// # use tower_admission::outbound::RegionalBudget;
+    /// # async fn run(budget: RegionalBudget) {
+    /// let report = budget.repair_all().await;
+    /// println!("{} completed, {} errors", report.completed().len(), report.errors().len());
+    /// # }
+    /// ```
+    pub async fn repair_all(&self) -> RepairReport {
+        let mut report = RepairReport::default();
+        for donor in &self.inner.regions {
+            let records = match self.pending_of(donor).await {
+                Ok(records) => records,
+                Err(e) => {
+                    report.errors.push(e.into_transfer(donor, Step::Lookup));
+                    continue;
+                }
+            };
+            for (pending, record) in records {
+                let Some(receiver) = self.region(&record.to) else {
+                    report.errors.push(TransferError::UnknownRegion {
+                        region: record.to.clone(),
+                    });
+                    continue;
+                };
+                match self.finish(donor, receiver, &pending.id, &record).await {
+                    Ok(Credit::Now) => report.completed.push(pending),
+                    Ok(Credit::Before | Credit::Refunded { .. }) => report.already_complete += 1,
+                    Err(e) => report.errors.push(e),
+                }
+            }
+        }
+        report
+    }
+
+    pub(super) async fn pending_of(
+        &self,
+        donor: &Region,
+    ) -> Result<Vec<(PendingTransfer, Record)>, CallError> {
+        let mut cmd = redis::cmd("HGETALL");
+        cmd.arg(&donor.pending_key);
+        let reply = self.call(donor, Request::Cmd(&cmd)).await?;
+        let map: HashMap<String, String> = redis::from_redis_value(reply).map_err(|e| {
+            // Read only: known not applied.
+            CallError::Rejected(format!("unreadable pending list: {e}"))
+        })?;
+        let mut out: Vec<(PendingTransfer, Record)> = map
+            .into_iter()
+            .filter_map(|(id, rec)| {
+                let parsed = Record::parse(&rec).zip(TransferId::new(id.as_str()).ok());
+                if parsed.is_none() {
+                    tracing::warn!(
+                        region = &*donor.name,
+                        id,
+                        record = rec,
+                        "skipping an unreadable pending record"
+                    );
+                }
+                let (record, id) = parsed?;
+                let pending = PendingTransfer {
+                    id,
+                    from: donor.name.to_string(),
+                    to: record.to.clone(),
+                    amount: record.amount,
+                };
+                Some((pending, record))
+            })
+            .collect();
+        out.sort_by_key(|a| a.1.seq);
+        Ok(out)
+    }
+}
+
+/// What [`RegionalBudget::repair`] found.
+///
+/// ```
+/// use tower_admission::outbound::RepairOutcome;
+/// assert_ne!(RepairOutcome::Completed, RepairOutcome::NothingDebited);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RepairOutcome {
+    /// The transfer was debited but not credited; this call credited it.
+    Completed,
+    /// The transfer was debited and credited already; nothing changed.
+    AlreadyComplete,
+    /// No region has debited this id: nothing is in flight under it (a
+    /// refused transfer, a debit that never reached the donor, or an id
+    /// never used).
+    NothingDebited,
+}
+
+/// A debit whose credit is not yet confirmed, from
+/// [`RegionalBudget::pending`].
+///
+/// ```no_run
+/// # use tower_admission::outbound::RegionalBudget;
+/// # async fn run(budget: RegionalBudget) -> Result<(), Box<dyn std::error::Error>> {
+/// let in_flight: u64 = budget.pending().await?.iter().map(|p| p.amount()).sum();
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingTransfer {
+    id: TransferId,
+    from: String,
+    to: String,
+    amount: u64,
+}
+
+impl PendingTransfer {
+    /// The transfer's id.
+    ///
+    /// ```no_run
+    /// # async fn run(budget: tower_admission::outbound::RegionalBudget) -> Result<(), Box<dyn std::error::Error>> {
+    /// for p in budget.pending().await? { budget.repair(p.id()).await?; }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn id(&self) -> &TransferId {
+        &self.id
+    }
+
+    /// The donor region, already debited.
+    ///
+    /// ```no_run
+    /// # async fn run(budget: tower_admission::outbound::RegionalBudget) -> Result<(), Box<dyn std::error::Error>> {
+    /// let donors: Vec<String> = budget.pending().await?.iter().map(|p| p.from().to_owned()).collect();
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn from(&self) -> &str {
+        &self.from
+    }
+
+    /// The receiver region.
+    ///
+    /// ```no_run
+    /// # async fn run(budget: tower_admission::outbound::RegionalBudget) -> Result<(), Box<dyn std::error::Error>> {
+    /// let receivers: Vec<String> = budget.pending().await?.iter().map(|p| p.to().to_owned()).collect();
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn to(&self) -> &str {
+        &self.to
+    }
+
+    /// The amount in flight.
+    ///
+    /// ```no_run
+    /// # async fn run(budget: tower_admission::outbound::RegionalBudget) -> Result<(), Box<dyn std::error::Error>> {
+    /// let amounts: Vec<u64> = budget.pending().await?.iter().map(|p| p.amount()).collect();
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn amount(&self) -> u64 {
+        self.amount
+    }
+}
+
+/// What [`RegionalBudget::repair_all`] did.
+///
+/// ```no_run
+/// # async fn run(budget: tower_admission::outbound::RegionalBudget) {
+/// let report = budget.repair_all().await;
+/// assert!(report.errors().is_empty());
+/// # }
+/// ```
+#[derive(Debug, Default)]
+pub struct RepairReport {
+    completed: Vec<PendingTransfer>,
+    already_complete: usize,
+    errors: Vec<TransferError>,
+}
+
+impl RepairReport {
+    /// The transfers credited by this repair.
+    ///
+    /// ```no_run
+    /// # async fn run(budget: tower_admission::outbound::RegionalBudget) {
+    /// for p in budget.repair_all().await.completed() { println!("finished {}", p.id()); }
+    /// # }
+    /// ```
+    pub fn completed(&self) -> &[PendingTransfer] {
+        &self.completed
+    }
+
+    /// How many pending entries were already complete: credited (only their
+    /// pending mark was cleared), or debited again after the donor's state
+    /// loss and given back.
+    ///
+    /// ```no_run
+    /// # async fn run(budget: tower_admission::outbound::RegionalBudget) {
+    /// println!("{} stale marks cleared", budget.repair_all().await.already_complete());
+    /// # }
+    /// ```
+    pub fn already_complete(&self) -> usize {
+        self.already_complete
+    }
+
+    /// The failures; those transfers stay pending for a later repair, except
+    /// [`TransferError::ReceiverRecreated`], which can never be credited.
+    ///
+    /// ```no_run
+    /// # async fn run(budget: tower_admission::outbound::RegionalBudget) {
+    /// for e in budget.repair_all().await.errors() { eprintln!("{e}"); }
+    /// # }
+    /// ```
+    pub fn errors(&self) -> &[TransferError] {
+        &self.errors
+    }
+}

@@ -1,0 +1,441 @@
+//! A transfer: debit the donor, then credit the receiver, then clear the
+//! donor's pending mark, each step idempotent by [`TransferId`].
+
+use std::fmt;
+
+use redis::Value;
+
+use super::ledger::{int, parse_debit, text, Credit, DebitReply, Record};
+use super::region::{malformed, Region, Unreachable};
+use super::{RegionalBudget, Step, TransferError, MAX_ID};
+use crate::redis::Request;
+use crate::ConfigError;
+
+impl RegionalBudget {
+    /// Moves `amount` of allocation from region `from` to region `to`.
+    ///
+    /// The donor is debited first (atomically, refused if it holds less than
+    /// `amount`), and the receiver is credited only after the debit is
+    /// confirmed, so the sum of the allocations never exceeds the total.
+    /// Calling it again with the same `id` is safe and never moves the
+    /// amount twice: it completes a half-done transfer, or does nothing.
+    /// If the receiver was re-created after the debit
+    /// ([`recover_lost`](Self::recover_lost)), it cannot be completed: the
+    /// call fails with [`TransferError::ReceiverRecreated`], and the amount
+    /// is lost from the sum.
+    ///
+    /// Errors: [`TransferError::ZeroAmount`], [`UnknownRegion`](TransferError::UnknownRegion)
+    /// and [`SameRegion`](TransferError::SameRegion) before any Redis call;
+    /// [`Insufficient`](TransferError::Insufficient) and
+    /// [`Conflict`](TransferError::Conflict) from the donor, with nothing
+    /// changed; [`Unreachable`](TransferError::Unreachable) and
+    /// [`StateLost`](TransferError::StateLost) naming the [`Step`] (at
+    /// [`Step::Lookup`], the receiver could not be read before a new debit,
+    /// and nothing changed); [`ReceiverRecreated`](TransferError::ReceiverRecreated).
+    /// After a
+    /// failed credit the amount is in flight until [`repair`](Self::repair).
+    /// So it is when the future is dropped between the two steps (under an
+    /// outer timeout, say): call it again with the same `id`, or let
+    /// [`repair_all`](Self::repair_all) finish it.
+    ///
+    /// ```no_run
+    /// # use tower_admission::outbound::{RegionalBudget, TransferId, TransferOutcome};
+    /// # async fn run(budget: RegionalBudget) -> Result<(), Box<dyn std::error::Error>> {
+    /// let id = TransferId::new("rebalance-2024-06-01T10:00Z-ap-eu")?;
+    /// assert_eq!(budget.transfer(&id, "ap", "eu", 20).await?, TransferOutcome::Applied);
+    /// // A retry (say, after a timeout) moves nothing more.
+    /// assert_eq!(budget.transfer(&id, "ap", "eu", 20).await?, TransferOutcome::AlreadyApplied);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn transfer(
+        &self,
+        id: &TransferId,
+        from: &str,
+        to: &str,
+        amount: u64,
+    ) -> Result<TransferOutcome, TransferError> {
+        if amount == 0 {
+            return Err(TransferError::ZeroAmount);
+        }
+        let unknown = |region: &str| TransferError::UnknownRegion {
+            region: region.to_owned(),
+        };
+        let donor = self.region(from).ok_or_else(|| unknown(from))?;
+        let receiver = self.region(to).ok_or_else(|| unknown(to))?;
+        if from == to {
+            return Err(TransferError::SameRegion {
+                region: from.to_owned(),
+            });
+        }
+
+        // Step 1: the debit, on the donor, bound to the receiver's state as
+        // last seen (read first if never seen). Nothing else happens unless
+        // it is confirmed.
+        let mut to_epoch = receiver.known_epoch().unwrap_or_default();
+        let mut reply = self.debit(donor, id, amount, to, &to_epoch).await?;
+        if matches!(reply, Some(DebitReply::EpochNeeded)) {
+            to_epoch = self.read_epoch(receiver).await?;
+            reply = self.debit(donor, id, amount, to, &to_epoch).await?;
+        }
+        let (record, debited_now) = match reply {
+            Some(DebitReply::Now { seq, epoch }) => {
+                donor.remember_epoch(Some(&epoch));
+                let record = Record {
+                    amount,
+                    to: to.to_owned(),
+                    seq,
+                    epoch,
+                    to_epoch,
+                    refunded: false,
+                };
+                (record, true)
+            }
+            Some(DebitReply::Before(record)) => {
+                if record.amount != amount || record.to != to {
+                    return Err(TransferError::Conflict {
+                        id: id.clone(),
+                        from: from.to_owned(),
+                        recorded_to: record.to,
+                        recorded_amount: record.amount,
+                    });
+                }
+                (record, false)
+            }
+            Some(DebitReply::Refused { available }) => {
+                return Err(TransferError::Insufficient {
+                    region: from.to_owned(),
+                    available,
+                    requested: amount,
+                })
+            }
+            Some(DebitReply::Missing) => {
+                return Err(TransferError::StateLost {
+                    region: from.to_owned(),
+                    step: Step::Debit,
+                })
+            }
+            Some(DebitReply::EpochNeeded) | None => {
+                return Err(malformed(donor, "unexpected reply to the debit script"))
+            }
+        };
+
+        // Steps 2 and 3.
+        Ok(match self.finish(donor, receiver, id, &record).await? {
+            Credit::Now | Credit::Before if debited_now => TransferOutcome::Applied,
+            Credit::Now => TransferOutcome::Completed,
+            Credit::Before => TransferOutcome::AlreadyApplied,
+            Credit::Refunded { credited_earlier } if credited_earlier == amount => {
+                TransferOutcome::AlreadyApplied
+            }
+            Credit::Refunded { credited_earlier } => {
+                return Err(TransferError::Conflict {
+                    id: id.clone(),
+                    from: from.to_owned(),
+                    recorded_to: to.to_owned(),
+                    recorded_amount: credited_earlier,
+                })
+            }
+        })
+    }
+
+    /// Step 1: runs the debit script; `to_epoch` empty only looks the id up.
+    pub(super) async fn debit(
+        &self,
+        donor: &Region,
+        id: &TransferId,
+        amount: u64,
+        to: &str,
+        to_epoch: &str,
+    ) -> Result<Option<DebitReply>, TransferError> {
+        let mut invocation = self.inner.debit.prepare_invoke();
+        invocation
+            .key(&donor.state_key)
+            .key(&donor.debits_key)
+            .key(&donor.pending_key)
+            .arg(id.as_str())
+            .arg(amount)
+            .arg(to)
+            .arg(to_epoch);
+        let reply = self
+            .call(donor, Request::Script(&invocation))
+            .await
+            .map_err(|e| e.into_transfer(donor, Step::Debit))?;
+        Ok(parse_debit(reply))
+    }
+
+    /// Reads the epoch of `region`'s state. A new debit to a receiver whose
+    /// state cannot be read is not made.
+    pub(super) async fn read_epoch(&self, region: &Region) -> Result<String, TransferError> {
+        let mut cmd = redis::cmd("HGET");
+        cmd.arg(&region.state_key).arg("epoch");
+        let reply = self
+            .call(region, Request::Cmd(&cmd))
+            .await
+            .map_err(|e| e.into_transfer(region, Step::Lookup))?;
+        match reply {
+            Value::Nil => {
+                region.remember_epoch(None);
+                Err(TransferError::StateLost {
+                    region: region.name.to_string(),
+                    step: Step::Lookup,
+                })
+            }
+            value => {
+                let epoch = text(&value).ok_or_else(|| malformed(region, "unreadable epoch"))?;
+                region.remember_epoch(Some(&epoch));
+                Ok(epoch)
+            }
+        }
+    }
+
+    /// Steps 2 and 3 for a confirmed debit: credits it (or gives it back,
+    /// see [`Credit::Refunded`]), then clears its pending mark. A debit the
+    /// receiver refuses for good is dropped from the pending list.
+    pub(super) async fn finish(
+        &self,
+        donor: &Region,
+        receiver: &Region,
+        id: &TransferId,
+        record: &Record,
+    ) -> Result<Credit, TransferError> {
+        if record.refunded {
+            return Ok(Credit::Refunded {
+                credited_earlier: record.amount,
+            });
+        }
+        let credit = match self.credit(donor, receiver, id, record).await {
+            Ok(Credit::Refunded { credited_earlier }) => {
+                self.refund(donor, id, record).await?;
+                return Ok(Credit::Refunded { credited_earlier });
+            }
+            Err(e @ TransferError::DonorReseeded { .. }) => {
+                tracing::warn!(
+                    from = &*donor.name,
+                    to = &*receiver.name,
+                    id = id.as_str(),
+                    amount = record.amount,
+                    "the donor was re-seeded after losing the state that made this debit: never credited"
+                );
+                Err(e)
+            }
+            Err(e @ TransferError::ReceiverRecreated { .. }) => {
+                tracing::warn!(
+                    from = &*donor.name,
+                    to = &*receiver.name,
+                    id = id.as_str(),
+                    amount = record.amount,
+                    "the receiver was re-created after this debit: never credited, the amount is lost"
+                );
+                Err(e)
+            }
+            Err(e) => return Err(e),
+            credited => credited,
+        };
+        // Step 3: clear the pending mark; a failure leaves a stale mark that
+        // repair_all clears.
+        self.settle(donor, id).await;
+        credit
+    }
+
+    /// Step 2: credits `record` to `receiver`, in the receiver state the
+    /// debit was bound to and at most once per donor state and id.
+    pub(super) async fn credit(
+        &self,
+        donor: &Region,
+        receiver: &Region,
+        id: &TransferId,
+        record: &Record,
+    ) -> Result<Credit, TransferError> {
+        let mut invocation = self.inner.credit.prepare_invoke();
+        invocation
+            .key(&receiver.state_key)
+            .key(&receiver.credits_key)
+            .arg(&*donor.name)
+            .arg(id.as_str())
+            .arg(record.amount)
+            .arg(record.seq)
+            .arg(&record.epoch)
+            .arg(&record.to_epoch);
+        let reply = self
+            .call(receiver, Request::Script(&invocation))
+            .await
+            .map_err(|e| e.into_transfer(receiver, Step::Credit))?;
+        let unexpected = || malformed(receiver, "unexpected credit reply");
+        let Value::Array(items) = reply else {
+            return Err(unexpected());
+        };
+        let code = items.first().and_then(int).ok_or_else(unexpected)?;
+        let amount = || {
+            items
+                .get(1)
+                .and_then(int)
+                .and_then(|a| u64::try_from(a).ok())
+                .ok_or_else(unexpected)
+        };
+        match code {
+            1 => Ok(Credit::Now),
+            2 if amount()? == record.amount => Ok(Credit::Before),
+            2 => Err(TransferError::Conflict {
+                id: id.clone(),
+                from: donor.name.to_string(),
+                recorded_to: receiver.name.to_string(),
+                recorded_amount: amount()?,
+            }),
+            3 => Ok(Credit::Refunded {
+                credited_earlier: amount()?,
+            }),
+            -1 => {
+                receiver.remember_epoch(None);
+                Err(TransferError::StateLost {
+                    region: receiver.name.to_string(),
+                    step: Step::Credit,
+                })
+            }
+            -3 => Err(TransferError::DonorReseeded {
+                id: id.clone(),
+                from: donor.name.to_string(),
+                to: receiver.name.to_string(),
+                amount: record.amount,
+            }),
+            -2 => {
+                let epoch = items.get(1).and_then(text).ok_or_else(unexpected)?;
+                receiver.remember_epoch(Some(&epoch));
+                Err(TransferError::ReceiverRecreated {
+                    id: id.clone(),
+                    from: donor.name.to_string(),
+                    to: receiver.name.to_string(),
+                    amount: record.amount,
+                })
+            }
+            _ => Err(unexpected()),
+        }
+    }
+
+    /// Gives back a debit that the receiver refuses for good because it
+    /// holds a credit under the same id from an earlier state of the donor.
+    pub(super) async fn refund(
+        &self,
+        donor: &Region,
+        id: &TransferId,
+        record: &Record,
+    ) -> Result<(), TransferError> {
+        let mut invocation = self.inner.refund.prepare_invoke();
+        invocation
+            .key(&donor.state_key)
+            .key(&donor.debits_key)
+            .key(&donor.pending_key)
+            .arg(id.as_str())
+            .arg(record.as_written());
+        let reply = self
+            .call(donor, Request::Script(&invocation))
+            .await
+            .map_err(|e| e.into_transfer(donor, Step::Refund))?;
+        match int(&reply) {
+            // 0: given back already, or the record left with a state loss.
+            Some(0 | 1) => Ok(()),
+            _ => Err(malformed(donor, "unexpected reply to the refund script")),
+        }
+    }
+
+    /// Step 3, best effort: drops `id` from the donor's pending debits.
+    pub(super) async fn settle(&self, donor: &Region, id: &TransferId) {
+        let mut cmd = redis::cmd("HDEL");
+        cmd.arg(&donor.pending_key).arg(id.as_str());
+        if let Err(e) = self.call(donor, Request::Cmd(&cmd)).await {
+            tracing::warn!(
+                region = &*donor.name,
+                id = id.as_str(),
+                error = %e,
+                "could not clear a completed transfer from the pending list; repair_all clears it"
+            );
+        }
+    }
+}
+
+/// The name of one transfer out of one donor region, which makes the
+/// transfer idempotent: both steps record it, and a repeated call with the
+/// same id never moves the amount twice.
+///
+/// Choose ids that mean something (a rebalancing round and its pair of
+/// regions), or [`random`](Self::random) ones kept until the transfer is
+/// known complete.
+///
+/// ```
+/// use tower_admission::outbound::TransferId;
+///
+/// let id = TransferId::new("rebalance-42-ap-eu")?;
+/// assert_eq!(id.as_str(), "rebalance-42-ap-eu");
+/// assert!(TransferId::new("has space").is_err());
+/// assert_ne!(TransferId::random(), TransferId::random());
+/// # Ok::<(), tower_admission::ConfigError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TransferId(Box<str>);
+
+impl TransferId {
+    /// An id of 1 to 128 printable ASCII characters (no spaces).
+    ///
+    /// ```
+    /// # use tower_admission::outbound::TransferId;
+    /// assert_eq!(TransferId::new("").unwrap_err().field(), "transfer_id");
+    /// ```
+    pub fn new(id: impl Into<String>) -> Result<Self, ConfigError> {
+        let id = id.into();
+        if id.is_empty() || id.len() > MAX_ID || !id.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(ConfigError::new(
+                "transfer_id",
+                format!("must be 1 to {MAX_ID} printable ASCII characters without spaces"),
+            ));
+        }
+        Ok(TransferId(id.into()))
+    }
+
+    /// A random 128-bit id, as 32 hex digits.
+    ///
+    /// ```
+    /// # use tower_admission::outbound::TransferId;
+    /// assert_eq!(TransferId::random().as_str().len(), 32);
+    /// ```
+    pub fn random() -> Self {
+        TransferId(format!("{:032x}", rand::random::<u128>()).into())
+    }
+
+    /// The id as a string.
+    ///
+    /// ```
+    /// # use tower_admission::outbound::TransferId;
+    /// assert_eq!(TransferId::new("t-1")?.as_str(), "t-1");
+    /// # Ok::<(), tower_admission::ConfigError>(())
+    /// ```
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for TransferId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// What a successful [`RegionalBudget::transfer`] did. In every case the
+/// amount has moved exactly once.
+///
+/// ```
+/// use tower_admission::outbound::TransferOutcome;
+/// assert_ne!(TransferOutcome::Applied, TransferOutcome::AlreadyApplied);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TransferOutcome {
+    /// This call debited the donor; the receiver is credited (by this call,
+    /// or by a concurrent call or repair with the same id).
+    Applied,
+    /// An earlier call had debited the donor; this call made the missing
+    /// credit.
+    Completed,
+    /// The transfer had been fully applied before; nothing changed (a debit
+    /// made again after the donor's state loss was given back).
+    AlreadyApplied,
+}
