@@ -70,6 +70,7 @@ pub mod concurrency;
 mod error;
 pub mod identity;
 pub mod jobs;
+mod macros;
 pub mod outbound;
 pub mod quota;
 pub mod reject;

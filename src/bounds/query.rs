@@ -799,20 +799,7 @@ pub struct ValidateQuery<S> {
 }
 
 impl<S> ValidateQuery<S> {
-    /// The wrapped service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The wrapped service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// Consumes this service, returning the wrapped one.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
+    crate::macros::inner_accessors!(inner: S);
 }
 
 impl<S, B, RB> Service<Request<B>> for ValidateQuery<S>
