@@ -1,4 +1,4 @@
-//! The response future of [`BodyLimits`], which turns a tripped cap into
+//! The response future of [`BodyLimits`](super::BodyLimits), which turns a tripped cap into
 //! its refusal.
 
 use std::fmt;

@@ -1,6 +1,6 @@
 //! Wire-byte and decoded-byte caps, composed from tower-http's
-//! [`RequestBodyLimit`] around this crate's streaming decoder, which follows
-//! the coding settings of a tower-http [`RequestDecompressionLayer`].
+//! [`RequestBodyLimit`](tower_http::limit::RequestBodyLimit) around this crate's streaming decoder, which follows
+//! the coding settings of a tower-http [`RequestDecompressionLayer`](tower_http::decompression::RequestDecompressionLayer).
 
 use std::error::Error as StdError;
 

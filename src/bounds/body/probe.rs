@@ -77,7 +77,7 @@ pub(super) struct ProbeState {
     malformed: OnceLock<String>,
 }
 
-/// Per-request record shared by [`BodyLimits`], its probes and their bodies,
+/// Per-request record shared by [`BodyLimits`](super::BodyLimits), its probes and their bodies,
 /// carried in the request extensions.
 #[derive(Debug, Clone, Default)]
 pub(in crate::bounds) struct Probe(pub(super) Arc<ProbeState>);

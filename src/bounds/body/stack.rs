@@ -1,4 +1,4 @@
-//! The tower-http stack [`BodyLimits`] builds around the inner service for
+//! The tower-http stack [`BodyLimits`](super::BodyLimits) builds around the inner service for
 //! a request that can trip a cap: caps, probes and the decoder.
 
 use std::sync::atomic::Ordering;
@@ -24,7 +24,7 @@ use crate::bounds::decode::{Coding, Codings, DecodeBody};
 pub(super) type Decoded<B> = ProbedBody<Limited<DecodeBody<ProbedBody<Limited<B>>>>>;
 
 /// The response body of the stack: the inner one under both caps, or the
-/// decompressor's bodiless 415, which [`Watch`] replaces.
+/// decompressor's bodiless 415, which [`Watch`](super::future::Watch) replaces.
 pub(super) type StackBody<RB> = ResponseBody<Either<ResponseBody<RB>, Empty<Bytes>>>;
 
 /// The response future of the stack.
@@ -64,7 +64,7 @@ where
 /// Between the wire cap and the decoded cap: marks that the request got past
 /// the wire cap, then decodes its body per its (combined) `content-encoding`,
 /// passes it on as it is, or answers a bodiless 415 with `Accept-Encoding`,
-/// which [`Watch`] turns into the refusal. The same choices as tower-http's
+/// which [`Watch`](super::future::Watch) turns into the refusal. The same choices as tower-http's
 /// decompressor with the same settings.
 pub(super) struct Decompress<'a, S> {
     pub(super) inner: S,
@@ -119,7 +119,7 @@ where
 pub(super) type DecompressResponse<RB> = Response<Either<RB, Empty<Bytes>>>;
 
 /// Response future of [`Decompress`], from public parts only, as it is part
-/// of [`BodyLimits`]' future type: the inner future, its response mapped, or
+/// of [`BodyLimits`](super::BodyLimits)' future type: the inner future, its response mapped, or
 /// the ready 415.
 pub(super) type DecompressFuture<F, RB, E> = futures_util::future::Either<
     futures_util::future::MapOk<F, fn(Response<RB>) -> DecompressResponse<RB>>,

@@ -1,4 +1,4 @@
-//! The response future of [`ValidateQuery`].
+//! The response future of [`ValidateQuery`](super::ValidateQuery).
 
 use std::fmt;
 use std::future::Future;
