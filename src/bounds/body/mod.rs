@@ -10,7 +10,7 @@ use http_body_util::{Either, Full};
 
 use crate::reject::{Rejection, SizeCap};
 
-mod body;
+mod capped;
 mod future;
 mod layer;
 mod probe;
@@ -18,7 +18,7 @@ mod service;
 mod stack;
 mod status;
 
-pub use body::CappedBody;
+pub use capped::CappedBody;
 pub use future::ResponseFuture;
 pub use layer::BodyLimitsLayer;
 pub(in crate::bounds) use probe::Probe;

@@ -12,7 +12,7 @@ use tower::Layer;
 use tower::Service;
 use tower_http::limit::RequestBodyLimit;
 
-use super::body::{CappedBody, Kind};
+use super::capped::{CappedBody, Kind};
 use super::future::{Capped, ResponseFuture, State, Watch};
 use super::layer::BodyLimitsLayer;
 use super::probe::{Probe, Trip};

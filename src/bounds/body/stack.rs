@@ -14,7 +14,7 @@ use tower::Service;
 use tower_http::body::Limited;
 use tower_http::limit::{ResponseBody, ResponseFuture as LimitFuture};
 
-use super::body::{CappedBody, Kind};
+use super::capped::{CappedBody, Kind};
 use super::probe::{Probe, ProbedBody, Stage};
 use super::BoxError;
 use crate::bounds::decode::{Coding, Codings, DecodeBody};
