@@ -4,7 +4,7 @@
 /// service that wraps an inner service in its field `$field` of type `$inner`.
 /// Invoked inside the service's inherent `impl` block:
 ///
-/// ```ignore
+/// ```text
 /// impl<S> BodyLimits<S> {
 ///     crate::macros::inner_accessors!(inner: S);
 /// }
