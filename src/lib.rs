@@ -62,7 +62,7 @@
 //! | `redis` | no | the Redis and Redis Cluster store |
 //! | `tonic` | no | gRPC rejections with `google.rpc.RetryInfo`, `QuotaFailure` and `BadRequest` details |
 //! | `metrics` | yes | counters, gauges and a histogram through the `metrics` facade: quota decisions, refusals per policy, failure modes, unknown outcomes, in-flight and queued requests per concurrency scope, dependency attempts per share, refusals and waits. On by default because without an installed recorder every emission is a no-op (one key built per event); the sample API serves them on `GET /metrics` |
-#![cfg_attr(docsrs, feature(doc_auto_cfg))]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod bounds;
 pub mod clock;
@@ -70,6 +70,7 @@ pub mod concurrency;
 mod error;
 pub mod identity;
 pub mod jobs;
+mod macros;
 pub mod outbound;
 pub mod quota;
 #[cfg(feature = "redis")]

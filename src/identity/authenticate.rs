@@ -144,20 +144,7 @@ impl<S, A> AuthenticateService<S, A> {
         &self.authenticator
     }
 
-    /// A reference to the inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// A mutable reference to the inner service.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// The inner service.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
+    crate::macros::inner_accessors!(inner: S);
 }
 
 impl<S: Clone, A> Clone for AuthenticateService<S, A> {

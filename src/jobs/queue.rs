@@ -5,191 +5,25 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use futures_util::FutureExt;
-use http::header::{HeaderValue, CONTENT_TYPE, LOCATION};
-use http::{Response, StatusCode};
-use http_body_util::Full;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::id::JobId;
-use crate::reject::{OverloadScope, Protocol, Rejection};
 use crate::ConfigError;
 
-/// Default for [`JobQueueBuilder::capacity`].
-pub const DEFAULT_CAPACITY: usize = 1_000;
-/// Default for [`JobQueueBuilder::workers`].
-pub const DEFAULT_WORKERS: usize = 4;
-/// Default for [`JobQueueBuilder::retain_finished`].
-pub const DEFAULT_RETAIN_FINISHED: usize = 10_000;
-/// Default for [`JobQueueBuilder::finished_ttl`]: one hour.
-pub const DEFAULT_FINISHED_TTL: Duration = Duration::from_secs(3600);
-/// Default for [`JobQueueBuilder::retry_after`]: one second.
-pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
-/// Most [`workers`](JobQueueBuilder::workers) a queue may have. Each worker
-/// is a task spawned when the queue is built and runs a job too large for a
-/// request; more than this many such jobs at once is beyond what one process
-/// runs well, and a larger number is a typo rather than a plan.
-pub const MAX_WORKERS: usize = 1_024;
-/// Finished jobs whose durations make the measured mean of the
-/// [`Retry-After` estimate](super#retry-after).
-pub const MEASURED_JOBS: usize = 16;
+mod builder;
+mod status;
+mod submit;
 
-/// Where a job is.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-#[serde(tag = "status", content = "output", rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum JobStatus<R, E> {
-    /// Accepted, waiting for a worker.
-    Queued,
-    /// A worker is running it.
-    Running,
-    /// It finished with this result.
-    Succeeded(R),
-    /// It finished with this error.
-    Failed(E),
-    /// The job function panicked; the worker survived.
-    Panicked,
-}
-
-impl<R, E> JobStatus<R, E> {
-    /// `queued`, `running`, `succeeded`, `failed` or `panicked`.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            JobStatus::Queued => "queued",
-            JobStatus::Running => "running",
-            JobStatus::Succeeded(_) => "succeeded",
-            JobStatus::Failed(_) => "failed",
-            JobStatus::Panicked => "panicked",
-        }
-    }
-
-    /// True once the job has finished, successfully or not.
-    pub fn is_finished(&self) -> bool {
-        !matches!(self, JobStatus::Queued | JobStatus::Running)
-    }
-}
-
-/// Why [`JobQueue::submit`] did not accept a job: 503 when the service is
-/// out of room, 429 when the owner is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum SubmitError {
-    /// `capacity` jobs are already waiting for a worker.
-    Full {
-        /// The queue's capacity, in jobs waiting.
-        capacity: usize,
-        /// Estimated wait until a place frees (see the
-        /// [module docs](super#retry-after)).
-        retry_after: Duration,
-    },
-    /// The owner already has [`per_owner`](JobQueueBuilder::per_owner) jobs
-    /// waiting or running.
-    OwnerBusy {
-        /// The most jobs one owner may have waiting or running.
-        limit: usize,
-        /// Estimated wait until one of the owner's jobs finishes (see the
-        /// [module docs](super#retry-after)).
-        retry_after: Duration,
-    },
-    /// The queue was shut down and takes no new jobs.
-    ShutDown {
-        /// The configured [`retry_after`](JobQueueBuilder::retry_after)
-        /// (another instance may take the job).
-        retry_after: Duration,
-    },
-}
-
-impl SubmitError {
-    /// The refusal: [`Rejection::Overloaded`] with `Retry-After`, of
-    /// [`OverloadScope::Global`] (503) when the service is out of room, of
-    /// [`OverloadScope::Identity`] (429) when the owner is.
-    pub fn rejection(&self) -> Rejection {
-        let (scope, retry_after) = match *self {
-            SubmitError::Full { retry_after, .. } | SubmitError::ShutDown { retry_after } => {
-                (OverloadScope::Global, retry_after)
-            }
-            SubmitError::OwnerBusy { retry_after, .. } => (OverloadScope::Identity, retry_after),
-        };
-        Rejection::Overloaded { scope, retry_after }
-    }
-
-    /// The 503 or 429 response (problem+json, or gRPC `UNAVAILABLE` or
-    /// `RESOURCE_EXHAUSTED` for a gRPC or gRPC-Web `protocol`; `true` is
-    /// plain gRPC).
-    ///
-    /// Over HTTP a full queue is also advertised as the service's quota of
-    /// concurrent work, used up: `RateLimit-Policy: "job-queue";q=<capacity>;
-    /// qu="concurrent-requests"` and `RateLimit: "job-queue";r=0;t=<wait>`;
-    /// an owner's cap likewise as `"jobs-per-owner"`.
-    pub fn into_response(self, protocol: impl Into<Protocol>) -> Response<Full<Bytes>> {
-        let protocol = protocol.into();
-        let grpc = protocol.is_grpc();
-        let mut response = self.rejection().into_response(protocol);
-        let advertised = match self {
-            SubmitError::Full {
-                capacity,
-                retry_after,
-            } => Some(("job-queue", capacity, retry_after)),
-            SubmitError::OwnerBusy { limit, retry_after } => {
-                Some(("jobs-per-owner", limit, retry_after))
-            }
-            SubmitError::ShutDown { .. } => None,
-        };
-        if let (Some((name, limit, retry_after)), false) = (advertised, grpc) {
-            crate::quota::headers::insert_concurrency(
-                response.headers_mut(),
-                name,
-                limit,
-                retry_after,
-            );
-        }
-        response
-    }
-}
-
-impl fmt::Display for SubmitError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            SubmitError::Full { .. } => f.write_str("the job queue is full"),
-            SubmitError::ShutDown { .. } => f.write_str("the job queue is shut down"),
-            SubmitError::OwnerBusy { limit, .. } => {
-                write!(f, "the owner already has {limit} jobs waiting or running")
-            }
-        }
-    }
-}
-
-impl std::error::Error for SubmitError {}
-
-#[cfg(feature = "axum")]
-impl axum::response::IntoResponse for SubmitError {
-    fn into_response(self) -> axum::response::Response {
-        SubmitError::into_response(self, false).into_response()
-    }
-}
-
-/// A `202 Accepted` response pointing at `location`, where the job's status
-/// can be read, with the body `{"id": ..., "status": "queued"}`.
-///
-/// Fails only when `location` is not a valid header value.
-pub fn accepted_response(
-    id: JobId,
-    location: &str,
-) -> Result<Response<Full<Bytes>>, http::header::InvalidHeaderValue> {
-    let location = HeaderValue::from_str(location)?;
-    let body = serde_json::json!({ "id": id, "status": "queued" }).to_string();
-    let mut response = Response::new(Full::new(Bytes::from(body)));
-    *response.status_mut() = StatusCode::ACCEPTED;
-    response.headers_mut().insert(LOCATION, location);
-    response
-        .headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    Ok(response)
-}
+pub use builder::{
+    JobQueueBuilder, DEFAULT_CAPACITY, DEFAULT_FINISHED_TTL, DEFAULT_RETAIN_FINISHED,
+    DEFAULT_RETRY_AFTER, DEFAULT_WORKERS, MAX_WORKERS, MEASURED_JOBS,
+};
+pub use status::JobStatus;
+pub use submit::{accepted_response, SubmitError};
 
 struct Record<R, E> {
     owner: Arc<str>,
@@ -584,102 +418,7 @@ where
     }
 }
 
-/// Configuration of a [`JobQueue`]; see [`JobQueue::builder`].
-#[derive(Debug, Clone)]
-pub struct JobQueueBuilder {
-    capacity: usize,
-    workers: usize,
-    retain_finished: usize,
-    finished_ttl: Duration,
-    retry_after: Duration,
-    per_owner: Option<usize>,
-}
-
-impl Default for JobQueueBuilder {
-    fn default() -> Self {
-        JobQueueBuilder {
-            capacity: DEFAULT_CAPACITY,
-            workers: DEFAULT_WORKERS,
-            retain_finished: DEFAULT_RETAIN_FINISHED,
-            finished_ttl: DEFAULT_FINISHED_TTL,
-            retry_after: DEFAULT_RETRY_AFTER,
-            per_owner: None,
-        }
-    }
-}
-
 impl JobQueueBuilder {
-    /// Most jobs waiting for a worker (not counting the ones running).
-    pub fn capacity(mut self, capacity: usize) -> Self {
-        self.capacity = capacity;
-        self
-    }
-
-    /// Number of worker tasks, hence most jobs running at once: 1 to
-    /// [`MAX_WORKERS`].
-    pub fn workers(mut self, workers: usize) -> Self {
-        self.workers = workers;
-        self
-    }
-
-    /// Most finished job records kept; the oldest finished is dropped first.
-    pub fn retain_finished(mut self, max: usize) -> Self {
-        self.retain_finished = max;
-        self
-    }
-
-    /// How long a finished job's record is kept after it finished.
-    pub fn finished_ttl(mut self, ttl: Duration) -> Self {
-        self.finished_ttl = ttl;
-        self
-    }
-
-    /// Most jobs one owner may have waiting or running; a submit over it is
-    /// refused with [`SubmitError::OwnerBusy`] (429), so that one caller
-    /// cannot take the whole queue. Default: no cap per owner.
-    pub fn per_owner(mut self, limit: usize) -> Self {
-        self.per_owner = Some(limit);
-        self
-    }
-
-    /// The duration assumed for a job until one has finished, in the
-    /// [`Retry-After` estimate](super#retry-after) of the refusals; also the
-    /// `Retry-After` of a shut-down queue.
-    pub fn retry_after(mut self, wait: Duration) -> Self {
-        self.retry_after = wait;
-        self
-    }
-
-    /// Checks the configuration as [`build`](Self::build) does, without a
-    /// runtime: `capacity`, `workers`, `retain_finished` and `per_owner` at
-    /// least 1, `workers` at most [`MAX_WORKERS`], `finished_ttl` above zero.
-    pub fn check(&self) -> Result<(), ConfigError> {
-        let positive = [
-            ("capacity", self.capacity),
-            ("workers", self.workers),
-            ("retain_finished", self.retain_finished),
-            ("per_owner", self.per_owner.unwrap_or(1)),
-        ];
-        for (field, value) in positive {
-            if value == 0 {
-                return Err(ConfigError::new(field, "must be at least 1"));
-            }
-        }
-        if self.workers > MAX_WORKERS {
-            return Err(ConfigError::new(
-                "workers",
-                format!(
-                    "must be at most {MAX_WORKERS}: each worker is a task spawned at once, \
-                     running one job too large for a request"
-                ),
-            ));
-        }
-        if self.finished_ttl.is_zero() {
-            return Err(ConfigError::new("finished_ttl", "must be above zero"));
-        }
-        Ok(())
-    }
-
     /// Checks the configuration ([`check`](Self::check)), spawns the
     /// workers on the current Tokio runtime and returns the queue. Each
     /// worker runs `job` on one input at a time.

@@ -1,0 +1,306 @@
+//! Why a request was refused, and its response in either protocol.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use http::{Response, StatusCode};
+use http_body_util::Full;
+
+use super::{retry_after_secs, Protocol, RefusalBody};
+use crate::quota::Outcome;
+
+/// Why a request was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Rejection {
+    /// No credential, or one that is not known. 401.
+    Unauthenticated {
+        /// What was wrong, for the `detail` member. Never echoes the credential.
+        reason: &'static str,
+    },
+    /// One or more query parameters or body fields are invalid. 400.
+    InvalidParameters(Vec<InvalidParameter>),
+    /// A size cap was exceeded. 413.
+    PayloadTooLarge {
+        /// Which cap.
+        cap: SizeCap,
+        /// The configured cap.
+        limit: u64,
+    },
+    /// The body's `content-encoding` is not supported. 415.
+    UnsupportedEncoding {
+        /// The encoding that was sent.
+        encoding: String,
+    },
+    /// One or more quota policies refused. 429.
+    QuotaExceeded {
+        /// Names of the refusing policies.
+        policies: Vec<Arc<str>>,
+        /// Exact wait until a retry can succeed.
+        retry_after: Duration,
+    },
+    /// The request costs more than a policy can ever admit. 413; retrying
+    /// cannot help, so there is no `Retry-After`.
+    CostExceedsCapacity {
+        /// Names of the policies whose capacity is below the cost.
+        policies: Vec<Arc<str>>,
+        /// The cost of the request.
+        cost: u64,
+    },
+    /// A concurrency cap and its queue are full, or the queue deadline passed.
+    Overloaded {
+        /// Which cap.
+        scope: OverloadScope,
+        /// Suggested wait.
+        retry_after: Duration,
+    },
+    /// The limiter store could not decide in time and the policy fails closed. 503.
+    LimiterUnavailable {
+        /// Suggested wait.
+        retry_after: Duration,
+    },
+    /// A dependency the request's work needs cannot be called now: its
+    /// outbound budget is spent, or its calls failed. 503.
+    DependencyUnavailable {
+        /// Suggested wait: the budget's wait when it refused.
+        retry_after: Duration,
+    },
+}
+
+/// Which size cap a [`Rejection::PayloadTooLarge`] hit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SizeCap {
+    /// Bytes on the wire.
+    WireBytes,
+    /// Bytes after decompression.
+    DecodedBytes,
+    /// Items in a batch.
+    Items,
+}
+
+/// Which concurrency cap a [`Rejection::Overloaded`] hit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OverloadScope {
+    /// The service-wide cap: 503.
+    Global,
+    /// The caller's own cap: 429, since the caller can fix it by waiting.
+    Identity,
+}
+
+/// One invalid parameter and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvalidParameter {
+    /// Parameter or field name.
+    pub name: String,
+    /// Why it is invalid.
+    pub reason: String,
+}
+
+impl InvalidParameter {
+    /// A new invalid-parameter entry.
+    pub fn new(name: impl Into<String>, reason: impl Into<String>) -> Self {
+        InvalidParameter {
+            name: name.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+impl fmt::Display for SizeCap {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SizeCap::WireBytes => "wire-bytes",
+            SizeCap::DecodedBytes => "decoded-bytes",
+            SizeCap::Items => "items",
+        })
+    }
+}
+
+impl Rejection {
+    /// The refusal for a quota engine outcome of a request of `cost`;
+    /// `None` when the outcome admits.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_admission::quota::Outcome;
+    /// use tower_admission::reject::Rejection;
+    ///
+    /// let outcome = Outcome::Unavailable { wait: Duration::from_secs(1) };
+    /// let rejection = Rejection::from_outcome(&outcome, 1).unwrap();
+    /// assert_eq!(rejection.status(), http::StatusCode::SERVICE_UNAVAILABLE);
+    /// assert_eq!(Rejection::from_outcome(&Outcome::Admitted, 1), None);
+    /// ```
+    pub fn from_outcome(outcome: &Outcome, cost: u64) -> Option<Rejection> {
+        Some(match outcome {
+            Outcome::Admitted => return None,
+            Outcome::Refused { policies, wait } => Rejection::QuotaExceeded {
+                policies: policies.clone(),
+                retry_after: *wait,
+            },
+            Outcome::CostExceedsCapacity { policies } => Rejection::CostExceedsCapacity {
+                policies: policies.clone(),
+                cost,
+            },
+            Outcome::Unavailable { wait } => Rejection::LimiterUnavailable { retry_after: *wait },
+        })
+    }
+
+    /// The HTTP status of this rejection.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Rejection::Unauthenticated { .. } => StatusCode::UNAUTHORIZED,
+            Rejection::InvalidParameters(_) => StatusCode::BAD_REQUEST,
+            Rejection::PayloadTooLarge { .. } | Rejection::CostExceedsCapacity { .. } => {
+                StatusCode::PAYLOAD_TOO_LARGE
+            }
+            Rejection::UnsupportedEncoding { .. } => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Rejection::QuotaExceeded { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Rejection::Overloaded { scope, .. } => match scope {
+                OverloadScope::Global => StatusCode::SERVICE_UNAVAILABLE,
+                OverloadScope::Identity => StatusCode::TOO_MANY_REQUESTS,
+            },
+            Rejection::LimiterUnavailable { .. } | Rejection::DependencyUnavailable { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+        }
+    }
+
+    /// The wait to advertise in `Retry-After`, if any.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Rejection::QuotaExceeded { retry_after, .. }
+            | Rejection::Overloaded { retry_after, .. }
+            | Rejection::LimiterUnavailable { retry_after }
+            | Rejection::DependencyUnavailable { retry_after } => Some(*retry_after),
+            _ => None,
+        }
+    }
+
+    /// Short kebab-case name of the reason, for logs and metrics. For the
+    /// refusals without a registered problem type it is also the fragment
+    /// of their `type` after [`PROBLEM_TYPE_BASE`](super::PROBLEM_TYPE_BASE).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_admission::reject::Rejection;
+    ///
+    /// let outage = Rejection::LimiterUnavailable { retry_after: Duration::from_secs(1) };
+    /// assert_eq!(outage.kind(), "limiter-unavailable");
+    /// ```
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Rejection::Unauthenticated { .. } => "unauthenticated",
+            Rejection::InvalidParameters(_) => "invalid-parameters",
+            Rejection::PayloadTooLarge { .. } => "payload-too-large",
+            Rejection::UnsupportedEncoding { .. } => "unsupported-encoding",
+            Rejection::QuotaExceeded { .. } => "quota-exceeded",
+            Rejection::CostExceedsCapacity { .. } => "cost-exceeds-capacity",
+            Rejection::Overloaded { .. } => "overloaded",
+            Rejection::LimiterUnavailable { .. } => "limiter-unavailable",
+            Rejection::DependencyUnavailable { .. } => "dependency-unavailable",
+        }
+    }
+
+    pub(super) fn title(&self) -> &'static str {
+        match self {
+            Rejection::Unauthenticated { .. } => "Authentication required",
+            Rejection::InvalidParameters(_) => "Invalid request parameters",
+            Rejection::PayloadTooLarge { .. } => "Payload too large",
+            Rejection::UnsupportedEncoding { .. } => "Unsupported content encoding",
+            Rejection::QuotaExceeded { .. } => "Quota Exceeded",
+            Rejection::CostExceedsCapacity { .. } => "Request cost exceeds quota capacity",
+            Rejection::Overloaded { .. } => "Too many requests in progress",
+            Rejection::LimiterUnavailable { .. } | Rejection::DependencyUnavailable { .. } => {
+                "Temporary Reduced Capacity"
+            }
+        }
+    }
+
+    pub(super) fn detail(&self) -> String {
+        match self {
+            Rejection::Unauthenticated { reason } => (*reason).to_owned(),
+            Rejection::InvalidParameters(errors) => {
+                let names: Vec<&str> = errors.iter().map(|e| e.name.as_str()).collect();
+                format!("invalid parameters: {}", names.join(", "))
+            }
+            Rejection::PayloadTooLarge { cap, limit } => {
+                format!("the {cap} cap of {limit} was exceeded")
+            }
+            Rejection::UnsupportedEncoding { encoding } => {
+                format!("content-encoding {encoding:?} is not supported")
+            }
+            Rejection::QuotaExceeded {
+                policies,
+                retry_after,
+            } => format!(
+                "quota policy {} refused; retry after {} s",
+                join(policies),
+                retry_after_secs(*retry_after)
+            ),
+            Rejection::CostExceedsCapacity { policies, cost } => format!(
+                "cost {cost} is more than policy {} can ever admit",
+                join(policies)
+            ),
+            Rejection::Overloaded { scope, .. } => match scope {
+                OverloadScope::Global => "the service is at its concurrency limit".to_owned(),
+                OverloadScope::Identity => "you are at your concurrency limit".to_owned(),
+            },
+            Rejection::LimiterUnavailable { .. } => {
+                "the rate limiter could not decide in time".to_owned()
+            }
+            Rejection::DependencyUnavailable { .. } => {
+                "a dependency this request needs cannot be called now".to_owned()
+            }
+        }
+    }
+
+    /// The response for this rejection in the request's [`Protocol`]:
+    /// problem details for HTTP, a gRPC status for gRPC and gRPC-Web. A
+    /// `bool` is [`is_grpc`](super::is_grpc)'s answer (`true` is plain gRPC).
+    pub fn into_response(self, protocol: impl Into<Protocol>) -> Response<Full<Bytes>> {
+        self.into_layer_response(protocol)
+    }
+
+    /// The rejection as a response of any layer of this crate, in the inner
+    /// service's body type; see [`into_response`](Self::into_response).
+    pub fn into_layer_response<B: RefusalBody>(self, protocol: impl Into<Protocol>) -> Response<B> {
+        let protocol = protocol.into();
+        let mut response = if protocol.is_grpc() {
+            let mut response = self.grpc_response();
+            response
+                .headers_mut()
+                .insert(CONTENT_TYPE, protocol.grpc_content_type());
+            response
+        } else {
+            self.problem_response()
+        };
+        if let Some(wait) = self.retry_after() {
+            response
+                .headers_mut()
+                .insert(RETRY_AFTER, HeaderValue::from(retry_after_secs(wait)));
+        }
+        response.extensions_mut().insert(self);
+        response.map(B::from_refusal)
+    }
+}
+
+impl fmt::Display for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.status(), self.detail())
+    }
+}
+
+impl std::error::Error for Rejection {}
+
+pub(super) fn names(policies: &[Arc<str>]) -> Vec<&str> {
+    policies.iter().map(|p| &**p).collect()
+}
+
+fn join(policies: &[Arc<str>]) -> String {
+    names(policies).join(", ")
+}
