@@ -186,14 +186,21 @@
 //! # let _ = app;
 //! ```
 
+pub mod adaptive;
 mod body;
 mod future;
+mod gauges;
 mod layer;
+mod permits;
+mod reason;
 mod service;
 mod state;
 
+pub use adaptive::{
+    AdaptiveLimit, AdaptiveLimitLayer, ClassStats, Criticality, LimitError, LimitStats, Outcome,
+};
 pub use body::PermitBody;
 pub use future::ResponseFuture;
 pub use layer::{ConcurrencyLayer, ConcurrencyLayerBuilder, DEFAULT_MAX_IDENTITIES};
+pub use reason::{ConcurrencyStats, OverloadReason};
 pub use service::Concurrency;
-pub use state::{ConcurrencyStats, OverloadReason};
