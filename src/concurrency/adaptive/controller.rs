@@ -230,7 +230,8 @@ impl Controller {
     }
 
     /// The gradient step: the limit times goal / latency (within 0.5 and 2),
-    /// plus √limit of headroom, smoothed; it grows only if it was used.
+    /// plus √limit of headroom while the latency is within the goal,
+    /// smoothed; it grows only if it was used.
     fn follow_latency(&mut self) {
         let Some(latency) = self.samples.percentile(self.cfg.percentile) else {
             return;
@@ -238,7 +239,12 @@ impl Controller {
         self.latency = Some(latency);
         let goal = self.goal().as_secs_f64();
         let gradient = (goal / latency.as_secs_f64().max(1e-9)).clamp(0.5, 2.0);
-        let mut target = self.limit * gradient + self.limit.sqrt();
+        let headroom = if gradient >= 1.0 {
+            self.limit.sqrt()
+        } else {
+            0.0
+        };
+        let mut target = self.limit * gradient + headroom;
         let used = self.max_in_flight as f64 >= self.cfg.utilisation * self.limit;
         if target > self.limit && !used {
             target = self.limit;

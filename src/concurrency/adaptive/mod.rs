@@ -27,10 +27,10 @@
 //!   latency is the `percentile` of its samples.
 //! * **Gradient.** At the end of a window, with `goal = baseline × (1 +
 //!   tolerance)` (tolerance 0.25), the target is `limit × clamp(goal /
-//!   latency, 0.5, 2) + √limit`, and the limit moves `smoothing` (0.5) of
-//!   the way to it. Past its capacity a dependency's latency grows with the
-//!   requests in flight, so the limit settles where the latency is a little
-//!   over the goal.
+//!   latency, 0.5, 2)`, plus `√limit` of headroom while the latency is
+//!   within the goal, and the limit moves `smoothing` (0.5) of the way to
+//!   it. Past its capacity a dependency's latency grows with the requests in
+//!   flight, so the limit settles where the latency is about the goal.
 //! * **Back-off (AIMD).** A window with an [`Outcome::Overload`] (an error
 //!   or timeout) multiplies the limit by `backoff` (0.9) instead; growth
 //!   comes back through the gradient's √limit headroom.

@@ -79,8 +79,8 @@ fn latency_at_the_goal_grows_only_a_used_limit() {
 #[test]
 fn latency_over_the_goal_lowers_the_limit_to_the_floor_at_most() {
     let (mut c, mut now) = measured();
-    // 50 ms against a goal of 25 ms: gradient 0.5, target 50 + 10 = 60,
-    // limit 100 + 0.5 × (60 - 100) = 80.
+    // 50 ms against a goal of 25 ms: gradient 0.5, target 50 (no headroom
+    // over the goal), limit 100 + 0.5 × (50 - 100) = 75.
     now = window(
         &mut c,
         now,
@@ -89,7 +89,7 @@ fn latency_over_the_goal_lowers_the_limit_to_the_floor_at_most() {
         Sample::Answered(Outcome::Success),
         100,
     );
-    assert_eq!(c.limit(), 80);
+    assert_eq!(c.limit(), 75);
     for _ in 0..50 {
         now = window(
             &mut c,
@@ -100,8 +100,6 @@ fn latency_over_the_goal_lowers_the_limit_to_the_floor_at_most() {
             100,
         );
     }
-    // The gradient's √limit keeps it above half its value: 0.5 L + √L = L
-    // at L = 4, under the floor of 10.
     assert_eq!(c.limit(), 10);
 }
 
@@ -183,9 +181,9 @@ fn requests_dropped_early_are_no_fast_successes() {
 fn requests_dropped_after_the_goal_count_as_slow() {
     let (mut c, now) = measured();
     // Dropped after 100 ms (over the 25 ms goal): gradient 0.25 → 0.5,
-    // target 60, limit 80, as for answers that slow.
+    // target 50, limit 75, as for answers that slow.
     window(&mut c, now, 20, 100 * MS, Sample::Dropped, 100);
-    assert_eq!(c.limit(), 80);
+    assert_eq!(c.limit(), 75);
     assert_eq!(c.latency(), Some(100 * MS));
 }
 
