@@ -106,6 +106,9 @@ pub(crate) struct Controller {
     /// Counts probes: a request admitted during the current probe carries
     /// it, and only those give the baseline.
     epoch: u64,
+    /// The window follows a probe: the requests the probe held back crowd
+    /// in, which is no evidence of demand, so it may not grow the limit.
+    after_probe: bool,
 }
 
 impl Controller {
@@ -126,6 +129,7 @@ impl Controller {
             }),
             next_probe: now,
             epoch: 1,
+            after_probe: false,
         }
     }
 
@@ -184,6 +188,7 @@ impl Controller {
             self.probe = None;
             self.next_probe = now + self.cfg.probe_interval;
             self.restart_window(now, in_flight);
+            self.after_probe = true;
             return true;
         }
         match sample {
@@ -245,7 +250,8 @@ impl Controller {
             0.0
         };
         let mut target = self.limit * gradient + headroom;
-        let used = self.max_in_flight as f64 >= self.cfg.utilisation * self.limit;
+        let used =
+            self.max_in_flight as f64 >= self.cfg.utilisation * self.limit && !self.after_probe;
         if target > self.limit && !used {
             target = self.limit;
         }
@@ -254,6 +260,7 @@ impl Controller {
     }
 
     fn restart_window(&mut self, now: Instant, in_flight: usize) {
+        self.after_probe = false;
         self.window_start = now;
         self.samples.clear();
         self.overloads = 0;
