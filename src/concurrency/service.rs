@@ -157,7 +157,7 @@ impl<S> Concurrency<S> {
             Begin::Refused(refusal) => ResponseFuture::refused(refusal, protocol),
             Begin::Ready(mut guard) => match gate.begin(class, tenant.as_ref()) {
                 GateBegin::Ready(ticket) => {
-                    guard.ticket = Some(ticket);
+                    guard.ticket = Some(Box::new(ticket));
                     ResponseFuture::calling(self.inner.call(req), guard)
                 }
                 GateBegin::Refused(refusal) => {
@@ -168,7 +168,7 @@ impl<S> Concurrency<S> {
                     let acquire = Box::pin(async move {
                         match waiter.wait().await {
                             Ok(ticket) => {
-                                guard.ticket = Some(ticket);
+                                guard.ticket = Some(Box::new(ticket));
                                 Ok(guard)
                             }
                             Err(refusal) => Err(shared.gate_refusal(refusal)),
@@ -188,7 +188,7 @@ impl<S> Concurrency<S> {
                     };
                     match ticket {
                         Ok(ticket) => {
-                            guard.ticket = Some(ticket);
+                            guard.ticket = Some(Box::new(ticket));
                             Ok(guard)
                         }
                         Err(refusal) => Err(shared.gate_refusal(refusal)),

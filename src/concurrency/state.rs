@@ -255,8 +255,9 @@ impl Drop for IdentityWaiter {
 pub(crate) struct Guard {
     shared: Arc<Shared>,
     identity: Option<EntryRef>,
-    /// The global gate's slot, when the global cap is a gate.
-    pub(crate) ticket: Option<Ticket>,
+    /// The global gate's slot, when the global cap is a gate (boxed: the
+    /// fixed caps' guard stays small).
+    pub(crate) ticket: Option<Box<Ticket>>,
 }
 
 impl Guard {

@@ -423,9 +423,11 @@ where
                             return Err(LimitError::Overloaded(overloaded(&gate, refusal)))
                         }
                     };
-                    poll_fn(|cx| inner.poll_ready(cx))
-                        .await
-                        .map_err(LimitError::Inner)?;
+                    if let Err(e) = poll_fn(|cx| inner.poll_ready(cx)).await {
+                        // Not an answer of the dependency: no sample.
+                        ticket.answered(Outcome::Ignore);
+                        return Err(LimitError::Inner(e));
+                    }
                     let result = inner.call(req).await;
                     ticket.answered(outcome.outcome(&result));
                     drop(ticket);
