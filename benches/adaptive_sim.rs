@@ -136,6 +136,9 @@ struct Record {
     refused: usize,
 }
 
+/// A limiter's name and how to build a fresh one.
+type Named = (&'static str, fn() -> Limiter);
+
 enum Limiter {
     Ours(AdaptiveLimitLayer<()>),
     Anchor(Arc<dyn ConcurrencyAlgorithm>),
@@ -376,7 +379,7 @@ fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
-    let limiters: [(&'static str, fn() -> Limiter); 5] = [
+    let limiters: [Named; 5] = [
         ("tower-admission adaptive (gradient + AIMD)", || {
             let limit = AdaptiveLimit::default().bounds(FLOOR, CEILING);
             Limiter::Ours(
@@ -434,7 +437,7 @@ fn main() {
     }
 }
 
-fn table(limiters: &[(&'static str, fn() -> Limiter)], jitter: f64) {
+fn table(limiters: &[Named], jitter: f64) {
     println!("| limiter | goodput (share of C) | p50 ms | p99 ms | refused | follows C/2 | follows C again |");
     println!("|---|---:|---:|---:|---:|---:|---:|");
     for &(name, make) in limiters {

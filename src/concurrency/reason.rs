@@ -19,7 +19,7 @@ pub enum OverloadReason {
     DeadlinePassed,
     /// The per-identity map already tracks `max_identities` distinct
     /// identities and this one is new: refused at once with
-    /// [`OverloadScope::Global`] (503), since the service, not the caller, is
+    /// [`OverloadScope::Global`](crate::reject::OverloadScope::Global) (503), since the service, not the caller, is
     /// full.
     TooManyIdentities,
     /// The request's tenant already holds its fair share of its class's

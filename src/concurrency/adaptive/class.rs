@@ -77,7 +77,7 @@ pub(crate) fn checked_shares(sheddable: f64, default: f64) -> Result<[f64; 3], C
             "must be above 0 and at most the default share",
         ));
     }
-    if !(default <= 1.0) {
+    if default.is_nan() || default > 1.0 {
         return Err(ConfigError::new(
             "class_shares.default",
             "must be at most 1",

@@ -226,11 +226,7 @@ impl Gate {
 
     /// A request of `class` leaves its slot; with a controller, `sample`
     /// tells how (`None`: a slot handed to a waiter that had left).
-    fn release(
-        &self,
-        class: Criticality,
-        sample: Option<(u64, Instant, Option<(Duration, Outcome)>)>,
-    ) {
+    fn release(&self, class: Criticality, sample: Option<Left>) {
         let now = self.now();
         let mut st = self.state.lock();
         st.in_flight -= 1;
@@ -295,6 +291,10 @@ impl Gate {
         }
     }
 }
+
+/// How a slot of an adaptive gate was left: its probe epoch, when it was
+/// taken, and the answer's latency and outcome (`None`: dropped first).
+type Left = (u64, Instant, Option<(Duration, Outcome)>);
 
 /// A slot of the gate. Dropping it gives the slot back, with the answer
 /// recorded by [`answered`](Self::answered), or as a dropped request when
