@@ -46,11 +46,19 @@ struct State {
     shed: [u64; 3],
 }
 
-#[derive(Debug)]
 pub(crate) struct Gate {
     pub(crate) config: GateConfig,
     state: Mutex<State>,
     telemetry: Telemetry,
+}
+
+impl std::fmt::Debug for Gate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gate")
+            .field("config", &self.config)
+            .field("stats", &self.stats())
+            .finish()
+    }
 }
 
 /// Why a gate refused, and its limit then.

@@ -25,7 +25,24 @@ type TenantFn<Req> = Arc<dyn Fn(&Req) -> Option<Arc<str>> + Send + Sync>;
 /// Reads a call's result as an [`Outcome`] of the limit.
 ///
 /// Implemented by [`ErrorIsOverload`] (the default) and by every
-/// `Fn(&Result<Res, E>) -> Outcome`.
+/// `Fn(&Result<Res, E>) -> Outcome`: here a dependency's 429 and 503 back
+/// the limit off, its 404 says nothing of its load.
+///
+/// ```
+/// use tower_admission::concurrency::{AdaptiveLimit, AdaptiveLimitLayer, Outcome};
+///
+/// type Answer = Result<http::Response<String>, std::io::Error>;
+/// let limit = AdaptiveLimitLayer::<http::Request<String>>::builder(AdaptiveLimit::default())
+///     .outcome(|answer: &Answer| match answer {
+///         Ok(r) if r.status() == 429 || r.status() == 503 => Outcome::Overload,
+///         Ok(r) if r.status() == 404 => Outcome::Ignore,
+///         Ok(_) => Outcome::Success,
+///         Err(_) => Outcome::Overload,
+///     })
+///     .build()
+///     .unwrap();
+/// # let _ = limit;
+/// ```
 pub trait ClassifyOutcome<Res, E> {
     /// The outcome of `result`.
     fn outcome(&self, result: &Result<Res, E>) -> Outcome;
@@ -55,7 +72,7 @@ where
     }
 }
 
-/// A refusal of an [`AdaptiveLimitLayer`].
+/// A refusal of an [`AdaptiveLimitLayer`]; [`LimitError`] has an example.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Overloaded {
@@ -81,7 +98,35 @@ impl fmt::Display for Overloaded {
 
 impl StdError for Overloaded {}
 
-/// The error of an [`AdaptiveLimit`](AdaptiveLimitService)d service.
+/// The error of an [`AdaptiveLimitService`].
+///
+/// ```
+/// use std::time::Duration;
+/// use tower::{service_fn, Layer, ServiceExt};
+/// use tower_admission::concurrency::{AdaptiveLimit, AdaptiveLimitLayer, LimitError, OverloadReason};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let limit = AdaptiveLimitLayer::<u32>::builder(AdaptiveLimit::default()).build().unwrap();
+/// let svc = limit.layer(service_fn(|_: u32| async {
+///     tokio::time::sleep(Duration::from_millis(10)).await;
+///     Ok::<_, std::io::Error>(())
+/// }));
+/// // The first baseline probe admits 3 at a time: the 4th is refused.
+/// let held: Vec<_> = (0..3).map(|n| tokio::spawn(svc.clone().oneshot(n))).collect();
+/// tokio::task::yield_now().await;
+/// match svc.clone().oneshot(4).await {
+///     Err(LimitError::Overloaded(refused)) => {
+///         assert_eq!(refused.reason, OverloadReason::QueueFull);
+///         assert_eq!(refused.retry_after, Duration::from_secs(1));
+///     }
+///     other => panic!("{other:?}"),
+/// }
+/// for call in held {
+///     call.await.unwrap().unwrap();
+/// }
+/// # }
+/// ```
 #[derive(Debug)]
 pub enum LimitError<E> {
     /// Refused by the limit; the inner service was not called.
@@ -197,7 +242,7 @@ impl<S, Req, O: Clone> Layer<S> for AdaptiveLimitLayer<Req, O> {
     }
 }
 
-/// Builder of an [`AdaptiveLimitLayer`].
+/// Builder of an [`AdaptiveLimitLayer`]; the layer's docs have an example.
 pub struct AdaptiveLimitLayerBuilder<Req, O = ErrorIsOverload> {
     limit: AdaptiveLimit,
     queue: usize,
@@ -343,7 +388,8 @@ fn overloaded(gate: &Gate, refusal: GateRefusal) -> Overloaded {
     }
 }
 
-/// A service behind an [`AdaptiveLimitLayer`].
+/// A service behind an [`AdaptiveLimitLayer`]; the layer's docs have an
+/// example.
 pub struct AdaptiveLimitService<S, Req, O = ErrorIsOverload> {
     inner: S,
     layer: AdaptiveLimitLayer<Req, O>,
@@ -367,7 +413,8 @@ impl<S: fmt::Debug, Req, O> fmt::Debug for AdaptiveLimitService<S, Req, O> {
     }
 }
 
-/// The response future of an [`AdaptiveLimitService`].
+/// The response future of an [`AdaptiveLimitService`] (boxed: an outbound
+/// call costs far more than the allocation).
 pub type LimitFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, LimitError<E>>> + Send>>;
 
 impl<S, Req, O> Service<Req> for AdaptiveLimitService<S, Req, O>

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use super::class::Criticality;
 
-/// One criticality class's counts.
+/// One criticality class's counts; [`LimitStats`] has an example.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ClassStats {
