@@ -350,3 +350,43 @@ async fn a_flooding_tenant_gets_its_fair_share_and_no_more() {
         (8550, 950, 0, 8550),
     );
 }
+
+/// Sheddable work alone, held to half the limit, still reaches the
+/// dependency's capacity: its requests that find no slot are evidence that
+/// the limit is used, so the limit grows until the latency says stop.
+#[tokio::test(start_paused = true)]
+async fn a_class_held_to_its_share_still_fills_the_capacity() {
+    const C: usize = 20;
+    let dep = Dependency::start(C);
+    let layer = ConcurrencyLayer::builder()
+        .global_adaptive(AdaptiveLimit::default(), 0, Duration::ZERO)
+        .criticality(plan_class)
+        .class_shares(0.5, 0.9)
+        .build()
+        .unwrap();
+    let svc = layer.layer(dependency_service(dep));
+    let streams = [Stream {
+        name: "sheddable",
+        tenant: "b".into(),
+        plan: "free",
+        per_ms: 2.0 * C as f64 / BASE.as_millis() as f64,
+    }];
+    let run = Duration::from_secs(20);
+    let count_from = Duration::from_secs(5);
+    let tallies = drive(svc, &streams, run, count_from).await;
+    let mut tallies = tallies.lock().unwrap();
+    let sheddable = tallies.get_mut("sheddable").unwrap();
+    let capacity = (run - count_from).as_millis() as usize * C / BASE.as_millis() as usize;
+    assert!(
+        sheddable.ok * 100 >= capacity * 95,
+        "{} of {capacity}",
+        sheddable.ok
+    );
+    let p99 = sheddable.p99();
+    assert!(p99 <= 2 * BASE, "{p99:?}");
+    let limit = layer.stats().limit.unwrap().limit;
+    assert_eq!(
+        (sheddable.ok, p99, limit),
+        (15002, Duration::from_millis(27), 53)
+    );
+}

@@ -101,6 +101,8 @@ pub(crate) struct Controller {
     overloads: u32,
     /// Most requests in flight since the window began.
     max_in_flight: usize,
+    /// A request found no slot it could take since the window began.
+    pressed: bool,
     probe: Option<Probe>,
     next_probe: Instant,
     /// Counts probes: a request admitted during the current probe carries
@@ -123,6 +125,7 @@ impl Controller {
             samples: Samples::default(),
             overloads: 0,
             max_in_flight: 0,
+            pressed: false,
             probe: Some(Probe {
                 saved: cfg.initial as f64,
                 samples: Samples::default(),
@@ -162,6 +165,12 @@ impl Controller {
     /// A request was admitted; `in_flight` counts it.
     pub(crate) fn admitted(&mut self, in_flight: usize) {
         self.max_in_flight = self.max_in_flight.max(in_flight);
+    }
+
+    /// A request found no slot it could take (it queued or was refused):
+    /// the limit, or its class's share of it, was used up.
+    pub(crate) fn pressed(&mut self) {
+        self.pressed = true;
     }
 
     /// A request admitted under `epoch` left after `elapsed`, as `sample`
@@ -250,8 +259,8 @@ impl Controller {
             0.0
         };
         let mut target = self.limit * gradient + headroom;
-        let used =
-            self.max_in_flight as f64 >= self.cfg.utilisation * self.limit && !self.after_probe;
+        let used = (self.pressed || self.max_in_flight as f64 >= self.cfg.utilisation * self.limit)
+            && !self.after_probe;
         if target > self.limit && !used {
             target = self.limit;
         }
@@ -265,6 +274,7 @@ impl Controller {
         self.samples.clear();
         self.overloads = 0;
         self.max_in_flight = in_flight;
+        self.pressed = false;
     }
 }
 

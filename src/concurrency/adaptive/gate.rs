@@ -166,6 +166,9 @@ impl Gate {
             self.telemetry.moved(class, 1, 0);
             return GateBegin::Ready(Ticket::new(self, class, now, epoch));
         }
+        if let Some(c) = &mut st.controller {
+            c.pressed();
+        }
         let pushed = if self.config.queue == 0 {
             Err(Full::Queue)
         } else {

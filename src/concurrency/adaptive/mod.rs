@@ -39,8 +39,9 @@
 //!
 //! **Below capacity** the limit neither drifts up nor collapses. It grows
 //! only after a window in which the requests in flight reached
-//! `utilisation` (0.8) of it: a limit that was not used gives no evidence
-//! that more would be served as fast. The window right after a probe never
+//! `utilisation` (0.8) of it, or a request found no slot it could take (its
+//! class's share was full, or it queued): a limit that was not used gives no
+//! evidence that more would be served as fast. The window right after a probe never
 //! grows it either (the requests the probe held back crowd in at once, which
 //! says nothing of demand). An idle service closes no window, so its limit
 //! stays where it was, and no probe starts until requests come back.

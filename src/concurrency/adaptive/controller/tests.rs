@@ -229,3 +229,32 @@ fn the_probe_level_is_not_the_floor() {
     let c = Controller::new(cfg(), t0);
     assert_eq!((c.limit(), cfg().floor()), (3, 10));
 }
+
+/// A class held to its share of the limit never fills the limit itself:
+/// its requests finding no slot are the evidence instead.
+#[test]
+fn requests_finding_no_slot_are_evidence_of_use() {
+    let (mut c, now) = measured();
+    // 50 of 100 in flight (a sheddable share of 0.5, say), latency at the
+    // baseline: no growth; then a request that found no slot, and the limit
+    // grows as in `latency_at_the_goal_grows_only_a_used_limit`.
+    let now = window(
+        &mut c,
+        now,
+        20,
+        20 * MS,
+        Sample::Answered(Outcome::Success),
+        50,
+    );
+    assert_eq!(c.limit(), 100);
+    c.pressed();
+    window(
+        &mut c,
+        now,
+        20,
+        20 * MS,
+        Sample::Answered(Outcome::Success),
+        50,
+    );
+    assert_eq!(c.limit(), 117);
+}
