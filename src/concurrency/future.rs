@@ -6,6 +6,7 @@ use std::task::{ready, Context, Poll};
 use http::Response;
 use pin_project_lite::pin_project;
 
+use super::adaptive::Outcome;
 use super::body::PermitBody;
 use super::state::{AcquireFuture, Guard, Refusal};
 use crate::reject::{OverloadScope, Protocol, RefusalBody, Rejection};
@@ -117,6 +118,18 @@ fn refusal_response<B: RefusalBody>(
     response
 }
 
+/// How an answer of the inner service moves an adaptive limit: a 503 or
+/// 504, or an error, is an overload; any other response a latency sample.
+fn http_outcome<B, E>(result: &Result<Response<B>, E>) -> Outcome {
+    match result {
+        Ok(response) => match response.status().as_u16() {
+            503 | 504 => Outcome::Overload,
+            _ => Outcome::Success,
+        },
+        Err(_) => Outcome::Overload,
+    }
+}
+
 impl<F, B, E> Future for ResponseFuture<F>
 where
     F: Future<Output = Result<Response<B>, E>>,
@@ -129,7 +142,8 @@ where
         loop {
             if let Some(fut) = this.fut.as_mut().as_pin_mut() {
                 let result = ready!(fut.poll(cx));
-                let guard = this.guard.take().expect("polled after completion");
+                let mut guard = this.guard.take().expect("polled after completion");
+                guard.answered(|| http_outcome(&result));
                 return Poll::Ready(match result {
                     Ok(response) => Ok(response.map(|body| PermitBody::new(body, guard))),
                     // The inner service failed: there is no body to hold

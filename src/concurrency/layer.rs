@@ -4,8 +4,14 @@ use std::time::Duration;
 
 use tower::Layer;
 
+use super::adaptive::gate::{Gate, GateConfig, Source};
+use super::adaptive::{check_queue, gate_shares, AdaptiveLimit, Criticality};
+#[cfg(doc)]
+use super::adaptive::{DEFAULT_DEFAULT_SHARE, DEFAULT_SHEDDABLE_SHARE};
+use super::permits::Limits;
+use super::reason::ConcurrencyStats;
 use super::service::Concurrency;
-use super::state::{ConcurrencyStats, Limits, Shared};
+use super::state::{GlobalGate, PartsFn, Shared};
 use crate::ConfigError;
 
 /// Default for [`ConcurrencyLayerBuilder::max_identities`].
@@ -73,6 +79,7 @@ impl fmt::Debug for ConcurrencyLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ConcurrencyLayer")
             .field("global", &self.shared.global.as_ref().map(|cap| cap.limits))
+            .field("gate", &self.shared.gate)
             .field(
                 "per_identity",
                 &self.shared.per_identity.as_ref().map(|ids| ids.limits),
@@ -90,21 +97,44 @@ struct CapConfig {
 }
 
 /// Builder of a [`ConcurrencyLayer`]; see [`ConcurrencyLayer::builder`].
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ConcurrencyLayerBuilder {
     global: Option<CapConfig>,
+    adaptive: Option<(AdaptiveLimit, usize, Duration)>,
     per_identity: Option<CapConfig>,
     max_identities: usize,
     retry_after: Option<Duration>,
+    class: Option<PartsFn<Criticality>>,
+    tenant: Option<PartsFn<Option<Arc<str>>>>,
+    shares: Option<(f64, f64)>,
+}
+
+impl fmt::Debug for ConcurrencyLayerBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConcurrencyLayerBuilder")
+            .field("global", &self.global)
+            .field("adaptive", &self.adaptive)
+            .field("per_identity", &self.per_identity)
+            .field("max_identities", &self.max_identities)
+            .field("retry_after", &self.retry_after)
+            .field("classified", &self.class.is_some())
+            .field("fair", &self.tenant.is_some())
+            .field("shares", &self.shares)
+            .finish()
+    }
 }
 
 impl Default for ConcurrencyLayerBuilder {
     fn default() -> Self {
         ConcurrencyLayerBuilder {
             global: None,
+            adaptive: None,
             per_identity: None,
             max_identities: DEFAULT_MAX_IDENTITIES,
             retry_after: None,
+            class: None,
+            tenant: None,
+            shares: None,
         }
     }
 }
@@ -122,6 +152,59 @@ impl ConcurrencyLayerBuilder {
             queue,
             deadline,
         });
+        self
+    }
+
+    /// A service-wide cap whose limit adapts to the latency (see
+    /// [`adaptive`](crate::concurrency::adaptive)), with at most `queue`
+    /// more requests *per class* waiting up to `deadline` each. Refusals are
+    /// 503, with the limit in force advertised in the `RateLimit` fields.
+    /// Use it instead of [`global`](Self::global), not beside it.
+    ///
+    /// A request of an identity takes its identity permit first and then
+    /// waits for the adaptive limit, in two steps: unlike the fixed cap, a
+    /// permit freed here goes to the gate's own queue only.
+    pub fn global_adaptive(
+        mut self,
+        limit: AdaptiveLimit,
+        queue: usize,
+        deadline: Duration,
+    ) -> Self {
+        self.adaptive = Some((limit, queue, deadline));
+        self
+    }
+
+    /// The [`Criticality`] of a request, from its head (its
+    /// [`Identity`](crate::identity::Identity)'s plan, its route): each
+    /// class may fill only its share of the global limit (see
+    /// [`class_shares`](Self::class_shares)), and waiters are served most
+    /// critical first. Needs a global cap, fixed or adaptive; with a fixed
+    /// one, `queue` places are kept per class.
+    pub fn criticality(
+        mut self,
+        class: impl Fn(&http::request::Parts) -> Criticality + Send + Sync + 'static,
+    ) -> Self {
+        self.class = Some(Arc::new(class));
+        self
+    }
+
+    /// The tenant a request is queued fairly under in the global queue (for
+    /// example the [`Identity`](crate::identity::Identity)'s tenant): each
+    /// tenant waits in its own sub-queue, served round-robin, holding at
+    /// most its fair share of the places. Needs a global cap.
+    pub fn fair_by(
+        mut self,
+        tenant: impl Fn(&http::request::Parts) -> Option<Arc<str>> + Send + Sync + 'static,
+    ) -> Self {
+        self.tenant = Some(Arc::new(tenant));
+        self
+    }
+
+    /// The share of the global limit sheddable and default requests may
+    /// fill (defaults [`DEFAULT_SHEDDABLE_SHARE`] and
+    /// [`DEFAULT_DEFAULT_SHARE`] with [`criticality`](Self::criticality)).
+    pub fn class_shares(mut self, sheddable: f64, default: f64) -> Self {
+        self.shares = Some((sheddable, default));
         self
     }
 
@@ -164,6 +247,8 @@ impl ConcurrencyLayerBuilder {
             .global
             .map(|c| limits(c, self.retry_after, ["global.limit", "global.deadline"]))
             .transpose()?;
+        let gate = self.gate(global)?;
+        let global = if gate.is_some() { None } else { global };
         let per_identity = self
             .per_identity
             .map(|c| {
@@ -174,7 +259,7 @@ impl ConcurrencyLayerBuilder {
                 )
             })
             .transpose()?;
-        if global.is_none() && per_identity.is_none() {
+        if global.is_none() && gate.is_none() && per_identity.is_none() {
             return Err(ConfigError::new(
                 "global",
                 "configure a global cap, a per-identity cap, or both",
@@ -192,8 +277,55 @@ impl ConcurrencyLayerBuilder {
             retry_after: retry_after(self.retry_after, Duration::ZERO),
         };
         Ok(ConcurrencyLayer {
-            shared: Shared::new(global, per_identity, identity_map),
+            shared: Shared::new(global, gate, per_identity, identity_map),
         })
+    }
+
+    /// The global gate, when the global cap is adaptive or has classes or
+    /// tenants.
+    fn gate(&self, fixed: Option<Limits>) -> Result<Option<GlobalGate>, ConfigError> {
+        let shaped = self.class.is_some() || self.tenant.is_some() || self.shares.is_some();
+        let (source, limits) = match (self.adaptive, fixed) {
+            (Some(_), Some(_)) => {
+                return Err(ConfigError::new(
+                    "global_adaptive",
+                    "configure either a fixed or an adaptive global cap",
+                ))
+            }
+            (Some((limit, queue, deadline)), None) => {
+                limit.validate()?;
+                check_queue(queue, deadline)?;
+                let limits = Limits {
+                    limit: limit.initial,
+                    queue,
+                    deadline,
+                    retry_after: retry_after(self.retry_after, deadline),
+                };
+                (Source::Adaptive(limit), limits)
+            }
+            (None, Some(limits)) if shaped => (Source::Fixed(limits.limit), limits),
+            (None, Some(_)) => return Ok(None),
+            (None, None) if shaped => {
+                return Err(ConfigError::new(
+                    "criticality",
+                    "classes, tenants and class shares need a global cap",
+                ))
+            }
+            (None, None) => return Ok(None),
+        };
+        let gate = Gate::new(GateConfig {
+            source,
+            shares: gate_shares(self.shares, self.class.is_some())?,
+            queue: limits.queue,
+            deadline: limits.deadline,
+            scope: Arc::from("global"),
+        });
+        Ok(Some(GlobalGate {
+            gate,
+            class: self.class.clone(),
+            tenant: self.tenant.clone(),
+            limits,
+        }))
     }
 }
 

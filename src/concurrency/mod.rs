@@ -44,6 +44,18 @@
 //! by a full global queue. The worst-case queueing time is the sum of both
 //! deadlines.
 //!
+//! # Adaptive limits, classes and fair queues
+//!
+//! The global cap may instead follow the latency, with
+//! [`global_adaptive`](ConcurrencyLayerBuilder::global_adaptive); and a
+//! global cap, fixed or adaptive, may give each
+//! [`criticality`](ConcurrencyLayerBuilder::criticality) class its share of
+//! the limit and queue each tenant fairly
+//! ([`fair_by`](ConcurrencyLayerBuilder::fair_by)). The same limit guards a
+//! client on its own as an [`AdaptiveLimitLayer`]. See [`adaptive`] for the
+//! algorithm, its parameters and its guarantees. A plain fixed cap (no
+//! classes, no tenants) keeps the path described here.
+//!
 //! # Refusals
 //!
 //! | cap | status | `RateLimit` fields | why |
@@ -51,6 +63,7 @@
 //! | global | 503 + `Retry-After` | `"global-concurrency"` | the *service* is full; nothing the caller did caused it |
 //! | per identity | 429 + `Retry-After` | `"concurrency"` | the *caller* has too much in flight; it can fix that by waiting for its own requests |
 //! | identity map full | 503 + `Retry-After` of 1 s, as for a cap with no queue | none: the map counts callers, not requests | the service cannot track another caller |
+//! | tenant's share of a fair queue full | 503 + `Retry-After` | `"global-concurrency"` | the tenant holds its share of the queue ([`OverloadReason::TenantQueueFull`]) |
 //!
 //! A cap's `RateLimit-Policy` and `RateLimit` fields (HTTP only) advertise
 //! it as a quota of its limit in concurrent requests, none of them left
@@ -186,14 +199,21 @@
 //! # let _ = app;
 //! ```
 
+pub mod adaptive;
 mod body;
 mod future;
+mod gauges;
 mod layer;
+mod permits;
+mod reason;
 mod service;
 mod state;
 
+pub use adaptive::{
+    AdaptiveLimit, AdaptiveLimitLayer, ClassStats, Criticality, LimitError, LimitStats, Outcome,
+};
 pub use body::PermitBody;
 pub use future::ResponseFuture;
 pub use layer::{ConcurrencyLayer, ConcurrencyLayerBuilder, DEFAULT_MAX_IDENTITIES};
+pub use reason::{ConcurrencyStats, OverloadReason};
 pub use service::Concurrency;
-pub use state::{ConcurrencyStats, OverloadReason};

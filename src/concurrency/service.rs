@@ -5,10 +5,13 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower::Service;
 
+use super::adaptive::gate::GateBegin;
+use super::adaptive::Criticality;
 use super::body::PermitBody;
-use super::future::ResponseFuture;
+use super::future::{CallInner, ResponseFuture};
 use super::layer::ConcurrencyLayer;
-use super::state::{Begin, ConcurrencyStats, Shared};
+use super::reason::ConcurrencyStats;
+use super::state::{Begin, Shared};
 use crate::identity::Identity;
 use crate::reject::{Protocol, RefusalBody};
 
@@ -81,6 +84,9 @@ where
 
     #[inline]
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        if self.shared.gate.is_some() {
+            return self.call_gated(req);
+        }
         let subject = req
             .extensions()
             .get::<Identity>()
@@ -92,24 +98,104 @@ where
             }
             Begin::Wait(acquire) => {
                 let protocol = Protocol::of(req.headers());
-                // The waiter gets a clone, polled ready once it holds its
-                // permits. The service `poll_ready` made ready is replaced by
-                // a fresh clone and dropped, giving up whatever its readiness
-                // reserved (a `Buffer` slot, a `ConcurrencyLimit` permit): a
-                // request waiting in the queue holds nothing of the inner
-                // service.
-                let mut inner = self.inner.clone();
-                self.inner = self.inner.clone();
-                let mut req = Some(req);
-                let call = move |cx: &mut Context<'_>| match inner.poll_ready(cx) {
-                    Poll::Pending => Poll::Pending,
-                    Poll::Ready(Err(e)) => Poll::Ready(Err(Err(e))),
-                    Poll::Ready(Ok(())) => {
-                        let req = req.take().expect("called after completion");
-                        Poll::Ready(Ok(inner.call(req)))
+                let call = self.deferred(req);
+                ResponseFuture::waiting(acquire, call, protocol)
+            }
+        }
+    }
+}
+
+impl<S> Concurrency<S> {
+    /// The call of a request that must wait: a clone, polled ready once it
+    /// holds its permits. The service `poll_ready` made ready is replaced by
+    /// a fresh clone and dropped, giving up whatever its readiness reserved
+    /// (a `Buffer` slot, a `ConcurrencyLimit` permit): a request waiting in
+    /// the queue holds nothing of the inner service.
+    fn deferred<ReqBody, ResBody>(&mut self, req: Request<ReqBody>) -> CallInner<S::Future>
+    where
+        S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+        ReqBody: Send + 'static,
+    {
+        let mut inner = self.inner.clone();
+        self.inner = self.inner.clone();
+        let mut req = Some(req);
+        Box::new(move |cx: &mut Context<'_>| match inner.poll_ready(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Err(e)) => Poll::Ready(Err(Err(e))),
+            Poll::Ready(Ok(())) => {
+                let req = req.take().expect("called after completion");
+                Poll::Ready(Ok(inner.call(req)))
+            }
+        })
+    }
+
+    /// Admission when the global cap is a gate: the identity step first,
+    /// then the gate's, one after the other.
+    fn call_gated<ReqBody, ResBody>(&mut self, req: Request<ReqBody>) -> ResponseFuture<S::Future>
+    where
+        S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+        ReqBody: Send + 'static,
+    {
+        let Some(global) = &self.shared.gate else {
+            unreachable!("called without a gate");
+        };
+        let (parts, body) = req.into_parts();
+        let class = global
+            .class
+            .as_ref()
+            .map_or(Criticality::Default, |f| f(&parts));
+        let tenant = global.tenant.as_ref().and_then(|f| f(&parts));
+        let req = Request::from_parts(parts, body);
+        let gate = Arc::clone(&global.gate);
+        let protocol = Protocol::of(req.headers());
+        let subject = req
+            .extensions()
+            .get::<Identity>()
+            .map(Identity::subject_arc);
+        let shared = Arc::clone(&self.shared);
+        match self.shared.begin(subject) {
+            Begin::Refused(refusal) => ResponseFuture::refused(refusal, protocol),
+            Begin::Ready(mut guard) => match gate.begin(class, tenant.as_ref()) {
+                GateBegin::Ready(ticket) => {
+                    guard.ticket = Some(Box::new(ticket));
+                    ResponseFuture::calling(self.inner.call(req), guard)
+                }
+                GateBegin::Refused(refusal) => {
+                    drop(guard);
+                    ResponseFuture::refused(shared.gate_refusal(refusal), protocol)
+                }
+                GateBegin::Wait(waiter) => {
+                    let acquire = Box::pin(async move {
+                        match waiter.wait().await {
+                            Ok(ticket) => {
+                                guard.ticket = Some(Box::new(ticket));
+                                Ok(guard)
+                            }
+                            Err(refusal) => Err(shared.gate_refusal(refusal)),
+                        }
+                    });
+                    let call = self.deferred(req);
+                    ResponseFuture::waiting(acquire, call, protocol)
+                }
+            },
+            Begin::Wait(identity) => {
+                let acquire = Box::pin(async move {
+                    let mut guard = identity.await?;
+                    let ticket = match gate.begin(class, tenant.as_ref()) {
+                        GateBegin::Ready(ticket) => Ok(ticket),
+                        GateBegin::Refused(refusal) => Err(refusal),
+                        GateBegin::Wait(waiter) => waiter.wait().await,
+                    };
+                    match ticket {
+                        Ok(ticket) => {
+                            guard.ticket = Some(Box::new(ticket));
+                            Ok(guard)
+                        }
+                        Err(refusal) => Err(shared.gate_refusal(refusal)),
                     }
-                };
-                ResponseFuture::waiting(acquire, Box::new(call), protocol)
+                });
+                let call = self.deferred(req);
+                ResponseFuture::waiting(acquire, call, protocol)
             }
         }
     }

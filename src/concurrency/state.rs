@@ -1,13 +1,11 @@
 //! Shared state of a concurrency layer: the global cap, the per-identity map
 //! and the refusal counters.
 
-use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use ahash::RandomState;
 use hashbrown::HashTable;
@@ -16,402 +14,32 @@ use tokio::sync::oneshot;
 
 use crate::reject::{OverloadScope, Rejection};
 
-/// Why a concurrency cap refused a request.
-///
-/// Inserted into the response extensions of every refusal, beside the
-/// [`Rejection`], so tests and logs can tell the cases apart.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum OverloadReason {
-    /// All permits were taken and the wait queue was full (or has length 0):
-    /// refused at once, without waiting.
-    QueueFull,
-    /// The request waited in the queue for the whole queue deadline without
-    /// getting a permit.
-    DeadlinePassed,
-    /// The per-identity map already tracks `max_identities` distinct
-    /// identities and this one is new: refused at once with
-    /// [`OverloadScope::Global`] (503), since the service, not the caller, is
-    /// full.
-    TooManyIdentities,
+use super::adaptive::gate::{Gate, GateRefusal, Ticket};
+use super::adaptive::{Criticality, Outcome};
+use super::gauges::{gauge_given_back, gauge_taken, moved, Moves};
+use super::permits::{Given, GlobalLocked, Handoff, Limits, Permits, Take};
+use super::reason::{ConcurrencyStats, OverloadReason};
+
+/// A global cap that is a gate, with the functions that give a request's
+/// class and tenant.
+pub(crate) struct GlobalGate {
+    pub(crate) gate: Arc<Gate>,
+    pub(crate) class: Option<PartsFn<Criticality>>,
+    pub(crate) tenant: Option<PartsFn<Option<Arc<str>>>>,
+    /// Its queue, deadline and `Retry-After`; the limit moves.
+    pub(crate) limits: Limits,
 }
 
-impl OverloadReason {
-    /// Short kebab-case name, for logs and metric labels.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            OverloadReason::QueueFull => "queue-full",
-            OverloadReason::DeadlinePassed => "deadline-passed",
-            OverloadReason::TooManyIdentities => "too-many-identities",
-        }
-    }
-}
+/// A function of a request's head.
+pub(crate) type PartsFn<T> = Arc<dyn Fn(&http::request::Parts) -> T + Send + Sync>;
 
-impl fmt::Display for OverloadReason {
+impl fmt::Debug for GlobalGate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// The settings of one cap.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Limits {
-    pub(crate) limit: usize,
-    pub(crate) queue: usize,
-    pub(crate) deadline: Duration,
-    pub(crate) retry_after: Duration,
-}
-
-/// The gauges' keys and metadata, as `metrics::gauge!` builds them (in
-/// `static`s, since every name and label is a literal), so that one step
-/// moves all its gauges with one look-up of the recorder.
-#[cfg(feature = "metrics")]
-mod keys {
-    use metrics::{Key, Label};
-
-    const IN_FLIGHT: &str = "tower_admission_concurrency_in_flight";
-    const QUEUED: &str = "tower_admission_concurrency_queued";
-    static GLOBAL: [Label; 1] = [Label::from_static_parts("scope", "global")];
-    static IDENTITY: [Label; 1] = [Label::from_static_parts("scope", "identity")];
-
-    /// `in_flight` then `queued`, of scope `global`, then of `identity`.
-    pub(super) static SCOPED: [[Key; 2]; 2] = [
-        [
-            Key::from_static_parts(IN_FLIGHT, &GLOBAL),
-            Key::from_static_parts(QUEUED, &GLOBAL),
-        ],
-        [
-            Key::from_static_parts(IN_FLIGHT, &IDENTITY),
-            Key::from_static_parts(QUEUED, &IDENTITY),
-        ],
-    ];
-    pub(super) static TRACKED: Key =
-        Key::from_static_name("tower_admission_concurrency_tracked_identities");
-}
-
-/// The metadata `metrics::gauge!` gives a gauge registered here.
-#[cfg(feature = "metrics")]
-static METADATA: metrics::Metadata<'static> =
-    metrics::Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
-
-/// Index of `scope` in [`keys::SCOPED`].
-#[cfg(feature = "metrics")]
-fn scope_index(scope: OverloadScope) -> usize {
-    match scope {
-        OverloadScope::Global => 0,
-        _ => 1,
-    }
-}
-
-/// Moves the `tower_admission_concurrency_in_flight` gauge of `scope` by
-/// `delta`.
-#[inline]
-fn gauge_in_flight(scope: OverloadScope, delta: f64) {
-    #[cfg(feature = "metrics")]
-    metrics::with_recorder(|r| {
-        r.register_gauge(&keys::SCOPED[scope_index(scope)][0], &METADATA)
-            .increment(delta)
-    });
-    #[cfg(not(feature = "metrics"))]
-    let _ = (scope, delta);
-}
-
-/// Moves the `tower_admission_concurrency_queued` gauge of `scope` by
-/// `delta`.
-#[inline]
-fn gauge_queued(scope: OverloadScope, delta: f64) {
-    #[cfg(feature = "metrics")]
-    metrics::with_recorder(|r| {
-        r.register_gauge(&keys::SCOPED[scope_index(scope)][1], &METADATA)
-            .increment(delta)
-    });
-    #[cfg(not(feature = "metrics"))]
-    let _ = (scope, delta);
-}
-
-/// Moves the gauges of `scope` after [`Permits::take`].
-fn gauge_taken(scope: OverloadScope, take: &Take) {
-    match take {
-        Take::Held => gauge_in_flight(scope, 1.0),
-        Take::Queued(_) => gauge_queued(scope, 1.0),
-        Take::QueueFull => {}
-    }
-}
-
-/// Moves the gauges of `scope` after [`Permits::give_back`]: a permit
-/// freed, or else one fewer waiter.
-fn gauge_given_back(scope: OverloadScope, freed: bool) {
-    if freed {
-        gauge_in_flight(scope, -1.0);
-    } else {
-        gauge_queued(scope, -1.0);
-    }
-}
-
-/// The gauge moves of one step under the map's lock, applied once the locks
-/// are released.
-#[derive(Default)]
-struct Moves {
-    /// Global permits held, then waiters.
-    global: [isize; 2],
-    /// Identity permits held, then waiters.
-    identity: [isize; 2],
-    tracked: isize,
-}
-
-/// `after - before`, per count.
-fn moved(total: &mut [isize; 2], before: [usize; 2], after: [usize; 2]) {
-    for ((total, before), after) in total.iter_mut().zip(before).zip(after) {
-        *total += after as isize - before as isize;
-    }
-}
-
-impl Moves {
-    /// Moves the gauges that moved, with one look-up of the recorder.
-    fn apply(self) {
-        #[cfg(feature = "metrics")]
-        if self.global != [0; 2] || self.identity != [0; 2] || self.tracked != 0 {
-            metrics::with_recorder(|r| {
-                let [[global_held, global_queued], [identity_held, identity_queued]] =
-                    &keys::SCOPED;
-                let bump = |key, delta: isize| {
-                    if delta != 0 {
-                        r.register_gauge(key, &METADATA).increment(delta as f64);
-                    }
-                };
-                bump(global_held, self.global[0]);
-                bump(global_queued, self.global[1]);
-                bump(identity_held, self.identity[0]);
-                bump(identity_queued, self.identity[1]);
-                bump(&keys::TRACKED, self.tracked);
-            });
-        }
-        #[cfg(not(feature = "metrics"))]
-        let _ = self;
-    }
-}
-
-/// One cap's permits and wait queue, kept under its owner's lock. `M` is
-/// what a waiter is handed with its permit.
-///
-/// A permit given back goes to the first waiter still waiting, so while any
-/// waiter waits every permit is held: a newcomer never passes the queue.
-#[derive(Debug)]
-struct Permits<M = ()> {
-    /// Permits taken: requests running or sending their body, and waiters
-    /// handed a permit they have not yet woken up to.
-    held: usize,
-    /// Waiters still waiting.
-    queued: usize,
-    /// The waiters in arrival order. A waiter that left keeps its (closed)
-    /// sender here until it is skipped or swept.
-    queue: VecDeque<oneshot::Sender<M>>,
-}
-
-impl<M> Default for Permits<M> {
-    fn default() -> Self {
-        Permits {
-            held: 0,
-            queued: 0,
-            queue: VecDeque::new(),
-        }
-    }
-}
-
-/// What [`Permits::take`] decided.
-enum Take<M = ()> {
-    Held,
-    Queued(oneshot::Receiver<M>),
-    QueueFull,
-}
-
-impl<M> Permits<M> {
-    /// Takes a permit if one is free, or else a place at the back of the
-    /// queue if fewer than `limits.queue` wait.
-    ///
-    /// One step under the owner's lock: a permit given back between a failed
-    /// take and the enqueue would reach no waiter, and this one would wait
-    /// with a permit free.
-    #[inline]
-    fn take(&mut self, limits: &Limits) -> Take<M> {
-        if self.held < limits.limit {
-            self.held += 1;
-            return Take::Held;
-        }
-        if self.queued >= limits.queue {
-            return Take::QueueFull;
-        }
-        while self.queue.front().is_some_and(oneshot::Sender::is_closed) {
-            self.queue.pop_front();
-        }
-        // Senders of waiters that left mid-queue: swept once they are as
-        // many as the live ones, so the queue stays within twice its bound.
-        if self.queue.len() > 2 * self.queued {
-            self.queue.retain(|tx| !tx.is_closed());
-        }
-        let (tx, rx) = oneshot::channel();
-        self.queue.push_back(tx);
-        self.queued += 1;
-        Take::Queued(rx)
-    }
-
-    /// True when [`take`](Self::take) would refuse.
-    fn is_full(&self, limits: &Limits) -> bool {
-        self.held >= limits.limit && self.queued >= limits.queue
-    }
-
-    fn counts(&self) -> [usize; 2] {
-        [self.held, self.queued]
-    }
-
-    fn is_idle(&self) -> bool {
-        self.held == 0 && self.queued == 0
-    }
-}
-
-impl Permits {
-    /// Gives one permit back: to the first waiter still waiting (true), or
-    /// to the cap (false).
-    #[inline]
-    fn release(&mut self) -> bool {
-        while let Some(tx) = self.queue.pop_front() {
-            if tx.send(()).is_ok() {
-                self.queued -= 1;
-                return true;
-            }
-        }
-        self.held -= 1;
-        false
-    }
-
-    /// Gives back a permit or, with `rx`, the place of a waiter that leaves
-    /// without waking up to a permit (and a permit handed to it meanwhile).
-    /// True when a permit was freed, false when one fewer waits.
-    fn give_back(&mut self, rx: Option<&mut oneshot::Receiver<()>>) -> bool {
-        let holds = match rx {
-            None => true,
-            Some(rx) => {
-                rx.close();
-                rx.try_recv().is_ok()
-            }
-        };
-        if holds {
-            !self.release()
-        } else {
-            self.queued -= 1;
-            false
-        }
-    }
-}
-
-/// What a request waiting in its identity queue is handed with its
-/// identity permit: the global step, taken for it in the same locked step
-/// that handed the permit over, so no newcomer can take the global permit
-/// between the two.
-#[derive(Debug)]
-enum Handoff {
-    /// The global permit too (or there is no global cap).
-    Held,
-    /// A place at the back of the global queue.
-    Queued(oneshot::Receiver<()>),
-    /// Nothing: the global queue was full, so the request is refused. A
-    /// request that leaves always frees a global permit or place for the
-    /// waiter it hands its identity permit to, so this is a backstop only.
-    Refused,
-}
-
-impl Permits<Handoff> {
-    /// Gives an identity permit back: to the first waiter still waiting,
-    /// with its global step taken for it from `global` (the global cap,
-    /// locked), or else to the entry.
-    fn release_identity(&mut self, mut global: Option<&mut GlobalLocked<'_>>) {
-        while let Some(tx) = self.queue.pop_front() {
-            if tx.is_closed() {
-                continue;
-            }
-            let handoff = match global.as_deref_mut() {
-                None => Handoff::Held,
-                Some(g) => match g.take() {
-                    Take::Held => Handoff::Held,
-                    Take::Queued(rx) => Handoff::Queued(rx),
-                    Take::QueueFull => Handoff::Refused,
-                },
-            };
-            let refused = matches!(handoff, Handoff::Refused);
-            match tx.send(handoff) {
-                Ok(()) => {
-                    self.queued -= 1;
-                    if !refused {
-                        return;
-                    }
-                }
-                // It left meanwhile: what was taken for it goes back.
-                Err(handoff) => {
-                    if let Some(g) = global.as_deref_mut() {
-                        g.give_back(Given::from(handoff));
-                    }
-                }
-            }
-        }
-        self.held -= 1;
-    }
-}
-
-/// The global cap's permits, under the lock they share with the map, with
-/// their counts when the step began.
-struct GlobalLocked<'a> {
-    limits: &'a Limits,
-    permits: &'a mut Permits,
-    before: [usize; 2],
-}
-
-/// What a request gives back of the global cap.
-enum Given {
-    Nothing,
-    Permit,
-    /// A place in the queue, with the permit handed to it meanwhile if any.
-    Place(oneshot::Receiver<()>),
-}
-
-impl From<Handoff> for Given {
-    fn from(handoff: Handoff) -> Self {
-        match handoff {
-            Handoff::Held => Given::Permit,
-            Handoff::Queued(rx) => Given::Place(rx),
-            Handoff::Refused => Given::Nothing,
-        }
-    }
-}
-
-impl<'a> GlobalLocked<'a> {
-    fn new(cap: &'a Cap, permits: &'a mut Permits) -> Self {
-        GlobalLocked {
-            limits: &cap.limits,
-            before: permits.counts(),
-            permits,
-        }
-    }
-
-    fn take(&mut self) -> Take {
-        self.permits.take(self.limits)
-    }
-
-    #[inline]
-    fn give_back(&mut self, given: Given) {
-        match given {
-            Given::Nothing => {}
-            Given::Permit => {
-                self.permits.release();
-            }
-            Given::Place(mut rx) => {
-                self.permits.give_back(Some(&mut rx));
-            }
-        }
-    }
-
-    /// Records how the counts moved.
-    fn finish(self, moves: &mut Moves) {
-        moved(&mut moves.global, self.before, self.permits.counts());
+        f.debug_struct("GlobalGate")
+            .field("gate", &self.gate)
+            .field("classified", &self.class.is_some())
+            .field("fair", &self.tenant.is_some())
+            .finish()
     }
 }
 
@@ -527,6 +155,7 @@ impl GlobalWaiter {
                 return Ok(Guard {
                     shared: Arc::clone(&self.shared),
                     identity: self.identity.take(),
+                    ticket: None,
                 });
             }
         }
@@ -589,6 +218,7 @@ impl IdentityWaiter {
             Handoff::Held => Ok(Guard {
                 identity: Some(at),
                 shared,
+                ticket: None,
             }),
             Handoff::Queued(rx) => {
                 GlobalWaiter {
@@ -625,6 +255,19 @@ impl Drop for IdentityWaiter {
 pub(crate) struct Guard {
     shared: Arc<Shared>,
     identity: Option<EntryRef>,
+    /// The global gate's slot, when the global cap is a gate (boxed: the
+    /// fixed caps' guard stays small).
+    pub(crate) ticket: Option<Box<Ticket>>,
+}
+
+impl Guard {
+    /// Records the inner service's answer for the adaptive limit, if any.
+    #[inline]
+    pub(crate) fn answered(&mut self, outcome: impl FnOnce() -> Outcome) {
+        if let Some(ticket) = &mut self.ticket {
+            ticket.answered(outcome());
+        }
+    }
 }
 
 impl Drop for Guard {
@@ -641,6 +284,7 @@ impl fmt::Debug for Guard {
         f.debug_struct("Guard")
             .field("global", &self.shared.global.is_some())
             .field("identity", &self.identity.is_some())
+            .field("gate", &self.ticket.is_some())
             .finish()
     }
 }
@@ -681,6 +325,9 @@ struct RefusalCounters {
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub(crate) global: Option<Cap>,
+    /// The global cap when it is a gate (adaptive, classes or fair
+    /// queues); `global` is then `None`.
+    pub(crate) gate: Option<GlobalGate>,
     pub(crate) per_identity: Option<PerIdentity>,
     locked: Mutex<Locked>,
     refusals: RefusalCounters,
@@ -689,11 +336,13 @@ pub(crate) struct Shared {
 impl Shared {
     pub(crate) fn new(
         global: Option<Limits>,
+        gate: Option<GlobalGate>,
         per_identity: Option<Limits>,
         identity_map: Limits,
     ) -> Arc<Self> {
         Arc::new(Shared {
             global: global.map(|limits| Cap { limits }),
+            gate,
             per_identity: per_identity.map(|limits| PerIdentity {
                 limits,
                 map_limits: identity_map,
@@ -734,7 +383,10 @@ impl Shared {
     fn refuse(&self, scope: OverloadScope, reason: OverloadReason, limits: &Limits) -> Refusal {
         let counter = match (scope, reason) {
             (_, OverloadReason::TooManyIdentities) => &self.refusals.too_many_identities,
-            (OverloadScope::Global, OverloadReason::QueueFull) => &self.refusals.global_queue_full,
+            (
+                OverloadScope::Global,
+                OverloadReason::QueueFull | OverloadReason::TenantQueueFull,
+            ) => &self.refusals.global_queue_full,
             (OverloadScope::Global, _) => &self.refusals.global_deadline,
             (OverloadScope::Identity, OverloadReason::QueueFull) => {
                 &self.refusals.identity_queue_full
@@ -782,6 +434,7 @@ impl Shared {
             return Begin::Ready(Guard {
                 shared: Arc::clone(self),
                 identity: None,
+                ticket: None,
             });
         };
         let take = self.locked.lock().global.take(&cap.limits);
@@ -790,6 +443,7 @@ impl Shared {
             Take::Held => Begin::Ready(Guard {
                 shared: Arc::clone(self),
                 identity: None,
+                ticket: None,
             }),
             Take::Queued(rx) => Begin::Wait(Box::pin(
                 GlobalWaiter {
@@ -901,6 +555,7 @@ impl Shared {
             Step::Held(at) => Begin::Ready(Guard {
                 shared: Arc::clone(self),
                 identity: Some(at),
+                ticket: None,
             }),
             Step::GlobalQueued(at, rx) => Begin::Wait(Box::pin(
                 GlobalWaiter {
@@ -997,12 +652,29 @@ impl Shared {
         moves.apply();
     }
 
+    /// The refusal of the global gate.
+    pub(crate) fn gate_refusal(&self, refusal: GateRefusal) -> Refusal {
+        let limits = match &self.gate {
+            Some(g) => Limits {
+                limit: refusal.limit,
+                ..g.limits
+            },
+            None => unreachable!("a gate refusal without a gate"),
+        };
+        self.refuse(OverloadScope::Global, refusal.reason, &limits)
+    }
+
     pub(crate) fn stats(&self) -> ConcurrencyStats {
         let r = &self.refusals;
-        let (global_in_flight, global_queued, tracked_identities) = {
+        let (mut global_in_flight, mut global_queued, tracked_identities) = {
             let locked = self.locked.lock();
             (locked.global.held, locked.global.queued, locked.map.len())
         };
+        let limit = self.gate.as_ref().map(|g| g.gate.stats());
+        if let Some(limit) = &limit {
+            global_in_flight = limit.in_flight;
+            global_queued = limit.queued;
+        }
         ConcurrencyStats {
             global_in_flight,
             global_queued,
@@ -1012,97 +684,7 @@ impl Shared {
             refused_identity_queue_full: r.identity_queue_full.load(Ordering::Relaxed),
             refused_identity_deadline: r.identity_deadline.load(Ordering::Relaxed),
             refused_too_many_identities: r.too_many_identities.load(Ordering::Relaxed),
+            limit,
         }
-    }
-}
-
-/// A snapshot of a concurrency layer's counters, for tests and metrics.
-///
-/// The gauges (`*_in_flight`, `*_queued`, `tracked_identities`) are read
-/// together in one step; the refusal counters one after the other, not
-/// atomically with them.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct ConcurrencyStats {
-    /// Requests holding a global permit: running, or sending their body.
-    pub global_in_flight: usize,
-    /// Requests waiting in the global queue.
-    pub global_queued: usize,
-    /// Identities with a request queued or in flight (the per-identity map's
-    /// size).
-    pub tracked_identities: usize,
-    /// Refused at once because the global queue was full (503).
-    pub refused_global_queue_full: u64,
-    /// Refused after waiting the global queue deadline (503).
-    pub refused_global_deadline: u64,
-    /// Refused at once because the identity's queue was full (429).
-    pub refused_identity_queue_full: u64,
-    /// Refused after waiting the per-identity queue deadline (429).
-    pub refused_identity_deadline: u64,
-    /// Refused because the per-identity map was full (503).
-    pub refused_too_many_identities: u64,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// One permit, two places in the queue.
-    const LIMITS: Limits = Limits {
-        limit: 1,
-        queue: 2,
-        deadline: Duration::from_secs(1),
-        retry_after: Duration::from_secs(1),
-    };
-
-    fn held(permits: &mut Permits) -> bool {
-        matches!(permits.take(&LIMITS), Take::Held)
-    }
-
-    fn queued(permits: &mut Permits) -> oneshot::Receiver<()> {
-        match permits.take(&LIMITS) {
-            Take::Queued(rx) => rx,
-            Take::Held => panic!("took a permit"),
-            Take::QueueFull => panic!("queue full"),
-        }
-    }
-
-    #[test]
-    fn senders_of_waiters_that_left_mid_queue_are_swept() {
-        let mut permits = Permits::default();
-        assert!(held(&mut permits));
-        let mut first = queued(&mut permits);
-        for _ in 0..1_000 {
-            // A waiter queues behind the first and leaves, as a request
-            // cancelled or timed out does.
-            let mut rx = queued(&mut permits);
-            assert!(!permits.give_back(Some(&mut rx)));
-            assert_eq!(permits.queued, 1);
-            assert!(permits.queue.len() <= 3, "{} senders", permits.queue.len());
-        }
-        // The permit goes to the first waiter, then back to the cap.
-        assert!(!permits.give_back(None));
-        assert_eq!(first.try_recv(), Ok(()));
-        assert_eq!((permits.held, permits.queued), (1, 0));
-        assert!(permits.give_back(None));
-        assert!(permits.is_idle());
-        assert!(permits.queue.is_empty());
-    }
-
-    #[test]
-    fn a_permit_handed_to_a_waiter_that_leaves_passes_on() {
-        let mut permits = Permits::default();
-        assert!(held(&mut permits));
-        let mut second = queued(&mut permits);
-        let mut third = queued(&mut permits);
-        assert!(matches!(permits.take(&LIMITS), Take::QueueFull));
-        // Handed to the second, which leaves before it woke up: the third
-        // gets it.
-        assert!(!permits.give_back(None));
-        assert!(!permits.give_back(Some(&mut second)));
-        assert_eq!(third.try_recv(), Ok(()));
-        assert_eq!((permits.held, permits.queued), (1, 0));
-        assert!(permits.give_back(None));
-        assert!(permits.is_idle());
     }
 }

@@ -1,0 +1,260 @@
+use super::*;
+
+const MS: Duration = Duration::from_millis(1);
+
+fn cfg() -> AdaptiveLimit {
+    AdaptiveLimit::default()
+        .initial(100)
+        .bounds(10, 400)
+        .window(Duration::from_millis(100), 10)
+        .probe(Duration::from_secs(60), 3, 5)
+}
+
+/// A controller past its first probe, whose requests answered in 20 ms:
+/// baseline 20 ms, limit 100, at `t0 + 1 s`.
+fn measured() -> (Controller, Instant) {
+    let t0 = Instant::now();
+    let mut c = Controller::new(cfg(), t0);
+    assert!(c.probing());
+    assert_eq!(c.limit(), 3);
+    let now = t0 + Duration::from_secs(1);
+    for i in 0..5 {
+        let moved = c.sample(now, 1, 20 * MS, Sample::Answered(Outcome::Success), 0);
+        assert_eq!(moved, i == 4);
+    }
+    assert!(!c.probing());
+    assert_eq!(c.baseline(), Some(20 * MS));
+    assert_eq!(c.limit(), 100);
+    (c, now)
+}
+
+/// One window of `n` samples of `latency` read as `sample`, with `in_flight`
+/// requests in flight at its peak; returns the time after it.
+fn window(
+    c: &mut Controller,
+    start: Instant,
+    n: usize,
+    latency: Duration,
+    sample: Sample,
+    in_flight: usize,
+) -> Instant {
+    c.admitted(in_flight);
+    let end = start + Duration::from_millis(100);
+    for i in 0..n {
+        let at = if i + 1 == n { end } else { start + MS };
+        c.sample(at, c.epoch(), latency, sample, in_flight);
+    }
+    end
+}
+
+#[test]
+fn latency_at_the_goal_grows_only_a_used_limit() {
+    let (mut c, mut now) = measured();
+    // Latency at the baseline, 50 of 100 in flight: no evidence, no growth.
+    for _ in 0..100 {
+        now = window(
+            &mut c,
+            now,
+            20,
+            20 * MS,
+            Sample::Answered(Outcome::Success),
+            50,
+        );
+    }
+    assert_eq!(c.limit(), 100);
+    // Used (90 of 100): goal 25 / latency 20 = 1.25, so the target is
+    // 100 × 1.25 + 10 = 135 and the limit moves half-way, to 117.5.
+    window(
+        &mut c,
+        now,
+        20,
+        20 * MS,
+        Sample::Answered(Outcome::Success),
+        90,
+    );
+    assert_eq!(c.limit(), 117);
+    assert_eq!(c.latency(), Some(20 * MS));
+}
+
+#[test]
+fn latency_over_the_goal_lowers_the_limit_to_the_floor_at_most() {
+    let (mut c, mut now) = measured();
+    // 50 ms against a goal of 25 ms: gradient 0.5, target 50 (no headroom
+    // over the goal), limit 100 + 0.5 × (50 - 100) = 75.
+    now = window(
+        &mut c,
+        now,
+        20,
+        50 * MS,
+        Sample::Answered(Outcome::Success),
+        100,
+    );
+    assert_eq!(c.limit(), 75);
+    for _ in 0..50 {
+        now = window(
+            &mut c,
+            now,
+            20,
+            500 * MS,
+            Sample::Answered(Outcome::Success),
+            100,
+        );
+    }
+    assert_eq!(c.limit(), 10);
+}
+
+#[test]
+fn an_overload_backs_off_once_per_window() {
+    let (mut c, now) = measured();
+    c.sample(
+        now + MS,
+        c.epoch(),
+        5 * MS,
+        Sample::Answered(Outcome::Overload),
+        100,
+    );
+    c.sample(
+        now + 2 * MS,
+        c.epoch(),
+        5 * MS,
+        Sample::Answered(Outcome::Overload),
+        100,
+    );
+    assert_eq!(c.limit(), 100);
+    c.sample(
+        now + 100 * MS,
+        c.epoch(),
+        5 * MS,
+        Sample::Answered(Outcome::Overload),
+        100,
+    );
+    assert_eq!(c.limit(), 90);
+}
+
+#[test]
+fn an_idle_or_quiet_window_keeps_the_limit() {
+    let (mut c, now) = measured();
+    // Nine samples over ten seconds: fewer than ten, the window goes on.
+    for i in 1..10 {
+        let moved = c.sample(
+            now + Duration::from_secs(i),
+            c.epoch(),
+            200 * MS,
+            Sample::Answered(Outcome::Success),
+            100,
+        );
+        assert!(!moved);
+    }
+    assert_eq!(c.limit(), 100);
+    assert_eq!(c.latency(), None);
+}
+
+/// Callers that give up after 1 ms while the limit is full: a reading of a
+/// dropped request as an answer at the moment it was dropped sees 1 ms
+/// against a 20 ms baseline and raises the limit; these give no sample.
+#[test]
+fn requests_dropped_early_are_no_fast_successes() {
+    let (mut c, mut now) = measured();
+    for _ in 0..20 {
+        now = window(&mut c, now, 20, MS, Sample::Dropped, 100);
+    }
+    assert_eq!(c.limit(), 100);
+    assert_eq!(c.latency(), None);
+    assert_eq!(c.baseline(), Some(20 * MS));
+
+    // The naive reading of the same drops, for contrast: the limit climbs.
+    let (mut naive, mut now) = measured();
+    for _ in 0..20 {
+        now = window(
+            &mut naive,
+            now,
+            20,
+            MS,
+            Sample::Answered(Outcome::Success),
+            400,
+        );
+    }
+    assert_eq!(naive.limit(), 400);
+}
+
+#[test]
+fn requests_dropped_after_the_goal_count_as_slow() {
+    let (mut c, now) = measured();
+    // Dropped after 100 ms (over the 25 ms goal): gradient 0.25 → 0.5,
+    // target 50, limit 75, as for answers that slow.
+    window(&mut c, now, 20, 100 * MS, Sample::Dropped, 100);
+    assert_eq!(c.limit(), 75);
+    assert_eq!(c.latency(), Some(100 * MS));
+}
+
+#[test]
+fn the_probe_measures_only_requests_admitted_during_it() {
+    let (mut c, mut now) = measured();
+    let before = c.epoch();
+    // A window ends past the probe interval: the probe starts.
+    now += Duration::from_secs(60);
+    now = window(
+        &mut c,
+        now,
+        10,
+        20 * MS,
+        Sample::Answered(Outcome::Success),
+        50,
+    );
+    assert!(c.probing());
+    assert_eq!(c.limit(), 3);
+    // Requests admitted before the probe answer slowly: not the baseline.
+    for _ in 0..10 {
+        c.sample(now, before, 80 * MS, Sample::Answered(Outcome::Success), 40);
+    }
+    assert!(c.probing());
+    // Five admitted during the probe, at 30 ms: the new baseline.
+    for _ in 0..5 {
+        c.sample(
+            now,
+            c.epoch(),
+            30 * MS,
+            Sample::Answered(Outcome::Success),
+            2,
+        );
+    }
+    assert!(!c.probing());
+    assert_eq!(c.baseline(), Some(30 * MS));
+    assert_eq!(c.limit(), 100);
+}
+
+#[test]
+fn the_probe_level_is_not_the_floor() {
+    let t0 = Instant::now();
+    let c = Controller::new(cfg(), t0);
+    assert_eq!((c.limit(), cfg().floor()), (3, 10));
+}
+
+/// A class held to its share of the limit never fills the limit itself:
+/// its requests finding no slot are the evidence instead.
+#[test]
+fn requests_finding_no_slot_are_evidence_of_use() {
+    let (mut c, now) = measured();
+    // 50 of 100 in flight (a sheddable share of 0.5, say), latency at the
+    // baseline: no growth; then a request that found no slot, and the limit
+    // grows as in `latency_at_the_goal_grows_only_a_used_limit`.
+    let now = window(
+        &mut c,
+        now,
+        20,
+        20 * MS,
+        Sample::Answered(Outcome::Success),
+        50,
+    );
+    assert_eq!(c.limit(), 100);
+    c.pressed();
+    window(
+        &mut c,
+        now,
+        20,
+        20 * MS,
+        Sample::Answered(Outcome::Success),
+        50,
+    );
+    assert_eq!(c.limit(), 117);
+}
