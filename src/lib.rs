@@ -14,7 +14,7 @@
 //! | [`identity`] | [`AuthenticateLayer`](identity::AuthenticateLayer), [`ClientIpLayer`](identity::ClientIpLayer) | 401 |
 //! | [`bounds`] | [`BodyLimitsLayer`](bounds::BodyLimitsLayer), [`ValidateQueryLayer`](bounds::ValidateQueryLayer) | 413, 415, 400 |
 //! | [`quota`] | [`QuotaLayer`](quota::QuotaLayer) over a [`Store`](quota::Store) | 429 + `Retry-After`, 413, 503 |
-//! | [`concurrency`] | [`ConcurrencyLayer`](concurrency::ConcurrencyLayer) | 503 / 429 + `Retry-After` |
+//! | [`concurrency`] | [`ConcurrencyLayer`](concurrency::ConcurrencyLayer): fixed or adaptive global limit, criticality classes, fair per-tenant queues; [`AdaptiveLimitLayer`](concurrency::AdaptiveLimitLayer) on a client | 503 / 429 + `Retry-After` |
 //! | [`jobs`] | [`JobQueue`](jobs::JobQueue) for `202 Accepted` | 503 |
 //! | [`outbound`] | [`DependencyBudgetLayer`](outbound::DependencyBudgetLayer) on a client | [`BudgetError`](outbound::BudgetError) with the wait |
 //!
