@@ -203,6 +203,14 @@ pub trait AttemptBudget: Clone + Send + Sync + 'static {
 
     /// A snapshot of the counters.
     fn stats(&self) -> BudgetStats;
+
+    /// Records that the dependency pushed back on an attempt
+    /// ([`is_pushback`](crate::outbound::is_pushback)), as a
+    /// [`PushbackLayer`](crate::outbound::PushbackLayer) reports it. The
+    /// default ignores it: the budget stays as configured. `LeasedBudget`
+    /// (feature `redis`) lowers the fleet's effective budget through its
+    /// lease.
+    fn record_pushback(&self) {}
 }
 
 /// Counts of a [`DependencyBudget`]. A snapshot.

@@ -23,6 +23,10 @@
 //!   never sooner than the dependency's `Retry-After` or gRPC pushback. A
 //!   policy of your own, or a hedge, marks its extra sends with
 //!   [`Attempt::next`] to draw on the retry share.
+//! - [`PushbackLayer`]: tells the budget when the dependency pushes back
+//!   ([`is_pushback`]: 429, 503 with `Retry-After`, nothing remaining), so
+//!   that a leased budget lowers the whole fleet's spend and grows back when
+//!   the pushback stops.
 //! - `RateLease` (feature `redis`): an instance's lease on a rate of a
 //!   fleet-wide budget, granted by a Lua script on Redis time that never lets
 //!   unexpired grants sum above the budget, spent locally with no Redis call
@@ -44,12 +48,14 @@
 mod attempt;
 mod budget;
 mod layer;
+mod pushback;
 
 pub use attempt::{requested_wait, Attempt, RetryAttempts};
 pub use budget::{
     AttemptBudget, BudgetStats, DependencyBudget, DependencyBudgetBuilder, Pick, Refusal, Share,
 };
 pub use layer::{BudgetError, DependencyBudgetLayer, DependencyBudgetService, ResponseFuture};
+pub use pushback::{is_pushback, Pushback, PushbackLayer};
 
 #[cfg(feature = "redis")]
 mod bucket;

@@ -267,7 +267,27 @@ impl<C: Clock> RateLeaseBuilder<C> {
             changed_at: now,
             id_taken: false,
             id_in_use: 0,
+            held: false,
+            effective: self.rate,
+            pushed: false,
+            pushbacks: 0,
+            pushback_woke: Timestamp(0),
         };
+        // Registered at their resting values, so a dashboard shows them
+        // before the first pushback.
+        #[cfg(feature = "metrics")]
+        {
+            metrics::counter!(
+                "tower_admission_dependency_pushback_total",
+                "budget" => self.budget.clone()
+            )
+            .increment(0);
+            metrics::gauge!(
+                "tower_admission_lease_effective_rate",
+                "budget" => self.budget.clone()
+            )
+            .set(self.rate.as_f64());
+        }
         Ok(RateLease {
             inner: Arc::new(Shared {
                 key: self.store.key(&self.budget),

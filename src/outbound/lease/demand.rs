@@ -67,6 +67,7 @@ impl State {
         };
         let demand = measured.max(cfg.min_demand).min(cfg.rate);
         self.demand = demand;
+        self.held = held;
         let flag = if self.guessing {
             GUESS
         } else if held {

@@ -14,7 +14,8 @@
 //! - `state.rs`: the local state and its bucket (the outbound side's one
 //!   bucket, `src/outbound/bucket.rs`, in integer nano-tokens), filled at
 //!   the grant until its local expiry; `fallback.rs`: what it spends after.
-//! - `demand.rs`: the demand reported at each refresh.
+//! - `demand.rs`: the demand reported at each refresh; `pushback.rs`: the
+//!   dependency's pushback, reported with it.
 //! - `refresh.rs`: a refresh, its reply taken in, the refresher, the
 //!   release.
 //! - `schedule.rs`: the rate schedule a leased budget's shares replay;
@@ -25,6 +26,7 @@ mod builder;
 mod demand;
 mod error;
 mod fallback;
+mod pushback;
 mod rate;
 mod rate_lease;
 mod refresh;

@@ -47,6 +47,7 @@ impl<C: Clock> RateLease<C> {
                 budget: cfg.rate,
                 lease_us: cfg.lease_us,
                 held,
+                pushed: std::mem::take(&mut s.pushed),
             };
             (x, args)
         };
@@ -56,6 +57,10 @@ impl<C: Clock> RateLease<C> {
         };
         let result = inner.store.grant(&inner.key, &inner.id, &args).await;
         std::mem::forget(unfinished);
+        if result.is_err() && args.pushed {
+            // Reported with the next refresh instead.
+            inner.state.lock().pushed = true;
+        }
         self.finish(sent_at, result)
     }
 
@@ -93,12 +98,15 @@ impl<C: Clock> RateLease<C> {
                 s.grant = reply.rate;
                 s.until = Timestamp(sent_at.0.saturating_add(life).saturating_sub(cfg.margin_us));
                 s.target = reply.target;
+                s.note_effective(reply.effective, &inner.budget);
                 s.failures = 0;
                 s.id_taken = false;
                 let cap = cfg.capacity(s.rate_at(recv, cfg));
                 s.bucket.cap(cap);
-                // A guess is followed a quarter period later by a measure.
-                let period = if s.guessing {
+                // A guess is followed a quarter period later by a measure;
+                // while pushback lowers the budget, every refresh is, so
+                // that grants follow it within about a second.
+                let period = if s.guessing || s.effective < cfg.rate {
                     cfg.refresh_us / 4
                 } else {
                     cfg.refresh_us

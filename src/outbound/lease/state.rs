@@ -72,6 +72,17 @@ pub(super) struct State {
     pub(super) id_taken: bool,
     /// Refreshes refused so, in all.
     pub(super) id_in_use: u64,
+    /// The last demand window was held back by its grant.
+    pub(super) held: bool,
+    /// The effective budget of the last reply: the budget, lowered while the
+    /// dependency pushes back.
+    pub(super) effective: Rate,
+    /// The dependency pushed back since the last refresh was sent.
+    pub(super) pushed: bool,
+    /// Pushbacks recorded, in all.
+    pub(super) pushbacks: u64,
+    /// When a pushback last woke the refresher (zero: never).
+    pub(super) pushback_woke: Timestamp,
 }
 
 impl State {
@@ -150,6 +161,8 @@ impl State {
             next_refresh: self.next_refresh,
             failures: self.failures,
             id_in_use: self.id_in_use,
+            effective: self.effective,
+            pushbacks: self.pushbacks,
         }
     }
 }

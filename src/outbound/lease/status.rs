@@ -46,4 +46,10 @@ pub struct LeaseStatus {
     /// held its instance id
     /// ([`LeaseError::InstanceIdInUse`](super::LeaseError::InstanceIdInUse)).
     pub id_in_use: u64,
+    /// The effective budget the fleet's targets share: the budget, lowered
+    /// while the dependency pushes back (see
+    /// [`RateLease::record_pushback`](super::RateLease::record_pushback)).
+    pub effective: Rate,
+    /// Pushbacks recorded by this lease since it was built.
+    pub pushbacks: u64,
 }

@@ -270,4 +270,8 @@ impl<C: Clock> AttemptBudget for LeasedBudget<C> {
     fn stats(&self) -> BudgetStats {
         LeasedBudget::stats(self)
     }
+
+    fn record_pushback(&self) {
+        self.inner.lease.record_pushback();
+    }
 }
