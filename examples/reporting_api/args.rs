@@ -5,7 +5,7 @@ use std::num::NonZeroU32;
 
 pub(crate) const USAGE: &str = "usage: reporting_api [--config PATH] [--listen ADDR] [--redis URL]
                      [--budget-redis URL] [--dependency-url URL] [--instance-id ID]
-                     [--expected-instances N]";
+                     [--expected-instances N] [--pushback]";
 
 /// What `--help` prints: the usage, then every flag with its default.
 pub(crate) const HELP: &str =
@@ -13,7 +13,7 @@ pub(crate) const HELP: &str =
 
 usage: reporting_api [--config PATH] [--listen ADDR] [--redis URL]
                      [--budget-redis URL] [--dependency-url URL] [--instance-id ID]
-                     [--expected-instances N]
+                     [--expected-instances N] [--pushback]
 
   --config PATH            every other knob (quotas, caps, keys, timeouts), in a file
                            shaped like examples/reporting_api/reporting.toml; default: that
@@ -29,6 +29,9 @@ usage: reporting_api [--config PATH] [--listen ADDR] [--redis URL]
   --instance-id ID         with --redis: this instance's name in the lease table; default random
   --expected-instances N   with --redis: the largest fleet; while the lease's Redis cannot be
                            reached, each instance spends 240/N attempts per second; default 40
+  --pushback               with --redis: follow the dependency's pushback (429, 503 with
+                           Retry-After, nothing remaining): the fleet's budget halves and grows
+                           back when it stops (docs/leases.md, \"Pushback\"); default off
   -h, --help               print this and exit
 
 Demo keys (Authorization: Bearer KEY): demo-free, demo-pro, demo-globex.
@@ -38,7 +41,12 @@ a second signal exits at once. Exit status: 0 after a clean stop, 1 when the sta
 shutdown fails, 2 for a bad command line or configuration.";
 
 /// Flags that only shape the fleet-wide lease, so they need `--redis`.
-const LEASE_FLAGS: [&str; 3] = ["--budget-redis", "--instance-id", "--expected-instances"];
+const LEASE_FLAGS: [&str; 4] = [
+    "--budget-redis",
+    "--instance-id",
+    "--expected-instances",
+    "--pushback",
+];
 
 /// The command line, parsed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,6 +58,8 @@ pub(crate) struct Args {
     pub(crate) dependency_url: Option<String>,
     pub(crate) instance_id: Option<String>,
     pub(crate) expected_instances: NonZeroU32,
+    /// Follow the dependency's pushback (with `--redis`).
+    pub(crate) pushback: bool,
 }
 
 /// Parses the arguments after the program's name: `None` for `--help`.
@@ -62,6 +72,7 @@ pub(crate) fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Arg
         dependency_url: None,
         instance_id: None,
         expected_instances: NonZeroU32::new(40).unwrap_or(NonZeroU32::MIN),
+        pushback: false,
     };
     // The flags given that only shape the fleet's lease in Redis.
     let mut lease_flags: Vec<String> = Vec::new();
@@ -92,6 +103,7 @@ pub(crate) fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Arg
                     format!("--expected-instances {v:?}: must be a whole number from 1")
                 })?;
             }
+            "--pushback" => parsed.pushback = true,
             "-h" | "--help" => return Ok(None),
             other => return Err(format!("unknown argument {other:?}; try --help")),
         }

@@ -4,6 +4,7 @@
 //! ```text
 //! tower::retry (RetryAttempts: 429 and 5xx, backoff with jitter, obeying Retry-After)
 //!   -> DependencyBudgetLayer (normal share for first attempts, retry share for retries)
+//!   -> PushbackLayer (with `--pushback`: 429, or 503 with Retry-After, lowers the fleet's budget)
 //!   -> HTTP client
 //! ```
 //!
@@ -23,7 +24,7 @@ use tower::util::BoxCloneSyncService;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_admission::outbound::{
     requested_wait, Attempt, AttemptBudget, BudgetError, DependencyBudget, DependencyBudgetLayer,
-    RetryAttempts,
+    PushbackLayer, RetryAttempts,
 };
 use tower_admission::quota::MemoryStore;
 use tower_admission::ConfigError;
@@ -126,6 +127,18 @@ impl Dependency {
         settings: &config::Dependency,
         active_items: usize,
     ) -> Self {
+        Self::new_with(base_url, budget, settings, active_items, false)
+    }
+
+    /// [`new`](Self::new), and with `pushback` the budget hears the
+    /// dependency's pushback (`PushbackLayer`, right on the client).
+    pub(crate) fn new_with<Bu: AttemptBudget>(
+        base_url: &str,
+        budget: Bu,
+        settings: &config::Dependency,
+        active_items: usize,
+        pushback: bool,
+    ) -> Self {
         let http = reqwest::Client::builder()
             .timeout(settings.timeout.0)
             .build()
@@ -161,7 +174,8 @@ impl Dependency {
         });
         let client = ServiceBuilder::new()
             .retry(RetryAttempts::new(settings.attempts))
-            .layer(DependencyBudgetLayer::new(budget).wait_up_to(settings.budget_wait.0))
+            .layer(DependencyBudgetLayer::new(budget.clone()).wait_up_to(settings.budget_wait.0))
+            .option_layer(pushback.then(|| PushbackLayer::new(budget)))
             .service(send);
         Dependency {
             client: BoxCloneSyncService::new(client),

@@ -309,7 +309,13 @@ fn redis_app(
     // Runs for the life of the process.
     drop(lease.spawn_refresher());
     let budget = LeasedBudget::new(lease, Rate::per_second(settings.retry_per_second))?;
-    let dependency = Dependency::new(dependency_url, budget, settings, config.batch.active_items);
+    let dependency = Dependency::new_with(
+        dependency_url,
+        budget,
+        settings,
+        config.batch.active_items,
+        args.pushback,
+    );
     // Redis keys expire on their own; no key count is read from Redis.
     let mut api = app::app(config, store, dependency)?;
     api.router = api.router.merge(exporter.router());

@@ -115,7 +115,7 @@ fn grpc_pushback(headers: &HeaderMap) -> bool {
 /// });
 /// let _client = ServiceBuilder::new()
 ///     .retry(RetryAttempts::new(3))
-///     .layer(DependencyBudgetLayer::new(budget.clone()))
+///     .layer(DependencyBudgetLayer::<_, String>::new(budget.clone()))
 ///     .layer(PushbackLayer::new(budget))
 ///     .service(client);
 /// # Ok(())
