@@ -337,9 +337,24 @@ struct Fleet {
     logs: PathBuf,
 }
 
+/// What a simulation changes from the defaults.
+#[derive(Debug, Clone, Copy, Default)]
+struct Options {
+    /// The instances follow the dependency's pushback (`--pushback`).
+    pushback: bool,
+    /// The mock's `--fail-every`, instead of `FLEET_FAIL_EVERY` or
+    /// [`FAIL_EVERY`].
+    fail_every: Option<u64>,
+}
+
 impl Fleet {
     /// Starts everything and waits until every process answers.
     async fn start(tag: &str, instances: usize, expected: u64) -> Fleet {
+        Fleet::start_with(tag, instances, expected, Options::default()).await
+    }
+
+    /// [`start`](Self::start) with `options`.
+    async fn start_with(tag: &str, instances: usize, expected: u64, options: Options) -> Fleet {
         let api_bin = example("reporting_api");
         let mock_bin = example("mock_dependency");
         let logs = std::env::current_exe()
@@ -375,7 +390,10 @@ impl Fleet {
                     "--latency-ms".into(),
                     LATENCY_MS.to_string(),
                     "--fail-every".into(),
-                    std::env::var("FLEET_FAIL_EVERY").unwrap_or(FAIL_EVERY.to_string()),
+                    options.fail_every.map_or_else(
+                        || std::env::var("FLEET_FAIL_EVERY").unwrap_or(FAIL_EVERY.to_string()),
+                        |k| k.to_string(),
+                    ),
                 ]
             },
             "/stats",
@@ -387,7 +405,7 @@ impl Fleet {
             let (quotas, budget, mock_url) = (quotas.url(), budget.url(), mock_url.clone());
             let id = format!("{tag}-{i}");
             move |port: u16| {
-                vec![
+                let mut args: Vec<String> = vec![
                     "--listen".into(),
                     format!("127.0.0.1:{port}"),
                     "--redis".into(),
@@ -400,7 +418,11 @@ impl Fleet {
                     id.clone(),
                     "--expected-instances".into(),
                     expected.to_string(),
-                ]
+                ];
+                if options.pushback {
+                    args.push("--pushback".into());
+                }
+                args
             }
         };
         // All start at once; one whose port was taken starts again.
@@ -1125,5 +1147,152 @@ fn budget_redis_killed_then_restarted() {
             "every instance leases from the restarted Redis"
         );
         assert_eq!(fleet.pids(), pids, "the same instance processes throughout");
+    });
+}
+
+/// The retries every instance's budget admitted so far: the sum of
+/// `tower_admission_dependency_attempts_total{share="retry"}` over their
+/// `GET /metrics`.
+async fn retries_admitted(fleet: &Fleet) -> u64 {
+    let mut sum = 0;
+    for url in fleet.urls.iter() {
+        let text = fleet
+            .client
+            .get(format!("{url}/metrics"))
+            .send()
+            .await
+            .expect("GET /metrics")
+            .text()
+            .await
+            .expect("metrics text");
+        sum += text
+            .lines()
+            .filter(|l| {
+                l.starts_with("tower_admission_dependency_attempts_total{")
+                    && l.contains("share=\"retry\"")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64;
+    }
+    sum
+}
+
+/// Changes the mock's limit at once (`POST /config`).
+async fn set_limit(fleet: &Fleet, limit: u64) {
+    let response = fleet
+        .client
+        .post(format!("{}/config", fleet.mock_url))
+        .json(&json!({ "limit": limit }))
+        .send()
+        .await
+        .expect("POST /config");
+    assert_eq!(response.status(), 204, "POST /config");
+}
+
+/// 10 instances with `--pushback` at saturating load, no injected failures
+/// (so first attempts are what arrives while nothing is refused). The
+/// mock's limit drops from 300 to 150 per second, then goes back to 300.
+///
+/// Asserted (docs/leases.md, "Pushback"): from 5 s after the drop until
+/// 7.5 s after it, every second's arrivals are at most 150 and the mock
+/// refuses nothing more; within 10 s of the raise, a second's arrivals are
+/// at least 90% of the 200/s of first attempts; in every sampled interval
+/// `dt` the retries admitted fleet-wide stay within the retry share's bound,
+/// `2n + 1 + 40·dt` (docs/leases.md, "Normal and retry shares on one
+/// lease"). Each second's arrivals are printed.
+#[test]
+fn pushback_follows_a_lowered_dependency_limit_and_recovers() {
+    let _one = one_at_a_time();
+    runtime().block_on(async {
+        let n = 10;
+        let options = Options {
+            pushback: true,
+            fail_every: Some(0),
+        };
+        let mut fleet = Fleet::start_with("pushback", n, EXPECTED_INSTANCES, options).await;
+        let load = Load::start(&fleet);
+        tokio::time::sleep(WARM_UP).await;
+
+        // Retries admitted fleet-wide, sampled with the mock's refusals.
+        let mut retry_samples: Vec<(Instant, u64)> = Vec::new();
+        let mut rejected_at: Vec<(f64, u64)> = Vec::new();
+        fleet.reset_stats().await;
+        set_limit(&fleet, 150).await;
+        let dropped = Instant::now();
+        let low_for = Duration::from_millis(7_500);
+        while dropped.elapsed() < low_for {
+            retry_samples.push((Instant::now(), retries_admitted(&fleet).await));
+            rejected_at.push((
+                dropped.elapsed().as_secs_f64(),
+                fleet.stats().await.rejected,
+            ));
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        let low = fleet.series().await;
+        let at_5s = rejected_at
+            .iter()
+            .find(|(t, _)| *t >= 5.0)
+            .map_or(0, |&(_, r)| r);
+        let at_end = fleet.stats().await.rejected;
+
+        set_limit(&fleet, 300).await;
+        fleet.reset_stats().await;
+        let raised = Instant::now();
+        let mut recovered = None;
+        while raised.elapsed() < Duration::from_secs(11) {
+            retry_samples.push((Instant::now(), retries_admitted(&fleet).await));
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            let series = fleet.series().await;
+            if let Some(k) = series.iter().position(|&a| a >= 180) {
+                recovered = Some(k);
+                break;
+            }
+        }
+        let high = fleet.series().await;
+        let tally = load.stop().await;
+        fleet.assert_all_running();
+
+        let retry_bound = |dt: f64| 2.0 * n as f64 + 1.0 + RETRY_SHARE as f64 * dt;
+        let worst_retries = retry_samples
+            .windows(2)
+            .map(|w| {
+                let dt = w[1].0.duration_since(w[0].0).as_secs_f64();
+                (w[1].1 - w[0].1, dt, retry_bound(dt))
+            })
+            .max_by(|a, b| (a.0 as f64 / a.2).total_cmp(&(b.0 as f64 / b.2)))
+            .unwrap_or((0, 0.0, 0.0));
+        println!(
+            "pushback, {n} instances: arrivals per second after the drop to 150 {low:?}; \
+             refused by the mock {rejected_at:?}; after the raise to 300 {high:?}, first second \
+             at >= 180: {recovered:?}; worst retries {} in {:.2} s (bound {:.1}); answers {:?}",
+            worst_retries.0, worst_retries.1, worst_retries.2, tally.statuses
+        );
+        assert!(
+            tally.unexplained.is_empty(),
+            "answers that cannot be accounted for: {:?}",
+            tally.unexplained.first()
+        );
+        let settled = &low[5.min(low.len())..];
+        assert!(
+            settled.iter().all(|&a| a <= 150),
+            "from 5 s after the drop every second's arrivals are at most 150: {low:?}"
+        );
+        assert_eq!(
+            at_5s, at_end,
+            "the mock refuses nothing from 5 s to 7.5 s after the drop: {rejected_at:?}"
+        );
+        assert!(
+            recovered.is_some_and(|k| k < 10),
+            "within 10 s of the raise a second has at least 180 arrivals: {high:?}"
+        );
+        for w in retry_samples.windows(2) {
+            let dt = w[1].0.duration_since(w[0].0).as_secs_f64();
+            assert!(
+                (w[1].1 - w[0].1) as f64 <= retry_bound(dt),
+                "retries admitted fleet-wide in {dt:.2} s: {} > {:.1}",
+                w[1].1 - w[0].1,
+                retry_bound(dt)
+            );
+        }
     });
 }
