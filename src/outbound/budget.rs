@@ -195,6 +195,18 @@ pub trait AttemptBudget: Clone + Send + Sync + 'static {
         cost: u64,
     ) -> impl std::future::Future<Output = Result<(), Refusal>> + Send;
 
+    /// [`charge`](Self::charge) for an attempt that already looked and was
+    /// refused (a queue's head looking again after the wait it was told):
+    /// the budget counts it toward its demand once, not once per look. The
+    /// default charges as `charge` does.
+    fn charge_again(
+        &self,
+        share: Share,
+        cost: u64,
+    ) -> impl std::future::Future<Output = Result<(), Refusal>> + Send {
+        self.charge(share, cost)
+    }
+
     /// Counts one attempt refused for good.
     fn record_refusal(&self);
 

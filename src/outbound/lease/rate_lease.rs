@@ -201,12 +201,24 @@ impl<C: Clock> RateLease<C> {
     /// again then. While a refresh is overdue or in flight, the wait is the one
     /// the current rate gives.
     pub fn try_acquire_at(&self, cost: u64, now: Timestamp) -> Result<(), Duration> {
+        self.acquire_counting(cost, cost, now)
+    }
+
+    /// [`try_acquire_at`](Self::try_acquire_at), counting `demand` (the
+    /// cost, or 0 for an attempt already counted on an earlier look) toward
+    /// the demand.
+    pub(crate) fn acquire_counting(
+        &self,
+        cost: u64,
+        demand: u64,
+        now: Timestamp,
+    ) -> Result<(), Duration> {
         let cfg = &self.inner.cfg;
         let mut s = self.inner.state.lock();
         if s.phase == Phase::Released {
             return Err(Duration::MAX);
         }
-        s.attempted = s.attempted.saturating_add(cost);
+        s.attempted = s.attempted.saturating_add(demand);
         if cost > cfg.max_cost {
             return Err(Duration::MAX);
         }
