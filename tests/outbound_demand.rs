@@ -89,3 +89,108 @@ async fn an_attempt_that_looks_again_after_its_wait_counts_once_toward_the_deman
         "20 attempts in 1 s, each counted once"
     );
 }
+
+/// One simulated instance whose callers queue behind the budget, as behind
+/// the budget's layer: the head of the queue alone looks, again once the
+/// wait it was told has passed.
+struct Queued {
+    lease: RateLease<ManualClock>,
+    /// Attempts arriving per second.
+    per_second: u64,
+    acc: u64,
+    backlog: u64,
+    retry_at: u64,
+}
+
+impl Queued {
+    fn new(store: &LeaseStore, clock: &ManualClock, id: &str, per_second: u64) -> Self {
+        let lease = RateLease::builder(
+            store.clone(),
+            "dep",
+            Rate::per_second(R),
+            NonZeroU32::new(10).unwrap(),
+        )
+        .instance_id(id)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+        Queued {
+            lease,
+            per_second,
+            acc: 0,
+            backlog: 0,
+            retry_at: 0,
+        }
+    }
+
+    /// One millisecond at fleet time `t` (µs): arrivals, the head's looks,
+    /// and a refresh when one is due.
+    async fn tick(&mut self, t: u64) {
+        self.acc += self.per_second;
+        self.backlog += self.acc / 1_000;
+        self.acc %= 1_000;
+        while self.backlog > 0 && self.retry_at <= t {
+            match self.lease.try_acquire(1) {
+                Ok(()) => self.backlog -= 1,
+                Err(wait) => self.retry_at = t + wait.as_micros() as u64,
+            }
+        }
+        if self.lease.until_next_refresh().is_zero() {
+            self.lease.refresh().await.unwrap();
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_newcomer_whose_callers_wait_as_told_gets_its_fair_share_within_a_lease_of_its_first_grant_call(
+) {
+    // 9 instances, callers queued and backlogged, share 240/s. A 10th joins:
+    // its first grant is next to nothing (0.006/s, what 9 × 26.666 leaves)
+    // while the others' older grants run out, and its callers, told to wait
+    // for the next refresh, attempt little. It keeps asking for its guess,
+    // R/10 = 24/s, the fair share, instead of the little it measured (then
+    // doubling from 2.4/s once per 4 s refresh: still 19.2/s after 20 s).
+    let server = RedisServer::start();
+    let clock = ManualClock::new(Timestamp(START));
+    let shared = store(&server, &clock);
+    let mut fleet: Vec<Queued> = (0..9)
+        .map(|i| Queued::new(&shared, &clock, &format!("old{i}"), 1_000))
+        .collect();
+    let mut t = 0;
+    while t < 30 * 1_000 * MS {
+        t += MS;
+        advance(&clock, MS);
+        for node in &mut fleet {
+            node.tick(t).await;
+        }
+    }
+    let grants: Vec<u64> = fleet
+        .iter()
+        .map(|n| n.lease.status().grant.as_milli())
+        .collect();
+    assert_eq!(grants, [26_666; 9], "9 instances share 240/s");
+    fleet.push(Queued::new(&shared, &clock, "new", 1_000));
+    let joined = t;
+    let mut fair_at = None;
+    while t < joined + 20 * 1_000 * MS {
+        t += MS;
+        advance(&clock, MS);
+        for node in &mut fleet {
+            node.tick(t).await;
+        }
+        let grant = fleet[9].lease.status().grant.as_milli();
+        if fair_at.is_none() && grant >= 24_000 {
+            fair_at = Some((t - joined) / MS);
+        }
+    }
+    let grants: Vec<u64> = fleet
+        .iter()
+        .map(|n| n.lease.status().grant.as_milli())
+        .collect();
+    println!("newcomer at its fair share after {fair_at:?} ms; grants {grants:?}");
+    assert!(
+        fair_at.is_some_and(|ms| ms <= 5_000 + 250),
+        "the newcomer holds its fair 24/s within one lease (5 s) of its first call: {fair_at:?} ms"
+    );
+    assert_eq!(grants, [24_000; 10], "then 10 instances share 240/s");
+}

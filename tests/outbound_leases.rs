@@ -491,11 +491,14 @@ async fn grants_never_sum_above_r_while_10_then_40_instances_join_refresh_and_le
         join(&mut fleet, format!("b{i}"), demands_b[i % 6]);
     }
     fleet.tick(0).await;
-    // Their real demand reaches the script at their second refresh (1 s);
-    // the shares the others give up are free one lease later.
-    fleet.run_until(joined_at + SEC + L, tick).await;
+    // Their first grants are zero while the others' older grants run out:
+    // until a grant lets them measure, they keep asking for their guess,
+    // 6/s. The free shares come one lease after their second refresh (1 s);
+    // the ones whose demand is below the guess report it at the refresh
+    // after their first grant, one period later.
+    fleet.run_until(joined_at + SEC + L + 4 * SEC, tick).await;
     let table = fleet.table().await;
-    let targets = check_targets(&fleet, &table, "40 instances, 1 s + L after joining");
+    let targets = check_targets(&fleet, &table, "40 instances, 1 s + L + P after joining");
     fleet.run_until(joined_at + 12 * SEC, tick).await;
     let table = fleet.table().await;
     assert_eq!(

@@ -267,7 +267,6 @@ impl<C: Clock> RateLeaseBuilder<C> {
             changed_at: now,
             id_taken: false,
             id_in_use: 0,
-            held: false,
             effective: self.rate,
             pushed: false,
             pushbacks: 0,

@@ -9,7 +9,7 @@ use parking_lot::Mutex;
 use super::schedule::cap_at_refresh;
 use super::state::{Phase, Settings, State};
 use super::{LeaseMode, LeaseStatus, LeaseStore, Rate};
-use crate::clock::{Clock, SystemClock, Timestamp};
+use crate::clock::{duration_to_micros, Clock, SystemClock, Timestamp};
 
 /// A share of a fleet-wide rate budget, leased from Redis and spent locally
 /// (feature `redis`).
@@ -87,18 +87,23 @@ use crate::clock::{Clock, SystemClock, Timestamp};
 /// A window is **held back** by its grant when, for at least three quarters
 /// of it, a refused attempt was still inside the wait it was told (for the
 /// bucket, or a [`LeasedBudget`](crate::outbound::LeasedBudget) share, to
-/// fill at a rate above zero). Callers that queue and wait then attempt
+/// fill, or with no rate to spend, for the next refresh). Callers that queue and wait then attempt
 /// about as fast as the grant lets them, so the count understates what
 /// they want. Such a window reports at least twice the grant, flagged: other
 /// instances' targets count it as twice that report (at most `R`), room for
-/// its next doubling, and its own grant at most doubles per refresh. Not
-/// counted as `R`, as a guess is: a small held-back instance would strand
-/// the difference for every other one. Not reported as `R`: after Redis
-/// restarts empty, the first instance back would be granted all of it while
-/// the others still spend their grants. Waits shorter than that (an
-/// instance at or below its need) leave the measured figure, and so does a
-/// refusal with no rate to spend (starting, a zero grant): its wait is the
-/// time to the next refresh.
+/// its next doubling, and its own grant at most doubles per refresh. It
+/// never reports less than it reported last time: a grant below that is no
+/// sign that it needs less (a newcomer's first grant is next to nothing
+/// while the others' older grants run out, and its callers, told to wait
+/// for the next refresh, attempt little: it keeps asking for its guess, and
+/// gets it when those grants expire, instead of doubling from `min_demand`
+/// once per refresh). A held-back window at a zero grant reports that
+/// figure unflagged. Not counted as `R`, as a guess is: a small held-back
+/// instance would strand the difference for every other one. Not reported
+/// as `R`: after Redis restarts empty, the first instance back would be
+/// granted all of it while the others still spend their grants. Waits
+/// shorter than that (an instance at or below its need) leave the measured
+/// figure.
 ///
 /// # One id, one holder
 ///
@@ -233,7 +238,9 @@ impl<C: Clock> RateLease<C> {
         }
         let rate = s.rate_at(now, cfg);
         if rate.0 == 0 {
-            return Err(s.wait_without_rate(now, cfg));
+            let wait = s.wait_without_rate(now, cfg);
+            s.note_wait(now, duration_to_micros(wait));
+            return Err(wait);
         }
         let micros = s.bucket.wait_us(cost, u128::from(rate.0));
         let wait = cap_at_refresh(micros, s.next_refresh, now);

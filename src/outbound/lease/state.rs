@@ -72,8 +72,6 @@ pub(super) struct State {
     pub(super) id_taken: bool,
     /// Refreshes refused so, in all.
     pub(super) id_in_use: u64,
-    /// The last demand window was held back by its grant.
-    pub(super) held: bool,
     /// The effective budget of the last reply: the budget, lowered while the
     /// dependency pushes back.
     pub(super) effective: Rate,

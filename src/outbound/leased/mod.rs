@@ -246,8 +246,9 @@ impl<C: Clock> LeasedBudget<C> {
         //    the attempt counts as demand.
         if bucket.bucket.missing(cost) > 0 {
             let wait = if rate == 0 {
-                lease.note_demand(demand);
-                lease.wait_without_rate(now)
+                let wait = lease.wait_without_rate(now);
+                lease.note_held_back(demand, now, crate::clock::duration_to_micros(wait));
+                wait
             } else {
                 let micros = cap_at_refresh(
                     bucket.bucket.wait_us(cost, rate),
