@@ -39,6 +39,9 @@ impl Store for TimingOut {
     fn decide(&self, _: &Quota, _: &Arc<str>, _: u64) -> Self::DecideFuture {
         std::future::ready(Err(StoreError::Timeout))
     }
+    fn peek(&self, quota: &Quota, key: &Arc<str>, cost: u64) -> Self::DecideFuture {
+        self.decide(quota, key, cost)
+    }
     fn settle(&self, _: &Quota, _: &Arc<str>, _: &Holds, _: i64) -> Self::SettleFuture {
         std::future::ready(Err(StoreError::Timeout))
     }

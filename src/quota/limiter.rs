@@ -314,6 +314,38 @@ impl<S: Store> Limiter<S> {
         self.resolve(quota, key, cost, result)
     }
 
+    /// The verdict [`check`](Self::check) would give now, recording nothing
+    /// anywhere: no admission, no counter, no metric, no log. A store failure
+    /// is returned as it is, since a failure mode's answer would have to
+    /// charge the local share to mean anything. Another decision may change
+    /// the answer before the caller acts on it.
+    ///
+    /// ```
+    /// use tower_admission::quota::{Limiter, MemoryStore, Policy, Quota};
+    /// use std::{sync::Arc, time::Duration};
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let limiter = Limiter::new(MemoryStore::new());
+    /// let quota = Quota::new("api", [Policy::token_bucket("burst", 2, 1, Duration::from_secs(1))?])?;
+    /// let key: Arc<str> = "alice".into();
+    /// for _ in 0..10 {
+    ///     assert!(limiter.peek(&quota, &key, 2).await?.is_admitted());
+    /// }
+    /// // Ten peeks spent nothing: the whole burst is still there.
+    /// assert!(limiter.check(&quota, &key, 2).await.is_admitted());
+    /// assert!(!limiter.peek(&quota, &key, 1).await?.is_admitted());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn peek(
+        &self,
+        quota: &Quota,
+        key: &Arc<str>,
+        cost: u64,
+    ) -> Result<Verdict, StoreError> {
+        let decision = self.store.peek(quota, key, cost).await?;
+        Ok(outcome_of(quota, decision, |_| Recorded::Nowhere))
+    }
+
     /// A decision sent to the store: dropped before
     /// [`answered`](Pending::answered), it counts as
     /// [`abandoned`](LimiterStats::abandoned).
@@ -463,28 +495,26 @@ impl<S: Store> Limiter<S> {
         let _ = (quota, mode);
     }
 
-    /// Turns a store decision into a verdict: the outcome from the enforcing
-    /// policies only, shadow counts and logs. An admission is recorded
-    /// where `recorded` says, with the decision's holds.
+    /// Turns a store decision into a verdict ([`outcome_of`]), counting and
+    /// logging each shadow policy that would refuse.
     #[inline(always)]
     fn verdict(
         &self,
         quota: &Quota,
-        mut decision: QuotaDecision,
+        decision: QuotaDecision,
         recorded: impl FnOnce(Holds) -> Recorded,
     ) -> Verdict {
-        let holds = std::mem::take(&mut decision.holds);
-        let admitted = |decisions| Verdict {
-            outcome: Outcome::Admitted,
-            decisions,
-            failed: None,
-            recorded: recorded(holds),
-        };
-        if let ([policy], true) = (quota.policies(), decision.admitted) {
-            if !policy.is_shadow() || decision.decisions[0].admitted {
-                return admitted(decision.decisions);
-            }
+        let lone_admission = matches!(
+            (quota.policies(), decision.admitted),
+            ([policy], true) if !policy.is_shadow() || decision.decisions[0].admitted
+        );
+        if !lone_admission {
+            self.count_shadow_refusals(quota, &decision);
         }
+        outcome_of(quota, decision, recorded)
+    }
+
+    fn count_shadow_refusals(&self, quota: &Quota, decision: &QuotaDecision) {
         for (p, d) in quota.policies().iter().zip(&decision.decisions) {
             if p.is_shadow() && !d.admitted {
                 self.stats.shadow_refusals.fetch_add(1, Ordering::Relaxed);
@@ -502,31 +532,6 @@ impl<S: Store> Limiter<S> {
                 );
             }
         }
-        if decision.admitted {
-            return admitted(decision.decisions);
-        }
-        let refusing = || {
-            quota
-                .policies()
-                .iter()
-                .zip(&decision.decisions)
-                .filter(|(p, d)| !d.admitted && !p.is_shadow())
-        };
-        let never: Vec<Arc<str>> = refusing()
-            .filter(|(_, d)| d.cost_exceeds_limit())
-            .map(|(p, _)| p.name_arc().clone())
-            .collect();
-        let outcome = if never.is_empty() {
-            Outcome::Refused {
-                policies: refusing().map(|(p, _)| p.name_arc().clone()).collect(),
-                wait: decision
-                    .retry_after(quota)
-                    .unwrap_or(UNAVAILABLE_RETRY_AFTER),
-            }
-        } else {
-            Outcome::CostExceedsCapacity { policies: never }
-        };
-        Verdict::new(outcome, decision.decisions)
     }
 
     /// Settles an admission recorded in the shared store.
@@ -539,6 +544,48 @@ impl<S: Store> Limiter<S> {
     ) -> Result<Holds, StoreError> {
         self.store.settle(quota, key, holds, delta).await
     }
+}
+
+/// Turns a store decision into a verdict: the outcome from the enforcing
+/// policies only. An admission is recorded where `recorded` says, with the
+/// decision's holds.
+#[inline(always)]
+fn outcome_of(
+    quota: &Quota,
+    mut decision: QuotaDecision,
+    recorded: impl FnOnce(Holds) -> Recorded,
+) -> Verdict {
+    let holds = std::mem::take(&mut decision.holds);
+    if decision.admitted {
+        return Verdict {
+            outcome: Outcome::Admitted,
+            decisions: decision.decisions,
+            failed: None,
+            recorded: recorded(holds),
+        };
+    }
+    let refusing = || {
+        quota
+            .policies()
+            .iter()
+            .zip(&decision.decisions)
+            .filter(|(p, d)| !d.admitted && !p.is_shadow())
+    };
+    let never: Vec<Arc<str>> = refusing()
+        .filter(|(_, d)| d.cost_exceeds_limit())
+        .map(|(p, _)| p.name_arc().clone())
+        .collect();
+    let outcome = if never.is_empty() {
+        Outcome::Refused {
+            policies: refusing().map(|(p, _)| p.name_arc().clone()).collect(),
+            wait: decision
+                .retry_after(quota)
+                .unwrap_or(UNAVAILABLE_RETRY_AFTER),
+        }
+    } else {
+        Outcome::CostExceedsCapacity { policies: never }
+    };
+    Verdict::new(outcome, decision.decisions)
 }
 
 /// Counts each enforcing policy behind a refusal once, with why it refused:
