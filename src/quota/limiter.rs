@@ -8,6 +8,12 @@ use crate::quota::{
     StoreError,
 };
 
+/// The metadata `metrics::counter!` would give the decision counter, which
+/// is registered by its prebuilt key instead.
+#[cfg(feature = "metrics")]
+static DECISION_METADATA: metrics::Metadata<'static> =
+    metrics::Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
+
 /// How long a refusal for an unavailable limiter asks clients to wait.
 const UNAVAILABLE_RETRY_AFTER: Duration = Duration::from_secs(1);
 
@@ -284,9 +290,16 @@ impl<S: Store> Limiter<S> {
     }
 
     /// Checks that the store can decide `quota`: call it once per quota
-    /// before deciding. The quota layer calls it when it is built.
+    /// before deciding. The quota layer calls it when it is built. With the
+    /// `metrics` feature it also registers every series the quota can emit
+    /// at 0 (decisions, refusals per policy and reason, its failure modes,
+    /// unknown outcomes, shadow refusals), so that an alert on their rate
+    /// has a series to read before the first event.
     pub fn validate(&self, quota: &Quota) -> Result<(), crate::ConfigError> {
-        self.store.validate(quota)
+        self.store.validate(quota)?;
+        #[cfg(feature = "metrics")]
+        register_at_zero(quota);
+        Ok(())
     }
 
     /// A snapshot of the counters.
@@ -386,12 +399,10 @@ impl<S: Store> Limiter<S> {
         // The key is the quota's own, built once: no labels to build, hash
         // or free per decision.
         #[cfg(feature = "metrics")]
-        {
-            static METADATA: metrics::Metadata<'static> =
-                metrics::Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
-            metrics::with_recorder(|r| r.register_counter(quota.decision_key(admitted), &METADATA))
-                .increment(1);
-        }
+        metrics::with_recorder(|r| {
+            r.register_counter(quota.decision_key(admitted), &DECISION_METADATA)
+        })
+        .increment(1);
         #[cfg(feature = "metrics")]
         if !admitted {
             count_policy_refusals(quota, &verdict);
@@ -586,6 +597,47 @@ fn outcome_of(
         Outcome::CostExceedsCapacity { policies: never }
     };
     Verdict::new(outcome, decision.decisions)
+}
+
+/// Registers every series `quota` can emit at 0, labelled as they are
+/// emitted.
+#[cfg(feature = "metrics")]
+fn register_at_zero(quota: &Quota) {
+    let name = quota.name_arc();
+    for admitted in [true, false] {
+        let key = quota.decision_key(admitted);
+        metrics::with_recorder(|r| r.register_counter(key, &DECISION_METADATA)).increment(0);
+    }
+    metrics::counter!("tower_admission_unknown_outcomes_total", "quota" => name.clone())
+        .increment(0);
+    for policy in quota.policies() {
+        let policy_name = policy.name_arc().clone();
+        if policy.is_shadow() {
+            metrics::counter!(
+                "tower_admission_shadow_refusals_total",
+                "quota" => name.clone(),
+                "policy" => policy_name
+            )
+            .increment(0);
+            continue;
+        }
+        for reason in ["exhausted", "cost-exceeds-capacity"] {
+            metrics::counter!(
+                "tower_admission_policy_refused_total",
+                "quota" => name.clone(),
+                "policy" => policy_name.clone(),
+                "reason" => reason
+            )
+            .increment(0);
+        }
+        let mode = match policy.failure_mode() {
+            FailureMode::Open => "open",
+            FailureMode::Closed => "closed",
+            FailureMode::LocalShare { .. } => "local_share",
+        };
+        metrics::counter!("tower_admission_failure_mode_total", "quota" => name.clone(), "mode" => mode)
+            .increment(0);
+    }
 }
 
 /// Counts each enforcing policy behind a refusal once, with why it refused:
