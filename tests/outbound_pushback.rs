@@ -147,6 +147,11 @@ async fn one_instance_s_pushback_lowers_every_instance_s_grant_and_they_look_aga
         (12_000, 120_000)
     );
     assert_eq!(
+        (s.rate.as_milli(), s.kept),
+        (12_000, Rate::ZERO),
+        "under pushback a lowered grant applies at once: the older 24/s is not kept"
+    );
+    assert_eq!(
         fleet[0].until_next_refresh(),
         Duration::from_secs(1),
         "while E < R every instance refreshes every quarter period"

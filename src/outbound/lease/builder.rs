@@ -251,6 +251,8 @@ impl<C: Clock> RateLeaseBuilder<C> {
             phase: Phase::Starting,
             grant: Rate::ZERO,
             until: Timestamp(0),
+            kept: Rate::ZERO,
+            kept_until: Timestamp(0),
             fallback: false,
             bucket: Bucket::EMPTY,
             last: now,

@@ -39,6 +39,11 @@ impl<C: Clock> RateLease<C> {
             } else {
                 (Rate::ZERO, 0)
             };
+            let kept = if s.phase == Phase::Active && x < s.kept_until {
+                (s.kept, s.kept_until.0 - x.0)
+            } else {
+                (Rate::ZERO, 0)
+            };
             let args = Args {
                 op: "g",
                 life: self.inner.life,
@@ -47,6 +52,7 @@ impl<C: Clock> RateLease<C> {
                 budget: cfg.rate,
                 lease_us: cfg.lease_us,
                 held,
+                kept,
                 pushed: std::mem::take(&mut s.pushed),
             };
             (x, args)
@@ -90,13 +96,26 @@ impl<C: Clock> RateLease<C> {
             return Err(LeaseError::Released);
         }
         s.advance(recv, cfg);
-        let before = (s.phase, s.grant, s.until);
+        let before = s.shape();
         let outcome = match result {
             Ok(reply) => {
                 let life = reply.expiry.saturating_sub(reply.now);
+                let older = [(s.grant, s.until), (s.kept, s.kept_until)];
                 s.phase = Phase::Active;
                 s.grant = reply.rate;
                 s.until = Timestamp(sent_at.0.saturating_add(life).saturating_sub(cfg.margin_us));
+                // A lowered grant: the script counts the older, higher one
+                // until its expiry, so it is spent until then (the highest
+                // one still running), unless pushback lowered the budget,
+                // when the fleet must spend less at once.
+                (s.kept, s.kept_until) = (Rate::ZERO, Timestamp(0));
+                if reply.effective >= cfg.rate {
+                    for (rate, until) in older {
+                        if rate > s.grant && rate > s.kept && until > recv {
+                            (s.kept, s.kept_until) = (rate, until.min(s.until));
+                        }
+                    }
+                }
                 s.target = reply.target;
                 s.note_effective(reply.effective, &inner.budget);
                 s.failures = 0;
@@ -140,6 +159,7 @@ impl<C: Clock> RateLease<C> {
                     s.last = recv;
                 }
                 s.until = Timestamp(s.until.0.min(recv.0));
+                (s.kept, s.kept_until) = (Rate::ZERO, Timestamp(0));
                 s.bucket.cap(cfg.capacity(cfg.fallback));
                 s.failures = s.failures.saturating_add(1);
                 s.id_in_use = s.id_in_use.saturating_add(1);
@@ -246,10 +266,11 @@ impl<C: Clock> RateLease<C> {
     pub async fn release(&self) -> Result<(), LeaseError> {
         {
             let mut s = self.inner.state.lock();
-            let before = (s.phase, s.grant, s.until);
+            let before = s.shape();
             s.phase = Phase::Released;
             s.grant = Rate::ZERO;
             s.until = Timestamp(0);
+            (s.kept, s.kept_until) = (Rate::ZERO, Timestamp(0));
             s.bucket.clear();
             let now = self.inner.clock.now();
             s.note_change(before, now);

@@ -80,6 +80,8 @@ pub(super) struct Args {
     pub(super) lease_us: u64,
     /// The grant held by the instance's own account: rate, µs left.
     pub(super) held: (Rate, u64),
+    /// An older, higher grant it still spends: rate, µs left (ARGV 12, 13).
+    pub(super) kept: (Rate, u64),
     /// The dependency pushed back since the last call (ARGV 11).
     pub(super) pushed: bool,
 }
@@ -94,6 +96,7 @@ impl Args {
             budget: Rate::ZERO,
             lease_us: 0,
             held: (Rate::ZERO, 0),
+            kept: (Rate::ZERO, 0),
             pushed: false,
         }
     }
@@ -211,7 +214,9 @@ impl LeaseStore {
             .arg(args.held.1)
             .arg(now)
             .arg(format!("{:016x}", args.life))
-            .arg(u8::from(args.pushed));
+            .arg(u8::from(args.pushed))
+            .arg(args.kept.0 .0)
+            .arg(args.kept.1);
         let reply = self
             .inner
             .connector

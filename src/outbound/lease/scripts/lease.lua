@@ -38,7 +38,10 @@
 -- ARGV[9]: the injected time (test-only script). ARGV[10]: the calling
 --          lease's life, random per lease (16 hex digits). ARGV[11]: 1 if
 --          the dependency pushed back on the caller since its last call
---          (absent or 0: it did not).
+--          (absent or 0: it did not). ARGV[12], ARGV[13]: an older, higher
+--          grant the caller still spends by its own account (rate, µs it
+--          still has; absent or 0 0 for none), merged as a step as ARGV[7],
+--          ARGV[8] are.
 --
 -- `_a` in the hash: "<base>,<pushed>,<cut>", the pushback state (absent: no
 -- pushback, E = R). Pushback (AIMD on the budget the targets share): the
@@ -286,6 +289,11 @@ dem[me] = demand
 flags[me] = flag
 if held_rate > 0 and held_left > 0 then
   table.insert(steps[me], { held_rate, now + held_left })
+end
+local kept_rate = tonumber(ARGV[12] or '0') or 0
+local kept_left = tonumber(ARGV[13] or '0') or 0
+if kept_rate > 0 and kept_left > 0 then
+  table.insert(steps[me], { kept_rate, now + kept_left })
 end
 
 -- The budget of this call: the lowest of the caller's and every other live
