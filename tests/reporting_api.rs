@@ -12,6 +12,8 @@ mod data;
 mod dependency;
 #[path = "../examples/mock_dependency/mock.rs"]
 mod mock;
+#[path = "../examples/reporting_api/overload.rs"]
+mod overload;
 
 use std::time::Duration;
 
@@ -46,7 +48,7 @@ fn api_of(config: &Config, dependency: Dependency) -> (Router, ManualClock) {
 /// The dependency at `url` through `budget`, as the built-in config says.
 fn dependency<Bu: tower_admission::outbound::AttemptBudget>(url: &str, budget: Bu) -> Dependency {
     let config = Config::builtin();
-    Dependency::new(url, budget, &config.dependency, config.batch.active_items)
+    Dependency::new(url, budget, &config.dependency, config.batch.active_items).unwrap()
 }
 
 /// A budget that never refuses these tests' calls.
@@ -519,6 +521,23 @@ fn a_broken_file_is_refused_with_its_key_path_and_reason() {
         (
             ("per_identity = { limit = 4,", "per_identity = { limit = 0,"),
             "concurrency.per_identity",
+        ),
+        // A plan's class and the limit on dependency calls, by their keys.
+        (
+            ("class = \"sheddable\"", "class = \"urgent\""),
+            "plans.free.class: unknown variant `urgent`, expected one of `sheddable`, `default`, `critical`",
+        ),
+        (
+            ("mode = \"adaptive\"", "mode = \"auto\""),
+            "dependency.concurrency.mode: unknown variant `auto`",
+        ),
+        (
+            ("floor = 1\n", "floor = 0\n"),
+            "dependency.concurrency.floor: must be at least 1",
+        ),
+        (
+            ("ceiling = 64", "ceiling = 0"),
+            "dependency.concurrency.ceiling: must be at least the floor",
         ),
     ];
     for ((from, to), expected) in cases {
