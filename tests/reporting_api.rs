@@ -1264,3 +1264,33 @@ async fn the_free_plan_admits_23_in_2_s_and_at_most_100_in_any_60_s() {
     assert_eq!(within(&burst_only, 0, 2_000), 23);
     assert_eq!(within(&burst_only, 0, 60_000), 120);
 }
+
+/// `[dependency.concurrency] mode`: the adaptive limit (its first baseline
+/// probe at 3 in flight), a fixed cap of `fixed`, or no limit.
+#[tokio::test]
+async fn the_dependency_limit_is_adaptive_fixed_or_off() {
+    let limit = |mode: &str| {
+        Config::parse(&edited("mode = \"adaptive\"", mode))
+            .unwrap()
+            .dependency
+            .concurrency
+            .limit()
+            .unwrap()
+            .map(|limit| limit.stats().limit)
+    };
+    assert_eq!(limit("mode = \"adaptive\""), Some(3));
+    assert_eq!(limit("mode = \"fixed\""), Some(16));
+    assert_eq!(limit("mode = \"off\""), None);
+    let error = Config::parse(&edited("fixed = 16", "fixed = 0"))
+        .unwrap()
+        .dependency
+        .concurrency;
+    // Unused in mode "adaptive"; refused where it is used.
+    assert_eq!(error.fixed, 0);
+    let fixed_zero =
+        edited("fixed = 16", "fixed = 0").replace("mode = \"adaptive\"", "mode = \"fixed\"");
+    assert_eq!(
+        Config::parse(&fixed_zero).unwrap_err().to_string(),
+        "dependency.concurrency.fixed: must be at least 1"
+    );
+}
