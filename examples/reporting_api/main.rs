@@ -47,6 +47,7 @@ mod dependency;
 mod metrics;
 #[path = "../mock_dependency/mock.rs"]
 mod mock;
+mod overload;
 mod serve;
 
 use std::net::SocketAddr;
@@ -271,7 +272,7 @@ fn memory_app(
         budget,
         &config.dependency,
         config.batch.active_items,
-    );
+    )?;
     let mut api = app::app(config, store, dependency)?;
     api.router = api.router.merge(exporter.router());
     Ok(api)
@@ -315,7 +316,7 @@ fn redis_app(
         settings,
         config.batch.active_items,
         args.pushback,
-    );
+    )?;
     // Redis keys expire on their own; no key count is read from Redis.
     let mut api = app::app(config, store, dependency)?;
     api.router = api.router.merge(exporter.router());
