@@ -207,6 +207,8 @@ struct Figures {
     p99_ms: u64,
     /// Calls it answered per second.
     goodput: f64,
+    /// The most calls in flight at the dependency at once.
+    max_concurrent: u64,
     /// The limit on /metrics at the end of the window.
     limit: f64,
     free: Outcomes,
@@ -300,6 +302,7 @@ async fn run(mode: &str, warm: Duration, settle: Duration, window: Duration) -> 
         p50_ms: count("p50_ms"),
         p99_ms: count("p99_ms"),
         goodput: answered as f64 / elapsed,
+        max_concurrent: count("max_concurrent"),
         limit: after
             .get("tower_admission_concurrency_limit{}")
             .copied()
@@ -328,12 +331,14 @@ fn report(mode: &str, f: &Figures) {
             .map_or(f64::NAN, |s| s * 1000.0)
     };
     println!(
-        "overload mode={mode}: dependency p50 {} ms, p99 {} ms, {:.1} answered/s, limit {} \
+        "overload mode={mode}: dependency p50 {} ms, p99 {} ms, {:.1} answered/s, \
+         at most {} in flight; limit {} \
          (baseline {:.1} ms, latency {:.1} ms); pro batches ok {} shed {} other {}; \
          free batches ok {} shed {} other {}; retries {}",
         f.p50_ms,
         f.p99_ms,
         f.goodput,
+        f.max_concurrent,
         f.limit,
         ms("baseline_latency_seconds"),
         ms("latency_seconds"),
