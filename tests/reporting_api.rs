@@ -1049,12 +1049,13 @@ async fn a_dependency_asking_for_30_s_is_not_retried_and_its_wait_is_passed_on()
 fn lease_flags_without_redis_are_refused_at_start() {
     let parse = |line: &[&str]| args::parse(line.iter().map(|a| a.to_string()));
     for flag in [
-        ["--expected-instances", "10"],
-        ["--instance-id", "api-1"],
-        ["--budget-redis", "redis://127.0.0.1:6380/"],
+        &["--expected-instances", "10"][..],
+        &["--instance-id", "api-1"],
+        &["--budget-redis", "redis://127.0.0.1:6380/"],
+        &["--pushback"],
     ] {
         assert_eq!(
-            parse(&flag),
+            parse(flag),
             Err(format!(
                 "{} needs --redis: it shapes the fleet's lease of the dependency budget \
                  in Redis, and without --redis each instance has a whole budget of its own",
@@ -1075,9 +1076,11 @@ fn lease_flags_without_redis_are_refused_at_start() {
         "x.toml",
         "--dependency-url",
         "http://127.0.0.1:3300",
+        "--pushback",
     ])
     .unwrap()
     .unwrap();
+    assert!(parsed.pushback, "--pushback with --redis");
     assert_eq!(parsed.expected_instances.get(), 10);
     assert_eq!(parsed.redis.as_deref(), Some("redis://127.0.0.1:6380/"));
     assert_eq!(parsed.budget_redis, None);
