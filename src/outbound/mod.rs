@@ -68,6 +68,6 @@ pub use lease::{
 pub use leased::LeasedBudget;
 #[cfg(feature = "redis")]
 pub use regions::{
-    Initialized, PendingTransfer, RegionError, RegionalBudget, RegionalBudgetBuilder,
+    Initialized, PendingTransfer, RegionError, RegionView, RegionalBudget, RegionalBudgetBuilder,
     RepairOutcome, RepairReport, Snapshot, Step, TransferError, TransferId, TransferOutcome,
 };

@@ -18,6 +18,7 @@ mod builder;
 mod error;
 mod init;
 mod ledger;
+mod ordered;
 mod region;
 mod repair;
 mod snapshot;
@@ -26,6 +27,7 @@ mod transfer;
 pub use builder::RegionalBudgetBuilder;
 pub use error::{RegionError, Step, TransferError};
 pub use init::Initialized;
+pub use ordered::RegionView;
 pub use repair::{PendingTransfer, RepairOutcome, RepairReport};
 pub use snapshot::Snapshot;
 pub use transfer::{TransferId, TransferOutcome};
@@ -37,10 +39,14 @@ const CREDIT: &str = include_str!("scripts/regions_credit.lua");
 const SEED: &str = include_str!("scripts/regions_seed.lua");
 const REFUND: &str = include_str!("scripts/regions_refund.lua");
 const PIN: &str = include_str!("scripts/regions_pin.lua");
+const SEND: &str = include_str!("scripts/regions_send.lua");
+const RECEIVE: &str = include_str!("scripts/regions_receive.lua");
+const VIEW: &str = include_str!("scripts/regions_view.lua");
 
 /// Allocations are integers in Lua doubles: exact below 2^53.
 const MAX_TOTAL: u64 = (1 << 53) - 1;
 const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_millis(500);
+const DEFAULT_CREDIT_HOLD: Duration = Duration::from_secs(8);
 const MAX_NAME: usize = 64;
 const MAX_ID: usize = 128;
 
@@ -212,12 +218,17 @@ struct Inner {
     name: Box<str>,
     total: u64,
     call_timeout: Duration,
+    /// The credit hold H, in µs.
+    hold_us: u64,
     regions: Vec<Region>,
     debit: Script,
     credit: Script,
     seed: Script,
     refund: Script,
     pin: Script,
+    send: Script,
+    receive: Script,
+    view: Script,
 }
 
 impl fmt::Debug for RegionalBudget {
@@ -258,6 +269,7 @@ impl RegionalBudget {
             total,
             regions: Vec::new(),
             call_timeout: DEFAULT_CALL_TIMEOUT,
+            credit_hold: DEFAULT_CREDIT_HOLD,
         }
     }
 
@@ -296,6 +308,19 @@ impl RegionalBudget {
     /// ```
     pub fn call_timeout(&self) -> Duration {
         self.inner.call_timeout
+    }
+
+    /// The credit hold `H` (see [`RegionalBudgetBuilder::credit_hold`]).
+    ///
+    /// ```
+    /// # use tower_admission::outbound::RegionalBudget;
+    /// # use std::time::Duration;
+    /// let budget = RegionalBudget::builder(10).region("eu", "redis://127.0.0.1/", 10).build()?;
+    /// assert_eq!(budget.credit_hold(), Duration::from_secs(8));
+    /// # Ok::<(), tower_admission::ConfigError>(())
+    /// ```
+    pub fn credit_hold(&self) -> Duration {
+        Duration::from_micros(self.inner.hold_us)
     }
 
     /// The region names with their initial allocations, in the order they
