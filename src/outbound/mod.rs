@@ -68,6 +68,7 @@ pub use lease::{
 pub use leased::LeasedBudget;
 #[cfg(feature = "redis")]
 pub use regions::{
-    Initialized, PendingTransfer, RegionError, RegionView, RegionalBudget, RegionalBudgetBuilder,
-    RepairOutcome, RepairReport, Snapshot, Step, TransferError, TransferId, TransferOutcome,
+    Initialized, PendingTransfer, Rebalanced, Rebalancer, RegionError, RegionLease,
+    RegionLeaseBuilder, RegionView, RegionalBudget, RegionalBudgetBuilder, RepairOutcome,
+    RepairReport, Snapshot, Step, TransferError, TransferId, TransferOutcome,
 };
