@@ -6,7 +6,10 @@
 //! the scripts (`scripts/`) store and answer; `init.rs` seeds and recovers
 //! the regions' states; `snapshot.rs` reads the allocations; `transfer.rs`
 //! moves allocation (debit, credit, clear); `repair.rs` finishes half-done
-//! transfers; `error.rs` has the errors.
+//! transfers; `ordered.rs` moves allocation by ordered transfers with
+//! bounded records and reads what a region may spend; `region_lease.rs`
+//! spends a region's allocation through rate leases; `rebalancer.rs` moves
+//! it toward demand; `error.rs` has the errors.
 
 use std::fmt;
 use std::sync::Arc;
@@ -182,8 +185,24 @@ const MAX_ID: usize = 128;
 /// | `tower-admission:regions:{b:r}:pending` | hash: the same records, for debits whose credit is not yet confirmed |
 /// | `tower-admission:regions:{b:r}:credits` | hash: `donor:id` → `amount:seq:donor_epoch`, every credit ever applied here |
 ///
-/// The two ledgers grow by one field per transfer and are never trimmed
-/// here: forgetting an id would make a late retry of it apply twice.
+/// The two ledgers grow by one field per id-based transfer and are never
+/// trimmed: forgetting an id would make a late retry of it apply twice.
+///
+/// # Ordered transfers: bounded records
+///
+/// [`send`](Self::send) moves allocation as the `n`-th transfer of a pair
+/// (numbers from [`next_number`](Self::next_number)). Its records are a
+/// watermark per pair in the state hash (`out:<to>` and `last:<to>` on the
+/// donor, `in:<donor>:<epoch>` on the receiver), a pending mark per pair
+/// while unconfirmed, and `hold`, the credits younger than the
+/// [credit hold](RegionalBudgetBuilder::credit_hold): 14 fields for three
+/// regions however many transfers run. A late retry of a number at or
+/// below the watermark is never applied again. Received allocation counts
+/// as spendable ([`spendable`](Self::spendable)) and may be given on only
+/// after the hold, which is what lets a
+/// [`RegionLease`](crate::outbound::RegionLease) spend it safely; a
+/// [`Rebalancer`](crate::outbound::Rebalancer) moves allocation toward
+/// demand with it. `docs/regions.md` has the proofs.
 ///
 /// # Example
 ///

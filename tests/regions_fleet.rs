@@ -1,0 +1,215 @@
+//! Regions simulation: 3 regions, each its own `redis-server` and 2
+//! instances spending through `RegionLease`s, a total of 240/s, a
+//! rebalancer per region. Demand moves from `eu` to `us` mid-run, and
+//! `ap`'s Redis is killed for 1 s and restarts without its data. The sends
+//! are counted where they start (in process, as the dependency would see
+//! them without network delay).
+//!
+//! Asserted: at most `T + T·τ + n` = 252 sends in any 1 s window; the sum of
+//! the allocations at most 240 in every consistent snapshot; `us`'s
+//! allocation follows the shift; the outage loses at most `ap`'s allocation
+//! plus one `max_step` per donor. Real time, short leases (L = 1 s); the CI
+//! form runs 16 s, `scripts/regions-long` a longer one.
+#![cfg(feature = "redis")]
+
+mod support;
+
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tower_admission::outbound::{LeaseStore, Rebalancer, RegionLease, RegionalBudget};
+
+use support::RedisServer;
+
+const TOTAL: u64 = 240;
+const NAMES: [&str; 3] = ["eu", "us", "ap"];
+const INSTANCES: usize = 2;
+const MAX_STEP: u64 = 20;
+/// `T + T·τ + n`: the grants' sum, each bucket's burst (25 ms), one unit each.
+const BOUND: usize = 240 + 6 + 3 * INSTANCES;
+
+fn seconds(var: &str, default: u64) -> Duration {
+    Duration::from_secs(
+        std::env::var(var)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regions_follow_demand_within_the_total_through_an_outage() {
+    let phase = seconds("REGIONS_FLEET_PHASE_SECS", 5);
+    let mut servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let mut builder = RegionalBudget::builder(TOTAL)
+        .credit_hold(Duration::from_millis(1600))
+        .call_timeout(Duration::from_millis(100));
+    for (name, server) in NAMES.iter().zip(&servers) {
+        builder = builder.region(name, &server.url(), TOTAL / 3);
+    }
+    let budget = builder.build().unwrap();
+    budget.initialize().await.unwrap();
+    let stores: Vec<(String, LeaseStore)> = NAMES
+        .iter()
+        .zip(&servers)
+        .map(|(name, server)| {
+            let store = LeaseStore::builder(server.url())
+                .deadline(Duration::from_millis(100))
+                .build()
+                .unwrap();
+            (name.to_string(), store)
+        })
+        .collect();
+
+    // Which regions' callers want far more than they hold.
+    let heavy: Arc<[AtomicBool; 3]> = Arc::new([
+        AtomicBool::new(true),
+        AtomicBool::new(false),
+        AtomicBool::new(false),
+    ]);
+    let sends: Arc<Mutex<Vec<Instant>>> = Arc::default();
+    let per_region: Arc<[AtomicU64; 3]> = Arc::default();
+    let mut tasks = Vec::new();
+    for (r, (name, store)) in stores.iter().enumerate() {
+        for i in 0..INSTANCES {
+            let lease = RegionLease::builder(
+                budget.clone(),
+                name,
+                store.clone(),
+                NonZeroU32::new(INSTANCES as u32).unwrap(),
+            )
+            .instance_id(&format!("{name}-{i}"))
+            .lease(Duration::from_secs(1))
+            .refresh_every(Duration::from_millis(600))
+            .view_max_age(Duration::from_millis(300))
+            .max_skew(Duration::from_millis(50))
+            .build()
+            .unwrap();
+            tasks.push(lease.spawn());
+            let (heavy, sends, per_region) = (heavy.clone(), sends.clone(), per_region.clone());
+            tasks.push(tokio::spawn(async move {
+                let lease = lease.lease();
+                loop {
+                    // Light callers: 10/s per instance.
+                    let pause = if heavy[r].load(Ordering::Relaxed) {
+                        Duration::from_millis(2)
+                    } else {
+                        Duration::from_millis(100)
+                    };
+                    if lease.try_acquire(1).is_ok() {
+                        sends.lock().unwrap().push(Instant::now());
+                        per_region[r].fetch_add(1, Ordering::Relaxed);
+                    }
+                    tokio::time::sleep(pause).await;
+                }
+            }));
+        }
+        let rebalancer =
+            Rebalancer::new(budget.clone(), name, stores.clone(), MAX_STEP, 4).unwrap();
+        tasks.push(rebalancer.spawn(Duration::from_millis(500)));
+    }
+
+    // Consistent snapshots, every 50 ms, whenever every region answers.
+    let start = Instant::now();
+    let observer = {
+        let budget = budget.clone();
+        tokio::spawn(async move {
+            let (mut seen, mut above, mut max_sum) = (0u64, 0u64, 0u64);
+            let mut series = Vec::new();
+            loop {
+                if let Ok(s) = budget.snapshot().await {
+                    seen += 1;
+                    max_sum = max_sum.max(s.sum());
+                    above += u64::from(s.sum() > s.total());
+                    series.push((start.elapsed(), NAMES.map(|n| s.allocation(n).unwrap_or(0))));
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                *OBSERVED.lock().unwrap() = (seen, above, max_sum, series.clone());
+            }
+        })
+    };
+
+    tokio::time::sleep(phase).await;
+    // Demand moves from eu to us.
+    heavy[0].store(false, Ordering::Relaxed);
+    heavy[1].store(true, Ordering::Relaxed);
+    let shifted = start.elapsed();
+    let us_before = budget.allocation("us").await.unwrap();
+    tokio::time::sleep(phase).await;
+
+    // ap's Redis dies for 1 s and comes back empty.
+    let ap_before = budget.allocation("ap").await.unwrap();
+    servers[2].kill();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    servers[2].restart();
+    budget.recover_lost("ap").await.unwrap();
+    tokio::time::sleep(phase).await;
+
+    observer.abort();
+    for t in &tasks {
+        t.abort();
+    }
+    let (snapshots, above, max_sum, series) = OBSERVED.lock().unwrap().clone();
+    let end = budget.snapshot().await.unwrap();
+
+    // Sends in any 1 s window.
+    let mut times = sends.lock().unwrap().clone();
+    times.sort();
+    let mut max_window = 0;
+    let mut lo = 0;
+    for hi in 0..times.len() {
+        while times[hi] - times[lo] >= Duration::from_secs(1) {
+            lo += 1;
+        }
+        max_window = max_window.max(hi - lo + 1);
+    }
+    let us_after = series
+        .iter()
+        .filter(|(t, _)| *t >= shifted && *t < shifted + phase)
+        .map(|(_, a)| a[1])
+        .max()
+        .unwrap_or(0);
+    let moved_by = series
+        .iter()
+        .find(|(t, a)| *t >= shifted && a[1] >= us_before + 60)
+        .map(|(t, _)| *t - shifted);
+    println!(
+        "snapshots {snapshots}, above the total {above}, max sum {max_sum}/{TOTAL}; \
+         max sends in 1 s {max_window} (bound {BOUND}); sends per region {:?}; \
+         us {us_before} -> {us_after} after the shift (+60 after {moved_by:?}); \
+         ap held {ap_before} before its outage; sum at the end {} (in flight {})",
+        per_region.each_ref().map(|c| c.load(Ordering::Relaxed)),
+        end.sum(),
+        end.in_flight(),
+    );
+    for (t, a) in series.iter().step_by(10) {
+        println!(
+            "  {:>5.1} s  eu {:>3}  us {:>3}  ap {:>3}",
+            t.as_secs_f64(),
+            a[0],
+            a[1],
+            a[2]
+        );
+    }
+    assert!(snapshots >= 100, "{snapshots} snapshots");
+    assert_eq!(above, 0);
+    assert!(max_sum <= TOTAL);
+    assert!(max_window <= BOUND, "{max_window} sends in 1 s");
+    assert!(
+        moved_by.is_some_and(|t| t <= phase),
+        "us gained 60 within {phase:?} of the shift: {moved_by:?}"
+    );
+    // The outage lost at most ap's allocation when it died (at most two
+    // steps above its last reading) and one max_step per donor in flight.
+    assert!(
+        end.sum() + ap_before + 4 * MAX_STEP >= TOTAL,
+        "lost {} with ap at {ap_before}",
+        TOTAL - end.sum()
+    );
+}
+
+type Observed = (u64, u64, u64, Vec<(Duration, [u64; 3])>);
+static OBSERVED: Mutex<Observed> = Mutex::new((0, 0, 0, Vec::new()));
