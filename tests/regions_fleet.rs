@@ -7,8 +7,9 @@
 //!
 //! Asserted: at most `T + T·τ + n` = 252 sends in any 1 s window; the sum of
 //! the allocations at most 240 in every consistent snapshot; `us`'s
-//! allocation follows the shift; the outage loses at most `ap`'s allocation
-//! plus one `max_step` per donor. Real time, short leases (L = 1 s); the CI
+//! allocation follows the shift; the outage takes at most `ap`'s allocation
+//! plus one `max_step` per donor, and `restore_lost` brings the sum back to
+//! the total. Real time, short leases (L = 1 s); the CI
 //! form runs 16 s, `scripts/regions-long` a longer one.
 #![cfg(feature = "redis")]
 
@@ -146,6 +147,17 @@ async fn regions_follow_demand_within_the_total_through_an_outage() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     servers[2].restart();
     budget.recover_lost("ap").await.unwrap();
+    let lost = TOTAL
+        - budget
+            .allocations()
+            .await
+            .unwrap()
+            .iter()
+            .map(|a| a.1)
+            .sum::<u64>();
+    // The documented repair: exactly what the loss took, read from a
+    // consistent cut (transfers between the live regions go on meanwhile).
+    let restored = budget.restore_lost("ap").await.unwrap();
     tokio::time::sleep(phase).await;
 
     observer.abort();
@@ -153,6 +165,8 @@ async fn regions_follow_demand_within_the_total_through_an_outage() {
         t.abort();
     }
     let (snapshots, above, max_sum, series) = OBSERVED.lock().unwrap().clone();
+    // Transfers the abort cut between their steps are finished.
+    budget.repair_all().await;
     let end = budget.snapshot().await.unwrap();
 
     // Sends in any 1 s window.
@@ -180,10 +194,10 @@ async fn regions_follow_demand_within_the_total_through_an_outage() {
         "snapshots {snapshots}, above the total {above}, max sum {max_sum}/{TOTAL}; \
          max sends in 1 s {max_window} (bound {BOUND}); sends per region {:?}; \
          us {us_before} -> {us_after} after the shift (+60 after {moved_by:?}); \
-         ap held {ap_before} before its outage; sum at the end {} (in flight {})",
+         ap held {ap_before} before its outage, about {lost} lost, {restored} restored; \
+         sum at the end {}",
         per_region.each_ref().map(|c| c.load(Ordering::Relaxed)),
         end.sum(),
-        end.in_flight(),
     );
     for (t, a) in series.iter().step_by(10) {
         println!(
@@ -202,13 +216,18 @@ async fn regions_follow_demand_within_the_total_through_an_outage() {
         moved_by.is_some_and(|t| t <= phase),
         "us gained 60 within {phase:?} of the shift: {moved_by:?}"
     );
-    // The outage lost at most ap's allocation when it died (at most two
-    // steps above its last reading) and one max_step per donor in flight.
+    // The outage took at most ap's allocation when it died (at most two
+    // steps above its last reading) and one max_step per donor in flight;
+    // the repair returned it.
     assert!(
-        end.sum() + ap_before + 4 * MAX_STEP >= TOTAL,
-        "lost {} with ap at {ap_before}",
-        TOTAL - end.sum()
+        restored <= ap_before + 4 * MAX_STEP,
+        "restored {restored} with ap at {ap_before}"
     );
+    assert!(
+        restored + 2 * MAX_STEP >= lost,
+        "lost {lost}, restored {restored}"
+    );
+    assert_eq!(end.sum(), TOTAL, "the repair brought the total back");
 }
 
 type Observed = (u64, u64, u64, Vec<(Duration, [u64; 3])>);

@@ -211,3 +211,35 @@ async fn received_allocation_is_held_before_it_counts_or_moves_on() {
     let view = f.budget.spendable("us").await.unwrap();
     assert_eq!((view.allocation(), view.spendable()), (30, 0));
 }
+
+#[tokio::test]
+async fn restore_lost_returns_exactly_what_a_state_loss_took() {
+    let mut f = fleet(Duration::from_micros(1)).await;
+    f.budget.send("eu", "ap", 1, 20).await.unwrap();
+    // ap dies without persistence; a transfer toward it is debited and
+    // never credited.
+    f.servers[2].kill();
+    let err = f.budget.send("us", "ap", 1, 10).await.unwrap_err();
+    assert!(err.needs_repair(), "{err:?}");
+    f.servers[2].restart();
+    assert!(f.budget.recover_lost("ap").await.unwrap());
+    f.budget.repair_all().await; // the debit toward the lost ap is dropped
+    let before = f.budget.allocations().await.unwrap();
+    assert_eq!(
+        before,
+        [
+            ("eu".to_owned(), 80),
+            ("us".to_owned(), 70),
+            ("ap".to_owned(), 0)
+        ]
+    );
+
+    assert_eq!(f.budget.restore_lost("ap").await.unwrap(), 90);
+    assert_eq!(f.budget.restore_lost("ap").await.unwrap(), 0, "once only");
+    let after = f.budget.snapshot().await.unwrap();
+    assert_eq!(after.allocation("ap"), Some(90));
+    assert_eq!(after.sum(), TOTAL);
+    // Held like a credit: spendable only after the hold (1 µs here).
+    let view = f.budget.spendable("ap").await.unwrap();
+    assert_eq!(view.allocation(), 90);
+}

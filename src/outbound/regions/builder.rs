@@ -7,8 +7,8 @@ use redis::Script;
 
 use super::region::Region;
 use super::{
-    Inner, RegionalBudget, CREDIT, DEBIT, MAX_NAME, MAX_TOTAL, PIN, RECEIVE, REFUND, SEED, SEND,
-    VIEW,
+    Inner, RegionalBudget, CREDIT, DEBIT, MAX_NAME, MAX_TOTAL, PIN, RECEIVE, REFUND, RESTORE, SEED,
+    SEND, VIEW,
 };
 use crate::redis::{Connector, Target, Timing};
 use crate::ConfigError;
@@ -193,6 +193,7 @@ impl RegionalBudgetBuilder {
                 send: Script::new(&with_clock(SEND)),
                 receive: Script::new(&with_clock(RECEIVE)),
                 view: Script::new(&with_clock(VIEW)),
+                restore: Script::new(&with_clock(RESTORE)),
             }),
         })
     }

@@ -6,7 +6,7 @@
 //! the scripts (`scripts/`) store and answer; `init.rs` seeds and recovers
 //! the regions' states; `snapshot.rs` reads the allocations; `transfer.rs`
 //! moves allocation (debit, credit, clear); `repair.rs` finishes half-done
-//! transfers; `ordered.rs` moves allocation by ordered transfers with
+//! transfers; `restore.rs` returns what a state loss took; `ordered.rs` moves allocation by ordered transfers with
 //! bounded records and reads what a region may spend; `region_lease.rs`
 //! spends a region's allocation through rate leases; `rebalancer.rs` moves
 //! it toward demand; `error.rs` has the errors.
@@ -26,6 +26,7 @@ mod rebalancer;
 mod region;
 mod region_lease;
 mod repair;
+mod restore;
 mod snapshot;
 mod transfer;
 
@@ -49,6 +50,7 @@ const PIN: &str = include_str!("scripts/regions_pin.lua");
 const SEND: &str = include_str!("scripts/regions_send.lua");
 const RECEIVE: &str = include_str!("scripts/regions_receive.lua");
 const VIEW: &str = include_str!("scripts/regions_view.lua");
+const RESTORE: &str = include_str!("scripts/regions_restore.lua");
 
 /// Allocations are integers in Lua doubles: exact below 2^53.
 const MAX_TOTAL: u64 = (1 << 53) - 1;
@@ -252,6 +254,7 @@ struct Inner {
     send: Script,
     receive: Script,
     view: Script,
+    restore: Script,
 }
 
 impl fmt::Debug for RegionalBudget {
