@@ -1,11 +1,12 @@
 //! Regions simulation: 3 regions, each its own `redis-server` and 2
 //! instances spending through `RegionLease`s, a total of 240/s, a
-//! rebalancer per region. Demand moves from `eu` to `us` mid-run, and
-//! `ap`'s Redis is killed for 1 s and restarts without its data. The sends
-//! are counted where they start (in process, as the dependency would see
-//! them without network delay).
+//! rebalancer per region, and the mock dependency at 300/s (served in this
+//! process over loopback HTTP). Demand moves from `eu` to `us` mid-run, and
+//! `ap`'s Redis is killed for 1 s and restarts without its data. Sends are
+//! counted where they start and where they arrive (the mock).
 //!
-//! Asserted: at most `T + T·τ + n` = 252 sends in any 1 s window; the sum of
+//! Asserted: at most `T + T·τ + n` = 252 sends in any 1 s window, at the
+//! sender and at the mock, and no refusal by the mock; the sum of
 //! the allocations at most 240 in every consistent snapshot; `us`'s
 //! allocation follows the shift; the outage takes at most `ap`'s allocation
 //! plus one `max_step` per donor, and `restore_lost` brings the sum back to
@@ -14,6 +15,9 @@
 #![cfg(feature = "redis")]
 
 mod support;
+
+#[path = "../examples/mock_dependency/mock.rs"]
+mod mock;
 
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -28,7 +32,7 @@ use support::RedisServer;
 const TOTAL: u64 = 240;
 const NAMES: [&str; 3] = ["eu", "us", "ap"];
 const INSTANCES: usize = 2;
-const MAX_STEP: u64 = 20;
+const MAX_STEP: u64 = 40;
 /// `T + T·τ + n`: the grants' sum, each bucket's burst (25 ms), one unit each.
 const BOUND: usize = 240 + 6 + 3 * INSTANCES;
 
@@ -44,6 +48,11 @@ fn seconds(var: &str, default: u64) -> Duration {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regions_follow_demand_within_the_total_through_an_outage() {
     let phase = seconds("REGIONS_FLEET_PHASE_SECS", 5);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let dependency = format!("http://{}/call", listener.local_addr().unwrap());
+    let (router, mock) = mock::router(mock::MockConfig::default());
+    let server = tokio::spawn(async move { axum::serve(listener, router).await });
+    let client = reqwest::Client::new();
     let mut servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
     let mut builder = RegionalBudget::builder(TOTAL)
         .credit_hold(Duration::from_millis(1600))
@@ -91,6 +100,7 @@ async fn regions_follow_demand_within_the_total_through_an_outage() {
             .unwrap();
             tasks.push(lease.spawn());
             let (heavy, sends, per_region) = (heavy.clone(), sends.clone(), per_region.clone());
+            let (client, dependency) = (client.clone(), dependency.clone());
             tasks.push(tokio::spawn(async move {
                 let lease = lease.lease();
                 loop {
@@ -103,6 +113,8 @@ async fn regions_follow_demand_within_the_total_through_an_outage() {
                     if lease.try_acquire(1).is_ok() {
                         sends.lock().unwrap().push(Instant::now());
                         per_region[r].fetch_add(1, Ordering::Relaxed);
+                        let call = client.post(&dependency).send();
+                        tokio::spawn(async move { drop(call.await) });
                     }
                     tokio::time::sleep(pause).await;
                 }
@@ -164,6 +176,10 @@ async fn regions_follow_demand_within_the_total_through_an_outage() {
     for t in &tasks {
         t.abort();
     }
+    // The calls still on their way arrive (5 ms each at the mock).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let at_mock = mock.stats();
+    server.abort();
     let (snapshots, above, max_sum, series) = OBSERVED.lock().unwrap().clone();
     // Transfers the abort cut between their steps are finished.
     budget.repair_all().await;
@@ -192,13 +208,28 @@ async fn regions_follow_demand_within_the_total_through_an_outage() {
         .map(|(t, _)| *t - shifted);
     println!(
         "snapshots {snapshots}, above the total {above}, max sum {max_sum}/{TOTAL}; \
-         max sends in 1 s {max_window} (bound {BOUND}); sends per region {:?}; \
+         max sends in 1 s {max_window} (bound {BOUND}), at the mock {} ({} arrivals, \
+         {} refused); sends per region {:?}; \
          us {us_before} -> {us_after} after the shift (+60 after {moved_by:?}); \
          ap held {ap_before} before its outage, about {lost} lost, {restored} restored; \
          sum at the end {}",
+        at_mock.max_in_any_1s,
+        at_mock.total,
+        at_mock.rejected,
         per_region.each_ref().map(|c| c.load(Ordering::Relaxed)),
         end.sum(),
     );
+    let per_second: Vec<usize> = (0..)
+        .map(|k| Duration::from_secs(k))
+        .take_while(|t| start + *t < *times.last().unwrap())
+        .map(|t| {
+            times
+                .iter()
+                .filter(|x| **x >= start + t && **x < start + t + Duration::from_secs(1))
+                .count()
+        })
+        .collect();
+    println!("sends per second: {per_second:?}");
     for (t, a) in series.iter().step_by(10) {
         println!(
             "  {:>5.1} s  eu {:>3}  us {:>3}  ap {:>3}",
@@ -212,6 +243,9 @@ async fn regions_follow_demand_within_the_total_through_an_outage() {
     assert_eq!(above, 0);
     assert!(max_sum <= TOTAL);
     assert!(max_window <= BOUND, "{max_window} sends in 1 s");
+    assert!(at_mock.max_in_any_1s <= BOUND as u64, "{at_mock:?}");
+    assert_eq!(at_mock.rejected, 0, "{at_mock:?}");
+    assert_eq!(at_mock.total, times.len() as u64, "every send arrived");
     assert!(
         moved_by.is_some_and(|t| t <= phase),
         "us gained 60 within {phase:?} of the shift: {moved_by:?}"
