@@ -35,6 +35,11 @@
 //!   one total, each in its region's own Redis, moved between regions by
 //!   idempotent, repairable transfers that debit the donor before they
 //!   credit the receiver, so the allocations never sum above the total.
+//!   Ordered transfers (`RegionalBudget::send`) keep bounded records.
+//! - `RegionLease` (feature `redis`): a `RateLease` whose budget is its
+//!   region's spendable allocation, so the grants of all regions never sum
+//!   above the total; `Rebalancer` moves a region's surplus toward demand
+//!   (see `docs/regions.md`).
 //!
 //! **A bound on send starts is not a bound on arrivals at the receiver.**
 //! Attempts admitted within the budget can still arrive together after
