@@ -220,7 +220,7 @@ async fn regions_follow_demand_within_the_total_through_an_outage() {
         end.sum(),
     );
     let per_second: Vec<usize> = (0..)
-        .map(|k| Duration::from_secs(k))
+        .map(Duration::from_secs)
         .take_while(|t| start + *t < *times.last().unwrap())
         .map(|t| {
             times

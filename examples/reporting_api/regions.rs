@@ -107,7 +107,9 @@ pub(crate) fn region_lease(
         lease = lease.instance_id(id);
     }
     let lease = lease.build()?;
-    let rebalancer = Rebalancer::new(budget.clone(), name, stores, 20, 4)?;
+    // Each region keeps a quarter of an even split for demand that appears.
+    let floor = total / (4 * regions.redis.len() as u64).max(1);
+    let rebalancer = Rebalancer::new(budget.clone(), name, stores, 20, 4)?.keep_at_least(floor);
     let running = lease.clone();
     // Runs for the life of the process: seeds the regions once (a no-op
     // when they exist), then reads the view, refreshes and rebalances.

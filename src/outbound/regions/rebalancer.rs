@@ -28,7 +28,8 @@ use crate::ConfigError;
 ///    spendable allocation.
 /// 3. Fair targets: the total split in proportion to demand (all regions at
 ///    their current allocation while no demand is known).
-/// 4. This region's surplus is `spendable − max(target, demand)`; a
+/// 4. This region's surplus is `spendable − max(target, demand, floor)`
+///    (the floor from [`keep_at_least`](Self::keep_at_least)); a
 ///    receiver's need is `target − allocation`. If both exceed the dead
 ///    band, send `min(surplus, need, max_step)` to the neediest reachable
 ///    receiver. A receiver whose demand could not be read (its Redis down)
@@ -42,6 +43,7 @@ pub struct Rebalancer {
     stores: Vec<(String, LeaseStore)>,
     max_step: u64,
     dead_band: u64,
+    floor: u64,
 }
 
 impl fmt::Debug for Rebalancer {
@@ -50,6 +52,7 @@ impl fmt::Debug for Rebalancer {
             .field("region", &self.region)
             .field("max_step", &self.max_step)
             .field("dead_band", &self.dead_band)
+            .field("floor", &self.floor)
             .finish()
     }
 }
@@ -106,7 +109,17 @@ impl Rebalancer {
             stores,
             max_step,
             dead_band,
+            floor: 0,
         })
+    }
+
+    /// Never gives away below `floor` (default 0): a reserve for demand
+    /// that appears later, which a region would otherwise wait for (its
+    /// measurement, the transfers and the credit hold) after giving
+    /// everything away while idle.
+    pub fn keep_at_least(mut self, floor: u64) -> Self {
+        self.floor = floor;
+        self
     }
 
     /// One period of the rule (see the type's docs).
@@ -145,9 +158,8 @@ impl Rebalancer {
                 .unwrap_or(total)
         };
         let own_demand = demand.get(&self.region).copied().flatten().unwrap_or(0);
-        let surplus = view
-            .spendable()
-            .saturating_sub(target(&self.region).max(own_demand));
+        let keep = target(&self.region).max(own_demand).max(self.floor);
+        let surplus = view.spendable().saturating_sub(keep);
         if surplus <= self.dead_band {
             return Ok(Rebalanced::Nothing);
         }
