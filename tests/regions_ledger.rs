@@ -10,7 +10,9 @@ mod support;
 
 use std::time::Duration;
 
-use tower_admission::outbound::{RegionalBudget, TransferError, TransferOutcome};
+use tower_admission::outbound::{
+    RegionError, RegionalBudget, TransferError, TransferId, TransferOutcome,
+};
 
 use support::RedisServer;
 
@@ -216,13 +218,20 @@ async fn received_allocation_is_held_before_it_counts_or_moves_on() {
 async fn restore_lost_returns_exactly_what_a_state_loss_took() {
     let mut f = fleet(Duration::from_micros(1)).await;
     f.budget.send("eu", "ap", 1, 20).await.unwrap();
-    // ap dies without persistence; a transfer toward it is debited and
-    // never credited.
+    // ap dies without persistence; a transfer toward it (by id: bound to
+    // the state last seen) is debited and never credited.
     f.servers[2].kill();
-    let err = f.budget.send("us", "ap", 1, 10).await.unwrap_err();
+    let id = TransferId::new("to-ap").unwrap();
+    let err = f.budget.transfer(&id, "us", "ap", 10).await.unwrap_err();
     assert!(err.needs_repair(), "{err:?}");
     f.servers[2].restart();
     assert!(f.budget.recover_lost("ap").await.unwrap());
+    // An id-based transfer pending: its amount cannot be placed in a cut.
+    let refused = f.budget.restore_lost("ap").await.unwrap_err();
+    assert!(
+        matches!(refused, RegionError::NotConsistent { .. }),
+        "{refused:?}"
+    );
     f.budget.repair_all().await; // the debit toward the lost ap is dropped
     let before = f.budget.allocations().await.unwrap();
     assert_eq!(

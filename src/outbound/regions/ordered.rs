@@ -149,7 +149,10 @@ impl RegionalBudget {
         }
         let (donor, receiver) = self.pair(from, to)?;
         let id = TransferId::ordered(to, n);
-        let mut to_epoch = receiver.known_epoch().unwrap_or_default();
+        // A new debit is bound to the receiver's state read just before it,
+        // never to a remembered one: a debit bound to a state lost since
+        // would never be credited.
+        let mut to_epoch = String::new();
         let mut reply = self.send_debit(donor, to, n, amount, &to_epoch).await?;
         if matches!(reply, SendReply::EpochNeeded) {
             to_epoch = self.read_epoch(receiver).await?;

@@ -108,8 +108,8 @@ pub struct RegionLeaseBuilder {
 impl RegionLease {
     /// Settings for one instance of `region` of `budget`, leasing from
     /// `store` (the region's own Redis, as a rule), in a region of about
-    /// `expected_instances` instances (a new instance's first demand guess
-    /// is the spendable allocation divided by it).
+    /// `expected_instances` instances: a new instance's first demand guess
+    /// is the total divided by it, and an idle one reports a tenth of that.
     pub fn builder(
         budget: RegionalBudget,
         region: &str,
@@ -270,7 +270,10 @@ impl RegionLeaseBuilder {
         .lease(self.lease)
         .refresh_every(self.refresh_every)
         .initial_demand(Rate::per_second(guess))
-        .min_demand(Rate::from_milli(1))
+        // An idle instance still reports a tenth of its even share: a held
+        // back one doubles its grant per refresh, so a grant near zero would
+        // take many refresh periods to reach its share once callers come.
+        .min_demand(Rate::from_milli(guess * 100))
         .ceiling(ceiling.clone());
         if let Some(id) = &self.instance_id {
             lease = lease.instance_id(id);

@@ -31,6 +31,13 @@ impl RegionalBudget {
     /// [credit hold](super::RegionalBudgetBuilder::credit_hold): grants
     /// issued before the loss may still be spent until they expire.
     ///
+    /// A transfer whose debit was bound to the lost state before the
+    /// recovery, and which only then reaches it, is refused for good
+    /// ([`TransferError::ReceiverRecreated`](super::TransferError::ReceiverRecreated))
+    /// after this reading: call it again once the transfers running at the
+    /// recovery are done (a rebalancing period); it returns what is still
+    /// missing, or 0.
+    ///
     /// Refused with [`RegionError::NotConsistent`] while an id-based
     /// [`transfer`](Self::transfer) is pending (its amount cannot be placed)
     /// or when no consistent cut was read in a few attempts.
