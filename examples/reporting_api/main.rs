@@ -50,6 +50,7 @@ mod dependency;
 mod metrics;
 #[path = "../mock_dependency/mock.rs"]
 mod mock;
+mod overload;
 mod regions;
 mod serve;
 
@@ -275,7 +276,7 @@ fn memory_app(
         budget,
         &config.dependency,
         config.batch.active_items,
-    );
+    )?;
     let mut api = app::app(config, store, dependency)?;
     api.router = api.router.merge(exporter.router());
     Ok(api)
@@ -324,7 +325,7 @@ fn redis_app(
         lease
     };
     let budget = LeasedBudget::new(lease, Rate::per_second(settings.retry_per_second))?;
-    let dependency = Dependency::new(dependency_url, budget, settings, config.batch.active_items);
+    let dependency = Dependency::new(dependency_url, budget, settings, config.batch.active_items)?;
     // Redis keys expire on their own; no key count is read from Redis.
     let mut api = app::app(config, store, dependency)?;
     api.router = api.router.merge(exporter.router());

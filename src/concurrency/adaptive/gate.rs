@@ -131,7 +131,8 @@ impl Gate {
             telemetry,
             config,
         });
-        gate.publish_limit(&gate.state.lock());
+        let limit = gate.state.lock().limit(&gate.config);
+        gate.telemetry.start(limit, gate.adaptive());
         gate
     }
 
