@@ -14,6 +14,10 @@ mod dependency;
 mod mock;
 #[path = "../examples/reporting_api/overload.rs"]
 mod overload;
+// The region flags' parser, which args.rs uses.
+#[path = "../examples/reporting_api/regions.rs"]
+#[allow(dead_code)]
+mod regions;
 
 use std::time::Duration;
 
@@ -1041,6 +1045,59 @@ async fn a_dependency_asking_for_30_s_is_not_retried_and_its_wait_is_passed_on()
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
     assert_eq!(headers["retry-after"], "30");
     assert_eq!(body["dependency"], json!({"attempts": 1, "retries": 0}));
+}
+
+/// The region flags: whole regions, with `--redis`, or a clear refusal.
+#[test]
+fn region_flags_describe_whole_regions() {
+    let parse = |line: &[&str]| args::parse(line.iter().map(|a| a.to_string()));
+    let parsed = parse(&[
+        "--redis",
+        "redis://127.0.0.1:6380/",
+        "--region",
+        "eu",
+        "--region-redis",
+        "eu=redis://127.0.0.1:6381/",
+        "--region-share",
+        "eu=140",
+        "--region-redis",
+        "us=redis://127.0.0.1:6382/",
+        "--region-share",
+        "us=100",
+    ])
+    .unwrap()
+    .unwrap();
+    assert_eq!(parsed.regions.name.as_deref(), Some("eu"));
+    assert_eq!(
+        parsed.regions.shares,
+        [("eu".to_owned(), 140), ("us".to_owned(), 100)]
+    );
+    assert_eq!(parsed.regions.redis[1].1, "redis://127.0.0.1:6382/");
+    assert_eq!(
+        parse(&["--region", "eu"]),
+        Err("--region \"eu\" is not among the --region-redis regions".to_owned())
+    );
+    assert_eq!(
+        parse(&["--region-share", "eu=x"]),
+        Err("--region-share \"eu=x\": the share must be a whole number".to_owned())
+    );
+    assert_eq!(
+        parse(&["--region-redis", "eu"]),
+        Err(
+            "--region-redis \"eu\": expected NAME=VALUE, e.g. eu=redis://10.0.0.1:6379/".to_owned()
+        )
+    );
+    assert_eq!(
+        parse(&[
+            "--region",
+            "eu",
+            "--region-redis",
+            "eu=redis://h/",
+            "--region-share",
+            "eu=1"
+        ]),
+        Err("--region needs --redis: the regions share one budget through Redis".to_owned())
+    );
 }
 
 /// Flags that only shape the fleet's lease in Redis have no effect without

@@ -22,6 +22,9 @@
 //! | `--dependency-url URL` | the dependency; without it a mock serves in this process |
 //! | `--instance-id ID` | with `--redis`, this instance's name in the lease table (default random) |
 //! | `--expected-instances N` | with `--redis`, the largest fleet: while the lease's Redis cannot be reached, each instance spends 240/N per second (default 40) |
+//! | `--region NAME` | with `--redis`, run as one region of several (see `regions.rs`) |
+//! | `--region-redis NAME=URL` | once per region: that region's own Redis |
+//! | `--region-share NAME=N` | once per region: its initial allocation; the shares sum to 240 |
 //!
 //! `--help` prints the same. SIGINT or SIGTERM stops taking connections; the
 //! requests in flight finish and the accepted jobs drain within
@@ -48,6 +51,7 @@ mod metrics;
 #[path = "../mock_dependency/mock.rs"]
 mod mock;
 mod overload;
+mod regions;
 mod serve;
 
 use std::net::SocketAddr;
@@ -297,18 +301,29 @@ fn redis_app(
         .build()?;
     let settings = &config.dependency;
     let total = settings.normal_per_second + settings.retry_per_second;
-    let mut lease = RateLease::builder(
-        leases,
-        "dependency",
-        Rate::per_second(total),
-        args.expected_instances,
-    );
-    if let Some(id) = &args.instance_id {
-        lease = lease.instance_id(id);
-    }
-    let lease = lease.build()?;
-    // Runs for the life of the process.
-    drop(lease.spawn_refresher());
+    let lease = if let Some(region) = &args.regions.name {
+        regions::region_lease(
+            &args.regions,
+            region,
+            total,
+            args.instance_id.as_deref(),
+            args.expected_instances,
+        )?
+    } else {
+        let mut lease = RateLease::builder(
+            leases,
+            "dependency",
+            Rate::per_second(total),
+            args.expected_instances,
+        );
+        if let Some(id) = &args.instance_id {
+            lease = lease.instance_id(id);
+        }
+        let lease = lease.build()?;
+        // Runs for the life of the process.
+        drop(lease.spawn_refresher());
+        lease
+    };
     let budget = LeasedBudget::new(lease, Rate::per_second(settings.retry_per_second))?;
     let dependency = Dependency::new_with(
         dependency_url,

@@ -39,6 +39,11 @@
 //!   one total, each in its region's own Redis, moved between regions by
 //!   idempotent, repairable transfers that debit the donor before they
 //!   credit the receiver, so the allocations never sum above the total.
+//!   Ordered transfers (`RegionalBudget::send`) keep bounded records.
+//! - `RegionLease` (feature `redis`): a `RateLease` whose budget is its
+//!   region's spendable allocation, so the grants of all regions never sum
+//!   above the total; `Rebalancer` moves a region's surplus toward demand
+//!   (see `docs/regions.md`).
 //!
 //! **A bound on send starts is not a bound on arrivals at the receiver.**
 //! Attempts admitted within the budget can still arrive together after
@@ -74,6 +79,7 @@ pub use lease::{
 pub use leased::LeasedBudget;
 #[cfg(feature = "redis")]
 pub use regions::{
-    Initialized, PendingTransfer, RegionError, RegionalBudget, RegionalBudgetBuilder,
-    RepairOutcome, RepairReport, Snapshot, Step, TransferError, TransferId, TransferOutcome,
+    Initialized, PendingTransfer, Rebalanced, Rebalancer, RegionError, RegionLease,
+    RegionLeaseBuilder, RegionView, RegionalBudget, RegionalBudgetBuilder, RepairOutcome,
+    RepairReport, Snapshot, Step, TransferError, TransferId, TransferOutcome,
 };

@@ -31,6 +31,7 @@ pub struct RateLeaseBuilder<C: Clock = SystemClock> {
     pub(super) min_demand: Option<Rate>,
     pub(super) initial_demand: Option<Rate>,
     pub(super) fail_open: bool,
+    pub(super) ceiling: Option<super::Ceiling>,
     pub(super) clock: C,
 }
 
@@ -60,6 +61,7 @@ impl RateLease<SystemClock> {
             min_demand: None,
             initial_demand: None,
             fail_open: false,
+            ceiling: None,
             clock: SystemClock::new(),
         }
     }
@@ -169,8 +171,17 @@ impl<C: Clock> RateLeaseBuilder<C> {
             min_demand: self.min_demand,
             initial_demand: self.initial_demand,
             fail_open: self.fail_open,
+            ceiling: self.ceiling,
             clock,
         }
+    }
+
+    /// Caps the budget each refresh reports at `ceiling`'s current value
+    /// (never above the rate): its owner lowers or raises what the fleet is
+    /// granted at run time.
+    pub(crate) fn ceiling(mut self, ceiling: super::Ceiling) -> Self {
+        self.ceiling = Some(ceiling);
+        self
     }
 
     /// Checks the settings and creates the lease in
@@ -297,6 +308,7 @@ impl<C: Clock> RateLeaseBuilder<C> {
                 id: id.into(),
                 life: rand::random(),
                 cfg,
+                ceiling: self.ceiling,
                 clock: self.clock,
                 state: Mutex::new(state),
                 refreshing: tokio::sync::Mutex::new(()),

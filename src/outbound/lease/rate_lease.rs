@@ -176,6 +176,8 @@ pub(super) struct Shared<C> {
     /// a new lease under the same id.
     pub(super) life: u64,
     pub(super) cfg: Settings,
+    /// Caps the budget reported at each refresh, if set.
+    pub(super) ceiling: Option<super::Ceiling>,
     pub(super) clock: C,
     pub(super) state: Mutex<State>,
     pub(super) refreshing: tokio::sync::Mutex<()>,

@@ -49,7 +49,10 @@ impl<C: Clock> RateLease<C> {
                 life: self.inner.life,
                 demand,
                 flag,
-                budget: cfg.rate,
+                budget: inner
+                    .ceiling
+                    .as_ref()
+                    .map_or(cfg.rate, |c| c.get().min(cfg.rate)),
                 lease_us: cfg.lease_us,
                 held,
                 kept,
