@@ -130,19 +130,6 @@ fn lease_bound(n: u64, t_ms: u64) -> u64 {
     n * MAX_COST + (BURST_MS * BUDGET + BUDGET * t_ms) / 1000
 }
 
-/// The queue deadline of the adaptive limit that the instances' dependency
-/// client has inside its budget layer (`reporting.toml`,
-/// `[dependency.concurrency]`): admitted attempts may wait this long and
-/// then start together.
-const DEPENDENCY_QUEUE_MS: u64 = 400;
-
-/// Send starts behind that queue in any interval of `t_ms`:
-/// `n·c + τ·R + R·(T + D)` (docs/leases.md, "A queue inside the budget
-/// layer moves send starts").
-fn queued_bound(n: u64, t_ms: u64) -> u64 {
-    lease_bound(n, t_ms + DEPENDENCY_QUEUE_MS)
-}
-
 /// `n·K_f + n·(R/N)·T` with `K_f = max(c, τ·R/N)`: every grant expired, all
 /// `n` instances on the fallback capacity `R/N`.
 fn fallback_bound(n: u64, expected: u64, t_ms: u64) -> u64 {
@@ -1405,9 +1392,8 @@ fn pushback_follows_a_lowered_dependency_limit_and_recovers() {
 /// quota-held ones leave.
 ///
 /// Asserted: the most arrivals in any 1 s within the bound on send starts
-/// for the larger fleet behind the client's queue ([`queued_bound`]), and
-/// from two
-/// lease lengths after the change every whole second at least 90% of
+/// for the larger fleet ([`lease_bound`]), and from two lease lengths after
+/// the change every whole second at least 90% of
 /// 200/s in the long form (`FLEET_SECONDS` set, release), 60% on average in
 /// the short form (debug on a shared machine: the throughput is the
 /// machine's). The per-second series is printed. The runs that start 40
@@ -1453,7 +1439,7 @@ async fn scaled(from: usize, to: usize) {
     let settled = &series[from_second.min(series.len())..];
     let lowest = settled.iter().copied().min().unwrap_or(0);
     let mean = settled.iter().sum::<u64>() as f64 / settled.len().max(1) as f64;
-    let bound = queued_bound(largest as u64, 1000);
+    let bound = lease_bound(largest as u64, 1000);
     let usable = (BUDGET - RETRY_SHARE) as f64;
     println!(
         "scale {from} -> {to} at {changed_s:.1} s: arrivals per second {series:?}; from second \
@@ -1474,7 +1460,7 @@ async fn scaled(from: usize, to: usize) {
     }
     assert!(
         end.max_in_any_1s <= bound,
-        "at most {bound} send starts in any 1 s behind the client's queue: {}",
+        "at most {bound} send starts in any 1 s: {}",
         end.max_in_any_1s
     );
     assert!(

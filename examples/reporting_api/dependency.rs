@@ -2,12 +2,15 @@
 //! call attempt passes through:
 //!
 //! ```text
-//! tower::retry (RetryAttempts: 429 and 5xx, backoff with jitter, obeying Retry-After)
+//! AdaptiveLimitLayer (calls in flight, by class and tenant: crate::overload)
+//!   -> tower::retry (RetryAttempts: 429 and 5xx, backoff with jitter, obeying Retry-After)
 //!   -> DependencyBudgetLayer (normal share for first attempts, retry share for retries)
 //!   -> PushbackLayer (with `--pushback`: 429, or 503 with Retry-After, lowers the fleet's budget)
-//!   -> AdaptiveLimitLayer (calls in flight, by class and tenant: crate::overload)
 //!   -> HTTP client
 //! ```
+//!
+//! The limit is outside the budget: an attempt the budget admits is sent at
+//! once, so the budget's bound on send starts holds at the dependency.
 //!
 //! The budget is 240/s in all, 200/s for first attempts and 40/s for
 //! retries: in memory for one instance, or one rate lease on Redis shared by
@@ -22,7 +25,7 @@ use futures_util::StreamExt;
 use http::{Request, Response, StatusCode};
 use serde::Serialize;
 use tower::util::BoxCloneSyncService;
-use tower::{ServiceBuilder, ServiceExt};
+use tower::{Layer, ServiceBuilder, ServiceExt};
 use tower_admission::concurrency::adaptive::Overloaded;
 use tower_admission::concurrency::LimitError;
 use tower_admission::outbound::{
@@ -37,7 +40,7 @@ use crate::config;
 use crate::overload::Caller;
 
 type Client =
-    BoxCloneSyncService<Request<String>, Response<Bytes>, BudgetError<LimitError<reqwest::Error>>>;
+    BoxCloneSyncService<Request<String>, Response<Bytes>, LimitError<BudgetError<reqwest::Error>>>;
 
 /// The dependency's client: retries, budget, HTTP. Clones share the budget
 /// and the connection pool.
@@ -204,13 +207,19 @@ impl Dependency {
                 format!("{}: {}", e.field(), e.reason()),
             )
         })?;
+        // Nothing may hold an attempt between the budget and the client:
+        // what waits there starts later than the budget admitted it, and
+        // the bound on send starts is the budget's only if each admitted
+        // attempt is sent at once. So the limit holds a slot for the whole
+        // call, its retries included, outside them.
         let attempts = ServiceBuilder::new()
             .retry(RetryAttempts::new(settings.attempts))
             .layer(DependencyBudgetLayer::new(budget.clone()).wait_up_to(settings.budget_wait.0))
-            .option_layer(pushback.then(|| PushbackLayer::new(budget)));
+            .option_layer(pushback.then(|| PushbackLayer::new(budget)))
+            .service(send);
         let client = match limit {
-            Some(limit) => BoxCloneSyncService::new(attempts.layer(limit).service(send)),
-            None => BoxCloneSyncService::new(attempts.service(send.map_err(LimitError::Inner))),
+            Some(limit) => BoxCloneSyncService::new(limit.layer(attempts)),
+            None => BoxCloneSyncService::new(attempts.map_err(LimitError::Inner)),
         };
         Ok(Dependency {
             client,
@@ -239,10 +248,10 @@ impl Dependency {
                 response.status(),
                 requested_wait(response.headers()),
             )),
-            Err(BudgetError::Refused(refusal)) => Err(CallError::Budget(refusal.wait())),
-            Err(BudgetError::Inner(LimitError::Overloaded(refused))) => {
-                Err(CallError::Shed(refused))
+            Err(LimitError::Inner(BudgetError::Refused(refusal))) => {
+                Err(CallError::Budget(refusal.wait()))
             }
+            Err(LimitError::Overloaded(refused)) => Err(CallError::Shed(refused)),
             Err(e) => Err(CallError::Failed(e.to_string())),
         }
     }

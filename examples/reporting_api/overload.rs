@@ -1,8 +1,9 @@
-//! Overload protection of the dependency calls: every attempt passes an
-//! adaptive concurrency limit, after the budget and before the HTTP client.
+//! Overload protection of the dependency calls: every call holds a slot of
+//! an adaptive concurrency limit, outside its retries and the budget (so
+//! that what the budget admits is sent at once).
 //!
 //! ```text
-//! tower::retry -> DependencyBudgetLayer -> AdaptiveLimitLayer -> HTTP client
+//! AdaptiveLimitLayer -> tower::retry -> DependencyBudgetLayer -> HTTP client
 //! ```
 //!
 //! The budget bounds how many attempts *start* per second; it cannot see
@@ -19,7 +20,8 @@
 //! (free) call is refused first, a critical (pro) one keeps a reserved
 //! share of the limit and is served first from the queue, and within a
 //! class tenants are queued fairly. A refused call is not retried (nothing
-//! was sent), and its batch is answered 503 with `Retry-After`.
+//! was sent, and the limit is outside the retries), and its batch is
+//! answered 503 with `Retry-After`.
 
 use std::sync::Arc;
 
@@ -28,6 +30,7 @@ use http::{Request, Response, StatusCode};
 use serde::Deserialize;
 use tower_admission::concurrency::{AdaptiveLimit, AdaptiveLimitLayer, Criticality, Outcome};
 use tower_admission::identity::Identity;
+use tower_admission::outbound::BudgetError;
 use tower_admission::ConfigError;
 
 use super::config::{Config, Span};
@@ -105,20 +108,23 @@ const INITIAL_LIMIT: usize = 20;
 /// The `metrics` scope of the limit's series.
 pub(crate) const SCOPE: &str = "dependency";
 
-/// How a call's answer moves the limit: an error (a timeout, a refused
-/// connection) or a 429 or 5xx is an overload, anything else a success.
-pub(crate) type ReadOutcome = fn(&Result<Response<Bytes>, reqwest::Error>) -> Outcome;
+/// How a call's answer moves the limit: an error of the client (a timeout,
+/// a refused connection) or a 429 or 5xx is an overload; the budget's own
+/// refusal says nothing of the dependency and is no sample; anything else
+/// is a success.
+pub(crate) type ReadOutcome = fn(&Result<Response<Bytes>, BudgetError<reqwest::Error>>) -> Outcome;
 
 /// The limit of `settings` on calls in flight.
 pub(crate) type Limit = AdaptiveLimitLayer<Request<String>, ReadOutcome>;
 
-fn outcome(answer: &Result<Response<Bytes>, reqwest::Error>) -> Outcome {
+fn outcome(answer: &Result<Response<Bytes>, BudgetError<reqwest::Error>>) -> Outcome {
     match answer {
         Ok(r) if r.status() == StatusCode::TOO_MANY_REQUESTS || r.status().is_server_error() => {
             Outcome::Overload
         }
         Ok(_) => Outcome::Success,
-        Err(_) => Outcome::Overload,
+        Err(BudgetError::Inner(_)) => Outcome::Overload,
+        Err(_) => Outcome::Ignore,
     }
 }
 
