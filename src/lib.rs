@@ -76,6 +76,7 @@ pub mod quota;
 #[cfg(feature = "redis")]
 mod redis;
 pub mod reject;
+pub mod reload;
 
 pub use error::ConfigError;
 
