@@ -116,6 +116,11 @@ impl<T> Live<T> {
         self.0.load()
     }
 
+    /// The numbers in force now, to hold across an await.
+    pub(crate) fn load_full(&self) -> Arc<T> {
+        self.0.load_full()
+    }
+
     /// Puts `value` in force.
     pub(crate) fn store(&self, value: T) {
         self.0.store(Arc::new(value));

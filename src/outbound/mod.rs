@@ -47,7 +47,8 @@ mod layer;
 
 pub use attempt::{requested_wait, Attempt, RetryAttempts};
 pub use budget::{
-    AttemptBudget, BudgetStats, DependencyBudget, DependencyBudgetBuilder, Pick, Refusal, Share,
+    AttemptBudget, BudgetShares, BudgetStats, DependencyBudget, DependencyBudgetBuilder, Pick,
+    Refusal, Share,
 };
 pub use layer::{BudgetError, DependencyBudgetLayer, DependencyBudgetService, ResponseFuture};
 
