@@ -1,6 +1,7 @@
 //! The sample reporting API, end to end through its router.
 
 #[path = "../examples/reporting_api/app.rs"]
+#[allow(dead_code, reason = "reloads are tested on the process")]
 mod app;
 #[path = "../examples/reporting_api/args.rs"]
 mod args;
@@ -12,6 +13,9 @@ mod data;
 mod dependency;
 #[path = "../examples/mock_dependency/mock.rs"]
 mod mock;
+#[path = "../examples/reporting_api/reload.rs"]
+#[allow(dead_code, reason = "these tests do not reload")]
+mod reload;
 
 use std::time::Duration;
 

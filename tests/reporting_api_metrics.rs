@@ -22,6 +22,9 @@ mod dependency;
 mod metrics;
 #[path = "../examples/mock_dependency/mock.rs"]
 mod mock;
+#[path = "../examples/reporting_api/reload.rs"]
+#[allow(dead_code, reason = "these tests do not reload")]
+mod reload;
 
 use std::collections::BTreeMap;
 use std::io::Write;
