@@ -42,6 +42,11 @@
 //! # Ok::<(), tower_admission::ConfigError>(())
 //! ```
 //!
+//! More in [`recipes`]: limits per route, an allow-list, identity from a
+//! JWT, client IP behind a proxy, tonic, an outbound client with retries
+//! under a budget, Redis Cluster. [`Limiter::peek`](quota::Limiter::peek)
+//! tells whether a request would be admitted without spending anything.
+//!
 //! # Guarantees
 //!
 //! | algorithm | guarantee |
@@ -73,6 +78,8 @@ pub mod jobs;
 mod macros;
 pub mod outbound;
 pub mod quota;
+#[doc = include_str!("../docs/recipes.md")]
+pub mod recipes {}
 #[cfg(feature = "redis")]
 mod redis;
 pub mod reject;

@@ -578,6 +578,60 @@ async fn keys_with_braces_decide_every_policy<S: Store>(c: Ctx<'_, S>) {
     }
 }
 
+/// A peek answers exactly as the decision made right after it, and a
+/// thousand peeks (admitted or refused, of any cost) consume nothing: each
+/// algorithm still admits exactly its limit, and a two-policy quota with a
+/// shadow bucket exactly the enforcing limit.
+async fn peek_answers_as_decide_and_consumes_nothing<S: Store>(c: Ctx<'_, S>) {
+    let mut quotas = all_algorithms(5);
+    quotas.push(
+        Quota::new(
+            "two",
+            [
+                Policy::sliding_log("sl", 5, MIN).unwrap(),
+                Policy::token_bucket("tb", 3, 1, Duration::from_secs(3600))
+                    .unwrap()
+                    .shadow(),
+            ],
+        )
+        .unwrap(),
+    );
+    for (i, quota) in quotas.iter().enumerate() {
+        let key = c.key(&format!("{i}"));
+        let mut admitted = 0;
+        for step in 0..8 {
+            c.at_ms(NOON + 1_000 + step * 10);
+            for cost in [1, 2, 6] {
+                for _ in 0..40 {
+                    let peeked = c.store.peek(quota, &key, cost).await.expect("peek");
+                    assert_eq!(peeked.holds, Default::default(), "{}", quota.name());
+                }
+            }
+            let peeked = c.store.peek(quota, &key, 1).await.expect("peek");
+            let decided = c.decide(quota, &key, 1).await;
+            assert_eq!(
+                peeked.admitted,
+                decided.admitted,
+                "{} step {step}",
+                quota.name()
+            );
+            assert_eq!(
+                peeked.decisions,
+                decided.decisions,
+                "{} step {step}",
+                quota.name()
+            );
+            admitted += u64::from(decided.admitted);
+        }
+        assert_eq!(admitted, 5, "{}", quota.name());
+    }
+    // A key no decision has seen reads as fresh.
+    let unseen = c.key("unseen");
+    let peeked = c.store.peek(&quotas[0], &unseen, 5).await.expect("peek");
+    assert!(peeked.admitted);
+    assert_eq!(peeked.decisions[0].remaining, 0);
+}
+
 fn memory_store(clock: &ManualClock) -> MemoryStore<ManualClock> {
     MemoryStore::with_config(MemoryConfig::default(), clock.clone())
 }
@@ -657,4 +711,5 @@ suite!(
     refunds_are_bound_to_their_charge,
     exactly_limit_of_1000_concurrent,
     keys_with_braces_decide_every_policy,
+    peek_answers_as_decide_and_consumes_nothing,
 );

@@ -153,6 +153,10 @@ impl Store for Failing {
         Box::pin(async move { Err(error) })
     }
 
+    fn peek(&self, quota: &Quota, key: &Arc<str>, cost: u64) -> Self::DecideFuture {
+        self.decide(quota, key, cost)
+    }
+
     fn settle(&self, _: &Quota, _: &Arc<str>, holds: &Holds, _: i64) -> Self::SettleFuture {
         self.settles.fetch_add(1, Ordering::Relaxed);
         let holds = holds.clone();
@@ -500,6 +504,10 @@ impl Store for LosesSettles {
         self.inner.decide(quota, key, cost)
     }
 
+    fn peek(&self, quota: &Quota, key: &Arc<str>, cost: u64) -> Self::DecideFuture {
+        self.inner.peek(quota, key, cost)
+    }
+
     fn settle(
         &self,
         quota: &Quota,
@@ -609,6 +617,10 @@ impl Store for Flaky {
         Box::pin(std::future::ready(
             call.apply(|| self.inner.decide(quota, key, cost).into_inner()),
         ))
+    }
+
+    fn peek(&self, quota: &Quota, key: &Arc<str>, cost: u64) -> Self::DecideFuture {
+        Box::pin(self.inner.peek(quota, key, cost))
     }
 
     fn settle(

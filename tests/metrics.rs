@@ -39,6 +39,9 @@ impl Store for TimingOut {
     fn decide(&self, _: &Quota, _: &Arc<str>, _: u64) -> Self::DecideFuture {
         std::future::ready(Err(StoreError::Timeout))
     }
+    fn peek(&self, quota: &Quota, key: &Arc<str>, cost: u64) -> Self::DecideFuture {
+        self.decide(quota, key, cost)
+    }
     fn settle(&self, _: &Quota, _: &Arc<str>, _: &Holds, _: i64) -> Self::SettleFuture {
         std::future::ready(Err(StoreError::Timeout))
     }
@@ -515,4 +518,97 @@ fn a_passed_queue_deadline_is_counted_once_and_a_dropped_wait_not_at_all() {
     );
     assert_eq!(counter(&snapshot, refused, ("reason", "queue-full")), 0);
     assert_eq!(counter(&snapshot, refused, ("scope", "global")), 1);
+}
+
+/// Every series a quota can emit exists at 0 once its layer is built,
+/// before any request: decisions, refusals per policy and reason, its
+/// failure mode, unknown outcomes and the shadow policy's refusals.
+#[test]
+fn a_built_quota_layer_exports_its_series_at_zero() {
+    let ((), snapshotter) = recorded(async {
+        let minute = Duration::from_secs(60);
+        let quota = Quota::new(
+            "free",
+            [
+                Policy::sliding_log("per-minute", 100, minute).unwrap(),
+                Policy::token_bucket("trial", 5, 5, minute)
+                    .unwrap()
+                    .shadow(),
+            ],
+        )
+        .unwrap();
+        let layer = tower_admission::quota::QuotaLayer::builder(MemoryStore::new())
+            .quota(quota)
+            .build()
+            .unwrap();
+        drop(layer);
+    });
+    let snapshot = snapshotter.snapshot().into_vec();
+    let mut series: Vec<String> = snapshot
+        .iter()
+        .map(|(key, _, _, value)| {
+            assert_eq!(*value, DebugValue::Counter(0), "{key:?}");
+            let mut labels: Vec<String> = key
+                .key()
+                .labels()
+                .map(|l| format!("{}={}", l.key(), l.value()))
+                .collect();
+            labels.sort();
+            format!("{}{{{}}}", key.key().name(), labels.join(","))
+        })
+        .collect();
+    series.sort();
+    assert_eq!(
+        series,
+        [
+            "tower_admission_failure_mode_total{mode=closed,quota=free}",
+            "tower_admission_policy_refused_total{policy=per-minute,quota=free,reason=cost-exceeds-capacity}",
+            "tower_admission_policy_refused_total{policy=per-minute,quota=free,reason=exhausted}",
+            "tower_admission_quota_decisions_total{quota=free,result=admitted}",
+            "tower_admission_quota_decisions_total{quota=free,result=refused}",
+            "tower_admission_shadow_refusals_total{policy=trial,quota=free}",
+            "tower_admission_unknown_outcomes_total{quota=free}",
+        ]
+    );
+}
+
+/// A budget's attempt series exist for both shares, and its refusals, at 0
+/// once it is built: an alert on the rate of retries has a series to read
+/// before the first retry.
+#[test]
+fn a_built_budget_exports_both_shares_at_zero() {
+    use tower_admission::outbound::DependencyBudget;
+
+    let ((), snapshotter) = recorded(async {
+        let second = Duration::from_secs(1);
+        DependencyBudget::builder(MemoryStore::new(), "reports-db")
+            .normal(Policy::token_bucket("normal", 20, 200, second).unwrap())
+            .retry(Policy::token_bucket("retry", 4, 40, second).unwrap())
+            .build()
+            .unwrap();
+    });
+    let snapshot: Vec<_> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, ..)| key.key().name().starts_with("tower_admission_dependency_"))
+        .collect();
+    assert_eq!(snapshot.len(), 3);
+    for share in ["normal", "retry"] {
+        let series = snapshot.iter().find(|(key, ..)| {
+            key.key().name() == "tower_admission_dependency_attempts_total"
+                && key
+                    .key()
+                    .labels()
+                    .any(|l| l.key() == "share" && l.value() == share)
+        });
+        assert_eq!(
+            series.map(|s| &s.3),
+            Some(&DebugValue::Counter(0)),
+            "{share}"
+        );
+    }
+    assert!(snapshot.iter().any(|(key, _, _, value)| key.key().name()
+        == "tower_admission_dependency_refused_total"
+        && *value == DebugValue::Counter(0)));
 }

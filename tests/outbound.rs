@@ -703,6 +703,18 @@ impl<St: tower_admission::quota::Store> tower_admission::quota::Store for Partly
         Box::pin(self.inner.decide(quota, key, cost))
     }
 
+    fn peek(
+        &self,
+        quota: &tower_admission::quota::Quota,
+        key: &Arc<str>,
+        cost: u64,
+    ) -> Self::DecideFuture {
+        if self.down.contains(&&**key) {
+            return self.decide(quota, key, cost);
+        }
+        Box::pin(self.inner.peek(quota, key, cost))
+    }
+
     fn settle(
         &self,
         quota: &tower_admission::quota::Quota,

@@ -435,6 +435,11 @@ impl tower_admission::quota::Store for AwaitingStore {
         })
     }
 
+    fn peek(&self, quota: &Quota, key: &Arc<str>, cost: u64) -> Self::DecideFuture {
+        let decision = self.0.peek(quota, key, cost).into_inner();
+        Box::pin(std::future::ready(decision))
+    }
+
     fn settle(
         &self,
         quota: &Quota,
@@ -503,6 +508,10 @@ impl Store for KeyLog {
     fn decide(&self, quota: &Quota, key: &Arc<str>, cost: u64) -> Self::DecideFuture {
         self.keys.lock().unwrap().push(key.clone());
         self.inner.decide(quota, key, cost)
+    }
+
+    fn peek(&self, quota: &Quota, key: &Arc<str>, cost: u64) -> Self::DecideFuture {
+        self.inner.peek(quota, key, cost)
     }
 
     fn settle(

@@ -128,8 +128,23 @@ pub(crate) struct Counters {
 }
 
 impl Counters {
-    /// Zeroed counters of the budget named `budget`.
+    /// Zeroed counters of the budget named `budget`. Its counter series
+    /// are registered at 0 for every share, so that an alert on retries has
+    /// a series to read before the first retry.
     pub(crate) fn new(budget: &str) -> Self {
+        #[cfg(feature = "metrics")]
+        {
+            for share in ["normal", "retry"] {
+                metrics::counter!(
+                    "tower_admission_dependency_attempts_total",
+                    "budget" => budget.to_owned(),
+                    "share" => share
+                )
+                .increment(0);
+            }
+            metrics::counter!("tower_admission_dependency_refused_total", "budget" => budget.to_owned())
+                .increment(0);
+        }
         Counters {
             normal: AtomicU64::new(0),
             retry: AtomicU64::new(0),

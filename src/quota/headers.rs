@@ -255,6 +255,10 @@ mod tests {
             }))
         }
 
+        fn peek(&self, quota: &Quota, key: &Arc<str>, cost: u64) -> Self::DecideFuture {
+            self.decide(quota, key, cost)
+        }
+
         fn settle(&self, _: &Quota, _: &Arc<str>, holds: &Holds, _: i64) -> Self::SettleFuture {
             std::future::ready(Ok(holds.clone()))
         }

@@ -8,6 +8,12 @@ use crate::quota::{
     StoreError,
 };
 
+/// The metadata `metrics::counter!` would give the decision counter, which
+/// is registered by its prebuilt key instead.
+#[cfg(feature = "metrics")]
+static DECISION_METADATA: metrics::Metadata<'static> =
+    metrics::Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
+
 /// How long a refusal for an unavailable limiter asks clients to wait.
 const UNAVAILABLE_RETRY_AFTER: Duration = Duration::from_secs(1);
 
@@ -284,9 +290,16 @@ impl<S: Store> Limiter<S> {
     }
 
     /// Checks that the store can decide `quota`: call it once per quota
-    /// before deciding. The quota layer calls it when it is built.
+    /// before deciding. The quota layer calls it when it is built. With the
+    /// `metrics` feature it also registers every series the quota can emit
+    /// at 0 (decisions, refusals per policy and reason, its failure modes,
+    /// unknown outcomes, shadow refusals), so that an alert on their rate
+    /// has a series to read before the first event.
     pub fn validate(&self, quota: &Quota) -> Result<(), crate::ConfigError> {
-        self.store.validate(quota)
+        self.store.validate(quota)?;
+        #[cfg(feature = "metrics")]
+        register_at_zero(quota);
+        Ok(())
     }
 
     /// A snapshot of the counters.
@@ -312,6 +325,38 @@ impl<S: Store> Limiter<S> {
         let result = self.store.decide(quota, key, cost).await;
         pending.answered();
         self.resolve(quota, key, cost, result)
+    }
+
+    /// The verdict [`check`](Self::check) would give now, recording nothing
+    /// anywhere: no admission, no counter, no metric, no log. A store failure
+    /// is returned as it is, since a failure mode's answer would have to
+    /// charge the local share to mean anything. Another decision may change
+    /// the answer before the caller acts on it.
+    ///
+    /// ```
+    /// use tower_admission::quota::{Limiter, MemoryStore, Policy, Quota};
+    /// use std::{sync::Arc, time::Duration};
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let limiter = Limiter::new(MemoryStore::new());
+    /// let quota = Quota::new("api", [Policy::token_bucket("burst", 2, 1, Duration::from_secs(1))?])?;
+    /// let key: Arc<str> = "alice".into();
+    /// for _ in 0..10 {
+    ///     assert!(limiter.peek(&quota, &key, 2).await?.is_admitted());
+    /// }
+    /// // Ten peeks spent nothing: the whole burst is still there.
+    /// assert!(limiter.check(&quota, &key, 2).await.is_admitted());
+    /// assert!(!limiter.peek(&quota, &key, 1).await?.is_admitted());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn peek(
+        &self,
+        quota: &Quota,
+        key: &Arc<str>,
+        cost: u64,
+    ) -> Result<Verdict, StoreError> {
+        let decision = self.store.peek(quota, key, cost).await?;
+        Ok(outcome_of(quota, decision, |_| Recorded::Nowhere))
     }
 
     /// A decision sent to the store: dropped before
@@ -354,12 +399,10 @@ impl<S: Store> Limiter<S> {
         // The key is the quota's own, built once: no labels to build, hash
         // or free per decision.
         #[cfg(feature = "metrics")]
-        {
-            static METADATA: metrics::Metadata<'static> =
-                metrics::Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
-            metrics::with_recorder(|r| r.register_counter(quota.decision_key(admitted), &METADATA))
-                .increment(1);
-        }
+        metrics::with_recorder(|r| {
+            r.register_counter(quota.decision_key(admitted), &DECISION_METADATA)
+        })
+        .increment(1);
         #[cfg(feature = "metrics")]
         if !admitted {
             count_policy_refusals(quota, &verdict);
@@ -463,28 +506,26 @@ impl<S: Store> Limiter<S> {
         let _ = (quota, mode);
     }
 
-    /// Turns a store decision into a verdict: the outcome from the enforcing
-    /// policies only, shadow counts and logs. An admission is recorded
-    /// where `recorded` says, with the decision's holds.
+    /// Turns a store decision into a verdict ([`outcome_of`]), counting and
+    /// logging each shadow policy that would refuse.
     #[inline(always)]
     fn verdict(
         &self,
         quota: &Quota,
-        mut decision: QuotaDecision,
+        decision: QuotaDecision,
         recorded: impl FnOnce(Holds) -> Recorded,
     ) -> Verdict {
-        let holds = std::mem::take(&mut decision.holds);
-        let admitted = |decisions| Verdict {
-            outcome: Outcome::Admitted,
-            decisions,
-            failed: None,
-            recorded: recorded(holds),
-        };
-        if let ([policy], true) = (quota.policies(), decision.admitted) {
-            if !policy.is_shadow() || decision.decisions[0].admitted {
-                return admitted(decision.decisions);
-            }
+        let lone_admission = matches!(
+            (quota.policies(), decision.admitted),
+            ([policy], true) if !policy.is_shadow() || decision.decisions[0].admitted
+        );
+        if !lone_admission {
+            self.count_shadow_refusals(quota, &decision);
         }
+        outcome_of(quota, decision, recorded)
+    }
+
+    fn count_shadow_refusals(&self, quota: &Quota, decision: &QuotaDecision) {
         for (p, d) in quota.policies().iter().zip(&decision.decisions) {
             if p.is_shadow() && !d.admitted {
                 self.stats.shadow_refusals.fetch_add(1, Ordering::Relaxed);
@@ -502,31 +543,6 @@ impl<S: Store> Limiter<S> {
                 );
             }
         }
-        if decision.admitted {
-            return admitted(decision.decisions);
-        }
-        let refusing = || {
-            quota
-                .policies()
-                .iter()
-                .zip(&decision.decisions)
-                .filter(|(p, d)| !d.admitted && !p.is_shadow())
-        };
-        let never: Vec<Arc<str>> = refusing()
-            .filter(|(_, d)| d.cost_exceeds_limit())
-            .map(|(p, _)| p.name_arc().clone())
-            .collect();
-        let outcome = if never.is_empty() {
-            Outcome::Refused {
-                policies: refusing().map(|(p, _)| p.name_arc().clone()).collect(),
-                wait: decision
-                    .retry_after(quota)
-                    .unwrap_or(UNAVAILABLE_RETRY_AFTER),
-            }
-        } else {
-            Outcome::CostExceedsCapacity { policies: never }
-        };
-        Verdict::new(outcome, decision.decisions)
     }
 
     /// Settles an admission recorded in the shared store.
@@ -538,6 +554,89 @@ impl<S: Store> Limiter<S> {
         delta: i64,
     ) -> Result<Holds, StoreError> {
         self.store.settle(quota, key, holds, delta).await
+    }
+}
+
+/// Turns a store decision into a verdict: the outcome from the enforcing
+/// policies only. An admission is recorded where `recorded` says, with the
+/// decision's holds.
+#[inline(always)]
+fn outcome_of(
+    quota: &Quota,
+    mut decision: QuotaDecision,
+    recorded: impl FnOnce(Holds) -> Recorded,
+) -> Verdict {
+    let holds = std::mem::take(&mut decision.holds);
+    if decision.admitted {
+        return Verdict {
+            outcome: Outcome::Admitted,
+            decisions: decision.decisions,
+            failed: None,
+            recorded: recorded(holds),
+        };
+    }
+    let refusing = || {
+        quota
+            .policies()
+            .iter()
+            .zip(&decision.decisions)
+            .filter(|(p, d)| !d.admitted && !p.is_shadow())
+    };
+    let never: Vec<Arc<str>> = refusing()
+        .filter(|(_, d)| d.cost_exceeds_limit())
+        .map(|(p, _)| p.name_arc().clone())
+        .collect();
+    let outcome = if never.is_empty() {
+        Outcome::Refused {
+            policies: refusing().map(|(p, _)| p.name_arc().clone()).collect(),
+            wait: decision
+                .retry_after(quota)
+                .unwrap_or(UNAVAILABLE_RETRY_AFTER),
+        }
+    } else {
+        Outcome::CostExceedsCapacity { policies: never }
+    };
+    Verdict::new(outcome, decision.decisions)
+}
+
+/// Registers every series `quota` can emit at 0, labelled as they are
+/// emitted.
+#[cfg(feature = "metrics")]
+fn register_at_zero(quota: &Quota) {
+    let name = quota.name_arc();
+    for admitted in [true, false] {
+        let key = quota.decision_key(admitted);
+        metrics::with_recorder(|r| r.register_counter(key, &DECISION_METADATA)).increment(0);
+    }
+    metrics::counter!("tower_admission_unknown_outcomes_total", "quota" => name.clone())
+        .increment(0);
+    for policy in quota.policies() {
+        let policy_name = policy.name_arc().clone();
+        if policy.is_shadow() {
+            metrics::counter!(
+                "tower_admission_shadow_refusals_total",
+                "quota" => name.clone(),
+                "policy" => policy_name
+            )
+            .increment(0);
+            continue;
+        }
+        for reason in ["exhausted", "cost-exceeds-capacity"] {
+            metrics::counter!(
+                "tower_admission_policy_refused_total",
+                "quota" => name.clone(),
+                "policy" => policy_name.clone(),
+                "reason" => reason
+            )
+            .increment(0);
+        }
+        let mode = match policy.failure_mode() {
+            FailureMode::Open => "open",
+            FailureMode::Closed => "closed",
+            FailureMode::LocalShare { .. } => "local_share",
+        };
+        metrics::counter!("tower_admission_failure_mode_total", "quota" => name.clone(), "mode" => mode)
+            .increment(0);
     }
 }
 

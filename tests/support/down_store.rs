@@ -24,6 +24,10 @@ impl Store for Down {
         })
     }
 
+    fn peek(&self, quota: &Quota, key: &Arc<str>, cost: u64) -> Self::DecideFuture {
+        self.decide(quota, key, cost)
+    }
+
     fn settle(&self, _: &Quota, _: &Arc<str>, holds: &Holds, _: i64) -> Self::SettleFuture {
         let holds = holds.clone();
         Box::pin(async move { Ok(holds) })

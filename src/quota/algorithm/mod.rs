@@ -233,7 +233,7 @@ impl Algorithm {
 /// An algorithm with its own state type, for a store that keeps a quota of
 /// that one algorithm in that type rather than in a [`State`].
 pub(crate) trait Machine {
-    type State: Default;
+    type State: Default + Clone;
     /// The algorithm, when `algorithm` is of this kind.
     fn of(algorithm: &Algorithm) -> Option<&Self>;
     fn check(&self, state: &mut Self::State, now: u64, cost: u64) -> Decision;

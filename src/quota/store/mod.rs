@@ -58,6 +58,11 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// remains and when it is whole again without this request.
     fn decide(&self, quota: &Quota, key: &Arc<str>, cost: u64) -> Self::DecideFuture;
 
+    /// The decision [`decide`](Self::decide) would make now, recording
+    /// nothing: no admission, no cleanup, no new key. Its holds are empty.
+    /// Another decision may change the answer before the caller acts on it.
+    fn peek(&self, quota: &Quota, key: &Arc<str>, cost: u64) -> Self::DecideFuture;
+
     /// Settles the admission that returned `holds`: `delta > 0` charges more,
     /// capped at what each policy has left; `delta < 0` refunds at most what
     /// the admission still holds in each policy. Returns the holds after it,

@@ -5,7 +5,7 @@ use crate::quota::Decision;
 
 /// A bucket's state in 24 bytes when its TAT is whole µs with no offset
 /// (every state of a whole-µs rate without refunds), else boxed.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(super) enum Bucket {
     /// The TAT `at` (whole µs, no offset), last written at `at - lag`, in
     /// the life that began at `born`; or, when `lag` is

@@ -19,6 +19,10 @@ use crate::quota::{Decisions, Holds, Quota, QuotaDecision};
 
 /// [`MemoryStore::update_as`] for a decision.
 pub(super) const DECIDE: bool = false;
+/// A decision that records.
+const RECORD: bool = false;
+/// A decision that records nothing.
+const PEEK: bool = true;
 /// [`MemoryStore::update_as`] for a settle.
 pub(super) const SETTLE: bool = true;
 
@@ -31,11 +35,36 @@ impl<C: Clock> MemoryStore<C> {
         key: &Arc<str>,
         cost: u64,
     ) -> Result<QuotaDecision, StoreError> {
+        self.decide_as::<RECORD>(quota, key, cost)
+    }
+
+    /// The synchronous answer behind [`Store::peek`](crate::quota::Store::peek):
+    /// the decision [`decide_now`](Self::decide_now) would make, made on a
+    /// copy of the key's state, so nothing is recorded and no key is added.
+    pub(crate) fn peek_now(
+        &self,
+        quota: &Quota,
+        key: &Arc<str>,
+        cost: u64,
+    ) -> Result<QuotaDecision, StoreError> {
+        let mut decision = self.decide_as::<PEEK>(quota, key, cost)?;
+        decision.holds = Holds::default();
+        Ok(decision)
+    }
+
+    /// A decision that records (`RECORD`) or only looks (`PEEK`).
+    #[inline]
+    fn decide_as<const PEEKING: bool>(
+        &self,
+        quota: &Quota,
+        key: &Arc<str>,
+        cost: u64,
+    ) -> Result<QuotaDecision, StoreError> {
         // The most common quota first, on a path of its own.
         if let Some((bucket, shadow)) = lone_bucket(quota) {
             // The decision is made into the answer after the lock: a
             // smaller value moves out of the critical section.
-            let step = self.update::<BucketSlot, _>(quota, key, |slot, now| {
+            let step = self.step::<BucketSlot, _, PEEKING>(quota, key, |slot, now| {
                 slot.step(bucket, now.as_micros(), cost)
             });
             return step.map(|(decision, hold)| {
@@ -43,35 +72,31 @@ impl<C: Clock> MemoryStore<C> {
                 QuotaDecision::single(decision, shadow, hold)
             });
         }
-        self.decide_other(quota, key, cost)
-    }
-
-    /// [`decide_now`](Self::decide_now) for any quota but one token bucket.
-    #[inline]
-    fn decide_other(
-        &self,
-        quota: &Quota,
-        key: &Arc<str>,
-        cost: u64,
-    ) -> Result<QuotaDecision, StoreError> {
         let [policy] = quota.policies() else {
-            return self
-                .update::<Slot, _>(quota, key, |states, now| decide(quota, states, now, cost));
+            return self.step::<Slot, _, PEEKING>(quota, key, |states, now| {
+                decide(quota, states, now, cost)
+            });
         };
         let shadow = policy.is_shadow();
         match policy.algorithm() {
-            Algorithm::FixedWindow(window) => self.decide_lone(quota, window, shadow, key, cost),
-            Algorithm::SlidingWindow(window) => self.decide_lone(quota, window, shadow, key, cost),
-            Algorithm::SlidingLog(log) => self.decide_lone(quota, log, shadow, key, cost),
-            // Taken by `decide_now` before it comes here.
-            Algorithm::TokenBucket(_) => self.decide_now(quota, key, cost),
+            Algorithm::FixedWindow(window) => {
+                self.decide_lone::<_, PEEKING>(quota, window, shadow, key, cost)
+            }
+            Algorithm::SlidingWindow(window) => {
+                self.decide_lone::<_, PEEKING>(quota, window, shadow, key, cost)
+            }
+            Algorithm::SlidingLog(log) => {
+                self.decide_lone::<_, PEEKING>(quota, log, shadow, key, cost)
+            }
+            // Taken by the bucket's own path above.
+            Algorithm::TokenBucket(_) => self.decide_as::<PEEKING>(quota, key, cost),
         }
     }
 
     /// A decision of a quota of the one policy `algorithm`, as [`decide`]
     /// makes it for one policy.
     #[inline]
-    fn decide_lone<M: LoneKind>(
+    fn decide_lone<M: LoneKind, const PEEKING: bool>(
         &self,
         quota: &Quota,
         algorithm: &M,
@@ -79,7 +104,7 @@ impl<C: Clock> MemoryStore<C> {
         key: &Arc<str>,
         cost: u64,
     ) -> Result<QuotaDecision, StoreError> {
-        let step = self.update::<Lone<M>, _>(quota, key, |state, now| {
+        let step = self.step::<Lone<M>, _, PEEKING>(quota, key, |state, now| {
             let now = now.as_micros();
             read_fresh_lone(algorithm, state, now);
             let decision = algorithm.check(state, now, cost);
@@ -89,6 +114,46 @@ impl<C: Clock> MemoryStore<C> {
             (decision, hold)
         });
         step.map(|(decision, hold)| QuotaDecision::single(decision, shadow, hold))
+    }
+
+    /// Runs `change` on the key's state ([`update`](Self::update)), or on a
+    /// copy of it when `PEEKING` ([`look`](Self::look)).
+    #[inline(always)]
+    fn step<E: Entry, R, const PEEKING: bool>(
+        &self,
+        quota: &Quota,
+        key: &Arc<str>,
+        change: impl FnMut(&mut E::State, Timestamp) -> R,
+    ) -> Result<R, StoreError> {
+        if PEEKING {
+            Ok(self.look::<E, R>(quota, key, change))
+        } else {
+            self.update::<E, R>(quota, key, change)
+        }
+    }
+
+    /// Runs `change` on a copy of the key's state (a fresh one if the key is
+    /// not held), taken under its shard lock. Nothing is stored, swept or
+    /// made room for.
+    fn look<E: Entry, R>(
+        &self,
+        quota: &Quota,
+        key: &Arc<str>,
+        mut change: impl FnMut(&mut E::State, Timestamp) -> R,
+    ) -> R {
+        let now = self.inner.clock.now();
+        let hash = key_hash(&self.inner.hasher, quota.layout(), key.as_bytes());
+        let mut state = {
+            let mut shard = self.shard(hash).lock();
+            let found = shard
+                .table::<E>(quota.layout(), quota.is_shadow_only())
+                .and_then(|table| table.find_mut(hash, key));
+            match found {
+                Some(entry) => entry.state_copy(),
+                None => E::fresh_state(quota),
+            }
+        };
+        change(&mut state, now)
     }
 
     /// The synchronous settlement behind [`Store::settle`](crate::quota::Store::settle). Settling a key

@@ -145,6 +145,10 @@ impl<C: Clock> Store for MemoryStore<C> {
         std::future::ready(self.decide_now(quota, key, cost))
     }
 
+    fn peek(&self, quota: &Quota, key: &Arc<str>, cost: u64) -> Self::DecideFuture {
+        std::future::ready(self.peek_now(quota, key, cost))
+    }
+
     fn settle(
         &self,
         quota: &Quota,

@@ -57,7 +57,7 @@ pub(super) struct BucketSlot {
 /// One key of one quota in one of a shard's tables.
 pub(super) trait Entry: Keyed + Sized {
     /// What a decision changes.
-    type State;
+    type State: Clone;
     /// The table of this slot type, if `kind` is one.
     fn table(kind: &mut Kind) -> Option<&mut Table<Self>>;
     /// An empty table of this slot type.
@@ -65,6 +65,8 @@ pub(super) trait Entry: Keyed + Sized {
     fn new(quota: &Quota, key: StoredKey, state: Self::State) -> Self;
     fn fresh_state(quota: &Quota) -> Self::State;
     fn state_mut(&mut self) -> &mut Self::State;
+    /// A copy of the state, for a decision that records nothing.
+    fn state_copy(&self) -> Self::State;
     /// Keeps [`fresh_at`](Entry::fresh_at) up to date after a change.
     fn refresh(&mut self, quota: &Quota);
     fn fresh_at(&self) -> u64;
@@ -156,6 +158,10 @@ impl Entry for Slot {
     fn state_mut(&mut self) -> &mut States {
         // Same layout: the states are the quota's policies' kinds, in order.
         &mut self.states
+    }
+
+    fn state_copy(&self) -> States {
+        self.states.clone()
     }
 
     fn refresh(&mut self, quota: &Quota) {
@@ -263,6 +269,10 @@ impl<M: LoneKind> Entry for Lone<M> {
         &mut self.state
     }
 
+    fn state_copy(&self) -> M::State {
+        self.state.clone()
+    }
+
     #[inline]
     fn refresh(&mut self, quota: &Quota) {
         if let Some(algorithm) = lone::<M>(quota) {
@@ -317,6 +327,10 @@ impl Entry for BucketSlot {
 
     fn state_mut(&mut self) -> &mut Bucket {
         &mut self.state
+    }
+
+    fn state_copy(&self) -> Bucket {
+        self.state.clone()
     }
 
     fn refresh(&mut self, _: &Quota) {}

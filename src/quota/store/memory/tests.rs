@@ -243,3 +243,34 @@ fn every_shard_is_reachable_beyond_65536_shards() {
     assert!(missed <= shards / 1000, "{missed} shards never chosen");
     assert!(hit[shards - 1] || hit[shards - 2]);
 }
+
+/// A peek takes no room: a full store still answers it, for a held key and
+/// for one it has never seen, and holds the same keys afterwards.
+#[test]
+fn a_peek_adds_no_key_even_when_full() {
+    use crate::clock::ManualClock;
+    use crate::quota::{Policy, Quota};
+    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let store = MemoryStore::with_config(MemoryConfig::new(NonZeroUsize::MIN), clock);
+    let minute = std::time::Duration::from_secs(60);
+    let quota = Quota::new("q", [Policy::sliding_log("sl", 2, minute).unwrap()]).unwrap();
+    let held: Arc<str> = "held".into();
+    assert!(store.decide_now(&quota, &held, 1).unwrap().admitted);
+    assert_eq!(store.len(), 1);
+    let unseen: Arc<str> = "unseen".into();
+    assert_eq!(
+        store.decide_now(&quota, &unseen, 1),
+        Err(StoreError::Full {
+            retry_after: minute
+        })
+    );
+    let peeked = store.peek_now(&quota, &unseen, 2).unwrap();
+    assert!(peeked.admitted);
+    assert_eq!(peeked.decisions[0].remaining, 0);
+    let peeked = store.peek_now(&quota, &held, 2).unwrap();
+    assert!(!peeked.admitted);
+    assert_eq!(peeked.decisions[0].remaining, 1);
+    assert_eq!(store.len(), 1);
+    assert!(store.decide_now(&quota, &held, 1).unwrap().admitted);
+    assert!(!store.decide_now(&quota, &held, 1).unwrap().admitted);
+}

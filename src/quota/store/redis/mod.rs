@@ -554,20 +554,39 @@ fn decode_holds(quota: &Quota, reply: &[i64]) -> Result<Holds, StoreError> {
 
 type Boxed<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
 
+impl RedisStore {
+    /// A decision (`op` "d") or a peek ("p") through the script.
+    fn decide_as(
+        &self,
+        op: &'static str,
+        quota: &Quota,
+        key: &Arc<str>,
+        cost: u64,
+    ) -> Boxed<QuotaDecision> {
+        let store = self.clone();
+        let quota = quota.clone();
+        let key = key.clone();
+        Box::pin(async move {
+            let reply = store.call(&quota, &key, op, cost.to_string(), None).await?;
+            let mut decision = decode(&quota, &reply)?;
+            if op == "p" {
+                decision.holds = Holds::default();
+            }
+            Ok(decision)
+        })
+    }
+}
+
 impl Store for RedisStore {
     type DecideFuture = Boxed<QuotaDecision>;
     type SettleFuture = Boxed<Holds>;
 
     fn decide(&self, quota: &Quota, key: &Arc<str>, cost: u64) -> Self::DecideFuture {
-        let store = self.clone();
-        let quota = quota.clone();
-        let key = key.clone();
-        Box::pin(async move {
-            let reply = store
-                .call(&quota, &key, "d", cost.to_string(), None)
-                .await?;
-            decode(&quota, &reply)
-        })
+        self.decide_as("d", quota, key, cost)
+    }
+
+    fn peek(&self, quota: &Quota, key: &Arc<str>, cost: u64) -> Self::DecideFuture {
+        self.decide_as("p", quota, key, cost)
     }
 
     fn settle(

@@ -21,7 +21,8 @@
 --          those that decided the state since. Without it (none kept yet, or
 --          Redis expired it) a settle reads each state as it stands.
 -- ARGV[1]: 'd' (decide: cleanup, check every policy, record in the ones that
---          admitted if no enforcing policy refused) or 's' (settle).
+--          admitted if no enforcing policy refused), 'p' (peek: the answer
+--          'd' would give, writing nothing) or 's' (settle).
 -- ARGV[2]: the cost (decide) or the signed delta (settle).
 -- ARGV[3]: the injected time in µs for the test-only clock; ignored by the
 --          production clock, which reads TIME.
@@ -49,7 +50,7 @@ local algorithms = {
 local op = ARGV[1]
 local amount = tonumber(ARGV[2])
 local now = clock_now()
-if amount == nil or now == nil or (op ~= 'd' and op ~= 's') then
+if amount == nil or now == nil or (op ~= 'd' and op ~= 'p' and op ~= 's') then
   return redis.error_reply('ERR tower-admission: bad arguments')
 end
 
@@ -147,11 +148,13 @@ end
 for i, p in ipairs(policies) do
   local base = 1 + (i - 1) * 8
   if p.admitted and out[1] == 1 then
-    local mark, frac, held, life = p.algo.record(p.state, now, amount)
-    out[base + 5] = mark
-    out[base + 6] = frac
-    out[base + 7] = held
-    out[base + 8] = life or 0
+    if op == 'd' then
+      local mark, frac, held, life = p.algo.record(p.state, now, amount)
+      out[base + 5] = mark
+      out[base + 6] = frac
+      out[base + 7] = held
+      out[base + 8] = life or 0
+    end
   elseif p.admitted then
     -- Nothing recorded: the policy reports its state as it stands, as a
     -- check of nothing finds it.
@@ -160,5 +163,5 @@ for i, p in ipairs(policies) do
     out[base + 4] = reset
   end
 end
-save_all(false, expiry_after(false))
+if op == 'd' then save_all(false, expiry_after(false)) end
 return out
