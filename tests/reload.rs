@@ -358,3 +358,84 @@ async fn a_lowered_burst_holds_for_fresh_and_spent_keys() {
     clock.advance(MINUTE);
     assert_eq!(admitted(0).await, 1);
 }
+
+mod bounds {
+    //! The bounds layers' caps and rules, changed while they run.
+
+    use std::num::{NonZeroU32, NonZeroUsize};
+
+    use axum::body::Body;
+    use axum::routing::post;
+    use axum::Router;
+    use http::{Request, StatusCode};
+    use tower::ServiceExt;
+    use tower_admission::bounds::{
+        BatchItemsLayer, BodyCaps, BodyLimitsLayer, QueryRules, ValidateQueryLayer,
+    };
+
+    async fn status(app: &Router, uri: &str, body: &str) -> StatusCode {
+        let req = Request::post(uri)
+            .header("content-type", "application/json")
+            .body(Body::from(body.to_owned()))
+            .unwrap();
+        app.clone().oneshot(req).await.unwrap().status()
+    }
+
+    fn rules(max_page: u32) -> QueryRules {
+        let page = |n| NonZeroU32::new(n).unwrap();
+        QueryRules::builder()
+            .page_size(page(1), page(max_page))
+            .build()
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn body_caps_query_rules_and_batch_items_change_while_running() {
+        let body = BodyLimitsLayer::new(100, 100);
+        let query = ValidateQueryLayer::new(rules(50));
+        let items = BatchItemsLayer::new(NonZeroUsize::new(3).unwrap());
+        let (body_reload, query_reload, items_reload) = (
+            body.reload_handle(),
+            query.reload_handle(),
+            items.reload_handle(),
+        );
+        let app = Router::new()
+            .route("/", post(|| async { "ok" }))
+            .layer(items)
+            .layer(query)
+            .layer(body);
+        let three = r#"{"items":[1,2,3]}"#;
+        assert_eq!(status(&app, "/?page_size=50", three).await, StatusCode::OK);
+
+        items_reload.apply(NonZeroUsize::new(2).unwrap()).unwrap();
+        assert_eq!(
+            status(&app, "/?page_size=50", three).await,
+            StatusCode::PAYLOAD_TOO_LARGE
+        );
+        query_reload.apply(rules(10)).unwrap();
+        let two = r#"{"items":[1,2]}"#;
+        assert_eq!(
+            status(&app, "/?page_size=50", two).await,
+            StatusCode::BAD_REQUEST
+        );
+        assert_eq!(status(&app, "/?page_size=10", two).await, StatusCode::OK);
+        body_reload
+            .apply(BodyCaps {
+                wire_bytes: 10,
+                decoded_bytes: 10,
+            })
+            .unwrap();
+        assert_eq!(
+            status(&app, "/?page_size=10", two).await,
+            StatusCode::PAYLOAD_TOO_LARGE
+        );
+        assert_eq!(
+            [
+                body_reload.generation(),
+                query_reload.generation(),
+                items_reload.generation()
+            ],
+            [1, 1, 1]
+        );
+    }
+}

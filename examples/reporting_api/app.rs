@@ -168,12 +168,14 @@ pub(crate) fn app<St: Store>(
         }
     })?;
     let concurrency = config.concurrency_layer()?;
+    let body = BodyLimitsLayer::new(config.body.max_wire_bytes, config.body.max_decoded_bytes);
     let reload = Handles {
         per_user: per_user.reload_handle(),
         aggregate: aggregate.reload_handle(),
         rows: rows.reload_handle(),
         items: items.reload_handle(),
         concurrency: concurrency.reload_handle(),
+        body: body.reload_handle(),
         budget: None,
     };
     let state = AppState {
@@ -198,10 +200,7 @@ pub(crate) fn app<St: Store>(
         .route_layer(
             ServiceBuilder::new()
                 .layer(AuthenticateLayer::new(config.api_keys()))
-                .layer(BodyLimitsLayer::new(
-                    config.body.max_wire_bytes,
-                    config.body.max_decoded_bytes,
-                ))
+                .layer(body)
                 .layer(ValidateQueryLayer::new(rules))
                 .layer(per_user)
                 .layer(aggregate)

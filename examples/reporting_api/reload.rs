@@ -14,7 +14,8 @@
 //! |---|---|
 //! | `default_plan`, `plans.*`, `aggregate`: the quotas | `server.listen`, `server.redis`: the listen address, the store |
 //! | `concurrency.*`: caps, queues, deadlines | `keys`, `server.header_read_timeout`, `shutdown.limit` |
-//! | `dependency.normal_per_second`, `dependency.retry_per_second` (in memory) | `body.*`, `query.*`, `batch.*`, the rest of `dependency.*` |
+//! | `body.*`: the wire and decoded caps | `query.*`, `batch.*`: the handlers read them too |
+//! | `dependency.normal_per_second`, `dependency.retry_per_second` (in memory) | the rest of `dependency.*`; its rates on Redis (the lease) |
 //!
 //! A bad file keeps the running configuration: the log names the file, the
 //! line, the key path and the reason, and `/metrics` shows the failure. A
@@ -33,6 +34,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use parking_lot::Mutex;
+use tower_admission::bounds::BodyCaps;
 use tower_admission::concurrency::ConcurrencyLayerBuilder;
 use tower_admission::outbound::BudgetShares;
 use tower_admission::quota::Quotas;
@@ -52,6 +54,7 @@ pub(crate) struct Handles {
     pub(crate) rows: ReloadHandle<Quotas>,
     pub(crate) items: ReloadHandle<Quotas>,
     pub(crate) concurrency: ReloadHandle<ConcurrencyLayerBuilder>,
+    pub(crate) body: ReloadHandle<BodyCaps>,
     /// The in-memory dependency budget; `None` for the fleet's lease.
     pub(crate) budget: Option<ReloadHandle<BudgetShares>>,
 }
@@ -102,6 +105,10 @@ impl Handles {
         self.rows.apply(next.quotas.work.clone())?;
         self.items.apply(next.quotas.work)?;
         self.concurrency.apply(next.concurrency)?;
+        self.body.apply(BodyCaps {
+            wire_bytes: config.body.max_wire_bytes,
+            decoded_bytes: config.body.max_decoded_bytes,
+        })?;
         if let Some(budget) = &self.budget {
             budget.apply(next.budget)?;
         }
@@ -260,14 +267,13 @@ impl Reloader {
         if config.server.redis.is_some() && config.server.redis != fixed.redis {
             kept.push("server.redis");
         }
-        let checks: [(&str, bool); 7] = [
+        let checks: [(&str, bool); 6] = [
             ("keys", config.keys != started.keys),
             (
                 "server.header_read_timeout",
                 config.server.header_read_timeout != started.server.header_read_timeout,
             ),
             ("shutdown.limit", config.shutdown != started.shutdown),
-            ("body", config.body != started.body),
             ("query", config.query != started.query),
             ("batch", config.batch != started.batch),
             (
