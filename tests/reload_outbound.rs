@@ -1,7 +1,10 @@
 //! Live reconfiguration of the dependency budget, on a manual clock: a
 //! budget lowered from 240/s to 120/s halves the attempts that go out from
 //! the next attempt on, the shares' state carries over, and a bad change is
-//! refused whole.
+//! refused whole. With Redis, a leased budget's `R` lowered on one
+//! instance binds the fleet's grants within one lease length.
+
+mod support;
 
 use std::time::Duration;
 
@@ -119,4 +122,102 @@ fn a_bad_budget_is_refused_whole_with_the_error_build_gives() {
     // Each partition still holds a quarter of the first numbers.
     let normal = budget.quota(Share::Normal);
     assert_eq!(normal.policies()[0].algorithm().limit(), 5);
+}
+
+#[cfg(feature = "redis")]
+mod lease {
+    use std::num::NonZeroU32;
+    use std::time::Duration;
+
+    use tower_admission::clock::{ManualClock, Timestamp};
+    use tower_admission::outbound::{
+        LeaseStore, LeasedBudget, LeasedRates, Rate, RateLease, Share,
+    };
+
+    use crate::support::RedisServer;
+
+    const START: u64 = 1_700_000_000_000_000;
+    /// The lease length, the builder's default.
+    const LEASE: Duration = Duration::from_secs(5);
+
+    fn lease(store: &LeaseStore, clock: &ManualClock, id: &str) -> RateLease<ManualClock> {
+        RateLease::builder(
+            store.clone(),
+            "dep",
+            Rate::per_second(240),
+            NonZeroU32::new(40).unwrap(),
+        )
+        .instance_id(id)
+        .initial_demand(Rate::per_second(240))
+        .min_demand(Rate::per_second(240))
+        .clock(clock.clone())
+        .build()
+        .unwrap()
+    }
+
+    /// Two instances share 240/s; one reloads to 120/s. From its next
+    /// refresh every grant is bound by 120/s in all, so the fleet's grants
+    /// sum to at most 120/s one lease length later, while the other
+    /// instance still runs with 240/s.
+    #[tokio::test]
+    async fn an_r_lowered_on_one_instance_halves_the_fleet_within_one_lease_length() {
+        let server = RedisServer::start();
+        let clock = ManualClock::new(Timestamp(START));
+        let store = LeaseStore::builder(server.url())
+            .prefix("t")
+            .deadline(Duration::from_secs(5))
+            .test_clock(clock.clone())
+            .build()
+            .unwrap();
+        let (a, b) = (lease(&store, &clock, "a"), lease(&store, &clock, "b"));
+        let budget = LeasedBudget::new(a.clone(), Rate::per_second(40)).unwrap();
+        let reload = budget.reload_handle();
+        let peak = || async { store.grants("dep").await.unwrap().peak() };
+        for _ in 0..3 {
+            a.refresh().await.unwrap();
+            b.refresh().await.unwrap();
+            clock.advance(Duration::from_secs(1));
+        }
+        assert_eq!(peak().await, Rate::per_second(240));
+
+        // Bad rates change nothing.
+        let err = reload
+            .apply(LeasedRates::new(
+                Rate::per_second(120),
+                Rate::per_second(120),
+            ))
+            .unwrap_err();
+        assert_eq!(err.field(), "retry");
+        let err = reload
+            .apply(LeasedRates::new(Rate::ZERO, Rate::ZERO))
+            .unwrap_err();
+        assert_eq!(err.field(), "rate");
+        assert_eq!(a.rate(), Rate::per_second(240));
+
+        reload
+            .apply(LeasedRates::new(
+                Rate::per_second(120),
+                Rate::per_second(20),
+            ))
+            .unwrap();
+        assert_eq!(a.rate(), Rate::per_second(120));
+        assert_eq!(a.fallback_rate(), Rate::per_second(3));
+        assert_eq!(budget.share_rate(Share::Normal), Rate::per_second(100));
+        assert_eq!(budget.share_rate(Share::Retry), Rate::per_second(20));
+        // b keeps 240/s; refreshes every second, as the refresher would.
+        a.refresh().await.unwrap();
+        let mut after_one_lease = None;
+        for step in 1..=10u64 {
+            clock.advance(Duration::from_secs(1));
+            a.refresh().await.unwrap();
+            b.refresh().await.unwrap();
+            if Duration::from_secs(step) > LEASE {
+                let now = peak().await;
+                assert!(now <= Rate::per_second(120), "{now} at {step} s");
+                after_one_lease.get_or_insert(now);
+            }
+        }
+        assert_eq!(after_one_lease, Some(Rate::per_second(120)));
+        assert_eq!(b.rate(), Rate::per_second(240));
+    }
 }

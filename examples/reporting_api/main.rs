@@ -295,7 +295,7 @@ fn memory_app(
     );
     let mut api = app::app(config, store, dependency)?;
     if let Some(handles) = &mut api.reload {
-        handles.budget = Some(budget_reload);
+        handles.budget = Some(reload::Budget::Memory(budget_reload));
     }
     api.router = api.router.merge(exporter.router());
     Ok(api)
@@ -333,9 +333,13 @@ fn redis_app(
     // Runs for the life of the process.
     drop(lease.spawn_refresher());
     let budget = LeasedBudget::new(lease, Rate::per_second(settings.retry_per_second))?;
+    let budget_reload = budget.reload_handle();
     let dependency = Dependency::new(dependency_url, budget, settings, config.batch.active_items);
     // Redis keys expire on their own; no key count is read from Redis.
     let mut api = app::app(config, store, dependency)?;
+    if let Some(handles) = &mut api.reload {
+        handles.budget = Some(reload::Budget::Leased(budget_reload));
+    }
     api.router = api.router.merge(exporter.router());
     Ok(api)
 }

@@ -15,7 +15,7 @@
 //! | `default_plan`, `plans.*`, `aggregate`: the quotas | `server.listen`, `server.redis`: the listen address, the store |
 //! | `concurrency.*`: caps, queues, deadlines | `keys`, `server.header_read_timeout`, `shutdown.limit` |
 //! | `body.*`: the wire and decoded caps | `query.*`, `batch.*`: the handlers read them too |
-//! | `dependency.normal_per_second`, `dependency.retry_per_second` (in memory) | the rest of `dependency.*`; its rates on Redis (the lease) |
+//! | `dependency.normal_per_second`, `dependency.retry_per_second`: the budget (on Redis, the lease's `R`, sent with its next refresh) | the rest of `dependency.*` |
 //!
 //! A bad file keeps the running configuration: the log names the file, the
 //! line, the key path and the reason, and `/metrics` shows the failure. A
@@ -37,6 +37,8 @@ use parking_lot::Mutex;
 use tower_admission::bounds::BodyCaps;
 use tower_admission::concurrency::ConcurrencyLayerBuilder;
 use tower_admission::outbound::BudgetShares;
+#[cfg(feature = "redis")]
+use tower_admission::outbound::{LeasedRates, Rate};
 use tower_admission::quota::Quotas;
 use tower_admission::reload::ReloadHandle;
 use tower_admission::ConfigError;
@@ -55,8 +57,17 @@ pub(crate) struct Handles {
     pub(crate) items: ReloadHandle<Quotas>,
     pub(crate) concurrency: ReloadHandle<ConcurrencyLayerBuilder>,
     pub(crate) body: ReloadHandle<BodyCaps>,
-    /// The in-memory dependency budget; `None` for the fleet's lease.
-    pub(crate) budget: Option<ReloadHandle<BudgetShares>>,
+    /// The dependency budget; set by `main.rs`, which builds it.
+    pub(crate) budget: Option<Budget>,
+}
+
+/// The dependency budget's reload handle.
+pub(crate) enum Budget {
+    /// One instance's, in memory.
+    Memory(ReloadHandle<BudgetShares>),
+    /// The fleet's lease on Redis: its rate `R` and the retry share.
+    #[cfg(feature = "redis")]
+    Leased(ReloadHandle<LeasedRates>),
 }
 
 /// Every layer's new numbers, built from a config.
@@ -64,6 +75,8 @@ struct Next {
     quotas: LayerQuotas,
     concurrency: ConcurrencyLayerBuilder,
     budget: BudgetShares,
+    #[cfg(feature = "redis")]
+    rates: LeasedRates,
 }
 
 impl Handles {
@@ -83,6 +96,13 @@ impl Handles {
                     config.dependency.retry_per_second,
                 )?,
             ),
+            #[cfg(feature = "redis")]
+            rates: LeasedRates::new(
+                Rate::per_second(
+                    config.dependency.normal_per_second + config.dependency.retry_per_second,
+                ),
+                Rate::per_second(config.dependency.retry_per_second),
+            ),
         };
         let at = |key: &'static str| move |e: ConfigError| ConfigError::new(key, e.to_string());
         self.per_user
@@ -96,9 +116,13 @@ impl Handles {
         self.concurrency
             .check(&next.concurrency)
             .map_err(at("concurrency"))?;
-        if let Some(budget) = &self.budget {
-            budget.check(&next.budget).map_err(at("dependency"))?;
+        match &self.budget {
+            Some(Budget::Memory(budget)) => budget.check(&next.budget),
+            #[cfg(feature = "redis")]
+            Some(Budget::Leased(lease)) => lease.check(&next.rates),
+            None => Ok(()),
         }
+        .map_err(at("dependency"))?;
         // Checked: each apply below checks again and cannot fail.
         self.per_user.apply(next.quotas.per_user)?;
         self.aggregate.apply(next.quotas.aggregate)?;
@@ -109,8 +133,11 @@ impl Handles {
             wire_bytes: config.body.max_wire_bytes,
             decoded_bytes: config.body.max_decoded_bytes,
         })?;
-        if let Some(budget) = &self.budget {
-            budget.apply(next.budget)?;
+        match &self.budget {
+            Some(Budget::Memory(budget)) => budget.apply(next.budget)?,
+            #[cfg(feature = "redis")]
+            Some(Budget::Leased(lease)) => lease.apply(next.rates)?,
+            None => {}
         }
         Ok(())
     }
@@ -295,28 +322,11 @@ impl Reloader {
                 .filter(|(_, differs)| *differs)
                 .map(|(key, _)| *key),
         );
-        if fixed.budget_is_leased() {
-            let rates = |c: &Config| {
-                (
-                    c.dependency.normal_per_second,
-                    c.dependency.retry_per_second,
-                )
-            };
-            if rates(config) != rates(started) {
-                kept.push("dependency.normal_per_second");
-            }
-        }
         for key in kept {
             tracing::warn!(
                 key,
                 "this setting cannot change while running; it is kept as started (restart to change it)"
             );
         }
-    }
-}
-
-impl Fixed {
-    fn budget_is_leased(&self) -> bool {
-        self.redis.is_some()
     }
 }

@@ -66,7 +66,7 @@ pub use lease::{
     LeaseStoreBuilder, Rate, RateLease, RateLeaseBuilder,
 };
 #[cfg(feature = "redis")]
-pub use leased::LeasedBudget;
+pub use leased::{LeasedBudget, LeasedRates};
 #[cfg(feature = "redis")]
 pub use regions::{
     Initialized, PendingTransfer, RegionError, RegionalBudget, RegionalBudgetBuilder,
