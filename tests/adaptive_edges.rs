@@ -527,3 +527,208 @@ fn the_limit_and_the_classes_are_metrics() {
         Some(1.0)
     );
 }
+
+/// Every series of a gate is on a scrape before any traffic: each class's
+/// gauges and refusal counters at 0, the limit, and the baseline and
+/// latency at 0 until measured.
+#[cfg(feature = "metrics")]
+#[test]
+fn every_series_is_at_zero_before_any_traffic() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _layer = metrics::with_local_recorder(&recorder, || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap()
+            .block_on(async {
+                AdaptiveLimitLayer::<u8>::builder(AdaptiveLimit::default())
+                    .classify(|_: &u8| Criticality::Default)
+                    .scope("reports")
+                    .build()
+                    .unwrap()
+            })
+    });
+    let seen: std::collections::BTreeMap<String, f64> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .map(|(key, _, _, value)| {
+            let labels: Vec<String> = key
+                .key()
+                .labels()
+                .map(|l| format!("{}={}", l.key(), l.value()))
+                .collect();
+            let value = match value {
+                DebugValue::Gauge(v) => v.into_inner(),
+                DebugValue::Counter(n) => n as f64,
+                DebugValue::Histogram(_) => f64::NAN,
+            };
+            (
+                format!("{}{{{}}}", key.key().name(), labels.join(",")),
+                value,
+            )
+        })
+        .collect();
+    let mut expected = vec![
+        (
+            "tower_admission_concurrency_limit{scope=reports}".to_owned(),
+            3.0,
+        ),
+        (
+            "tower_admission_concurrency_baseline_latency_seconds{scope=reports}".to_owned(),
+            0.0,
+        ),
+        (
+            "tower_admission_concurrency_latency_seconds{scope=reports}".to_owned(),
+            0.0,
+        ),
+        (
+            "tower_admission_concurrency_in_flight{scope=reports}".to_owned(),
+            0.0,
+        ),
+        (
+            "tower_admission_concurrency_queued{scope=reports}".to_owned(),
+            0.0,
+        ),
+    ];
+    for class in ["sheddable", "default", "critical"] {
+        for gauge in ["class_in_flight", "class_queued"] {
+            expected.push((
+                format!("tower_admission_concurrency_{gauge}{{scope=reports,class={class}}}"),
+                0.0,
+            ));
+        }
+        for reason in ["queue-full", "tenant-queue-full", "deadline-passed"] {
+            expected.push((
+                format!(
+                    "tower_admission_concurrency_shed_total{{scope=reports,class={class},reason={reason}}}"
+                ),
+                0.0,
+            ));
+        }
+    }
+    let expected: std::collections::BTreeMap<String, f64> = expected.into_iter().collect();
+    assert_eq!(seen, expected);
+}
+
+/// `AdaptiveLimitLayer::fixed`: the same classes, queues and refusals under
+/// a cap that never moves, however the calls answer.
+#[tokio::test(start_paused = true)]
+async fn a_fixed_cap_never_moves() {
+    let cap = AdaptiveLimitLayer::<u8>::fixed(2)
+        .classify(|n: &u8| {
+            if *n == 0 {
+                Criticality::Critical
+            } else {
+                Criticality::Sheddable
+            }
+        })
+        .build()
+        .unwrap();
+    let svc = cap.layer(service_fn(|_n: u8| async {
+        tokio::time::sleep(ms(20)).await;
+        Ok::<_, Infallible>(())
+    }));
+    for _ in 0..50 {
+        let calls: Vec<_> = (0..2).map(|_| svc.clone().oneshot(0)).collect();
+        for call in futures_util::future::join_all(calls).await {
+            call.unwrap();
+        }
+    }
+    let stats = cap.stats();
+    assert_eq!(
+        (stats.limit, stats.probing, stats.baseline_latency),
+        (2, false, None)
+    );
+    // A sheddable call may fill 80 % of 2 (1); a critical one the whole cap.
+    let held = tokio::spawn(svc.clone().oneshot(0));
+    tokio::task::yield_now().await;
+    match svc.clone().oneshot(1).await {
+        Err(LimitError::Overloaded(refused)) => {
+            assert_eq!(refused.limit, 2);
+            assert_eq!(refused.class, Criticality::Sheddable);
+            assert_eq!(refused.reason, OverloadReason::QueueFull);
+        }
+        other => panic!("{other:?}"),
+    }
+    svc.clone().oneshot(0).await.unwrap();
+    held.await.unwrap().unwrap();
+    let stats = cap.stats();
+    assert_eq!(stats.class(Criticality::Sheddable).shed, 1);
+    assert_eq!(stats.class(Criticality::Critical).shed, 0);
+    assert_eq!(
+        AdaptiveLimitLayer::<u8>::fixed(0)
+            .build()
+            .unwrap_err()
+            .field(),
+        "limit"
+    );
+}
+
+/// A refusal by the limit under the budget is not retried by
+/// `RetryAttempts`: nothing was sent, and a retry would charge the retry
+/// share to add to the overload. An error of the dependency still is.
+#[tokio::test(start_paused = true)]
+async fn retry_attempts_do_not_retry_a_refusal_of_the_limit() {
+    use tower::ServiceBuilder;
+    use tower_admission::outbound::{
+        BudgetError, DependencyBudget, DependencyBudgetLayer, RetryAttempts,
+    };
+    use tower_admission::quota::{MemoryStore, Policy};
+
+    let second = Duration::from_secs(1);
+    let budget = DependencyBudget::builder(MemoryStore::new(), "dependency")
+        .normal(Policy::token_bucket("normal", 100, 100, second).unwrap())
+        .retry(Policy::token_bucket("retry", 100, 100, second).unwrap())
+        .build()
+        .unwrap();
+    let sent = Arc::new(AtomicU64::new(0));
+    let counted = Arc::clone(&sent);
+    let client = ServiceBuilder::new()
+        .retry(RetryAttempts::new(3).backoff(Duration::ZERO, Duration::ZERO))
+        .layer(DependencyBudgetLayer::new(budget.clone()))
+        .layer(
+            AdaptiveLimitLayer::<Request<String>>::fixed(1)
+                .build()
+                .unwrap(),
+        )
+        .service(service_fn(move |req: Request<String>| {
+            counted.fetch_add(1, Ordering::Relaxed);
+            async move {
+                tokio::time::sleep(ms(20)).await;
+                if req.uri().path() == "/fails" {
+                    return Err(std::io::Error::other("connection reset"));
+                }
+                Ok(Response::new(String::new()))
+            }
+        }));
+    let request = |path: &str| {
+        let mut req = Request::new(String::new());
+        *req.uri_mut() = path.parse().unwrap();
+        req
+    };
+    let held = tokio::spawn(client.clone().oneshot(request("/slow")));
+    tokio::task::yield_now().await;
+    match client.clone().oneshot(request("/refused")).await {
+        Err(BudgetError::Inner(LimitError::Overloaded(refused))) => {
+            assert_eq!(refused.reason, OverloadReason::QueueFull);
+        }
+        other => panic!("{other:?}"),
+    }
+    held.await.unwrap().unwrap();
+    let stats = budget.stats();
+    assert_eq!((stats.normal, stats.retry), (2, 0));
+    assert_eq!(sent.load(Ordering::Relaxed), 1);
+    // The dependency's own error is retried: 3 attempts, 2 of them retries.
+    assert!(matches!(
+        client.clone().oneshot(request("/fails")).await,
+        Err(BudgetError::Inner(LimitError::Inner(_)))
+    ));
+    let stats = budget.stats();
+    assert_eq!((stats.normal, stats.retry), (3, 2));
+    assert_eq!(sent.load(Ordering::Relaxed), 4);
+}

@@ -91,7 +91,9 @@ struct CountingClones {
     clones: Arc<AtomicUsize>,
 }
 
-impl<R, E> tower::retry::Policy<Request<String>, Response<R>, BudgetError<E>> for CountingClones {
+impl<R, E: std::error::Error + 'static>
+    tower::retry::Policy<Request<String>, Response<R>, BudgetError<E>> for CountingClones
+{
     type Future = <RetryAttempts as tower::retry::Policy<
         Request<String>,
         Response<R>,

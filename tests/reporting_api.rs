@@ -13,6 +13,8 @@ mod data;
 mod dependency;
 #[path = "../examples/mock_dependency/mock.rs"]
 mod mock;
+#[path = "../examples/reporting_api/overload.rs"]
+mod overload;
 #[path = "../examples/reporting_api/reload.rs"]
 #[allow(dead_code, reason = "these tests do not reload")]
 mod reload;
@@ -50,7 +52,7 @@ fn api_of(config: &Config, dependency: Dependency) -> (Router, ManualClock) {
 /// The dependency at `url` through `budget`, as the built-in config says.
 fn dependency<Bu: tower_admission::outbound::AttemptBudget>(url: &str, budget: Bu) -> Dependency {
     let config = Config::builtin();
-    Dependency::new(url, budget, &config.dependency, config.batch.active_items)
+    Dependency::new(url, budget, &config.dependency, config.batch.active_items).unwrap()
 }
 
 /// A budget that never refuses these tests' calls.
@@ -523,6 +525,23 @@ fn a_broken_file_is_refused_with_its_key_path_and_reason() {
         (
             ("per_identity = { limit = 4,", "per_identity = { limit = 0,"),
             "concurrency.per_identity",
+        ),
+        // A plan's class and the limit on dependency calls, by their keys.
+        (
+            ("class = \"sheddable\"", "class = \"urgent\""),
+            "plans.free.class: unknown variant `urgent`, expected one of `sheddable`, `default`, `critical`",
+        ),
+        (
+            ("mode = \"adaptive\"", "mode = \"auto\""),
+            "dependency.concurrency.mode: unknown variant `auto`",
+        ),
+        (
+            ("floor = 1\n", "floor = 0\n"),
+            "dependency.concurrency.floor: must be at least 1",
+        ),
+        (
+            ("ceiling = 64", "ceiling = 0"),
+            "dependency.concurrency.ceiling: must be at least the floor",
         ),
     ];
     for ((from, to), expected) in cases {
@@ -1248,4 +1267,34 @@ async fn the_free_plan_admits_23_in_2_s_and_at_most_100_in_any_60_s() {
     let burst_only = greedy_free_admissions(&Config::parse(&edited(log, "")).unwrap()).await;
     assert_eq!(within(&burst_only, 0, 2_000), 23);
     assert_eq!(within(&burst_only, 0, 60_000), 120);
+}
+
+/// `[dependency.concurrency] mode`: the adaptive limit (its first baseline
+/// probe at 3 in flight), a fixed cap of `fixed`, or no limit.
+#[tokio::test]
+async fn the_dependency_limit_is_adaptive_fixed_or_off() {
+    let limit = |mode: &str| {
+        Config::parse(&edited("mode = \"adaptive\"", mode))
+            .unwrap()
+            .dependency
+            .concurrency
+            .limit()
+            .unwrap()
+            .map(|limit| limit.stats().limit)
+    };
+    assert_eq!(limit("mode = \"adaptive\""), Some(3));
+    assert_eq!(limit("mode = \"fixed\""), Some(16));
+    assert_eq!(limit("mode = \"off\""), None);
+    let error = Config::parse(&edited("fixed = 16", "fixed = 0"))
+        .unwrap()
+        .dependency
+        .concurrency;
+    // Unused in mode "adaptive"; refused where it is used.
+    assert_eq!(error.fixed, 0);
+    let fixed_zero =
+        edited("fixed = 16", "fixed = 0").replace("mode = \"adaptive\"", "mode = \"fixed\"");
+    assert_eq!(
+        Config::parse(&fixed_zero).unwrap_err().to_string(),
+        "dependency.concurrency.fixed: must be at least 1"
+    );
 }

@@ -22,6 +22,8 @@ mod dependency;
 mod metrics;
 #[path = "../examples/mock_dependency/mock.rs"]
 mod mock;
+#[path = "../examples/reporting_api/overload.rs"]
+mod overload;
 #[path = "../examples/reporting_api/reload.rs"]
 #[allow(dead_code, reason = "these tests do not reload")]
 mod reload;
@@ -191,7 +193,7 @@ fn api(exporter: &metrics::Exporter, dependency: Dependency) -> (Router, MemoryS
 /// The dependency at `url` through `budget`, as the built-in config says.
 fn dependency(url: &str, budget: DependencyBudget<MemoryStore>) -> Dependency {
     let config = Config::builtin();
-    Dependency::new(url, budget, &config.dependency, config.batch.active_items)
+    Dependency::new(url, budget, &config.dependency, config.batch.active_items).unwrap()
 }
 
 /// A budget named `name` of `per_hour` attempts per share, each an hour

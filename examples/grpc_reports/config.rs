@@ -4,6 +4,11 @@
 #[path = "../reporting_api/config.rs"]
 #[allow(dead_code, reason = "the HTTP example's knobs, only some apply here")]
 mod shared;
+// The HTTP example's dependency limit, which its configuration names.
+#[path = "../reporting_api/overload.rs"]
+#[allow(dead_code, reason = "the HTTP example's knobs, only some apply here")]
+mod overload;
+use shared as config;
 
 use std::sync::OnceLock;
 

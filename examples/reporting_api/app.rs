@@ -11,8 +11,9 @@
 //! (400) with its work charge given back. `POST /v1/reports/batch` counts
 //! its items ([`BatchItemsLayer`]) and charges the work quota one unit per
 //! item before any item runs; then every item makes two calls to the
-//! dependency, through its budget ([`crate::dependency`]), at most five items
-//! at once. A batch
+//! dependency, through its budget ([`crate::dependency`]) and its limit on
+//! calls in flight, by the class of the caller's plan ([`crate::overload`]),
+//! at most five items at once. A batch
 //! refused after that charge, for an invalid item (400) or a full job queue
 //! (503), gives the whole charge back; one whose dependency calls fail (503)
 //! keeps it, since its items ran.
@@ -45,6 +46,7 @@ use tower_admission::ConfigError;
 use crate::config::Config;
 use crate::data;
 use crate::dependency::{CallError, Dependency, Tally};
+use crate::overload::{Caller, Classes};
 use crate::reload::Handles;
 
 /// One item of a batch request.
@@ -70,11 +72,13 @@ pub(crate) struct ItemResult {
     pub(crate) rows: usize,
 }
 
-type Jobs = JobQueue<Vec<CheckedItem>, Vec<ItemResult>, String>;
+/// A batch job: its caller and its items.
+type Jobs = JobQueue<(Caller, Vec<CheckedItem>), Vec<ItemResult>, String>;
 
 #[derive(Clone)]
 struct AppState {
     dependency: Dependency,
+    classes: Classes,
     limits: Arc<Limits>,
     jobs: Jobs,
 }
@@ -158,15 +162,17 @@ pub(crate) fn app<St: Store>(
     });
 
     let for_jobs = (dependency.clone(), limits.clone());
-    let jobs = config.job_queue().build(move |items: Vec<CheckedItem>| {
-        let (dependency, limits) = for_jobs.clone();
-        async move {
-            let tally = Arc::new(Tally::default());
-            run_batch(&dependency, &limits, &items, &tally)
-                .await
-                .map_err(|e| e.to_string())
-        }
-    })?;
+    let jobs = config
+        .job_queue()
+        .build(move |(caller, items): (Caller, Vec<CheckedItem>)| {
+            let (dependency, limits) = for_jobs.clone();
+            async move {
+                let tally = Arc::new(Tally::default());
+                run_batch(&dependency, &limits, &caller, &items, &tally)
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+        })?;
     let concurrency = config.concurrency_layer()?;
     let body = BodyLimitsLayer::new(config.body.max_wire_bytes, config.body.max_decoded_bytes);
     let reload = Handles {
@@ -180,6 +186,7 @@ pub(crate) fn app<St: Store>(
     };
     let state = AppState {
         dependency,
+        classes: Classes::new(config),
         limits,
         jobs: jobs.clone(),
     };
@@ -346,9 +353,10 @@ async fn batch(
             return refund(&settlement, refused).await;
         }
     };
+    let caller = Caller::new(&state.classes, &who);
     if items.len() <= state.limits.sync_items {
         let tally = Arc::new(Tally::default());
-        let result = run_batch(&state.dependency, &state.limits, &items, &tally).await;
+        let result = run_batch(&state.dependency, &state.limits, &caller, &items, &tally).await;
         let dependency = tally.snapshot();
         return match result {
             Ok(results) => {
@@ -357,9 +365,7 @@ async fn batch(
             Err(e) => {
                 // The crate's 503, with what was called before it gave up.
                 // The items ran, so their charge stays.
-                let rejection = Rejection::DependencyUnavailable {
-                    retry_after: e.retry_after(),
-                };
+                let rejection = e.rejection();
                 let mut doc = rejection.problem();
                 doc["detail"] = json!(e.to_string());
                 doc["dependency"] = json!(dependency);
@@ -369,7 +375,10 @@ async fn batch(
             }
         };
     }
-    match state.jobs.submit(who.subject_arc().clone(), items) {
+    match state
+        .jobs
+        .submit(who.subject_arc().clone(), (caller, items))
+    {
         Ok(id) => match accepted_response(id, &format!("/v1/jobs/{id}")) {
             Ok(response) => response.into_response(),
             Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
@@ -467,11 +476,12 @@ fn check_items(
 async fn run_batch(
     dependency: &Dependency,
     limits: &Limits,
+    caller: &Caller,
     items: &[CheckedItem],
     tally: &Arc<Tally>,
 ) -> Result<Vec<ItemResult>, CallError> {
     let metrics: Vec<&str> = items.iter().map(|item| item.metric.as_str()).collect();
-    dependency.call_for_items(&metrics, tally).await?;
+    dependency.call_for_items(&metrics, caller, tally).await?;
     Ok(items
         .iter()
         .map(|item| {

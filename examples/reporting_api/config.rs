@@ -16,6 +16,8 @@ use tower_admission::jobs::{JobQueue, JobQueueBuilder};
 use tower_admission::quota::{Policy, Quota};
 use tower_admission::ConfigError;
 
+use super::overload;
+
 /// The shipped file, which is also the built-in default.
 pub(crate) const BUILTIN: &str = include_str!("reporting.toml");
 
@@ -97,6 +99,9 @@ pub(crate) struct DemoKey {
 pub(crate) struct Plan {
     pub(crate) policies: Vec<PolicySpec>,
     pub(crate) work: Vec<PolicySpec>,
+    /// Its callers' dependency calls under overload; `default` when absent.
+    #[serde(default)]
+    pub(crate) class: overload::Class,
 }
 
 /// A list of policies.
@@ -284,6 +289,9 @@ pub(crate) struct Dependency {
     pub(crate) budget_wait: Span,
     /// The longest one attempt waits for an answer.
     pub(crate) timeout: Span,
+    /// The limit on calls in flight; adaptive when the table is absent.
+    #[serde(default)]
+    pub(crate) concurrency: overload::Settings,
 }
 
 impl Dependency {
@@ -558,6 +566,10 @@ impl Config {
                 .map_err(|e| bad(format!("dependency.{share}_per_second"), e.reason()))?;
         }
         at_least_one("dependency.attempts", u64::from(self.dependency.attempts))?;
+        self.dependency
+            .concurrency
+            .limit()
+            .map_err(|e| bad(format!("dependency.concurrency.{}", e.field()), e.reason()))?;
         above_zero("dependency.timeout", self.dependency.timeout)?;
         above_zero(
             "server.header_read_timeout",

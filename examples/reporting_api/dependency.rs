@@ -4,6 +4,7 @@
 //! ```text
 //! tower::retry (RetryAttempts: 429 and 5xx, backoff with jitter, obeying Retry-After)
 //!   -> DependencyBudgetLayer (normal share for first attempts, retry share for retries)
+//!   -> AdaptiveLimitLayer (calls in flight, by class and tenant: crate::overload)
 //!   -> HTTP client
 //! ```
 //!
@@ -21,16 +22,21 @@ use http::{Request, Response, StatusCode};
 use serde::Serialize;
 use tower::util::BoxCloneSyncService;
 use tower::{ServiceBuilder, ServiceExt};
+use tower_admission::concurrency::adaptive::Overloaded;
+use tower_admission::concurrency::LimitError;
 use tower_admission::outbound::{
     requested_wait, Attempt, AttemptBudget, BudgetError, DependencyBudget, DependencyBudgetLayer,
     RetryAttempts,
 };
 use tower_admission::quota::MemoryStore;
+use tower_admission::reject::{OverloadScope, Rejection};
 use tower_admission::ConfigError;
 
 use crate::config;
+use crate::overload::Caller;
 
-type Client = BoxCloneSyncService<Request<String>, Response<Bytes>, BudgetError<reqwest::Error>>;
+type Client =
+    BoxCloneSyncService<Request<String>, Response<Bytes>, BudgetError<LimitError<reqwest::Error>>>;
 
 /// The dependency's client: retries, budget, HTTP. Clones share the budget
 /// and the connection pool.
@@ -70,6 +76,8 @@ impl Tally {
 pub(crate) enum CallError {
     /// The budget refused an attempt; it may pass after the wait.
     Budget(Option<Duration>),
+    /// The limit on calls in flight refused an attempt (not retried).
+    Shed(Overloaded),
     /// The dependency's last answer was not 200; it may have asked for a
     /// wait.
     Answered(StatusCode, Option<Duration>),
@@ -83,8 +91,24 @@ impl CallError {
     pub(crate) fn retry_after(&self) -> Duration {
         match self {
             CallError::Budget(Some(wait)) => *wait,
+            CallError::Shed(refused) => refused.retry_after,
             CallError::Answered(_, Some(wait)) => (*wait).max(Duration::from_secs(1)),
             _ => Duration::from_secs(1),
+        }
+    }
+}
+
+impl CallError {
+    /// The 503 it is answered with: the limit's refusal is the crate's
+    /// overload refusal, any other the dependency being unavailable.
+    pub(crate) fn rejection(&self) -> Rejection {
+        let retry_after = self.retry_after();
+        match self {
+            CallError::Shed(_) => Rejection::Overloaded {
+                scope: OverloadScope::Global,
+                retry_after,
+            },
+            _ => Rejection::DependencyUnavailable { retry_after },
         }
     }
 }
@@ -93,6 +117,7 @@ impl std::fmt::Display for CallError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             CallError::Budget(_) => f.write_str("the dependency budget is exhausted"),
+            CallError::Shed(refused) => write!(f, "the dependency is overloaded: {refused}"),
             CallError::Answered(status, _) => write!(f, "the dependency answered {status}"),
             CallError::Failed(why) => write!(f, "the dependency failed: {why}"),
         }
@@ -118,14 +143,15 @@ pub(crate) fn memory_budget(
 }
 
 impl Dependency {
-    /// Calls the service at `base_url` through `budget`, as `settings` say,
-    /// at most `active_items` items of a batch at once.
+    /// Calls the service at `base_url` through `budget` and the limit on
+    /// calls in flight, as `settings` say, at most `active_items` items of a
+    /// batch at once.
     pub(crate) fn new<Bu: AttemptBudget>(
         base_url: &str,
         budget: Bu,
         settings: &config::Dependency,
         active_items: usize,
-    ) -> Self {
+    ) -> Result<Self, ConfigError> {
         let http = reqwest::Client::builder()
             .timeout(settings.timeout.0)
             .build()
@@ -159,24 +185,40 @@ impl Dependency {
                 Ok::<_, reqwest::Error>(answer)
             }
         });
-        let client = ServiceBuilder::new()
+        let limit = settings.concurrency.limit().map_err(|e| {
+            ConfigError::new(
+                "dependency.concurrency",
+                format!("{}: {}", e.field(), e.reason()),
+            )
+        })?;
+        let attempts = ServiceBuilder::new()
             .retry(RetryAttempts::new(settings.attempts))
-            .layer(DependencyBudgetLayer::new(budget).wait_up_to(settings.budget_wait.0))
-            .service(send);
-        Dependency {
-            client: BoxCloneSyncService::new(client),
+            .layer(DependencyBudgetLayer::new(budget).wait_up_to(settings.budget_wait.0));
+        let client = match limit {
+            Some(limit) => BoxCloneSyncService::new(attempts.layer(limit).service(send)),
+            None => BoxCloneSyncService::new(attempts.service(send.map_err(LimitError::Inner))),
+        };
+        Ok(Dependency {
+            client,
             base: base_url.trim_end_matches('/').into(),
             active_items: active_items.max(1),
-        }
+        })
     }
 
-    /// One call: `GET base + path`, every attempt counted in `tally`.
-    pub(crate) async fn get(&self, path: &str, tally: &Arc<Tally>) -> Result<Bytes, CallError> {
+    /// One call for `caller`: `GET base + path`, every attempt counted in
+    /// `tally`.
+    pub(crate) async fn get(
+        &self,
+        path: &str,
+        caller: &Caller,
+        tally: &Arc<Tally>,
+    ) -> Result<Bytes, CallError> {
         let mut req = Request::new(String::new());
         *req.uri_mut() = format!("{}{path}", self.base)
             .parse()
             .map_err(|e| CallError::Failed(format!("bad URL: {e}")))?;
         req.extensions_mut().insert(tally.clone());
+        req.extensions_mut().insert(caller.clone());
         match self.client.clone().oneshot(req).await {
             Ok(response) if response.status() == StatusCode::OK => Ok(response.into_body()),
             Ok(response) => Err(CallError::Answered(
@@ -184,6 +226,9 @@ impl Dependency {
                 requested_wait(response.headers()),
             )),
             Err(BudgetError::Refused(refusal)) => Err(CallError::Budget(refusal.wait())),
+            Err(BudgetError::Inner(LimitError::Overloaded(refused))) => {
+                Err(CallError::Shed(refused))
+            }
             Err(e) => Err(CallError::Failed(e.to_string())),
         }
     }
@@ -195,12 +240,13 @@ impl Dependency {
     pub(crate) async fn call_for_items(
         &self,
         metrics: &[&str],
+        caller: &Caller,
         tally: &Arc<Tally>,
     ) -> Result<(), CallError> {
         let stop = AtomicBool::new(false);
         let items: Vec<_> = metrics
             .iter()
-            .map(|metric| self.item_calls(metric, tally, &stop))
+            .map(|metric| self.item_calls(metric, caller, tally, &stop))
             .collect();
         let results: Vec<Result<(), Option<CallError>>> = futures_util::stream::iter(items)
             .buffered(self.active_items)
@@ -218,6 +264,7 @@ impl Dependency {
     async fn item_calls(
         &self,
         metric: &str,
+        caller: &Caller,
         tally: &Arc<Tally>,
         stop: &AtomicBool,
     ) -> Result<(), Option<CallError>> {
@@ -228,7 +275,7 @@ impl Dependency {
             if stop.load(Ordering::Relaxed) {
                 return Err(None);
             }
-            if let Err(e) = self.get(&format!("{path}?{query}"), tally).await {
+            if let Err(e) = self.get(&format!("{path}?{query}"), caller, tally).await {
                 stop.store(true, Ordering::Relaxed);
                 return Err(Some(e));
             }

@@ -52,6 +52,7 @@ mod dependency;
 mod metrics;
 #[path = "../mock_dependency/mock.rs"]
 mod mock;
+mod overload;
 mod reload;
 mod serve;
 
@@ -292,7 +293,7 @@ fn memory_app(
         budget,
         &config.dependency,
         config.batch.active_items,
-    );
+    )?;
     let mut api = app::app(config, store, dependency)?;
     if let Some(handles) = &mut api.reload {
         handles.budget = Some(reload::Budget::Memory(budget_reload));
@@ -334,7 +335,7 @@ fn redis_app(
     drop(lease.spawn_refresher());
     let budget = LeasedBudget::new(lease, Rate::per_second(settings.retry_per_second))?;
     let budget_reload = budget.reload_handle();
-    let dependency = Dependency::new(dependency_url, budget, settings, config.batch.active_items);
+    let dependency = Dependency::new(dependency_url, budget, settings, config.batch.active_items)?;
     // Redis keys expire on their own; no key count is read from Redis.
     let mut api = app::app(config, store, dependency)?;
     if let Some(handles) = &mut api.reload {

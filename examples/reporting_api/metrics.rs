@@ -12,8 +12,14 @@
 //! | `tower_admission_abandoned_decisions_total` | `quota` | decisions dropped by their caller before the store answered |
 //! | `tower_admission_store_keys` | `store` | keys a memory store holds, read at scrape time |
 //! | `tower_admission_store_max_keys` | `store` | the most keys that store will hold |
-//! | `tower_admission_concurrency_in_flight` | `scope` | requests holding a permit, `global` or summed over identities |
-//! | `tower_admission_concurrency_queued` | `scope` | requests waiting in a queue |
+//! | `tower_admission_concurrency_in_flight` | `scope` | requests holding a permit, `global` or summed over identities; `dependency`: calls in flight to the dependency |
+//! | `tower_admission_concurrency_queued` | `scope` | requests waiting in a queue; `dependency`: calls waiting for the limit |
+//! | `tower_admission_concurrency_limit` | `scope` | `dependency`: the adaptive limit on calls in flight |
+//! | `tower_admission_concurrency_baseline_latency_seconds` | `scope` | `dependency`: its measured no-load latency (0 until measured) |
+//! | `tower_admission_concurrency_latency_seconds` | `scope` | `dependency`: its latency in the last window that moved the limit |
+//! | `tower_admission_concurrency_class_in_flight` | `scope`, `class` | calls in flight per class (`sheddable`, `default`, `critical`) |
+//! | `tower_admission_concurrency_class_queued` | `scope`, `class` | calls waiting per class |
+//! | `tower_admission_concurrency_shed_total` | `scope`, `class`, `reason` | calls the limit refused per class: `queue-full`, `tenant-queue-full`, `deadline-passed` |
 //! | `tower_admission_concurrency_tracked_identities` | | identities with work queued or in flight |
 //! | `tower_admission_concurrency_refused_total` | `scope`, `reason` | concurrency refusals |
 //! | `tower_admission_dependency_attempts_total` | `budget`, `share` | dependency attempts admitted, `normal` or `retry` |
@@ -160,6 +166,32 @@ fn describe() {
     describe_counter!(
         "tower_admission_concurrency_refused_total",
         "Requests refused by a concurrency cap, by scope and reason."
+    );
+    describe_gauge!(
+        "tower_admission_concurrency_limit",
+        "The adaptive limit on requests in flight, by scope."
+    );
+    describe_gauge!(
+        "tower_admission_concurrency_baseline_latency_seconds",
+        Unit::Seconds,
+        "The measured no-load latency the adaptive limit aims near (0 until measured)."
+    );
+    describe_gauge!(
+        "tower_admission_concurrency_latency_seconds",
+        Unit::Seconds,
+        "The latency of the last window that moved the adaptive limit (0 until then)."
+    );
+    describe_gauge!(
+        "tower_admission_concurrency_class_in_flight",
+        "Requests in flight under an adaptive limit, by scope and class."
+    );
+    describe_gauge!(
+        "tower_admission_concurrency_class_queued",
+        "Requests waiting for an adaptive limit, by scope and class."
+    );
+    describe_counter!(
+        "tower_admission_concurrency_shed_total",
+        "Requests an adaptive limit refused, by scope, class and reason."
     );
     describe_counter!(
         "tower_admission_dependency_attempts_total",

@@ -15,6 +15,7 @@
 //! | `default_plan`, `plans.*`, `aggregate`: the quotas | `server.listen`, `server.redis`: the listen address, the store |
 //! | `concurrency.*`: caps, queues, deadlines | `keys`, `server.header_read_timeout`, `shutdown.limit` |
 //! | `body.*`: the wire and decoded caps | `query.*`, `batch.*`: the handlers read them too |
+//! | | `plans.*.class`, `dependency.concurrency`: the outbound adaptive limit |
 //! | `dependency.normal_per_second`, `dependency.retry_per_second`: the budget (on Redis, the lease's `R`, sent with its next refresh) | the rest of `dependency.*` |
 //!
 //! A bad file keeps the running configuration: the log names the file, the
@@ -294,7 +295,18 @@ impl Reloader {
         if config.server.redis.is_some() && config.server.redis != fixed.redis {
             kept.push("server.redis");
         }
-        let checks: [(&str, bool); 6] = [
+        let classes = |c: &Config| -> Vec<(String, String)> {
+            c.plans
+                .iter()
+                .map(|(plan, p)| (plan.clone(), format!("{:?}", p.class)))
+                .collect()
+        };
+        let checks: [(&str, bool); 8] = [
+            ("plans.*.class", classes(config) != classes(started)),
+            (
+                "dependency.concurrency",
+                config.dependency.concurrency != started.dependency.concurrency,
+            ),
             ("keys", config.keys != started.keys),
             (
                 "server.header_read_timeout",

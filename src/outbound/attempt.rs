@@ -4,6 +4,7 @@ use std::time::{Duration, SystemTime};
 
 use http::{HeaderMap, Request, Response, StatusCode};
 
+use crate::concurrency::adaptive::Overloaded;
 use crate::outbound::BudgetError;
 
 /// The attempt number of an outbound request, in its extensions: 1 for the
@@ -67,7 +68,14 @@ impl Attempt {
 /// `Retry-After` that does not parse is ignored.
 ///
 /// A refusal by the budget itself ([`BudgetError::Refused`]) is not retried:
-/// it already waited as long as it was allowed to. Requests are cloned for
+/// it already waited as long as it was allowed to. Nor is a refusal by a
+/// concurrency limit under the budget (an error whose chain of
+/// [`source`](std::error::Error::source)s holds an
+/// [`Overloaded`](crate::concurrency::adaptive::Overloaded), as an
+/// [`AdaptiveLimitLayer`](crate::concurrency::AdaptiveLimitLayer)'s
+/// [`LimitError`](crate::concurrency::LimitError) does): nothing was sent,
+/// and a retry would only add to the overload it reports. So the client's
+/// error type implements `std::error::Error`. Requests are cloned for
 /// retries, so the body type must be `Clone` (`String`, `Bytes`,
 /// `Full<Bytes>`).
 ///
@@ -118,8 +126,10 @@ impl RetryAttempts {
     }
 }
 
-impl<B: Clone, R, E> tower::retry::Policy<Request<B>, Response<R>, BudgetError<E>>
-    for RetryAttempts
+impl<B, R, E> tower::retry::Policy<Request<B>, Response<R>, BudgetError<E>> for RetryAttempts
+where
+    B: Clone,
+    E: std::error::Error + 'static,
 {
     type Future = Pin<Box<dyn Future<Output = ()> + Send>>;
 
@@ -137,7 +147,7 @@ impl<B: Clone, R, E> tower::retry::Policy<Request<B>, Response<R>, BudgetError<E
                 }
             }
             Ok(_) => return None,
-            Err(BudgetError::Inner(_)) => Duration::ZERO,
+            Err(BudgetError::Inner(e)) if !refused_by_a_limit(e) => Duration::ZERO,
             Err(_) => return None,
         };
         let attempt = req
@@ -166,6 +176,19 @@ impl<B: Clone, R, E> tower::retry::Policy<Request<B>, Response<R>, BudgetError<E
         }
         Some(clone)
     }
+}
+
+/// True when `error`, or an error in its chain of sources, is a concurrency
+/// limit's refusal: the attempt was never sent.
+fn refused_by_a_limit(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(error);
+    while let Some(e) = next {
+        if e.is::<Overloaded>() {
+            return true;
+        }
+        next = e.source();
+    }
+    false
 }
 
 /// gRPC status codes retried when a response ends in its headers.

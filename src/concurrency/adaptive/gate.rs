@@ -138,7 +138,8 @@ impl Gate {
             telemetry,
             config,
         });
-        gate.publish_limit(&gate.state.lock());
+        let limit = gate.state.lock().limit(&gate.config);
+        gate.telemetry.start(limit, gate.adaptive());
         gate
     }
 

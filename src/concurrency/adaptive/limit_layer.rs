@@ -153,8 +153,9 @@ impl<E: StdError + 'static> StdError for LimitError<E> {
     }
 }
 
-/// Limits the requests in flight to a service with an adaptive limit,
-/// criticality classes and fair queues; builds [`AdaptiveLimitService`].
+/// Limits the requests in flight to a service with an adaptive limit (or a
+/// [`fixed`](Self::fixed) one), criticality classes and fair queues; builds
+/// [`AdaptiveLimitService`].
 ///
 /// `Req` is the request type, read by the class and tenant functions. A
 /// slot is held from admission until the inner future answers or is
@@ -211,8 +212,28 @@ impl<Req, O> fmt::Debug for AdaptiveLimitLayer<Req, O> {
 impl<Req> AdaptiveLimitLayer<Req> {
     /// Starts a configuration with the limit's parameters.
     pub fn builder(limit: AdaptiveLimit) -> AdaptiveLimitLayerBuilder<Req> {
+        Self::with_source(Source::Adaptive(limit))
+    }
+
+    /// Starts a configuration with a fixed cap of `limit` in flight instead
+    /// of an adaptive one (at least 1): the classes, their shares, the fair
+    /// queues, the refusals and the metrics are the same, and the limit
+    /// never moves.
+    ///
+    /// ```
+    /// use tower_admission::concurrency::AdaptiveLimitLayer;
+    ///
+    /// let cap = AdaptiveLimitLayer::<()>::fixed(16).build().unwrap();
+    /// assert_eq!(cap.stats().limit, 16);
+    /// assert_eq!(AdaptiveLimitLayer::<()>::fixed(0).build().unwrap_err().field(), "limit");
+    /// ```
+    pub fn fixed(limit: usize) -> AdaptiveLimitLayerBuilder<Req> {
+        Self::with_source(Source::Fixed(limit))
+    }
+
+    fn with_source(source: Source) -> AdaptiveLimitLayerBuilder<Req> {
         AdaptiveLimitLayerBuilder {
-            limit,
+            source,
             queue: 0,
             deadline: Duration::ZERO,
             shares: None,
@@ -244,7 +265,7 @@ impl<S, Req, O: Clone> Layer<S> for AdaptiveLimitLayer<Req, O> {
 
 /// Builder of an [`AdaptiveLimitLayer`]; the layer's docs have an example.
 pub struct AdaptiveLimitLayerBuilder<Req, O = ErrorIsOverload> {
-    limit: AdaptiveLimit,
+    source: Source,
     queue: usize,
     deadline: Duration,
     shares: Option<(f64, f64)>,
@@ -257,7 +278,7 @@ pub struct AdaptiveLimitLayerBuilder<Req, O = ErrorIsOverload> {
 impl<Req, O> fmt::Debug for AdaptiveLimitLayerBuilder<Req, O> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AdaptiveLimitLayerBuilder")
-            .field("limit", &self.limit)
+            .field("source", &self.source)
             .field("queue", &self.queue)
             .field("deadline", &self.deadline)
             .field("scope", &self.scope)
@@ -309,7 +330,7 @@ impl<Req, O> AdaptiveLimitLayerBuilder<Req, O> {
     /// How a call's result moves the limit (default [`ErrorIsOverload`]).
     pub fn outcome<P>(self, outcome: P) -> AdaptiveLimitLayerBuilder<Req, P> {
         AdaptiveLimitLayerBuilder {
-            limit: self.limit,
+            source: self.source,
             queue: self.queue,
             deadline: self.deadline,
             shares: self.shares,
@@ -322,11 +343,15 @@ impl<Req, O> AdaptiveLimitLayerBuilder<Req, O> {
 
     /// Checks the configuration and builds the layer.
     pub fn build(self) -> Result<AdaptiveLimitLayer<Req, O>, ConfigError> {
-        self.limit.validate()?;
+        match self.source {
+            Source::Adaptive(limit) => limit.validate()?,
+            Source::Fixed(0) => return Err(ConfigError::new("limit", "must be at least 1")),
+            Source::Fixed(_) => {}
+        }
         let shares = gate_shares(self.shares, self.class.is_some())?;
         check_queue(self.queue, self.deadline)?;
         let gate = Gate::new(GateConfig {
-            source: Source::Adaptive(self.limit),
+            source: self.source,
             shares,
             queue: self.queue,
             deadline: self.deadline,

@@ -9,7 +9,8 @@
 //!   with [`ConcurrencyLayerBuilder::global_adaptive`](crate::concurrency::ConcurrencyLayerBuilder::global_adaptive)
 //!   (the fixed [`global`](crate::concurrency::ConcurrencyLayerBuilder::global) cap stays a choice);
 //! * on its own, on a client calling one dependency, with
-//!   [`AdaptiveLimitLayer`].
+//!   [`AdaptiveLimitLayer`] (a fixed cap with the same classes and queues
+//!   stays a choice there too: [`AdaptiveLimitLayer::fixed`]).
 //!
 //! # The algorithm
 //!
@@ -105,7 +106,11 @@
 //! | `tower_admission_concurrency_class_in_flight`, `…_class_queued` | gauge | per `class` |
 //! | `tower_admission_concurrency_shed_total` | counter | refusals per `class` and `reason` |
 //!
-//! The same figures are in [`LimitStats`].
+//! Every series is registered when the layer is built, with the recorder
+//! installed then: a scrape before any traffic shows each class's gauges
+//! and its refusal counters (`queue-full`, `tenant-queue-full`,
+//! `deadline-passed`) at 0, and the baseline and latency at 0 until they
+//! are measured. The same figures are in [`LimitStats`].
 //!
 //! # Example
 //!
