@@ -533,7 +533,7 @@ impl Shared {
             map,
             limits,
         } = &mut *locked;
-        let limits = *limits;
+        let limits = &*limits;
         let step = if let Some(entry) = map.find_mut(hash, |e| e.is(subject)) {
             let at = EntryRef {
                 addr: entry.addr(),
@@ -610,14 +610,21 @@ impl Shared {
             }
             step
         };
-        drop(locked);
-        moves.apply();
-        match step {
-            Step::Held(at) => Begin::Ready(Guard {
+        if let Step::Held(at) = step {
+            drop(locked);
+            moves.apply();
+            return Begin::Ready(Guard {
                 shared: Arc::clone(self),
                 identity: Some(at),
                 ticket: None,
-            }),
+            });
+        }
+        // A step that waits or refuses reads the settings after the lock.
+        let limits = *limits;
+        drop(locked);
+        moves.apply();
+        match step {
+            Step::Held(_) => unreachable!("returned above"),
             Step::GlobalQueued(at, rx) => Begin::Wait(Box::pin(
                 GlobalWaiter {
                     shared: Arc::clone(self),
