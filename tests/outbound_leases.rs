@@ -491,11 +491,14 @@ async fn grants_never_sum_above_r_while_10_then_40_instances_join_refresh_and_le
         join(&mut fleet, format!("b{i}"), demands_b[i % 6]);
     }
     fleet.tick(0).await;
-    // Their real demand reaches the script at their second refresh (1 s);
-    // the shares the others give up are free one lease later.
-    fleet.run_until(joined_at + SEC + L, tick).await;
+    // Their first grants are zero while the others' older grants run out:
+    // until a grant lets them measure, they keep asking for their guess,
+    // 6/s. The free shares come one lease after their second refresh (1 s);
+    // the ones whose demand is below the guess report it at the refresh
+    // after their first grant, one period later.
+    fleet.run_until(joined_at + SEC + L + 4 * SEC, tick).await;
     let table = fleet.table().await;
-    let targets = check_targets(&fleet, &table, "40 instances, 1 s + L after joining");
+    let targets = check_targets(&fleet, &table, "40 instances, 1 s + L + P after joining");
     fleet.run_until(joined_at + 12 * SEC, tick).await;
     let table = fleet.table().await;
     assert_eq!(
@@ -747,16 +750,40 @@ async fn a_lowered_grant_stays_counted_while_its_reply_is_in_flight() {
     fleet.run_until(5_500 * MS, MS).await;
     let sa = fleet.nodes[a].status();
     assert_eq!(
-        (sa.grant, sa.rate),
-        (Rate::per_second(120), Rate::per_second(120)),
-        "a spends 120/s once the reply arrived"
+        (sa.grant, sa.rate, sa.kept),
+        (
+            Rate::per_second(120),
+            Rate::per_second(R),
+            Rate::per_second(R)
+        ),
+        "once the reply arrived a keeps spending its old 240/s, which the script counts \
+         until the old expiry anyway"
+    );
+    assert_eq!(
+        sa.kept_expires_at.0 - START,
+        6 * SEC - MARGIN,
+        "until the old grant's local expiry"
+    );
+    fleet.run_until(6 * SEC, MS).await;
+    let sends_a = sends_between(
+        &fleet.nodes[a],
+        START + 5_500 * MS,
+        START + 6 * SEC - MARGIN,
+    );
+    assert!(
+        (118..=121).contains(&sends_a),
+        "a spent 240/s until its old grant's expiry: {sends_a} sends in 495 ms"
+    );
+    assert_eq!(
+        fleet.nodes[a].status().rate,
+        Rate::per_second(120),
+        "then 120/s"
     );
     let in_flight = sends_between(&fleet.nodes[a], START + 5 * SEC, START + 5_500 * MS);
     assert!(
         (119..=121).contains(&in_flight),
         "a kept spending 240/s for the 500 ms in flight: {in_flight} sends, expected 120 ± 1"
     );
-    fleet.run_until(6 * SEC, MS).await;
     assert_eq!(
         fleet.nodes[b].status().grant,
         Rate::per_second(120),
@@ -2235,14 +2262,22 @@ struct Read {
     active: bool,
     grant: u64,
     until: u64,
+    /// An older, higher grant still spent until `kept_until`.
+    kept: u64,
+    kept_until: u64,
 }
 
 impl Read {
     fn rate(&self, t: u64, fallback: u64) -> u64 {
-        match (self.active, t < self.until) {
+        let base = match (self.active, t < self.until) {
             (false, _) => 0,
             (true, true) => self.grant,
             (true, false) => fallback,
+        };
+        if self.active && t < self.kept_until {
+            base.max(self.kept)
+        } else {
+            base
         }
     }
 }
@@ -2295,6 +2330,8 @@ async fn random_share_run(server: &RedisServer, seed: u64) -> Result<(u64, u64),
             active: !matches!(status.mode, LeaseMode::Starting | LeaseMode::Released),
             grant: status.grant.as_milli(),
             until: status.expires_at.0,
+            kept: status.kept.as_milli(),
+            kept_until: status.kept_expires_at.0,
         }
     };
     let start = local.now().0;
@@ -2358,7 +2395,19 @@ async fn random_share_run(server: &RedisServer, seed: u64) -> Result<(u64, u64),
         let now = local.now().0;
         let next = read(now);
         let last = *reads.last().unwrap();
-        if (next.active, next.grant, next.until) != (last.active, last.grant, last.until) {
+        if (
+            next.active,
+            next.grant,
+            next.until,
+            next.kept,
+            next.kept_until,
+        ) != (
+            last.active,
+            last.grant,
+            last.until,
+            last.kept,
+            last.kept_until,
+        ) {
             changes += 1;
             if last.from == now {
                 reads.pop();
@@ -2376,10 +2425,18 @@ async fn random_share_run(server: &RedisServer, seed: u64) -> Result<(u64, u64),
             if end <= r.from {
                 break;
             }
-            let split = r.until.clamp(r.from, end);
             if r.active {
-                sum += u128::from(r.grant) * u128::from(split - r.from);
-                sum += u128::from(fallback) * u128::from(end - split);
+                // Constant between the read, the two expiries and the end.
+                let mut cuts = [
+                    r.from,
+                    r.kept_until.clamp(r.from, end),
+                    r.until.clamp(r.from, end),
+                    end,
+                ];
+                cuts.sort_unstable();
+                for w in cuts.windows(2) {
+                    sum += u128::from(r.rate(w[0], fallback)) * u128::from(w[1] - w[0]);
+                }
             }
         }
         sum

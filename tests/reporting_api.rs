@@ -18,6 +18,10 @@ mod overload;
 #[path = "../examples/reporting_api/reload.rs"]
 #[allow(dead_code, reason = "these tests do not reload")]
 mod reload;
+// The region flags' parser, which args.rs uses.
+#[path = "../examples/reporting_api/regions.rs"]
+#[allow(dead_code)]
+mod regions;
 
 use std::time::Duration;
 
@@ -1047,18 +1051,72 @@ async fn a_dependency_asking_for_30_s_is_not_retried_and_its_wait_is_passed_on()
     assert_eq!(body["dependency"], json!({"attempts": 1, "retries": 0}));
 }
 
+/// The region flags: whole regions, with `--redis`, or a clear refusal.
+#[test]
+fn region_flags_describe_whole_regions() {
+    let parse = |line: &[&str]| args::parse(line.iter().map(|a| a.to_string()));
+    let parsed = parse(&[
+        "--redis",
+        "redis://127.0.0.1:6380/",
+        "--region",
+        "eu",
+        "--region-redis",
+        "eu=redis://127.0.0.1:6381/",
+        "--region-share",
+        "eu=140",
+        "--region-redis",
+        "us=redis://127.0.0.1:6382/",
+        "--region-share",
+        "us=100",
+    ])
+    .unwrap()
+    .unwrap();
+    assert_eq!(parsed.regions.name.as_deref(), Some("eu"));
+    assert_eq!(
+        parsed.regions.shares,
+        [("eu".to_owned(), 140), ("us".to_owned(), 100)]
+    );
+    assert_eq!(parsed.regions.redis[1].1, "redis://127.0.0.1:6382/");
+    assert_eq!(
+        parse(&["--region", "eu"]),
+        Err("--region \"eu\" is not among the --region-redis regions".to_owned())
+    );
+    assert_eq!(
+        parse(&["--region-share", "eu=x"]),
+        Err("--region-share \"eu=x\": the share must be a whole number".to_owned())
+    );
+    assert_eq!(
+        parse(&["--region-redis", "eu"]),
+        Err(
+            "--region-redis \"eu\": expected NAME=VALUE, e.g. eu=redis://10.0.0.1:6379/".to_owned()
+        )
+    );
+    assert_eq!(
+        parse(&[
+            "--region",
+            "eu",
+            "--region-redis",
+            "eu=redis://h/",
+            "--region-share",
+            "eu=1"
+        ]),
+        Err("--region needs --redis: the regions share one budget through Redis".to_owned())
+    );
+}
+
 /// Flags that only shape the fleet's lease in Redis have no effect without
 /// `--redis`: the start refuses them rather than ignore them.
 #[test]
 fn lease_flags_without_redis_are_refused_at_start() {
     let parse = |line: &[&str]| args::parse(line.iter().map(|a| a.to_string()));
     for flag in [
-        ["--expected-instances", "10"],
-        ["--instance-id", "api-1"],
-        ["--budget-redis", "redis://127.0.0.1:6380/"],
+        &["--expected-instances", "10"][..],
+        &["--instance-id", "api-1"],
+        &["--budget-redis", "redis://127.0.0.1:6380/"],
+        &["--pushback"],
     ] {
         assert_eq!(
-            parse(&flag),
+            parse(flag),
             Err(format!(
                 "{} needs --redis: it shapes the fleet's lease of the dependency budget \
                  in Redis, and without --redis each instance has a whole budget of its own",
@@ -1079,9 +1137,11 @@ fn lease_flags_without_redis_are_refused_at_start() {
         "x.toml",
         "--dependency-url",
         "http://127.0.0.1:3300",
+        "--pushback",
     ])
     .unwrap()
     .unwrap();
+    assert!(parsed.pushback, "--pushback with --redis");
     assert_eq!(parsed.expected_instances.get(), 10);
     assert_eq!(parsed.redis.as_deref(), Some("redis://127.0.0.1:6380/"));
     assert_eq!(parsed.budget_redis, None);

@@ -40,8 +40,9 @@ const FLOOD_ITEMS: usize = 10;
 const PRO_ITEMS: usize = 2;
 
 /// The shipped configuration with quotas that never refuse this load, so
-/// that only the dependency's limit decides, and the limit's `mode`.
-fn config(dir: &TempDir, mode: &str) -> PathBuf {
+/// that only the dependency's limit decides, the limit's `mode`, and with
+/// `classes` false every plan of class `default`.
+fn config(dir: &TempDir, mode: &str, classes: bool) -> PathBuf {
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/examples/reporting_api/reporting.toml"
@@ -66,7 +67,14 @@ fn config(dir: &TempDir, mode: &str) -> PathBuf {
         ),
         ("mode = \"adaptive\"", &format!("mode = \"{mode}\"")),
     ];
-    for (from, to) in roomy {
+    let one_class = [
+        ("class = \"sheddable\"", "class = \"default\""),
+        ("class = \"critical\"", "class = \"default\""),
+    ];
+    let edits = roomy
+        .iter()
+        .chain(if classes { &[][..] } else { &one_class[..] });
+    for (from, to) in edits {
         assert_eq!(text.matches(from).count(), 1, "reporting.toml: {from:?}");
         text = text.replace(from, to);
     }
@@ -207,6 +215,8 @@ struct Figures {
     p99_ms: u64,
     /// Calls it answered per second.
     goodput: f64,
+    /// The most calls in flight at the dependency at once.
+    max_concurrent: u64,
     /// The limit on /metrics at the end of the window.
     limit: f64,
     free: Outcomes,
@@ -219,13 +229,19 @@ struct Figures {
 /// The scenario: a mock of capacity 8 and 20 ms; the flood and the pro loop
 /// start; after `warm` its capacity drops to 2; after `settle` more, its
 /// counts are reset and measured for `window`.
-async fn run(mode: &str, warm: Duration, settle: Duration, window: Duration) -> Figures {
+async fn run(
+    mode: &str,
+    classes: bool,
+    warm: Duration,
+    settle: Duration,
+    window: Duration,
+) -> Figures {
     let dir = TempDir::new("overload");
     let mock =
         mock_dependency(&["--capacity", "8", "--latency-ms", "20", "--limit", "100000"]).await;
     let args = vec![
         "--config".to_owned(),
-        config(&dir, mode).display().to_string(),
+        config(&dir, mode, classes).display().to_string(),
         "--dependency-url".to_owned(),
         mock.url.clone(),
     ];
@@ -300,6 +316,7 @@ async fn run(mode: &str, warm: Duration, settle: Duration, window: Duration) -> 
         p50_ms: count("p50_ms"),
         p99_ms: count("p99_ms"),
         goodput: answered as f64 / elapsed,
+        max_concurrent: count("max_concurrent"),
         limit: after
             .get("tower_admission_concurrency_limit{}")
             .copied()
@@ -328,12 +345,14 @@ fn report(mode: &str, f: &Figures) {
             .map_or(f64::NAN, |s| s * 1000.0)
     };
     println!(
-        "overload mode={mode}: dependency p50 {} ms, p99 {} ms, {:.1} answered/s, limit {} \
+        "overload mode={mode}: dependency p50 {} ms, p99 {} ms, {:.1} answered/s, \
+         at most {} in flight; limit {} \
          (baseline {:.1} ms, latency {:.1} ms); pro batches ok {} shed {} other {}; \
          free batches ok {} shed {} other {}; retries {}",
         f.p50_ms,
         f.p99_ms,
         f.goodput,
+        f.max_concurrent,
         f.limit,
         ms("baseline_latency_seconds"),
         ms("latency_seconds"),
@@ -356,6 +375,7 @@ fn report(mode: &str, f: &Figures) {
 async fn a_slowed_dependency_keeps_its_latency_and_sheds_free_work_first() {
     let f = run(
         "adaptive",
+        true,
         Duration::from_millis(1500),
         Duration::from_millis(1500),
         window(),
@@ -419,10 +439,28 @@ async fn a_slowed_dependency_keeps_its_latency_and_sheds_free_work_first() {
 async fn figures_without_a_limit() {
     let f = run(
         "off",
+        true,
         Duration::from_millis(1500),
         Duration::from_millis(1500),
         window(),
     )
     .await;
     report("off", &f);
+}
+
+/// The adaptive limit with every plan of one class (`default`), so that no
+/// share of the limit is reserved: only a measurement, run by
+/// `scripts/overload` for BENCHMARKS.md.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement for scripts/overload"]
+async fn figures_with_one_class() {
+    let f = run(
+        "adaptive",
+        false,
+        Duration::from_millis(1500),
+        Duration::from_millis(1500),
+        window(),
+    )
+    .await;
+    report("adaptive, one class", &f);
 }

@@ -3,9 +3,12 @@
 use std::net::SocketAddr;
 use std::num::NonZeroU32;
 
+use crate::regions::{self, RegionArgs};
+
 pub(crate) const USAGE: &str = "usage: reporting_api [--config PATH] [--listen ADDR] [--redis URL]
                      [--budget-redis URL] [--dependency-url URL] [--instance-id ID]
-                     [--expected-instances N]";
+                     [--expected-instances N] [--pushback] [--region NAME
+                     --region-redis NAME=URL... --region-share NAME=N...]";
 
 /// What `--help` prints: the usage, then every flag with its default.
 pub(crate) const HELP: &str =
@@ -13,7 +16,8 @@ pub(crate) const HELP: &str =
 
 usage: reporting_api [--config PATH] [--listen ADDR] [--redis URL]
                      [--budget-redis URL] [--dependency-url URL] [--instance-id ID]
-                     [--expected-instances N]
+                     [--expected-instances N] [--pushback] [--region NAME
+                     --region-redis NAME=URL... --region-share NAME=N...]
 
   --config PATH            every other knob (quotas, caps, keys, timeouts), in a file
                            shaped like examples/reporting_api/reporting.toml; default: that
@@ -30,6 +34,14 @@ usage: reporting_api [--config PATH] [--listen ADDR] [--redis URL]
   --instance-id ID         with --redis: this instance's name in the lease table; default random
   --expected-instances N   with --redis: the largest fleet; while the lease's Redis cannot be
                            reached, each instance spends 240/N attempts per second; default 40
+  --pushback               with --redis: follow the dependency's pushback (429, 503 with
+                           Retry-After, nothing remaining): the fleet's budget halves and grows
+                           back when it stops (docs/leases.md, \"Pushback\"); default off
+  --region NAME            with --redis: run as one region of several; the dependency budget
+                           is split into per-region allocations that follow demand
+  --region-redis NAME=URL  with --region, once per region: that region's own Redis
+  --region-share NAME=N    with --region, once per region: its initial allocation per second;
+                           the shares sum to the budget (240)
   -h, --help               print this and exit
 
 Demo keys (Authorization: Bearer KEY): demo-free, demo-pro, demo-globex.
@@ -41,7 +53,12 @@ a second signal exits at once. Exit status: 0 after a clean stop, 1 when the sta
 shutdown fails, 2 for a bad command line or configuration.";
 
 /// Flags that only shape the fleet-wide lease, so they need `--redis`.
-const LEASE_FLAGS: [&str; 3] = ["--budget-redis", "--instance-id", "--expected-instances"];
+const LEASE_FLAGS: [&str; 4] = [
+    "--budget-redis",
+    "--instance-id",
+    "--expected-instances",
+    "--pushback",
+];
 
 /// The command line, parsed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,6 +72,9 @@ pub(crate) struct Args {
     pub(crate) dependency_url: Option<String>,
     pub(crate) instance_id: Option<String>,
     pub(crate) expected_instances: NonZeroU32,
+    /// Follow the dependency's pushback (with `--redis`).
+    pub(crate) pushback: bool,
+    pub(crate) regions: RegionArgs,
 }
 
 /// Parses the arguments after the program's name: `None` for `--help`.
@@ -68,6 +88,8 @@ pub(crate) fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Arg
         dependency_url: None,
         instance_id: None,
         expected_instances: NonZeroU32::new(40).unwrap_or(NonZeroU32::MIN),
+        pushback: false,
+        regions: RegionArgs::default(),
     };
     // The flags given that only shape the fleet's lease in Redis.
     let mut lease_flags: Vec<String> = Vec::new();
@@ -99,6 +121,11 @@ pub(crate) fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Arg
                     format!("--expected-instances {v:?}: must be a whole number from 1")
                 })?;
             }
+            "--pushback" => parsed.pushback = true,
+            flag if regions::FLAGS.contains(&flag) => {
+                let v = value("eu=redis://10.0.0.1:6379/")?;
+                parsed.regions.take(flag, v)?;
+            }
             "-h" | "--help" => return Ok(None),
             other => return Err(format!("unknown argument {other:?}; try --help")),
         }
@@ -108,6 +135,12 @@ pub(crate) fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Arg
             "{flag} needs --redis: it shapes the fleet's lease of the dependency budget \
              in Redis, and without --redis each instance has a whole budget of its own"
         ));
+    }
+    parsed.regions.check()?;
+    if parsed.regions.name.is_some() && parsed.redis.is_none() {
+        return Err(
+            "--region needs --redis: the regions share one budget through Redis".to_owned(),
+        );
     }
     Ok(Some(parsed))
 }

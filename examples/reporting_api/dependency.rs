@@ -4,6 +4,7 @@
 //! ```text
 //! tower::retry (RetryAttempts: 429 and 5xx, backoff with jitter, obeying Retry-After)
 //!   -> DependencyBudgetLayer (normal share for first attempts, retry share for retries)
+//!   -> PushbackLayer (with `--pushback`: 429, or 503 with Retry-After, lowers the fleet's budget)
 //!   -> AdaptiveLimitLayer (calls in flight, by class and tenant: crate::overload)
 //!   -> HTTP client
 //! ```
@@ -26,7 +27,7 @@ use tower_admission::concurrency::adaptive::Overloaded;
 use tower_admission::concurrency::LimitError;
 use tower_admission::outbound::{
     requested_wait, Attempt, AttemptBudget, BudgetError, DependencyBudget, DependencyBudgetLayer,
-    RetryAttempts,
+    PushbackLayer, RetryAttempts,
 };
 use tower_admission::quota::MemoryStore;
 use tower_admission::reject::{OverloadScope, Rejection};
@@ -152,6 +153,18 @@ impl Dependency {
         settings: &config::Dependency,
         active_items: usize,
     ) -> Result<Self, ConfigError> {
+        Self::new_with(base_url, budget, settings, active_items, false)
+    }
+
+    /// [`new`](Self::new), and with `pushback` the budget hears the
+    /// dependency's pushback (`PushbackLayer`, inside the budget layer).
+    pub(crate) fn new_with<Bu: AttemptBudget>(
+        base_url: &str,
+        budget: Bu,
+        settings: &config::Dependency,
+        active_items: usize,
+        pushback: bool,
+    ) -> Result<Self, ConfigError> {
         let http = reqwest::Client::builder()
             .timeout(settings.timeout.0)
             .build()
@@ -193,7 +206,8 @@ impl Dependency {
         })?;
         let attempts = ServiceBuilder::new()
             .retry(RetryAttempts::new(settings.attempts))
-            .layer(DependencyBudgetLayer::new(budget).wait_up_to(settings.budget_wait.0));
+            .layer(DependencyBudgetLayer::new(budget.clone()).wait_up_to(settings.budget_wait.0))
+            .option_layer(pushback.then(|| PushbackLayer::new(budget)));
         let client = match limit {
             Some(limit) => BoxCloneSyncService::new(attempts.layer(limit).service(send)),
             None => BoxCloneSyncService::new(attempts.service(send.map_err(LimitError::Inner))),

@@ -22,6 +22,9 @@
 //! | `--dependency-url URL` | the dependency; without it a mock serves in this process |
 //! | `--instance-id ID` | with `--redis`, this instance's name in the lease table (default random) |
 //! | `--expected-instances N` | with `--redis`, the largest fleet: while the lease's Redis cannot be reached, each instance spends 240/N per second (default 40) |
+//! | `--region NAME` | with `--redis`, run as one region of several (see `regions.rs`) |
+//! | `--region-redis NAME=URL` | once per region: that region's own Redis |
+//! | `--region-share NAME=N` | once per region: its initial allocation; the shares sum to 240 |
 //!
 //! SIGHUP, or a change of the `--config` file (also by atomic rename or a
 //! swapped symlink), reloads it: quotas, caps and the in-memory budget
@@ -53,6 +56,7 @@ mod metrics;
 #[path = "../mock_dependency/mock.rs"]
 mod mock;
 mod overload;
+mod regions;
 mod reload;
 mod serve;
 
@@ -321,21 +325,38 @@ fn redis_app(
         .build()?;
     let settings = &config.dependency;
     let total = settings.normal_per_second + settings.retry_per_second;
-    let mut lease = RateLease::builder(
-        leases,
-        "dependency",
-        Rate::per_second(total),
-        args.expected_instances,
-    );
-    if let Some(id) = &args.instance_id {
-        lease = lease.instance_id(id);
-    }
-    let lease = lease.build()?;
-    // Runs for the life of the process.
-    drop(lease.spawn_refresher());
+    let lease = if let Some(region) = &args.regions.name {
+        regions::region_lease(
+            &args.regions,
+            region,
+            total,
+            args.instance_id.as_deref(),
+            args.expected_instances,
+        )?
+    } else {
+        let mut lease = RateLease::builder(
+            leases,
+            "dependency",
+            Rate::per_second(total),
+            args.expected_instances,
+        );
+        if let Some(id) = &args.instance_id {
+            lease = lease.instance_id(id);
+        }
+        let lease = lease.build()?;
+        // Runs for the life of the process.
+        drop(lease.spawn_refresher());
+        lease
+    };
     let budget = LeasedBudget::new(lease, Rate::per_second(settings.retry_per_second))?;
     let budget_reload = budget.reload_handle();
-    let dependency = Dependency::new(dependency_url, budget, settings, config.batch.active_items)?;
+    let dependency = Dependency::new_with(
+        dependency_url,
+        budget,
+        settings,
+        config.batch.active_items,
+        args.pushback,
+    )?;
     // Redis keys expire on their own; no key count is read from Redis.
     let mut api = app::app(config, store, dependency)?;
     if let Some(handles) = &mut api.reload {

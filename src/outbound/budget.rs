@@ -214,6 +214,18 @@ pub trait AttemptBudget: Clone + Send + Sync + 'static {
         cost: u64,
     ) -> impl std::future::Future<Output = Result<(), Refusal>> + Send;
 
+    /// [`charge`](Self::charge) for an attempt that already looked and was
+    /// refused (a queue's head looking again after the wait it was told):
+    /// the budget counts it toward its demand once, not once per look. The
+    /// default charges as `charge` does.
+    fn charge_again(
+        &self,
+        share: Share,
+        cost: u64,
+    ) -> impl std::future::Future<Output = Result<(), Refusal>> + Send {
+        self.charge(share, cost)
+    }
+
     /// Counts one attempt refused for good.
     fn record_refusal(&self);
 
@@ -222,6 +234,14 @@ pub trait AttemptBudget: Clone + Send + Sync + 'static {
 
     /// A snapshot of the counters.
     fn stats(&self) -> BudgetStats;
+
+    /// Records that the dependency pushed back on an attempt
+    /// ([`is_pushback`](crate::outbound::is_pushback)), as a
+    /// [`PushbackLayer`](crate::outbound::PushbackLayer) reports it. The
+    /// default ignores it: the budget stays as configured. `LeasedBudget`
+    /// (feature `redis`) lowers the fleet's effective budget through its
+    /// lease.
+    fn record_pushback(&self) {}
 }
 
 /// Counts of a [`DependencyBudget`]. A snapshot.

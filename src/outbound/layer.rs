@@ -202,8 +202,15 @@ async fn acquire<Bu: AttemptBudget>(
         },
     };
     let _head = Head { queue, _lock: lock };
+    let mut looked = false;
     loop {
-        match budget.charge(share, cost).await {
+        let charged = if looked {
+            budget.charge_again(share, cost).await
+        } else {
+            budget.charge(share, cost).await
+        };
+        looked = true;
+        match charged {
             Ok(()) => return Ok(()),
             Err(refusal) => match refusal.wait().and_then(|w| Instant::now().checked_add(w)) {
                 Some(until) if until <= deadline => {

@@ -23,6 +23,10 @@
 //!   never sooner than the dependency's `Retry-After` or gRPC pushback. A
 //!   policy of your own, or a hedge, marks its extra sends with
 //!   [`Attempt::next`] to draw on the retry share.
+//! - [`PushbackLayer`]: tells the budget when the dependency pushes back
+//!   ([`is_pushback`]: 429, 503 with `Retry-After`, nothing remaining), so
+//!   that a leased budget lowers the whole fleet's spend and grows back when
+//!   the pushback stops.
 //! - `RateLease` (feature `redis`): an instance's lease on a rate of a
 //!   fleet-wide budget, granted by a Lua script on Redis time that never lets
 //!   unexpired grants sum above the budget, spent locally with no Redis call
@@ -35,6 +39,11 @@
 //!   one total, each in its region's own Redis, moved between regions by
 //!   idempotent, repairable transfers that debit the donor before they
 //!   credit the receiver, so the allocations never sum above the total.
+//!   Ordered transfers (`RegionalBudget::send`) keep bounded records.
+//! - `RegionLease` (feature `redis`): a `RateLease` whose budget is its
+//!   region's spendable allocation, so the grants of all regions never sum
+//!   above the total; `Rebalancer` moves a region's surplus toward demand
+//!   (see `docs/regions.md`).
 //!
 //! **A bound on send starts is not a bound on arrivals at the receiver.**
 //! Attempts admitted within the budget can still arrive together after
@@ -44,6 +53,7 @@
 mod attempt;
 mod budget;
 mod layer;
+mod pushback;
 
 pub use attempt::{requested_wait, Attempt, RetryAttempts};
 pub use budget::{
@@ -51,6 +61,7 @@ pub use budget::{
     Refusal, Share,
 };
 pub use layer::{BudgetError, DependencyBudgetLayer, DependencyBudgetService, ResponseFuture};
+pub use pushback::{is_pushback, Pushback, PushbackLayer};
 
 #[cfg(feature = "redis")]
 mod bucket;
@@ -69,6 +80,7 @@ pub use lease::{
 pub use leased::{LeasedBudget, LeasedRates};
 #[cfg(feature = "redis")]
 pub use regions::{
-    Initialized, PendingTransfer, RegionError, RegionalBudget, RegionalBudgetBuilder,
-    RepairOutcome, RepairReport, Snapshot, Step, TransferError, TransferId, TransferOutcome,
+    Initialized, PendingTransfer, Rebalanced, Rebalancer, RegionError, RegionLease,
+    RegionLeaseBuilder, RegionView, RegionalBudget, RegionalBudgetBuilder, RepairOutcome,
+    RepairReport, Snapshot, Step, TransferError, TransferId, TransferOutcome,
 };

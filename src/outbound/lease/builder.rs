@@ -47,6 +47,7 @@ pub struct RateLeaseBuilder<C: Clock = SystemClock> {
     pub(super) min_demand: Option<Rate>,
     pub(super) initial_demand: Option<Rate>,
     pub(super) fail_open: bool,
+    pub(super) ceiling: Option<super::Ceiling>,
     pub(super) clock: C,
 }
 
@@ -76,6 +77,7 @@ impl RateLease<SystemClock> {
             min_demand: None,
             initial_demand: None,
             fail_open: false,
+            ceiling: None,
             clock: SystemClock::new(),
         }
     }
@@ -185,8 +187,17 @@ impl<C: Clock> RateLeaseBuilder<C> {
             min_demand: self.min_demand,
             initial_demand: self.initial_demand,
             fail_open: self.fail_open,
+            ceiling: self.ceiling,
             clock,
         }
+    }
+
+    /// Caps the budget each refresh reports at `ceiling`'s current value
+    /// (never above the rate): its owner lowers or raises what the fleet is
+    /// granted at run time.
+    pub(crate) fn ceiling(mut self, ceiling: super::Ceiling) -> Self {
+        self.ceiling = Some(ceiling);
+        self
     }
 
     /// Checks the settings and creates the lease in
@@ -259,6 +270,8 @@ impl<C: Clock> RateLeaseBuilder<C> {
             phase: Phase::Starting,
             grant: Rate::ZERO,
             until: Timestamp(0),
+            kept: Rate::ZERO,
+            kept_until: Timestamp(0),
             fallback: false,
             bucket: Bucket::EMPTY,
             last: now,
@@ -275,7 +288,26 @@ impl<C: Clock> RateLeaseBuilder<C> {
             changed_at: now,
             id_taken: false,
             id_in_use: 0,
+            effective: self.rate,
+            pushed: false,
+            pushbacks: 0,
+            pushback_woke: Timestamp(0),
         };
+        // Registered at their resting values, so a dashboard shows them
+        // before the first pushback.
+        #[cfg(feature = "metrics")]
+        {
+            metrics::counter!(
+                "tower_admission_dependency_pushback_total",
+                "budget" => self.budget.clone()
+            )
+            .increment(0);
+            metrics::gauge!(
+                "tower_admission_lease_effective_rate",
+                "budget" => self.budget.clone()
+            )
+            .set(self.rate.as_f64());
+        }
         Ok(RateLease {
             inner: Arc::new(Shared {
                 key: self.store.key(&self.budget),
@@ -285,6 +317,7 @@ impl<C: Clock> RateLeaseBuilder<C> {
                 life: rand::random(),
                 cfg: Live::new(cfg),
                 expected: self.expected,
+                ceiling: self.ceiling,
                 clock: self.clock,
                 state: Mutex::new(state),
                 refreshing: tokio::sync::Mutex::new(()),

@@ -55,9 +55,22 @@ impl State {
                 self.held_back_us = ahead;
                 self.guessing = false;
                 let measured = Rate(u64::try_from(milli).unwrap_or(u64::MAX));
-                held = held_back.saturating_mul(HELD_BACK.1) >= elapsed.saturating_mul(HELD_BACK.0);
-                if held {
-                    measured.max(Rate(self.grant.0.saturating_mul(2)))
+                let waited =
+                    held_back.saturating_mul(HELD_BACK.1) >= elapsed.saturating_mul(HELD_BACK.0);
+                if waited && self.grant.0 == 0 {
+                    // Held back by a zero grant (a newcomer while the
+                    // others' older grants run out): its callers waited for
+                    // the next refresh, so the count says nothing; it wants
+                    // what it asked for last time, as it asked it.
+                    measured.max(self.demand)
+                } else if waited {
+                    // Held back, it wants at least twice its grant, and no
+                    // less than it asked for last time: a grant below that
+                    // is no sign that it needs less.
+                    held = true;
+                    measured
+                        .max(Rate(self.grant.0.saturating_mul(2)))
+                        .max(self.demand)
                 } else {
                     measured
                 }

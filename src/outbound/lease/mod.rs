@@ -14,7 +14,10 @@
 //! - `state.rs`: the local state and its bucket (the outbound side's one
 //!   bucket, `src/outbound/bucket.rs`, in integer nano-tokens), filled at
 //!   the grant until its local expiry; `fallback.rs`: what it spends after.
-//! - `demand.rs`: the demand reported at each refresh.
+//! - `ceiling.rs`: a run-time ceiling on the budget a refresh reports
+//!   (a region's lease follows its spendable allocation through it).
+//! - `demand.rs`: the demand reported at each refresh; `pushback.rs`: the
+//!   dependency's pushback, reported with it.
 //! - `refresh.rs`: a refresh, its reply taken in, the refresher, the
 //!   release.
 //! - `schedule.rs`: the rate schedule a leased budget's shares replay;
@@ -22,9 +25,11 @@
 //!   reads from and tells its lease.
 
 mod builder;
+mod ceiling;
 mod demand;
 mod error;
 mod fallback;
+mod pushback;
 mod rate;
 mod rate_lease;
 mod refresh;
@@ -36,6 +41,7 @@ mod store;
 mod table;
 
 pub use builder::RateLeaseBuilder;
+pub(crate) use ceiling::Ceiling;
 pub use error::LeaseError;
 pub use rate::Rate;
 pub use rate_lease::RateLease;

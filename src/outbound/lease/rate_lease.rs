@@ -10,7 +10,7 @@ use super::builder::check_rate;
 use super::schedule::cap_at_refresh;
 use super::state::{Phase, Settings, State};
 use super::{LeaseMode, LeaseStatus, LeaseStore, Rate};
-use crate::clock::{Clock, SystemClock, Timestamp};
+use crate::clock::{duration_to_micros, Clock, SystemClock, Timestamp};
 use crate::reload::{Live, ReloadHandle, Target};
 use crate::ConfigError;
 
@@ -90,18 +90,23 @@ use crate::ConfigError;
 /// A window is **held back** by its grant when, for at least three quarters
 /// of it, a refused attempt was still inside the wait it was told (for the
 /// bucket, or a [`LeasedBudget`](crate::outbound::LeasedBudget) share, to
-/// fill at a rate above zero). Callers that queue and wait then attempt
+/// fill, or with no rate to spend, for the next refresh). Callers that queue and wait then attempt
 /// about as fast as the grant lets them, so the count understates what
 /// they want. Such a window reports at least twice the grant, flagged: other
 /// instances' targets count it as twice that report (at most `R`), room for
-/// its next doubling, and its own grant at most doubles per refresh. Not
-/// counted as `R`, as a guess is: a small held-back instance would strand
-/// the difference for every other one. Not reported as `R`: after Redis
-/// restarts empty, the first instance back would be granted all of it while
-/// the others still spend their grants. Waits shorter than that (an
-/// instance at or below its need) leave the measured figure, and so does a
-/// refusal with no rate to spend (starting, a zero grant): its wait is the
-/// time to the next refresh.
+/// its next doubling, and its own grant at most doubles per refresh. It
+/// never reports less than it reported last time: a grant below that is no
+/// sign that it needs less (a newcomer's first grant is next to nothing
+/// while the others' older grants run out, and its callers, told to wait
+/// for the next refresh, attempt little: it keeps asking for its guess, and
+/// gets it when those grants expire, instead of doubling from `min_demand`
+/// once per refresh). A held-back window at a zero grant reports that
+/// figure unflagged. Not counted as `R`, as a guess is: a small held-back
+/// instance would strand the difference for every other one. Not reported
+/// as `R`: after Redis restarts empty, the first instance back would be
+/// granted all of it while the others still spend their grants. Waits
+/// shorter than that (an instance at or below its need) leave the measured
+/// figure.
 ///
 /// # One id, one holder
 ///
@@ -177,6 +182,8 @@ pub(super) struct Shared<C> {
     pub(super) cfg: Live<Settings>,
     /// The largest fleet, which divides the rate into the fallback.
     pub(super) expected: std::num::NonZeroU32,
+    /// Caps the budget reported at each refresh, if set.
+    pub(super) ceiling: Option<super::Ceiling>,
     pub(super) clock: C,
     pub(super) state: Mutex<State>,
     pub(super) refreshing: tokio::sync::Mutex<()>,
@@ -207,12 +214,24 @@ impl<C: Clock> RateLease<C> {
     /// again then. While a refresh is overdue or in flight, the wait is the one
     /// the current rate gives.
     pub fn try_acquire_at(&self, cost: u64, now: Timestamp) -> Result<(), Duration> {
+        self.acquire_counting(cost, cost, now)
+    }
+
+    /// [`try_acquire_at`](Self::try_acquire_at), counting `demand` (the
+    /// cost, or 0 for an attempt already counted on an earlier look) toward
+    /// the demand.
+    pub(crate) fn acquire_counting(
+        &self,
+        cost: u64,
+        demand: u64,
+        now: Timestamp,
+    ) -> Result<(), Duration> {
         let cfg = &self.inner.settings();
         let mut s = self.inner.state.lock();
         if s.phase == Phase::Released {
             return Err(Duration::MAX);
         }
-        s.attempted = s.attempted.saturating_add(cost);
+        s.attempted = s.attempted.saturating_add(demand);
         if cost > cfg.max_cost {
             return Err(Duration::MAX);
         }
@@ -227,7 +246,9 @@ impl<C: Clock> RateLease<C> {
         }
         let rate = s.rate_at(now, cfg);
         if rate.0 == 0 {
-            return Err(s.wait_without_rate(now, cfg));
+            let wait = s.wait_without_rate(now, cfg);
+            s.note_wait(now, duration_to_micros(wait));
+            return Err(wait);
         }
         let micros = s.bucket.wait_us(cost, u128::from(rate.0));
         let wait = cap_at_refresh(micros, s.next_refresh, now);

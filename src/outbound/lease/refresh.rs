@@ -39,14 +39,24 @@ impl<C: Clock> RateLease<C> {
             } else {
                 (Rate::ZERO, 0)
             };
+            let kept = if s.phase == Phase::Active && x < s.kept_until {
+                (s.kept, s.kept_until.0 - x.0)
+            } else {
+                (Rate::ZERO, 0)
+            };
             let args = Args {
                 op: "g",
                 life: self.inner.life,
                 demand,
                 flag,
-                budget: cfg.rate,
+                budget: inner
+                    .ceiling
+                    .as_ref()
+                    .map_or(cfg.rate, |c| c.get().min(cfg.rate)),
                 lease_us: cfg.lease_us,
                 held,
+                kept,
+                pushed: std::mem::take(&mut s.pushed),
             };
             (x, args)
         };
@@ -56,6 +66,10 @@ impl<C: Clock> RateLease<C> {
         };
         let result = inner.store.grant(&inner.key, &inner.id, &args).await;
         std::mem::forget(unfinished);
+        if result.is_err() && args.pushed {
+            // Reported with the next refresh instead.
+            inner.state.lock().pushed = true;
+        }
         self.finish(sent_at, result)
     }
 
@@ -85,20 +99,36 @@ impl<C: Clock> RateLease<C> {
             return Err(LeaseError::Released);
         }
         s.advance(recv, cfg);
-        let before = (s.phase, s.grant, s.until);
+        let before = s.shape();
         let outcome = match result {
             Ok(reply) => {
                 let life = reply.expiry.saturating_sub(reply.now);
+                let older = [(s.grant, s.until), (s.kept, s.kept_until)];
                 s.phase = Phase::Active;
                 s.grant = reply.rate;
                 s.until = Timestamp(sent_at.0.saturating_add(life).saturating_sub(cfg.margin_us));
+                // A lowered grant: the script counts the older, higher one
+                // until its expiry, so it is spent until then (the highest
+                // one still running), unless pushback lowered the budget,
+                // when the fleet must spend less at once.
+                (s.kept, s.kept_until) = (Rate::ZERO, Timestamp(0));
+                if reply.effective >= cfg.rate {
+                    for (rate, until) in older {
+                        if rate > s.grant && rate > s.kept && until > recv {
+                            (s.kept, s.kept_until) = (rate, until.min(s.until));
+                        }
+                    }
+                }
                 s.target = reply.target;
+                s.note_effective(reply.effective, &inner.budget);
                 s.failures = 0;
                 s.id_taken = false;
                 let cap = cfg.capacity(s.rate_at(recv, cfg));
                 s.bucket.cap(cap);
-                // A guess is followed a quarter period later by a measure.
-                let period = if s.guessing {
+                // A guess is followed a quarter period later by a measure;
+                // while pushback lowers the budget, every refresh is, so
+                // that grants follow it within about a second.
+                let period = if s.guessing || s.effective < cfg.rate {
                     cfg.refresh_us / 4
                 } else {
                     cfg.refresh_us
@@ -132,6 +162,7 @@ impl<C: Clock> RateLease<C> {
                     s.last = recv;
                 }
                 s.until = Timestamp(s.until.0.min(recv.0));
+                (s.kept, s.kept_until) = (Rate::ZERO, Timestamp(0));
                 s.bucket.cap(cfg.capacity(cfg.fallback));
                 s.failures = s.failures.saturating_add(1);
                 s.id_in_use = s.id_in_use.saturating_add(1);
@@ -238,10 +269,11 @@ impl<C: Clock> RateLease<C> {
     pub async fn release(&self) -> Result<(), LeaseError> {
         {
             let mut s = self.inner.state.lock();
-            let before = (s.phase, s.grant, s.until);
+            let before = s.shape();
             s.phase = Phase::Released;
             s.grant = Rate::ZERO;
             s.until = Timestamp(0);
+            (s.kept, s.kept_until) = (Rate::ZERO, Timestamp(0));
             s.bucket.clear();
             let now = self.inner.clock.now();
             s.note_change(before, now);

@@ -31,6 +31,9 @@ impl Settings {
     }
 }
 
+/// Phase, grant, its expiry, kept grant, its expiry.
+pub(super) type Shape = (Phase, Rate, Timestamp, Rate, Timestamp);
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Phase {
     Starting,
@@ -44,6 +47,11 @@ pub(super) struct State {
     pub(super) grant: Rate,
     /// Local end of `grant`; zero for none.
     pub(super) until: Timestamp,
+    /// An older grant above `grant`, spent until its own local expiry
+    /// `kept_until` (before `until`): the script counts it until then
+    /// anyway. Zero for none.
+    pub(super) kept: Rate,
+    pub(super) kept_until: Timestamp,
     /// Whether the fallback was entered (and logged).
     pub(super) fallback: bool,
     pub(super) bucket: Bucket,
@@ -72,24 +80,41 @@ pub(super) struct State {
     pub(super) id_taken: bool,
     /// Refreshes refused so, in all.
     pub(super) id_in_use: u64,
+    /// The effective budget of the last reply: the budget, lowered while the
+    /// dependency pushes back.
+    pub(super) effective: Rate,
+    /// The dependency pushed back since the last refresh was sent.
+    pub(super) pushed: bool,
+    /// Pushbacks recorded, in all.
+    pub(super) pushbacks: u64,
+    /// When a pushback last woke the refresher (zero: never).
+    pub(super) pushback_woke: Timestamp,
 }
 
 impl State {
     /// Counts a change of the schedule made at local time `x`, if the
     /// schedule differs from `before`.
-    pub(super) fn note_change(&mut self, before: (Phase, Rate, Timestamp), x: Timestamp) {
-        if (self.phase, self.grant, self.until) != before {
+    pub(super) fn note_change(&mut self, before: Shape, x: Timestamp) {
+        if self.shape() != before {
             self.epoch += 1;
             self.changed_at = Timestamp(self.changed_at.0.max(x.0));
         }
     }
 
+    /// What the rate schedule is made of: a change of it is a change of
+    /// the schedule.
+    pub(super) fn shape(&self) -> Shape {
+        (
+            self.phase,
+            self.grant,
+            self.until,
+            self.kept,
+            self.kept_until,
+        )
+    }
+
     pub(super) fn rate_at(&self, x: Timestamp, cfg: &Settings) -> Rate {
-        match self.phase {
-            Phase::Starting | Phase::Released => Rate::ZERO,
-            Phase::Active if x < self.until => self.grant,
-            Phase::Active => cfg.fallback,
-        }
+        self.schedule(cfg).rate_at(x)
     }
 
     /// The wait at `x` with no rate to spend (starting, or a zero grant):
@@ -126,15 +151,12 @@ impl State {
             self.last = x;
             return;
         }
-        if self.last < self.until {
-            let end = x.min(self.until);
-            self.accrue(self.grant, end.0 - self.last.0, cfg);
-            self.last = end;
+        for (rate, micros) in self.schedule(cfg).stretches(self.last, x) {
+            if micros > 0 {
+                self.accrue(rate, micros, cfg);
+            }
         }
-        if self.last < x {
-            self.accrue(cfg.fallback, x.0 - self.last.0, cfg);
-            self.last = x;
-        }
+        self.last = x;
     }
 
     pub(super) fn status(&self, x: Timestamp, cfg: &Settings) -> LeaseStatus {
@@ -144,12 +166,16 @@ impl State {
             rate,
             grant: self.grant,
             expires_at: self.until,
+            kept: self.kept,
+            kept_expires_at: self.kept_until,
             target: self.target,
             demand: self.demand,
             capacity: whole(cfg.capacity(rate)),
             next_refresh: self.next_refresh,
             failures: self.failures,
             id_in_use: self.id_in_use,
+            effective: self.effective,
+            pushbacks: self.pushbacks,
         }
     }
 }

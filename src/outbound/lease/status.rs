@@ -32,6 +32,12 @@ pub struct LeaseStatus {
     pub grant: Rate,
     /// The local time the latest grant stops being spent (zero if none).
     pub expires_at: Timestamp,
+    /// An older grant above `grant` that is still spent, until
+    /// `kept_expires_at` (zero if none): a lowered grant's surplus, which
+    /// the script counts until the older grant's expiry anyway.
+    pub kept: Rate,
+    /// The local time `kept` stops being spent (zero if none).
+    pub kept_expires_at: Timestamp,
     /// The max-min fair target the script computed at the last refresh.
     pub target: Rate,
     /// The demand reported at the last refresh.
@@ -46,4 +52,10 @@ pub struct LeaseStatus {
     /// held its instance id
     /// ([`LeaseError::InstanceIdInUse`](super::LeaseError::InstanceIdInUse)).
     pub id_in_use: u64,
+    /// The effective budget the fleet's targets share: the budget, lowered
+    /// while the dependency pushes back (see
+    /// [`RateLease::record_pushback`](super::RateLease::record_pushback)).
+    pub effective: Rate,
+    /// Pushbacks recorded by this lease since it was built.
+    pub pushbacks: u64,
 }

@@ -80,6 +80,10 @@ pub(super) struct Args {
     pub(super) lease_us: u64,
     /// The grant held by the instance's own account: rate, µs left.
     pub(super) held: (Rate, u64),
+    /// An older, higher grant it still spends: rate, µs left (ARGV 12, 13).
+    pub(super) kept: (Rate, u64),
+    /// The dependency pushed back since the last call (ARGV 11).
+    pub(super) pushed: bool,
 }
 
 impl Args {
@@ -92,6 +96,8 @@ impl Args {
             budget: Rate::ZERO,
             lease_us: 0,
             held: (Rate::ZERO, 0),
+            kept: (Rate::ZERO, 0),
+            pushed: false,
         }
     }
 }
@@ -104,6 +110,9 @@ pub(super) struct GrantReply {
     pub(super) now: u64,
     pub(super) recheck: u64,
     pub(super) target: Rate,
+    /// The effective budget the targets shared: the budget, lowered by
+    /// pushback.
+    pub(super) effective: Rate,
 }
 
 impl LeaseStore {
@@ -149,7 +158,7 @@ impl LeaseStore {
         args: &Args,
     ) -> Result<GrantReply, LeaseError> {
         let reply = self.call(key, id, args).await?;
-        let nums = ints(&reply).filter(|n| n.len() == 7);
+        let nums = ints(&reply).filter(|n| n.len() == 8);
         let Some(n) = nums else {
             return Err(bad_reply("grant"));
         };
@@ -166,6 +175,7 @@ impl LeaseStore {
             now: u(2),
             recheck: u(3),
             target: Rate(u(4)),
+            effective: Rate(u(7)),
         })
     }
 
@@ -203,7 +213,10 @@ impl LeaseStore {
             .arg(args.held.0 .0)
             .arg(args.held.1)
             .arg(now)
-            .arg(format!("{:016x}", args.life));
+            .arg(format!("{:016x}", args.life))
+            .arg(u8::from(args.pushed))
+            .arg(args.kept.0 .0)
+            .arg(args.kept.1);
         let reply = self
             .inner
             .connector

@@ -17,6 +17,14 @@ mod share;
 
 use share::{Part, ShareBucket};
 
+/// Which look an attempt takes at the budget: only the first counts
+/// toward the demand.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Look {
+    First,
+    Again,
+}
+
 /// The refusal of a released lease: this budget never admits again.
 const RELEASED: Refusal = Refusal::Unavailable {
     wait: Duration::MAX,
@@ -57,6 +65,10 @@ const RELEASED: Refusal = Refusal::Unavailable {
 /// - **Demand** reported to the grant script counts every attempt, refused
 ///   by a share or by the lease, so a starved share asks for more; a share's
 ///   waits count toward the time the lease was held back, as the lease's do.
+///   An attempt counts once: a look again after a refusal
+///   ([`AttemptBudget::charge_again`], the layer's queue) adds nothing, or
+///   an instance whose attempts wait briefly would report more than it
+///   sends and be granted a surplus that no other instance can use.
 ///
 /// Clones share the lease, the share buckets and the counters. Start the
 /// lease's refresher ([`RateLease::spawn_refresher`]) yourself.
@@ -179,7 +191,7 @@ impl<C: Clock> LeasedBudget<C> {
     /// Charges one attempt of `cost` to `share` at local time `now`: from
     /// the share's bucket and the lease's, both or neither. Synchronous.
     pub fn try_acquire_at(&self, share: Share, cost: u64, now: Timestamp) -> Result<(), Refusal> {
-        let result = self.charge_at(share, cost, now);
+        let result = self.charge_at(share, cost, now, Look::First);
         if result.is_err() {
             self.inner.stats.refused();
         }
@@ -187,10 +199,21 @@ impl<C: Clock> LeasedBudget<C> {
     }
 
     /// [`try_acquire_at`](Self::try_acquire_at) without counting a refusal:
-    /// the whole share path, in order.
-    fn charge_at(&self, share: Share, cost: u64, now: Timestamp) -> Result<(), Refusal> {
+    /// the whole share path, in order. An attempt counts toward the demand
+    /// on its first look only.
+    fn charge_at(
+        &self,
+        share: Share,
+        cost: u64,
+        now: Timestamp,
+        look: Look,
+    ) -> Result<(), Refusal> {
         let inner = &*self.inner;
         let lease = &inner.lease;
+        let demand = match look {
+            Look::First => cost,
+            Look::Again => 0,
+        };
         // 1. A released lease never admits again.
         let status = lease.status_at(now);
         if status.mode == LeaseMode::Released {
@@ -198,13 +221,13 @@ impl<C: Clock> LeasedBudget<C> {
         }
         // 2. A cost no bucket holds: refused, counted as demand.
         if cost > lease.max_cost() {
-            lease.note_demand(cost);
+            lease.note_demand(demand);
             return Err(Refusal::CostExceedsBudget { share, cost });
         }
         // 3. A fail-open lease in its fallback admits every attempt, share
         //    or not.
         if lease.fails_open() && status.mode == LeaseMode::Fallback {
-            let result = lease.try_acquire_at(cost, now);
+            let result = lease.acquire_counting(cost, demand, now);
             return match result {
                 Ok(()) => {
                     inner.stats.admitted(share);
@@ -233,21 +256,22 @@ impl<C: Clock> LeasedBudget<C> {
         //    the attempt counts as demand.
         if bucket.bucket.missing(cost) > 0 {
             let wait = if rate == 0 {
-                lease.note_demand(cost);
-                lease.wait_without_rate(now)
+                let wait = lease.wait_without_rate(now);
+                lease.note_held_back(demand, now, crate::clock::duration_to_micros(wait));
+                wait
             } else {
                 let micros = cap_at_refresh(
                     bucket.bucket.wait_us(cost, rate),
                     lease.status_at(now).next_refresh,
                     now,
                 );
-                lease.note_held_back(cost, now, micros);
+                lease.note_held_back(demand, now, micros);
                 Duration::from_micros(micros)
             };
             return Err(Refusal::Exhausted { share, wait });
         }
         // 6. The lease's own bucket: both are charged, or neither.
-        match lease.try_acquire_at(cost, now) {
+        match lease.acquire_counting(cost, demand, now) {
             Ok(()) => {
                 bucket.bucket.spend(cost);
                 inner.stats.admitted(share);
@@ -266,7 +290,15 @@ impl<C: Clock> AttemptBudget for LeasedBudget<C> {
         share: Share,
         cost: u64,
     ) -> impl std::future::Future<Output = Result<(), Refusal>> + Send {
-        std::future::ready(self.charge_at(share, cost, self.inner.lease.now()))
+        std::future::ready(self.charge_at(share, cost, self.inner.lease.now(), Look::First))
+    }
+
+    fn charge_again(
+        &self,
+        share: Share,
+        cost: u64,
+    ) -> impl std::future::Future<Output = Result<(), Refusal>> + Send {
+        std::future::ready(self.charge_at(share, cost, self.inner.lease.now(), Look::Again))
     }
 
     fn record_refusal(&self) {
@@ -279,6 +311,10 @@ impl<C: Clock> AttemptBudget for LeasedBudget<C> {
 
     fn stats(&self) -> BudgetStats {
         LeasedBudget::stats(self)
+    }
+
+    fn record_pushback(&self) {
+        self.inner.lease.record_pushback();
     }
 }
 

@@ -6,7 +6,10 @@ use std::time::Duration;
 use redis::Script;
 
 use super::region::Region;
-use super::{Inner, RegionalBudget, CREDIT, DEBIT, MAX_NAME, MAX_TOTAL, PIN, REFUND, SEED};
+use super::{
+    Inner, RegionalBudget, CREDIT, DEBIT, MAX_NAME, MAX_TOTAL, PIN, RECEIVE, REFUND, RESTORE, SEED,
+    SEND, VIEW,
+};
 use crate::redis::{Connector, Target, Timing};
 use crate::ConfigError;
 
@@ -28,6 +31,7 @@ pub struct RegionalBudgetBuilder {
     pub(super) total: u64,
     pub(super) regions: Vec<(String, String, u64)>,
     pub(super) call_timeout: Duration,
+    pub(super) credit_hold: Duration,
 }
 
 impl RegionalBudgetBuilder {
@@ -85,11 +89,34 @@ impl RegionalBudgetBuilder {
         self
     }
 
+    /// The credit hold `H`, default 8 s: allocation a region received by an
+    /// ordered transfer ([`RegionalBudget::send`]) counts as spendable, and
+    /// may be given on, only `H` after its credit (on the receiver's Redis
+    /// clock). Above zero, at most one hour. A
+    /// [`RegionLease`](crate::outbound::RegionLease) checks that `H` covers
+    /// its lease length, clock skew, view age and deadlines.
+    ///
+    /// ```
+    /// # use tower_admission::outbound::RegionalBudget;
+    /// # use std::time::Duration;
+    /// let budget = RegionalBudget::builder(10)
+    ///     .region("eu", "redis://127.0.0.1/", 10)
+    ///     .credit_hold(Duration::from_secs(12))
+    ///     .build()?;
+    /// assert_eq!(budget.credit_hold(), Duration::from_secs(12));
+    /// # Ok::<(), tower_admission::ConfigError>(())
+    /// ```
+    pub fn credit_hold(mut self, hold: Duration) -> Self {
+        self.credit_hold = hold;
+        self
+    }
+
     /// Checks the settings and builds the budget. Nothing connects yet.
     ///
     /// The error names the field: `name`, `total` (zero, or not below
     /// 2^53), `regions` (none, or the split does not sum to the total),
-    /// `region` (a bad or repeated name), `url`, or `call_timeout`.
+    /// `region` (a bad or repeated name), `url`, `call_timeout` or
+    /// `credit_hold`.
     ///
     /// ```
     /// # use tower_admission::outbound::RegionalBudget;
@@ -111,6 +138,12 @@ impl RegionalBudgetBuilder {
             return Err(ConfigError::new("regions", "at least one region is needed"));
         }
         crate::error::redis_deadline("call_timeout", self.call_timeout)?;
+        if self.credit_hold.is_zero() || self.credit_hold > Duration::from_secs(3600) {
+            return Err(ConfigError::new(
+                "credit_hold",
+                "the credit hold must be above zero and at most one hour",
+            ));
+        }
         let mut sum: u128 = 0;
         let mut regions: Vec<Region> = Vec::with_capacity(self.regions.len());
         for (name, url, initial) in &self.regions {
@@ -150,12 +183,17 @@ impl RegionalBudgetBuilder {
                 name: self.name.into(),
                 total: self.total,
                 call_timeout: self.call_timeout,
+                hold_us: crate::clock::duration_to_micros(self.credit_hold),
                 regions,
                 debit: Script::new(DEBIT),
                 credit: Script::new(CREDIT),
                 seed: Script::new(SEED),
                 refund: Script::new(REFUND),
                 pin: Script::new(PIN),
+                send: Script::new(&with_clock(SEND)),
+                receive: Script::new(&with_clock(RECEIVE)),
+                view: Script::new(&with_clock(VIEW)),
+                restore: Script::new(&with_clock(RESTORE)),
             }),
         })
     }
@@ -175,4 +213,9 @@ pub(super) fn check_name(field: &'static str, name: &str) -> Result<(), ConfigEr
             format!("`{name}` must be 1 to {MAX_NAME} characters of [A-Za-z0-9_-]"),
         ))
     }
+}
+
+/// A script body after the one clock prelude (Redis `TIME`).
+fn with_clock(body: &str) -> String {
+    format!("{}{body}", crate::redis::prelude(None))
 }

@@ -147,6 +147,31 @@ pub enum TransferError {
         /// The amount.
         amount: u64,
     },
+    /// An ordered transfer's number is not the next one of its pair
+    /// ([`RegionalBudget::send`](super::RegionalBudget::send)); nothing
+    /// changed.
+    OutOfOrder {
+        /// The donor.
+        from: String,
+        /// The receiver.
+        to: String,
+        /// The number given.
+        number: u64,
+        /// The last number debited in this pair.
+        last: u64,
+    },
+    /// The last ordered transfer of this pair is not yet confirmed: no new
+    /// one until [`RegionalBudget::repair_all`](super::RegionalBudget::repair_all)
+    /// (or a [`send`](super::RegionalBudget::send) of that number again)
+    /// finishes it. Nothing changed.
+    InFlight {
+        /// The donor.
+        from: String,
+        /// The receiver.
+        to: String,
+        /// The unconfirmed number.
+        number: u64,
+    },
     /// A Redis reply that the scripts never send (the keys were changed by
     /// something else).
     Malformed {
@@ -244,6 +269,19 @@ impl fmt::Display for TransferError {
             } => write!(
                 f,
                 "transfer `{id}` of {amount} to `{to}` can never be credited: `{from}` was re-seeded after losing the state that debited it"
+            ),
+            TransferError::OutOfOrder {
+                from,
+                to,
+                number,
+                last,
+            } => write!(
+                f,
+                "transfer {number} from `{from}` to `{to}` is out of order: the last one was {last}"
+            ),
+            TransferError::InFlight { from, to, number } => write!(
+                f,
+                "transfer {number} from `{from}` to `{to}` is not yet confirmed; repair it first"
             ),
             TransferError::Malformed { region, message } => {
                 write!(f, "unexpected data in region `{region}`: {message}")

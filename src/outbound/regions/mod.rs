@@ -6,7 +6,10 @@
 //! the scripts (`scripts/`) store and answer; `init.rs` seeds and recovers
 //! the regions' states; `snapshot.rs` reads the allocations; `transfer.rs`
 //! moves allocation (debit, credit, clear); `repair.rs` finishes half-done
-//! transfers; `error.rs` has the errors.
+//! transfers; `restore.rs` returns what a state loss took; `ordered.rs` moves allocation by ordered transfers with
+//! bounded records and reads what a region may spend; `region_lease.rs`
+//! spends a region's allocation through rate leases; `rebalancer.rs` moves
+//! it toward demand; `error.rs` has the errors.
 
 use std::fmt;
 use std::sync::Arc;
@@ -18,14 +21,21 @@ mod builder;
 mod error;
 mod init;
 mod ledger;
+mod ordered;
+mod rebalancer;
 mod region;
+mod region_lease;
 mod repair;
+mod restore;
 mod snapshot;
 mod transfer;
 
 pub use builder::RegionalBudgetBuilder;
 pub use error::{RegionError, Step, TransferError};
 pub use init::Initialized;
+pub use ordered::RegionView;
+pub use rebalancer::{Rebalanced, Rebalancer};
+pub use region_lease::{RegionLease, RegionLeaseBuilder};
 pub use repair::{PendingTransfer, RepairOutcome, RepairReport};
 pub use snapshot::Snapshot;
 pub use transfer::{TransferId, TransferOutcome};
@@ -37,10 +47,15 @@ const CREDIT: &str = include_str!("scripts/regions_credit.lua");
 const SEED: &str = include_str!("scripts/regions_seed.lua");
 const REFUND: &str = include_str!("scripts/regions_refund.lua");
 const PIN: &str = include_str!("scripts/regions_pin.lua");
+const SEND: &str = include_str!("scripts/regions_send.lua");
+const RECEIVE: &str = include_str!("scripts/regions_receive.lua");
+const VIEW: &str = include_str!("scripts/regions_view.lua");
+const RESTORE: &str = include_str!("scripts/regions_restore.lua");
 
 /// Allocations are integers in Lua doubles: exact below 2^53.
 const MAX_TOTAL: u64 = (1 << 53) - 1;
 const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_millis(500);
+const DEFAULT_CREDIT_HOLD: Duration = Duration::from_secs(8);
 const MAX_NAME: usize = 64;
 const MAX_ID: usize = 128;
 
@@ -172,8 +187,24 @@ const MAX_ID: usize = 128;
 /// | `tower-admission:regions:{b:r}:pending` | hash: the same records, for debits whose credit is not yet confirmed |
 /// | `tower-admission:regions:{b:r}:credits` | hash: `donor:id` → `amount:seq:donor_epoch`, every credit ever applied here |
 ///
-/// The two ledgers grow by one field per transfer and are never trimmed
-/// here: forgetting an id would make a late retry of it apply twice.
+/// The two ledgers grow by one field per id-based transfer and are never
+/// trimmed: forgetting an id would make a late retry of it apply twice.
+///
+/// # Ordered transfers: bounded records
+///
+/// [`send`](Self::send) moves allocation as the `n`-th transfer of a pair
+/// (numbers from [`next_number`](Self::next_number)). Its records are a
+/// watermark per pair in the state hash (`out:<to>` and `last:<to>` on the
+/// donor, `in:<donor>:<epoch>` on the receiver), a pending mark per pair
+/// while unconfirmed, and `hold`, the credits younger than the
+/// [credit hold](RegionalBudgetBuilder::credit_hold): 14 fields for three
+/// regions however many transfers run. A late retry of a number at or
+/// below the watermark is never applied again. Received allocation counts
+/// as spendable ([`spendable`](Self::spendable)) and may be given on only
+/// after the hold, which is what lets a
+/// [`RegionLease`](crate::outbound::RegionLease) spend it safely; a
+/// [`Rebalancer`](crate::outbound::Rebalancer) moves allocation toward
+/// demand with it. `docs/regions.md` has the proofs.
 ///
 /// # Example
 ///
@@ -212,12 +243,18 @@ struct Inner {
     name: Box<str>,
     total: u64,
     call_timeout: Duration,
+    /// The credit hold H, in µs.
+    hold_us: u64,
     regions: Vec<Region>,
     debit: Script,
     credit: Script,
     seed: Script,
     refund: Script,
     pin: Script,
+    send: Script,
+    receive: Script,
+    view: Script,
+    restore: Script,
 }
 
 impl fmt::Debug for RegionalBudget {
@@ -258,6 +295,7 @@ impl RegionalBudget {
             total,
             regions: Vec::new(),
             call_timeout: DEFAULT_CALL_TIMEOUT,
+            credit_hold: DEFAULT_CREDIT_HOLD,
         }
     }
 
@@ -296,6 +334,19 @@ impl RegionalBudget {
     /// ```
     pub fn call_timeout(&self) -> Duration {
         self.inner.call_timeout
+    }
+
+    /// The credit hold `H` (see [`RegionalBudgetBuilder::credit_hold`]).
+    ///
+    /// ```
+    /// # use tower_admission::outbound::RegionalBudget;
+    /// # use std::time::Duration;
+    /// let budget = RegionalBudget::builder(10).region("eu", "redis://127.0.0.1/", 10).build()?;
+    /// assert_eq!(budget.credit_hold(), Duration::from_secs(8));
+    /// # Ok::<(), tower_admission::ConfigError>(())
+    /// ```
+    pub fn credit_hold(&self) -> Duration {
+        Duration::from_micros(self.inner.hold_us)
     }
 
     /// The region names with their initial allocations, in the order they

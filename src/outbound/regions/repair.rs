@@ -158,7 +158,7 @@ impl RegionalBudget {
         let mut out: Vec<(PendingTransfer, Record)> = map
             .into_iter()
             .filter_map(|(id, rec)| {
-                let parsed = Record::parse(&rec).zip(TransferId::new(id.as_str()).ok());
+                let parsed = Record::parse(&rec).zip(TransferId::stored(id.as_str()));
                 if parsed.is_none() {
                     tracing::warn!(
                         region = &*donor.name,

@@ -8,6 +8,8 @@ use redis::Value;
 use super::ledger::{int, parse_debit, text, Credit, DebitReply, Record};
 use super::region::{malformed, Region, Unreachable};
 use super::{RegionalBudget, Step, TransferError, MAX_ID};
+
+const ORDERED_MARK: char = '~';
 use crate::redis::Request;
 use crate::ConfigError;
 
@@ -247,6 +249,9 @@ impl RegionalBudget {
         id: &TransferId,
         record: &Record,
     ) -> Result<Credit, TransferError> {
+        if let Some((_, n)) = id.as_ordered() {
+            return self.receive(donor, receiver, n, record).await;
+        }
         let mut invocation = self.inner.credit.prepare_invoke();
         invocation
             .key(&receiver.state_key)
@@ -285,29 +290,8 @@ impl RegionalBudget {
             3 => Ok(Credit::Refunded {
                 credited_earlier: amount()?,
             }),
-            -1 => {
-                receiver.remember_epoch(None);
-                Err(TransferError::StateLost {
-                    region: receiver.name.to_string(),
-                    step: Step::Credit,
-                })
-            }
-            -3 => Err(TransferError::DonorReseeded {
-                id: id.clone(),
-                from: donor.name.to_string(),
-                to: receiver.name.to_string(),
-                amount: record.amount,
-            }),
-            -2 => {
-                let epoch = items.get(1).and_then(text).ok_or_else(unexpected)?;
-                receiver.remember_epoch(Some(&epoch));
-                Err(TransferError::ReceiverRecreated {
-                    id: id.clone(),
-                    from: donor.name.to_string(),
-                    to: receiver.name.to_string(),
-                    amount: record.amount,
-                })
-            }
+            -3..=-1 => Err(refused_credit(code, &items, donor, receiver, id, record)
+                .unwrap_or_else(unexpected)),
             _ => Err(unexpected()),
         }
     }
@@ -353,9 +337,50 @@ impl RegionalBudget {
     }
 }
 
+/// The error for a credit refused for good (codes -1 to -3 of the credit
+/// scripts); `None` for another reply.
+pub(super) fn refused_credit(
+    code: i64,
+    items: &[Value],
+    donor: &Region,
+    receiver: &Region,
+    id: &TransferId,
+    record: &Record,
+) -> Option<TransferError> {
+    match code {
+        -1 => {
+            receiver.remember_epoch(None);
+            Some(TransferError::StateLost {
+                region: receiver.name.to_string(),
+                step: Step::Credit,
+            })
+        }
+        -2 => {
+            let epoch = items.get(1).and_then(text)?;
+            receiver.remember_epoch(Some(&epoch));
+            Some(TransferError::ReceiverRecreated {
+                id: id.clone(),
+                from: donor.name.to_string(),
+                to: receiver.name.to_string(),
+                amount: record.amount,
+            })
+        }
+        -3 => Some(TransferError::DonorReseeded {
+            id: id.clone(),
+            from: donor.name.to_string(),
+            to: receiver.name.to_string(),
+            amount: record.amount,
+        }),
+        _ => None,
+    }
+}
+
 /// The name of one transfer out of one donor region, which makes the
 /// transfer idempotent: both steps record it, and a repeated call with the
 /// same id never moves the amount twice.
+///
+/// Ids starting with `~` are reserved: they name ordered transfers
+/// ([`RegionalBudget::send`]) in a donor's pending list.
 ///
 /// Choose ids that mean something (a rebalancing round and its pair of
 /// regions), or [`random`](Self::random) ones kept until the transfer is
@@ -388,7 +413,32 @@ impl TransferId {
                 format!("must be 1 to {MAX_ID} printable ASCII characters without spaces"),
             ));
         }
+        if id.starts_with(ORDERED_MARK) {
+            return Err(ConfigError::new(
+                "transfer_id",
+                "a leading `~` is reserved for ordered transfers",
+            ));
+        }
         Ok(TransferId(id.into()))
+    }
+
+    /// The id of the `n`-th ordered transfer toward `to` (one donor's
+    /// pending list names it so).
+    pub(super) fn ordered(to: &str, n: u64) -> Self {
+        TransferId(format!("{ORDERED_MARK}{to}{ORDERED_MARK}{n}").into())
+    }
+
+    /// `(receiver, n)` if this names an ordered transfer.
+    pub(super) fn as_ordered(&self) -> Option<(&str, u64)> {
+        let rest = self.0.strip_prefix(ORDERED_MARK)?;
+        let (to, n) = rest.split_once(ORDERED_MARK)?;
+        Some((to, n.parse().ok()?))
+    }
+
+    /// An id as stored in a pending list, ordered ones included.
+    pub(super) fn stored(id: &str) -> Option<Self> {
+        let plain = id.len() <= MAX_ID && id.bytes().all(|b| b.is_ascii_graphic());
+        (!id.is_empty() && plain).then(|| TransferId(id.into()))
     }
 
     /// A random 128-bit id, as 32 hex digits.

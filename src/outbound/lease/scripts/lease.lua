@@ -36,7 +36,22 @@
 --          state (Redis restarted empty) the grants still being spent are
 --          counted again from their holders' first call.
 -- ARGV[9]: the injected time (test-only script). ARGV[10]: the calling
---          lease's life, random per lease (16 hex digits).
+--          lease's life, random per lease (16 hex digits). ARGV[11]: 1 if
+--          the dependency pushed back on the caller since its last call
+--          (absent or 0: it did not). ARGV[12], ARGV[13]: an older, higher
+--          grant the caller still spends by its own account (rate, µs it
+--          still has; absent or 0 0 for none), merged as a step as ARGV[7],
+--          ARGV[8] are.
+--
+-- `_a` in the hash: "<base>,<pushed>,<cut>", the pushback state (absent: no
+-- pushback, E = R). Pushback (AIMD on the budget the targets share): the
+-- effective budget E is `base` until PB_QUIET after the last pushback
+-- `pushed`, then grows as base + R/60 per s² × (time since then)², up to R.
+-- A call that reports pushback sets `pushed` = now and `base` = E(now),
+-- halved (at least R/10) when the last halving `cut` is PB_COOLDOWN old:
+-- one halving per cooldown for the whole fleet, however many instances saw
+-- the refusals. Targets share E; the headroom check stays on R, so E only
+-- ever lowers grants.
 --
 -- One id, one holder. A grant call whose id's record has a step not yet
 -- expired and names another life (a second live process configured with
@@ -69,14 +84,15 @@
 -- held-back one counts as twice itself, at most R: room for its next
 -- doubling, without stranding the rest.
 --
--- 'g' returns { grant, expiry, now, recheck, target, live, 0 }: the grant rate
+-- 'g' returns { grant, expiry, now, recheck, target, live, 0, E }: the grant rate
 -- and its expiry (µs), the script's time, and, when the grant is below the
 -- target, the earliest time (µs) at which the target should fit, from the
--- other instances' steps and targets (0 when it fits now or never will).
+-- other instances' steps and targets (0 when it fits now or never will),
+-- and the effective budget E (R without pushback).
 -- 'r' deletes the instance if the caller's life holds it (its holder has
 -- stopped spending; another life's grants stay counted), leaves its `x:`
 -- mark for L, and returns { now }. A grant call that finds its own life's
--- mark returns { 0, now, now, 0, 0, live, 0 } and writes nothing. 's' returns { now, n, then per instance: id, demand, flag
+-- mark returns { 0, now, now, 0, 0, live, 0, 0 } and writes nothing. 's' returns { now, n, then per instance: id, demand, flag
 -- (as ARGV[4]), #steps, rate1, exp1, ... }.
 
 local key = KEYS[1]
@@ -91,6 +107,9 @@ local R = tonumber(ARGV[5])
 local L = tonumber(ARGV[6])
 local held_rate = tonumber(ARGV[7])
 local held_left = tonumber(ARGV[8])
+local pushed = tonumber(ARGV[11] or '0') or 0
+local PB_QUIET = 3000000
+local PB_COOLDOWN = 2000000
 local now = clock_now()
 if now == nil or demand == nil or R == nil or L == nil or held_rate == nil
     or held_left == nil or (op ~= 'g' and op ~= 'r' and op ~= 's') then
@@ -158,6 +177,7 @@ local function prune(steps)
 end
 
 local ids, dem, flags, steps, budgets, owners = {}, {}, {}, {}, {}, {}
+local aimd = nil
 local all = redis.call('HGETALL', key)
 for k = 1, #all, 2 do
   local f = all[k]
@@ -168,6 +188,9 @@ for k = 1, #all, 2 do
     elseif op ~= 's' then
       redis.call('HDEL', key, f)
     end
+  elseif f == '_a' then
+    local b, p, c = string.match(all[k + 1], '^(%d+),(%d+),(%d+)$')
+    if b ~= nil then aimd = { tonumber(b), tonumber(p), tonumber(c) } end
   elseif f ~= '_t' then
     local d, g, st, b, o = parse(all[k + 1])
     if #st > 0 or f == me then
@@ -246,7 +269,7 @@ end
 local released = marks[mark]
 if released ~= nil then
   if released[1] == life then
-    return { 0, now, now, 0, 0, #ids, 0 }
+    return { 0, now, now, 0, 0, #ids, 0, 0 }
   end
   marks[mark] = nil
   redis.call('HDEL', key, mark)
@@ -256,7 +279,7 @@ if held_by_other() then
   for _, s in ipairs(steps[me]) do
     if s[2] > until_t then until_t = s[2] end
   end
-  return { 0, 0, now, 0, 0, #ids, until_t }
+  return { 0, 0, now, 0, 0, #ids, until_t, 0 }
 end
 if steps[me] == nil then
   ids[#ids + 1] = me
@@ -267,6 +290,11 @@ flags[me] = flag
 if held_rate > 0 and held_left > 0 then
   table.insert(steps[me], { held_rate, now + held_left })
 end
+local kept_rate = tonumber(ARGV[12] or '0') or 0
+local kept_left = tonumber(ARGV[13] or '0') or 0
+if kept_rate > 0 and kept_left > 0 then
+  table.insert(steps[me], { kept_rate, now + kept_left })
+end
 
 -- The budget of this call: the lowest of the caller's and every other live
 -- instance's (a deploy may be changing it).
@@ -275,24 +303,51 @@ for _, f in ipairs(ids) do
   if f ~= me and budgets[f] ~= nil and budgets[f] < budget then budget = budgets[f] end
 end
 
--- Max-min fair water level over the live demands (nil: every demand fits),
--- another instance's guessed demand counted as the budget, a held-back one as twice
--- itself.
+-- The effective budget E at now (see `_a` above), and the pushback this
+-- call reports.
+local function effective()
+  if aimd == nil then return budget end
+  local quiet = now - aimd[2] - PB_QUIET
+  if quiet <= 0 then return min(aimd[1], budget) end
+  local q_ms = idiv(quiet, 1000)
+  if q_ms >= 7746 then return budget end
+  return min(budget, aimd[1] + muldiv(budget, q_ms * q_ms, 60000000))
+end
+local E = effective()
+if pushed > 0 then
+  local cut = -PB_COOLDOWN
+  if aimd ~= nil then cut = aimd[3] end
+  if now - cut >= PB_COOLDOWN then
+    E = max(idiv(budget, 10), idiv(E, 2))
+    cut = now
+  end
+  aimd = { E, now, cut }
+end
+if aimd ~= nil and E >= budget and pushed == 0 then
+  aimd = nil
+  redis.call('HDEL', key, '_a')
+elseif aimd ~= nil then
+  redis.call('HSET', key, '_a', string.format('%d,%d,%d', aimd[1], aimd[2], aimd[3]))
+end
+
+-- Max-min fair water level over the live demands, sharing E (nil: every
+-- demand fits), another instance's guessed demand counted as E, a held-back
+-- one as twice itself.
 local eff = {}
 for _, f in ipairs(ids) do
   if f == me or flags[f] == 0 then
-    eff[f] = math.min(budget, dem[f])
+    eff[f] = math.min(E, dem[f])
   elseif flags[f] == 2 then
-    eff[f] = math.min(budget, 2 * dem[f])
+    eff[f] = math.min(E, 2 * dem[f])
   else
-    eff[f] = budget
+    eff[f] = E
   end
 end
 local order = {}
 for _, f in ipairs(ids) do order[#order + 1] = f end
 table.sort(order, function(a, b) return eff[a] < eff[b] end)
 local lambda = nil
-local remaining = budget
+local remaining = E
 for k, f in ipairs(order) do
   local share = idiv(remaining, #order - k + 1)
   if eff[f] <= share then
@@ -349,4 +404,4 @@ end
 
 redis.call('HSET', key, me, encode(demand, flag, steps[me], R, life))
 save_time()
-return { grant, expiry, now, recheck, want, #ids, 0 }
+return { grant, expiry, now, recheck, want, #ids, 0, E }

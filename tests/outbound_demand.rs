@@ -1,0 +1,196 @@
+//! The demand a rate lease reports, and how fast shares follow it, against
+//! redis-servers started by the tests with the script's time injected from
+//! one `ManualClock` (local and Redis time are the same here).
+#![cfg(feature = "redis")]
+
+mod support;
+
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use support::RedisServer;
+use tower_admission::clock::{ManualClock, Timestamp};
+use tower_admission::outbound::{AttemptBudget, LeaseStore, LeasedBudget, Rate, RateLease, Share};
+
+const R: u64 = 240;
+const START: u64 = 1_700_000_000_000_000;
+const MS: u64 = 1_000;
+
+fn store(server: &RedisServer, clock: &ManualClock) -> LeaseStore {
+    LeaseStore::builder(server.url())
+        .prefix("dm")
+        .deadline(Duration::from_secs(5))
+        .test_clock(clock.clone())
+        .build()
+        .expect("store settings")
+}
+
+fn advance(clock: &ManualClock, micros: u64) {
+    clock.advance(Duration::from_micros(micros));
+}
+
+#[tokio::test]
+async fn an_attempt_that_looks_again_after_its_wait_counts_once_toward_the_demand() {
+    // 20 attempts a second, in pairs every 100 ms, through the normal share
+    // of a 24/s grant (20/s): the second of each pair waits for the lease's
+    // one-attempt bucket and looks again. The demand is 20/s, not 30/s.
+    let server = RedisServer::start();
+    let clock = ManualClock::new(Timestamp(START));
+    let lease = RateLease::builder(
+        store(&server, &clock),
+        "dep",
+        Rate::per_second(R),
+        NonZeroU32::new(10).unwrap(),
+    )
+    .instance_id("pairs")
+    .initial_demand(Rate::per_second(24))
+    .min_demand(Rate::per_second(1))
+    .clock(clock.clone())
+    .build()
+    .unwrap();
+    let budget = LeasedBudget::new(lease.clone(), Rate::per_second(40)).unwrap();
+    assert_eq!(lease.refresh().await.unwrap().grant, Rate::per_second(24));
+    let (mut sent, mut looks) = (0, 0);
+    // (attempt waiting, look again at µs since the start)
+    let mut waiting: Option<u64> = None;
+    for ms in 1..=1_000u64 {
+        advance(&clock, MS);
+        let t = ms * MS;
+        if let Some(at) = waiting {
+            if t >= at {
+                looks += 1;
+                match budget.charge_again(Share::Normal, 1).await {
+                    Ok(()) => {
+                        sent += 1;
+                        waiting = None;
+                    }
+                    Err(refusal) => waiting = Some(t + refusal.wait().unwrap().as_micros() as u64),
+                }
+            }
+        }
+        if ms % 100 == 0 {
+            for _ in 0..2 {
+                looks += 1;
+                match budget.charge(Share::Normal, 1).await {
+                    Ok(()) => sent += 1,
+                    Err(refusal) => {
+                        assert!(waiting.is_none(), "one waits at a time");
+                        waiting = Some(t + refusal.wait().unwrap().as_micros() as u64);
+                    }
+                }
+            }
+        }
+    }
+    let s = lease.refresh().await.unwrap();
+    assert_eq!((sent, looks), (19, 29), "sent, and looks at the budget");
+    assert_eq!(
+        s.demand,
+        Rate::per_second(20),
+        "20 attempts in 1 s, each counted once"
+    );
+}
+
+/// One simulated instance whose callers queue behind the budget, as behind
+/// the budget's layer: the head of the queue alone looks, again once the
+/// wait it was told has passed.
+struct Queued {
+    lease: RateLease<ManualClock>,
+    /// Attempts arriving per second.
+    per_second: u64,
+    acc: u64,
+    backlog: u64,
+    retry_at: u64,
+}
+
+impl Queued {
+    fn new(store: &LeaseStore, clock: &ManualClock, id: &str, per_second: u64) -> Self {
+        let lease = RateLease::builder(
+            store.clone(),
+            "dep",
+            Rate::per_second(R),
+            NonZeroU32::new(10).unwrap(),
+        )
+        .instance_id(id)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+        Queued {
+            lease,
+            per_second,
+            acc: 0,
+            backlog: 0,
+            retry_at: 0,
+        }
+    }
+
+    /// One millisecond at fleet time `t` (µs): arrivals, the head's looks,
+    /// and a refresh when one is due.
+    async fn tick(&mut self, t: u64) {
+        self.acc += self.per_second;
+        self.backlog += self.acc / 1_000;
+        self.acc %= 1_000;
+        while self.backlog > 0 && self.retry_at <= t {
+            match self.lease.try_acquire(1) {
+                Ok(()) => self.backlog -= 1,
+                Err(wait) => self.retry_at = t + wait.as_micros() as u64,
+            }
+        }
+        if self.lease.until_next_refresh().is_zero() {
+            self.lease.refresh().await.unwrap();
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_newcomer_whose_callers_wait_as_told_gets_its_fair_share_within_a_lease_of_its_first_grant_call(
+) {
+    // 9 instances, callers queued and backlogged, share 240/s. A 10th joins:
+    // its first grant is next to nothing (0.006/s, what 9 × 26.666 leaves)
+    // while the others' older grants run out, and its callers, told to wait
+    // for the next refresh, attempt little. It keeps asking for its guess,
+    // R/10 = 24/s, the fair share, instead of the little it measured (then
+    // doubling from 2.4/s once per 4 s refresh: still 19.2/s after 20 s).
+    let server = RedisServer::start();
+    let clock = ManualClock::new(Timestamp(START));
+    let shared = store(&server, &clock);
+    let mut fleet: Vec<Queued> = (0..9)
+        .map(|i| Queued::new(&shared, &clock, &format!("old{i}"), 1_000))
+        .collect();
+    let mut t = 0;
+    while t < 30 * 1_000 * MS {
+        t += MS;
+        advance(&clock, MS);
+        for node in &mut fleet {
+            node.tick(t).await;
+        }
+    }
+    let grants: Vec<u64> = fleet
+        .iter()
+        .map(|n| n.lease.status().grant.as_milli())
+        .collect();
+    assert_eq!(grants, [26_666; 9], "9 instances share 240/s");
+    fleet.push(Queued::new(&shared, &clock, "new", 1_000));
+    let joined = t;
+    let mut fair_at = None;
+    while t < joined + 20 * 1_000 * MS {
+        t += MS;
+        advance(&clock, MS);
+        for node in &mut fleet {
+            node.tick(t).await;
+        }
+        let grant = fleet[9].lease.status().grant.as_milli();
+        if fair_at.is_none() && grant >= 24_000 {
+            fair_at = Some((t - joined) / MS);
+        }
+    }
+    let grants: Vec<u64> = fleet
+        .iter()
+        .map(|n| n.lease.status().grant.as_milli())
+        .collect();
+    println!("newcomer at its fair share after {fair_at:?} ms; grants {grants:?}");
+    assert!(
+        fair_at.is_some_and(|ms| ms <= 5_000 + 250),
+        "the newcomer holds its fair 24/s within one lease (5 s) of its first call: {fair_at:?} ms"
+    );
+    assert_eq!(grants, [24_000; 10], "then 10 instances share 240/s");
+}

@@ -1,0 +1,215 @@
+//! Regions enforced: each region's instance spends its region's allocation
+//! through a `RegionLease`; an ordered transfer lowers the donor's grants
+//! and raises the receiver's only after the credit hold, so the grants of
+//! all regions never sum above the total; the rebalancer moves a region's
+//! surplus toward demand. Each region is its own `redis-server`. Real time,
+//! with short leases (L = 500 ms); every wait is a poll with a deadline.
+#![cfg(feature = "redis")]
+
+mod support;
+
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tower_admission::outbound::{
+    LeaseStore, Rate, Rebalanced, Rebalancer, RegionLease, RegionalBudget,
+};
+
+use support::RedisServer;
+
+const TOTAL: u64 = 100;
+const HOLD: Duration = Duration::from_millis(1200);
+
+struct Fleet {
+    _servers: Vec<RedisServer>,
+    budget: RegionalBudget,
+    stores: Vec<(String, LeaseStore)>,
+}
+
+async fn fleet(split: [(&str, u64); 2]) -> Fleet {
+    let servers: Vec<RedisServer> = (0..2).map(|_| RedisServer::start()).collect();
+    let mut builder = RegionalBudget::builder(TOTAL)
+        .credit_hold(HOLD)
+        .call_timeout(Duration::from_millis(100));
+    for ((name, initial), server) in split.iter().zip(&servers) {
+        builder = builder.region(name, &server.url(), *initial);
+    }
+    let budget = builder.build().unwrap();
+    budget.initialize().await.unwrap();
+    let stores = split
+        .iter()
+        .zip(&servers)
+        .map(|((name, _), server)| {
+            let store = LeaseStore::builder(server.url())
+                .deadline(Duration::from_millis(100))
+                .build()
+                .unwrap();
+            (name.to_string(), store)
+        })
+        .collect();
+    Fleet {
+        _servers: servers,
+        budget,
+        stores,
+    }
+}
+
+fn region_lease(f: &Fleet, i: usize) -> RegionLease {
+    let (name, store) = &f.stores[i];
+    RegionLease::builder(f.budget.clone(), name, store.clone(), NonZeroU32::MIN)
+        .lease(Duration::from_millis(500))
+        .refresh_every(Duration::from_millis(300))
+        .view_max_age(Duration::from_millis(200))
+        .max_skew(Duration::from_millis(50))
+        .build()
+        .unwrap()
+}
+
+/// Keeps asking for sends, so the lease measures a demand above its grant.
+fn saturate(lease: &RegionLease) -> tokio::task::JoinHandle<()> {
+    let lease = lease.lease().clone();
+    tokio::spawn(async move {
+        loop {
+            let _ = lease.try_acquire(1);
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+}
+
+/// The rate (per second) that region `i`'s instances may still spend now.
+async fn committed(f: &Fleet, i: usize) -> f64 {
+    let (name, store) = &f.stores[i];
+    let table = store.grants(&format!("region-{name}")).await.unwrap();
+    table
+        .instances
+        .iter()
+        .map(|g| g.committed_at(table.now).as_f64())
+        .sum()
+}
+
+#[tokio::test]
+async fn grants_follow_the_allocation_and_never_sum_above_the_total() {
+    let f = fleet([("eu", 80), ("us", 20)]).await;
+    let leases = [region_lease(&f, 0), region_lease(&f, 1)];
+    let tasks: Vec<_> = leases.iter().map(RegionLease::spawn).collect();
+    let load: Vec<_> = leases.iter().map(saturate).collect();
+
+    // Each region's grant reaches its allocation.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (eu, us) = (committed(&f, 0).await, committed(&f, 1).await);
+        if eu > 79.0 && us > 19.0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "grants {eu} + {us}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    f.budget.send("eu", "us", 1, 30).await.unwrap();
+    let sent = Instant::now();
+    let mut max_sum: f64 = 0.0;
+    let mut us_rose_after = None;
+    let mut eu_fell_after = None;
+    while sent.elapsed() < HOLD + Duration::from_secs(2) {
+        let (eu, us) = (committed(&f, 0).await, committed(&f, 1).await);
+        max_sum = max_sum.max(eu + us);
+        assert!(
+            eu + us <= TOTAL as f64 + 1e-9,
+            "{eu} + {us} at {:?}",
+            sent.elapsed()
+        );
+        if us > 20.0 && us_rose_after.is_none() {
+            us_rose_after = Some(sent.elapsed());
+        }
+        if eu <= 50.0 && eu_fell_after.is_none() {
+            eu_fell_after = Some(sent.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let us_rose_after = us_rose_after.expect("the receiver spends what it received");
+    let eu_fell_after = eu_fell_after.expect("the donor's grants fall");
+    println!(
+        "max sum {max_sum}; eu <= 50 after {eu_fell_after:?}; us > 20 after {us_rose_after:?}"
+    );
+    assert!(us_rose_after >= HOLD.mul_f64(0.99), "{us_rose_after:?}");
+    // Q + D + L, and one refresh period for the demand to be taken in.
+    assert!(
+        eu_fell_after <= Duration::from_millis(1200),
+        "{eu_fell_after:?}"
+    );
+    assert_eq!(
+        f.budget.spendable("us").await.unwrap().spendable(),
+        50,
+        "after the hold"
+    );
+    for t in tasks.into_iter().chain(load) {
+        t.abort();
+    }
+}
+
+#[tokio::test]
+async fn a_region_whose_view_is_stale_stops_being_granted() {
+    let f = fleet([("eu", 50), ("us", 50)]).await;
+    let lease = region_lease(&f, 0);
+    let task = lease.spawn();
+    let load = saturate(&lease);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while committed(&f, 0).await < 49.0 {
+        assert!(Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // eu's allocation can no longer be read (its state is gone): the view
+    // goes stale, the next refreshes report zero, and the grant runs out.
+    f._servers[0].cli(&["DEL", "tower-admission:regions:{default:eu}:state"]);
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while committed(&f, 0).await > 0.0 {
+        assert!(Instant::now() < deadline, "still granted");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(lease.lease().status().grant, Rate::ZERO);
+    task.abort();
+    load.abort();
+}
+
+#[tokio::test]
+async fn the_rebalancer_moves_a_surplus_toward_demand() {
+    let f = fleet([("eu", 80), ("us", 20)]).await;
+    // Only us has callers; eu's lease asks for almost nothing.
+    let leases = [region_lease(&f, 0), region_lease(&f, 1)];
+    let tasks: Vec<_> = leases.iter().map(RegionLease::spawn).collect();
+    let load = saturate(&leases[1]);
+    let rebalancer = Rebalancer::new(f.budget.clone(), "eu", f.stores.clone(), 10, 2).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut moved = 0;
+    while moved < 50 {
+        assert!(Instant::now() < deadline, "moved {moved}");
+        if let Rebalanced::Sent { to, amount } = rebalancer.run_once().await.unwrap() {
+            assert_eq!(to, "us");
+            assert!(amount <= 10);
+            moved += amount;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let snapshot = f.budget.snapshot().await.unwrap();
+    assert_eq!(snapshot.sum(), TOTAL);
+    assert!(snapshot.allocation("us").unwrap() >= 70);
+    for t in tasks {
+        t.abort();
+    }
+    load.abort();
+}
+
+#[test]
+fn a_credit_hold_below_the_bound_is_refused() {
+    let budget = RegionalBudget::builder(10)
+        .region("eu", "redis://127.0.0.1:1/", 10)
+        .credit_hold(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let store = LeaseStore::builder("redis://127.0.0.1:1/").build().unwrap();
+    let err = RegionLease::builder(budget, "eu", store, NonZeroU32::MIN)
+        .build()
+        .unwrap_err();
+    assert_eq!(err.field(), "credit_hold");
+}
