@@ -18,6 +18,10 @@
 //! | [`jobs`] | [`JobQueue`](jobs::JobQueue) for `202 Accepted` | 503 |
 //! | [`outbound`] | [`DependencyBudgetLayer`](outbound::DependencyBudgetLayer) on a client | [`BudgetError`](outbound::BudgetError) with the wait |
 //!
+//! The numbers of every layer above (quotas and plans, caps, rules, budgets)
+//! can change while it runs, checked whole and applied atomically per
+//! request: see [`reload`].
+//!
 //! # Quick start
 //!
 //! ```
@@ -83,6 +87,7 @@ pub mod recipes {}
 #[cfg(feature = "redis")]
 mod redis;
 pub mod reject;
+pub mod reload;
 
 pub use error::ConfigError;
 

@@ -1,6 +1,7 @@
 //! The sample reporting API, end to end through its router.
 
 #[path = "../examples/reporting_api/app.rs"]
+#[allow(dead_code, reason = "reloads are tested on the process")]
 mod app;
 #[path = "../examples/reporting_api/args.rs"]
 mod args;
@@ -14,6 +15,9 @@ mod dependency;
 mod mock;
 #[path = "../examples/reporting_api/overload.rs"]
 mod overload;
+#[path = "../examples/reporting_api/reload.rs"]
+#[allow(dead_code, reason = "these tests do not reload")]
+mod reload;
 // The region flags' parser, which args.rs uses.
 #[path = "../examples/reporting_api/regions.rs"]
 #[allow(dead_code)]

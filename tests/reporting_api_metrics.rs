@@ -24,6 +24,9 @@ mod metrics;
 mod mock;
 #[path = "../examples/reporting_api/overload.rs"]
 mod overload;
+#[path = "../examples/reporting_api/reload.rs"]
+#[allow(dead_code, reason = "these tests do not reload")]
+mod reload;
 
 use std::collections::BTreeMap;
 use std::io::Write;

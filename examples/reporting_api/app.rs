@@ -39,7 +39,7 @@ use tower_admission::bounds::{
 };
 use tower_admission::identity::{AuthenticateLayer, Identity};
 use tower_admission::jobs::{accepted_response, JobId, JobQueue, JobStatus};
-use tower_admission::quota::{Quota, QuotaLayer, QuotaLayerBuilder, Scope, Settlement, Store};
+use tower_admission::quota::{Quota, QuotaLayer, Quotas, Scope, Settlement, Store};
 use tower_admission::reject::{InvalidParameter, Rejection};
 use tower_admission::ConfigError;
 
@@ -47,6 +47,7 @@ use crate::config::Config;
 use crate::data;
 use crate::dependency::{CallError, Dependency, Tally};
 use crate::overload::{Caller, Classes};
+use crate::reload::Handles;
 
 /// One item of a batch request.
 #[derive(Debug, Clone, Deserialize)]
@@ -96,6 +97,9 @@ pub(crate) struct Api {
     pub(crate) router: Router,
     /// The batch jobs; [`Api::drain`] waits for the accepted ones.
     jobs: Jobs,
+    /// What a reload of the file changes while the API runs; taken by the
+    /// reloader.
+    pub(crate) reload: Option<Handles>,
 }
 
 impl Api {
@@ -112,36 +116,28 @@ pub(crate) fn app<St: Store>(
     store: St,
     dependency: Dependency,
 ) -> Result<Api, ConfigError> {
-    let quotas = config
-        .quotas()
-        .map_err(|e| ConfigError::new("config", e.to_string()))?;
-    let for_plans = |layer: QuotaLayerBuilder<St>, by_plan: &BTreeMap<String, Quota>| {
-        by_plan.iter().fold(layer, |layer, (plan, quota)| {
-            if *plan == config.default_plan {
-                layer.quota(quota.clone())
-            } else {
-                layer.plan(plan, quota.clone())
-            }
-        })
-    };
+    let quotas = LayerQuotas::of(config)?;
     // Every quota gives its charge back when a layer further in (or the
     // job queue) refuses the request: a refused request costs nothing.
-    let per_user = for_plans(QuotaLayer::builder(store.clone()), &quotas.requests)
+    let per_user = QuotaLayer::builder(store.clone())
+        .quotas(quotas.per_user)
         .headers_on_success(true)
         .refund_inner_refusals(true)
         .build()?;
     let aggregate = QuotaLayer::builder(store.clone())
-        .quota(quotas.aggregate.clone())
+        .quotas(quotas.aggregate)
         .scope(Scope::Aggregate)
         .refund_inner_refusals(true)
         .build()?;
-    let rows = for_plans(QuotaLayer::builder(store.clone()), &quotas.work)
+    let rows = QuotaLayer::builder(store.clone())
+        .quotas(quotas.work.clone())
         .cost(ValidatedQuery::page_cost)
         .refund_inner_refusals(true)
         .build()?;
     // The same work quotas, charged one unit per batch item: the handler
     // settles a refused batch's charge back to zero.
-    let items = for_plans(QuotaLayer::builder(store.clone()), &quotas.work)
+    let items = QuotaLayer::builder(store.clone())
+        .quotas(quotas.work)
         .cost(|parts| {
             parts
                 .extensions
@@ -177,6 +173,17 @@ pub(crate) fn app<St: Store>(
                     .map_err(|e| e.to_string())
             }
         })?;
+    let concurrency = config.concurrency_layer()?;
+    let body = BodyLimitsLayer::new(config.body.max_wire_bytes, config.body.max_decoded_bytes);
+    let reload = Handles {
+        per_user: per_user.reload_handle(),
+        aggregate: aggregate.reload_handle(),
+        rows: rows.reload_handle(),
+        items: items.reload_handle(),
+        concurrency: concurrency.reload_handle(),
+        body: body.reload_handle(),
+        budget: None,
+    };
     let state = AppState {
         dependency,
         classes: Classes::new(config),
@@ -200,14 +207,11 @@ pub(crate) fn app<St: Store>(
         .route_layer(
             ServiceBuilder::new()
                 .layer(AuthenticateLayer::new(config.api_keys()))
-                .layer(BodyLimitsLayer::new(
-                    config.body.max_wire_bytes,
-                    config.body.max_decoded_bytes,
-                ))
+                .layer(body)
                 .layer(ValidateQueryLayer::new(rules))
                 .layer(per_user)
                 .layer(aggregate)
-                .layer(config.concurrency_layer()?),
+                .layer(concurrency),
         );
     let router = Router::new()
         .route("/healthz", get(|| async { "ok" }))
@@ -220,7 +224,44 @@ pub(crate) fn app<St: Store>(
                 json!({}),
             )
         });
-    Ok(Api { router, jobs })
+    Ok(Api {
+        router,
+        jobs,
+        reload: Some(reload),
+    })
+}
+
+/// The quotas of each quota layer, as a config gives them.
+pub(crate) struct LayerQuotas {
+    /// Requests per user, by plan.
+    pub(crate) per_user: Quotas,
+    /// Every caller together.
+    pub(crate) aggregate: Quotas,
+    /// Work per user (rows read, batch items), by plan.
+    pub(crate) work: Quotas,
+}
+
+impl LayerQuotas {
+    /// The quotas of `config`; the default plan's are the default quotas.
+    pub(crate) fn of(config: &Config) -> Result<LayerQuotas, ConfigError> {
+        let quotas = config
+            .quotas()
+            .map_err(|e| ConfigError::new("config", e.to_string()))?;
+        let by_plan = |by_plan: &BTreeMap<String, Quota>| {
+            by_plan.iter().fold(Quotas::new(), |quotas, (plan, quota)| {
+                if *plan == config.default_plan {
+                    quotas.quota(quota.clone())
+                } else {
+                    quotas.plan(plan, quota.clone())
+                }
+            })
+        };
+        Ok(LayerQuotas {
+            per_user: by_plan(&quotas.requests),
+            aggregate: Quotas::new().quota(quotas.aggregate),
+            work: by_plan(&quotas.work),
+        })
+    }
 }
 
 async fn list_reports(

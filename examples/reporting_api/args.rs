@@ -22,11 +22,12 @@ usage: reporting_api [--config PATH] [--listen ADDR] [--redis URL]
   --config PATH            every other knob (quotas, caps, keys, timeouts), in a file
                            shaped like examples/reporting_api/reporting.toml; default: that
                            file, built in
-  --listen ADDR            the address to serve on; default 127.0.0.1:3000 (port 0: any free
-                           port, printed at start)
+  --listen ADDR            the address to serve on; default 127.0.0.1:3000, or the file's
+                           server.listen (port 0: any free port, printed at start)
   --redis URL              keep the quotas in Redis, shared by every instance given the same
                            URL, and the dependency budget as one rate lease for the fleet;
-                           default: everything in memory (needs --features redis)
+                           default: the file's server.redis, else everything in memory
+                           (needs --features redis)
   --budget-redis URL       with --redis: the lease in another Redis; default: the --redis one
   --dependency-url URL     the shared dependency batch items call; default: a mock served in
                            this process
@@ -45,6 +46,8 @@ usage: reporting_api [--config PATH] [--listen ADDR] [--redis URL]
 
 Demo keys (Authorization: Bearer KEY): demo-free, demo-pro, demo-globex.
 Routes: GET /healthz, GET /metrics, GET /v1/reports, POST /v1/reports/batch, GET /v1/jobs/ID.
+SIGHUP, or a change of the --config file: reload it (quotas, caps, budget); a bad file
+keeps the running configuration.
 SIGINT or SIGTERM: in-flight requests finish and accepted jobs drain (shutdown.limit, 60 s);
 a second signal exits at once. Exit status: 0 after a clean stop, 1 when the start or the
 shutdown fails, 2 for a bad command line or configuration.";
@@ -62,6 +65,8 @@ const LEASE_FLAGS: [&str; 4] = [
 pub(crate) struct Args {
     pub(crate) config: Option<std::path::PathBuf>,
     pub(crate) listen: SocketAddr,
+    /// `--listen` was given: it wins over the file's `server.listen`.
+    pub(crate) listen_given: bool,
     pub(crate) redis: Option<String>,
     pub(crate) budget_redis: Option<String>,
     pub(crate) dependency_url: Option<String>,
@@ -77,6 +82,7 @@ pub(crate) fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Arg
     let mut parsed = Args {
         config: None,
         listen: SocketAddr::from(([127, 0, 0, 1], 3000)),
+        listen_given: false,
         redis: None,
         budget_redis: None,
         dependency_url: None,
@@ -103,6 +109,7 @@ pub(crate) fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Arg
             "--listen" => {
                 let v = value("127.0.0.1:3000")?;
                 parsed.listen = v.parse().map_err(|e| format!("--listen {v:?}: {e}"))?;
+                parsed.listen_given = true;
             }
             "--redis" => parsed.redis = Some(value("redis://127.0.0.1:6379/")?),
             "--budget-redis" => parsed.budget_redis = Some(value("redis://127.0.0.1:6379/")?),

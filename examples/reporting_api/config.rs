@@ -10,7 +10,7 @@ use std::num::NonZeroU32;
 use std::time::Duration;
 
 use serde::Deserialize;
-use tower_admission::concurrency::ConcurrencyLayer;
+use tower_admission::concurrency::{ConcurrencyLayer, ConcurrencyLayerBuilder};
 use tower_admission::identity::{ApiKeys, Identity};
 use tower_admission::jobs::{JobQueue, JobQueueBuilder};
 use tower_admission::quota::{Policy, Quota};
@@ -45,17 +45,24 @@ pub(crate) struct Config {
 
 /// A connection that has not sent a whole request head within
 /// `header_read_timeout` (of its start, or of its previous response) is
-/// closed.
+/// closed. `listen` and `redis` stand for `--listen` and `--redis` when the
+/// command line does not give them; neither changes while running.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct Server {
     pub(crate) header_read_timeout: Span,
+    #[serde(default)]
+    pub(crate) listen: Option<std::net::SocketAddr>,
+    #[serde(default)]
+    pub(crate) redis: Option<String>,
 }
 
 impl Default for Server {
     fn default() -> Self {
         Server {
             header_read_timeout: Span(Duration::from_secs(10)),
+            listen: None,
+            redis: None,
         }
     }
 }
@@ -669,11 +676,15 @@ impl Config {
 
     /// The concurrency caps.
     pub(crate) fn concurrency_layer(&self) -> Result<ConcurrencyLayer, ConfigError> {
+        self.concurrency_builder().build()
+    }
+
+    /// The concurrency caps, as a reload applies them.
+    pub(crate) fn concurrency_builder(&self) -> ConcurrencyLayerBuilder {
         let (g, p) = (&self.concurrency.global, &self.concurrency.per_identity);
         ConcurrencyLayer::builder()
             .global(g.limit, g.queue, g.deadline.0)
             .per_identity(p.limit, p.queue, p.deadline.0)
-            .build()
     }
 
     /// The page sizes, checked to be at least 1.

@@ -26,6 +26,11 @@
 //! | `--region-redis NAME=URL` | once per region: that region's own Redis |
 //! | `--region-share NAME=N` | once per region: its initial allocation; the shares sum to 240 |
 //!
+//! SIGHUP, or a change of the `--config` file (also by atomic rename or a
+//! swapped symlink), reloads it: quotas, caps and the in-memory budget
+//! change at once, a bad file keeps the running configuration (see
+//! `reload.rs`).
+//!
 //! `--help` prints the same. SIGINT or SIGTERM stops taking connections; the
 //! requests in flight finish and the accepted jobs drain within
 //! `shutdown.limit` of the signal (exit 0), or the process exits 1 at it. A
@@ -52,6 +57,7 @@ mod metrics;
 mod mock;
 mod overload;
 mod regions;
+mod reload;
 mod serve;
 
 use std::net::SocketAddr;
@@ -107,7 +113,13 @@ async fn main() {
             std::process::exit(1);
         }
     };
-    let app = match &args.redis {
+    // The command line wins over the file's `server` table.
+    let listen = match (args.listen_given, config.server.listen) {
+        (false, Some(listen)) => listen,
+        _ => args.listen,
+    };
+    let redis = args.redis.clone().or(config.server.redis.clone());
+    let app = match &redis {
         None => memory_app(&config, &dependency_url, exporter),
         Some(url) => redis_app(&config, url, &args, &dependency_url, exporter),
     };
@@ -118,20 +130,28 @@ async fn main() {
             std::process::exit(2);
         }
     };
-    let listener = match tokio::net::TcpListener::bind(args.listen).await {
+    let listener = match tokio::net::TcpListener::bind(listen).await {
         Ok(l) => l,
         Err(e) => {
-            eprintln!("reporting_api: cannot listen on {}: {e}", args.listen);
+            eprintln!("reporting_api: cannot listen on {listen}: {e}");
             std::process::exit(1);
         }
     };
     // The address bound, which differs from `--listen` for port 0.
-    let addr = listener.local_addr().unwrap_or(args.listen);
-    let store = if args.redis.is_some() {
-        "redis"
-    } else {
-        "memory"
-    };
+    let addr = listener.local_addr().unwrap_or(listen);
+    let mut app = app;
+    match (&args.config, app.reload.take()) {
+        (Some(path), Some(handles)) => {
+            let fixed = reload::Fixed {
+                listen: addr,
+                redis: redis.clone(),
+                started: config.clone(),
+            };
+            reload::Reloader::new(path.clone(), handles, fixed).spawn();
+        }
+        _ => tracing::info!("no --config file: SIGHUP reloads nothing"),
+    }
+    let store = if redis.is_some() { "redis" } else { "memory" };
     tracing::info!(
         %addr,
         store,
@@ -271,6 +291,7 @@ fn memory_app(
     let exporter = exporter
         .memory_store("quotas", &store)
         .memory_store("dependency-budget", budget.limiter().store());
+    let budget_reload = budget.reload_handle();
     let dependency = Dependency::new(
         dependency_url,
         budget,
@@ -278,6 +299,9 @@ fn memory_app(
         config.batch.active_items,
     )?;
     let mut api = app::app(config, store, dependency)?;
+    if let Some(handles) = &mut api.reload {
+        handles.budget = Some(reload::Budget::Memory(budget_reload));
+    }
     api.router = api.router.merge(exporter.router());
     Ok(api)
 }
@@ -325,6 +349,7 @@ fn redis_app(
         lease
     };
     let budget = LeasedBudget::new(lease, Rate::per_second(settings.retry_per_second))?;
+    let budget_reload = budget.reload_handle();
     let dependency = Dependency::new_with(
         dependency_url,
         budget,
@@ -334,6 +359,9 @@ fn redis_app(
     )?;
     // Redis keys expire on their own; no key count is read from Redis.
     let mut api = app::app(config, store, dependency)?;
+    if let Some(handles) = &mut api.reload {
+        handles.budget = Some(reload::Budget::Leased(budget_reload));
+    }
     api.router = api.router.merge(exporter.router());
     Ok(api)
 }

@@ -115,7 +115,7 @@ mod grpc_web;
 mod items;
 mod query;
 
-pub use body::{BodyLimits, BodyLimitsLayer, CappedBody, StatusBody};
+pub use body::{BodyCaps, BodyLimits, BodyLimitsLayer, CappedBody, StatusBody};
 pub use items::{
     count_batch_items, parse_batch, BatchError, BatchItems, BatchItemsLayer, ItemCount,
 };

@@ -11,7 +11,8 @@ use super::adaptive::{DEFAULT_DEFAULT_SHARE, DEFAULT_SHEDDABLE_SHARE};
 use super::permits::Limits;
 use super::reason::ConcurrencyStats;
 use super::service::Concurrency;
-use super::state::{GlobalGate, PartsFn, Shared};
+use super::state::{CapLimits, GlobalGate, PartsFn, Shared};
+use crate::reload::{ReloadHandle, Target};
 use crate::ConfigError;
 
 /// Default for [`ConcurrencyLayerBuilder::max_identities`].
@@ -65,6 +66,156 @@ impl ConcurrencyLayer {
     pub fn stats(&self) -> ConcurrencyStats {
         self.shared.stats()
     }
+
+    /// Changes the caps of this layer, its clones and every service built
+    /// from them while they run. A new configuration is given as a builder,
+    /// checked as [`build`](ConcurrencyLayerBuilder::build) checks it, and
+    /// must keep the layer's shape: the same caps (global, per identity),
+    /// fixed or adaptive as before, with or without classes and tenants.
+    /// What applies: each fixed cap's limit, queue and deadline, the most
+    /// identities tracked, `Retry-After`; a gate's limit (fixed) or floor
+    /// and ceiling (adaptive). The classifier and tenant functions in
+    /// force are kept. See [`reload`](crate::reload) for what requests in
+    /// flight and waiters see.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_admission::concurrency::ConcurrencyLayer;
+    ///
+    /// let second = Duration::from_secs(1);
+    /// let layer = ConcurrencyLayer::builder().global(64, 128, second).build()?;
+    /// let reload = layer.reload_handle();
+    /// reload.apply(ConcurrencyLayer::builder().global(8, 16, second))?;
+    /// // Adding a cap changes the shape: refused, nothing changes.
+    /// let err = reload
+    ///     .apply(ConcurrencyLayer::builder().global(8, 16, second).per_identity(2, 2, second))
+    ///     .unwrap_err();
+    /// assert_eq!(err.field(), "per_identity");
+    /// # Ok::<(), tower_admission::ConfigError>(())
+    /// ```
+    pub fn reload_handle(&self) -> ReloadHandle<ConcurrencyLayerBuilder> {
+        ReloadHandle::new(Arc::new(CapsTarget(Arc::clone(&self.shared))))
+    }
+}
+
+/// The concurrency layer's side of its [`ReloadHandle`].
+struct CapsTarget(Arc<Shared>);
+
+/// What a checked reload puts in force.
+struct Reloaded {
+    limits: CapLimits,
+    gate: Option<Source>,
+}
+
+impl CapsTarget {
+    /// `new`, checked as `build()` checks it and against the running
+    /// layer's shape.
+    fn reloaded(&self, new: &ConcurrencyLayerBuilder) -> Result<Reloaded, ConfigError> {
+        let plan = new.plan()?;
+        let running = &*self.0;
+        let same = |field: &'static str, before: bool, after: bool, what: &str| {
+            if before == after {
+                Ok(())
+            } else {
+                Err(ConfigError::new(
+                    field,
+                    format!(
+                        "{what} cannot be added or removed while running; restart to change it"
+                    ),
+                ))
+            }
+        };
+        same(
+            "global",
+            running.global.is_some(),
+            plan.global.is_some(),
+            "a fixed global cap",
+        )?;
+        same(
+            "global_adaptive",
+            running.gate.is_some(),
+            plan.gate.is_some(),
+            "an adaptive or classified global cap",
+        )?;
+        same(
+            "per_identity",
+            running.per_identity.is_some(),
+            plan.per_identity.is_some(),
+            "a per-identity cap",
+        )?;
+        let gate = match (&running.gate, &plan.gate) {
+            (Some(old), Some(new)) => Some(gate_change(old, new)?),
+            _ => None,
+        };
+        let kept = running.limits();
+        Ok(Reloaded {
+            limits: CapLimits {
+                global: plan.global.unwrap_or(kept.global),
+                identity: plan.per_identity.unwrap_or(kept.identity),
+                map: plan.identity_map,
+            },
+            gate,
+        })
+    }
+}
+
+/// The source a reload gives a running gate: only a fixed limit, or an
+/// adaptive limit's floor and ceiling, may change.
+fn gate_change(old: &GlobalGate, new: &GatePlan) -> Result<Source, ConfigError> {
+    let refuse = |field: &'static str, what: &str| {
+        Err(ConfigError::new(
+            field,
+            format!("{what} cannot change while running; restart to change it"),
+        ))
+    };
+    let config = &old.gate.config;
+    match (config.source, new.source) {
+        (Source::Fixed(_), Source::Fixed(_)) => {}
+        (Source::Adaptive(before), Source::Adaptive(after)) => {
+            let bounds_only = AdaptiveLimit {
+                floor: before.floor,
+                ceiling: before.ceiling,
+                initial: before.initial,
+                ..after
+            };
+            if bounds_only != before {
+                return refuse(
+                    "global_adaptive",
+                    "an adaptive limit's settings other than its floor and ceiling",
+                );
+            }
+        }
+        _ => return refuse("global_adaptive", "a global cap's kind (fixed or adaptive)"),
+    }
+    if (new.limits.queue, new.limits.deadline) != (config.queue, config.deadline) {
+        return refuse(
+            "global",
+            "the queue and deadline of a classified or adaptive cap",
+        );
+    }
+    if new.shares != config.shares {
+        return refuse("class_shares", "class shares");
+    }
+    if (new.class.is_some(), new.tenant.is_some()) != (old.class.is_some(), old.tenant.is_some()) {
+        return refuse("criticality", "classes and tenants");
+    }
+    Ok(new.source)
+}
+
+impl Target<ConcurrencyLayerBuilder> for CapsTarget {
+    fn check(&self, new: &ConcurrencyLayerBuilder) -> Result<(), ConfigError> {
+        self.reloaded(new).map(drop)
+    }
+
+    fn swap(&self, new: ConcurrencyLayerBuilder) {
+        let Ok(reloaded) = self.reloaded(&new) else {
+            unreachable!("swapped after a check")
+        };
+        self.0.set_limits(reloaded.limits);
+        if let (Some(gate), Some(source)) = (&self.0.gate, reloaded.gate) {
+            gate.gate.set_source(source);
+        }
+    }
 }
 
 impl<S> Layer<S> for ConcurrencyLayer {
@@ -77,12 +228,16 @@ impl<S> Layer<S> for ConcurrencyLayer {
 
 impl fmt::Debug for ConcurrencyLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let limits = self.shared.limits();
         f.debug_struct("ConcurrencyLayer")
-            .field("global", &self.shared.global.as_ref().map(|cap| cap.limits))
+            .field(
+                "global",
+                &self.shared.global.as_ref().map(|_| limits.global),
+            )
             .field("gate", &self.shared.gate)
             .field(
                 "per_identity",
-                &self.shared.per_identity.as_ref().map(|ids| ids.limits),
+                &self.shared.per_identity.as_ref().map(|_| limits.identity),
             )
             .field("stats", &self.stats())
             .finish()
@@ -240,6 +395,26 @@ impl ConcurrencyLayerBuilder {
 
     /// Checks the configuration and builds the layer.
     pub fn build(self) -> Result<ConcurrencyLayer, ConfigError> {
+        let plan = self.plan()?;
+        let gate = plan.gate.map(|plan| GlobalGate {
+            gate: Gate::new(GateConfig {
+                source: plan.source,
+                shares: plan.shares,
+                queue: plan.limits.queue,
+                deadline: plan.limits.deadline,
+                scope: Arc::from("global"),
+            }),
+            class: plan.class,
+            tenant: plan.tenant,
+            limits: plan.limits,
+        });
+        Ok(ConcurrencyLayer {
+            shared: Shared::new(plan.global, gate, plan.per_identity, plan.identity_map),
+        })
+    }
+
+    /// Every cap's settings, checked; the gate not yet built.
+    fn plan(&self) -> Result<Plan, ConfigError> {
         if self.retry_after.is_some_and(|wait| wait > MAX_WAIT) {
             return Err(ConfigError::new("retry_after", "must be at most one day"));
         }
@@ -276,14 +451,17 @@ impl ConcurrencyLayerBuilder {
             deadline: Duration::ZERO,
             retry_after: retry_after(self.retry_after, Duration::ZERO),
         };
-        Ok(ConcurrencyLayer {
-            shared: Shared::new(global, gate, per_identity, identity_map),
+        Ok(Plan {
+            global,
+            gate,
+            per_identity,
+            identity_map,
         })
     }
 
-    /// The global gate, when the global cap is adaptive or has classes or
-    /// tenants.
-    fn gate(&self, fixed: Option<Limits>) -> Result<Option<GlobalGate>, ConfigError> {
+    /// The global gate's settings, when the global cap is adaptive or has
+    /// classes or tenants.
+    fn gate(&self, fixed: Option<Limits>) -> Result<Option<GatePlan>, ConfigError> {
         let shaped = self.class.is_some() || self.tenant.is_some() || self.shares.is_some();
         let (source, limits) = match (self.adaptive, fixed) {
             (Some(_), Some(_)) => {
@@ -313,20 +491,32 @@ impl ConcurrencyLayerBuilder {
             }
             (None, None) => return Ok(None),
         };
-        let gate = Gate::new(GateConfig {
+        Ok(Some(GatePlan {
             source,
             shares: gate_shares(self.shares, self.class.is_some())?,
-            queue: limits.queue,
-            deadline: limits.deadline,
-            scope: Arc::from("global"),
-        });
-        Ok(Some(GlobalGate {
-            gate,
             class: self.class.clone(),
             tenant: self.tenant.clone(),
             limits,
         }))
     }
+}
+
+/// A builder's settings, checked: what [`ConcurrencyLayerBuilder::build`]
+/// builds and a reload applies.
+struct Plan {
+    global: Option<Limits>,
+    gate: Option<GatePlan>,
+    per_identity: Option<Limits>,
+    identity_map: Limits,
+}
+
+/// A global gate's settings, checked.
+struct GatePlan {
+    source: Source,
+    shares: [f64; 3],
+    class: Option<PartsFn<Criticality>>,
+    tenant: Option<PartsFn<Option<Arc<str>>>>,
+    limits: Limits,
 }
 
 /// The longest queue deadline and `Retry-After` override: one day. A

@@ -7,10 +7,9 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 
 use super::gauges::{moved, Moves};
-use super::state::Cap;
 
 /// The settings of one cap.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Limits {
     pub(crate) limit: usize,
     pub(crate) queue: usize,
@@ -98,9 +97,14 @@ impl<M> Permits<M> {
 
 impl Permits {
     /// Gives one permit back: to the first waiter still waiting (true), or
-    /// to the cap (false).
+    /// to the cap (false). While more are held than `limits.limit` (a
+    /// lowered cap), it goes to the cap.
     #[inline]
-    pub(super) fn release(&mut self) -> bool {
+    pub(super) fn release(&mut self, limits: &Limits) -> bool {
+        if self.held > limits.limit {
+            self.held -= 1;
+            return false;
+        }
         while let Some(tx) = self.queue.pop_front() {
             if tx.send(()).is_ok() {
                 self.queued -= 1;
@@ -114,7 +118,11 @@ impl Permits {
     /// Gives back a permit or, with `rx`, the place of a waiter that leaves
     /// without waking up to a permit (and a permit handed to it meanwhile).
     /// True when a permit was freed, false when one fewer waits.
-    pub(super) fn give_back(&mut self, rx: Option<&mut oneshot::Receiver<()>>) -> bool {
+    pub(super) fn give_back(
+        &mut self,
+        rx: Option<&mut oneshot::Receiver<()>>,
+        limits: &Limits,
+    ) -> bool {
         let holds = match rx {
             None => true,
             Some(rx) => {
@@ -123,10 +131,24 @@ impl Permits {
             }
         };
         if holds {
-            !self.release()
+            !self.release(limits)
         } else {
             self.queued -= 1;
             false
+        }
+    }
+
+    /// Hands the permits a raised cap frees to the waiters, first come
+    /// first served.
+    pub(super) fn admit_waiters(&mut self, limits: &Limits) {
+        while self.held < limits.limit {
+            let Some(tx) = self.queue.pop_front() else {
+                return;
+            };
+            if tx.send(()).is_ok() {
+                self.held += 1;
+                self.queued -= 1;
+            }
         }
     }
 }
@@ -150,8 +172,35 @@ pub(super) enum Handoff {
 impl Permits<Handoff> {
     /// Gives an identity permit back: to the first waiter still waiting,
     /// with its global step taken for it from `global` (the global cap,
-    /// locked), or else to the entry.
-    pub(super) fn release_identity(&mut self, mut global: Option<&mut GlobalLocked<'_>>) {
+    /// locked), or else to the entry. While the entry holds more than
+    /// `limits.limit` (a lowered cap), it goes to the entry.
+    pub(super) fn release_identity(
+        &mut self,
+        limits: &Limits,
+        mut global: Option<&mut GlobalLocked<'_>>,
+    ) {
+        if self.held <= limits.limit && self.hand_to_waiter(&mut global) {
+            return;
+        }
+        self.held -= 1;
+    }
+
+    /// Hands the permits a raised cap frees to the entry's waiters, each
+    /// with its global step taken for it.
+    pub(super) fn admit_waiters(
+        &mut self,
+        limits: &Limits,
+        mut global: Option<&mut GlobalLocked<'_>>,
+    ) {
+        while self.held < limits.limit && self.hand_to_waiter(&mut global) {
+            self.held += 1;
+        }
+    }
+
+    /// Hands one identity permit to the first waiter still waiting, with
+    /// its global step taken for it: true when one took it, false when none
+    /// waits.
+    fn hand_to_waiter(&mut self, global: &mut Option<&mut GlobalLocked<'_>>) -> bool {
         while let Some(tx) = self.queue.pop_front() {
             if tx.is_closed() {
                 continue;
@@ -169,7 +218,7 @@ impl Permits<Handoff> {
                 Ok(()) => {
                     self.queued -= 1;
                     if !refused {
-                        return;
+                        return true;
                     }
                 }
                 // It left meanwhile: what was taken for it goes back.
@@ -180,7 +229,7 @@ impl Permits<Handoff> {
                 }
             }
         }
-        self.held -= 1;
+        false
     }
 }
 
@@ -211,9 +260,9 @@ impl From<Handoff> for Given {
 }
 
 impl<'a> GlobalLocked<'a> {
-    pub(super) fn new(cap: &'a Cap, permits: &'a mut Permits) -> Self {
+    pub(super) fn new(limits: &'a Limits, permits: &'a mut Permits) -> Self {
         GlobalLocked {
-            limits: &cap.limits,
+            limits,
             before: permits.counts(),
             permits,
         }
@@ -228,10 +277,10 @@ impl<'a> GlobalLocked<'a> {
         match given {
             Given::Nothing => {}
             Given::Permit => {
-                self.permits.release();
+                self.permits.release(self.limits);
             }
             Given::Place(mut rx) => {
-                self.permits.give_back(Some(&mut rx));
+                self.permits.give_back(Some(&mut rx), self.limits);
             }
         }
     }
@@ -275,15 +324,15 @@ mod tests {
             // A waiter queues behind the first and leaves, as a request
             // cancelled or timed out does.
             let mut rx = queued(&mut permits);
-            assert!(!permits.give_back(Some(&mut rx)));
+            assert!(!permits.give_back(Some(&mut rx), &LIMITS));
             assert_eq!(permits.queued, 1);
             assert!(permits.queue.len() <= 3, "{} senders", permits.queue.len());
         }
         // The permit goes to the first waiter, then back to the cap.
-        assert!(!permits.give_back(None));
+        assert!(!permits.give_back(None, &LIMITS));
         assert_eq!(first.try_recv(), Ok(()));
         assert_eq!((permits.held, permits.queued), (1, 0));
-        assert!(permits.give_back(None));
+        assert!(permits.give_back(None, &LIMITS));
         assert!(permits.is_idle());
         assert!(permits.queue.is_empty());
     }
@@ -297,11 +346,11 @@ mod tests {
         assert!(matches!(permits.take(&LIMITS), Take::QueueFull));
         // Handed to the second, which leaves before it woke up: the third
         // gets it.
-        assert!(!permits.give_back(None));
-        assert!(!permits.give_back(Some(&mut second)));
+        assert!(!permits.give_back(None, &LIMITS));
+        assert!(!permits.give_back(Some(&mut second), &LIMITS));
         assert_eq!(third.try_recv(), Ok(()));
         assert_eq!((permits.held, permits.queued), (1, 0));
-        assert!(permits.give_back(None));
+        assert!(permits.give_back(None, &LIMITS));
         assert!(permits.is_idle());
     }
 }

@@ -43,19 +43,24 @@ impl fmt::Debug for GlobalGate {
     }
 }
 
-/// The global cap's settings; its permits are in [`Locked`].
+/// A fixed global cap; its settings and permits are in [`Locked`].
 #[derive(Debug)]
-pub(crate) struct Cap {
-    pub(crate) limits: Limits,
-}
+pub(crate) struct Cap;
 
-/// The per-identity caps' settings; the map is in [`Locked`].
+/// The per-identity caps; their settings and the map are in [`Locked`].
 #[derive(Debug)]
 pub(crate) struct PerIdentity {
-    pub(crate) limits: Limits,
-    /// The map itself, as a load-shedding cap of `limit` identities.
-    map_limits: Limits,
     hasher: RandomState,
+}
+
+/// The fixed caps' settings: read under the lock their permits take, so a
+/// reload changes them between two steps, never within one.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct CapLimits {
+    pub(crate) global: Limits,
+    pub(crate) identity: Limits,
+    /// The map itself, as a load-shedding cap of `limit` identities.
+    pub(crate) map: Limits,
 }
 
 /// Everything that changes, under one lock: the global cap's permits and
@@ -69,6 +74,7 @@ pub(crate) struct PerIdentity {
 struct Locked {
     global: Permits,
     map: HashTable<Entry>,
+    limits: CapLimits,
 }
 
 /// One subject's cap.
@@ -135,6 +141,8 @@ enum Leave {
 /// cancellation) frees the place, and the identity permit it holds.
 struct GlobalWaiter {
     shared: Arc<Shared>,
+    /// The global cap's settings when it began to wait.
+    limits: Limits,
     identity: Option<EntryRef>,
     /// `None` once the waiter holds its permit.
     rx: Option<oneshot::Receiver<()>>,
@@ -143,10 +151,7 @@ struct GlobalWaiter {
 impl GlobalWaiter {
     /// Waits for a global permit for at most the global deadline.
     async fn wait(mut self) -> Result<Guard, Refusal> {
-        let limits = match &self.shared.global {
-            Some(cap) => cap.limits,
-            None => unreachable!("a global waiter without a global cap"),
-        };
+        let limits = self.limits;
         if let Some(rx) = &mut self.rx {
             // Timed out, or (never: no sender is dropped before its waiter
             // left) the sender is gone.
@@ -185,6 +190,8 @@ impl Drop for GlobalWaiter {
 /// cancellation) frees the place, and whatever it was handed meanwhile.
 struct IdentityWaiter {
     shared: Arc<Shared>,
+    /// The per-identity cap's settings when it began to wait.
+    limits: Limits,
     at: EntryRef,
     /// `None` once the waiter was handed its permit.
     rx: Option<oneshot::Receiver<Handoff>>,
@@ -194,10 +201,7 @@ impl IdentityWaiter {
     /// Waits for an identity permit for at most the identity deadline, then
     /// for the global permit if it was handed a place in the global queue.
     async fn wait(mut self) -> Result<Guard, Refusal> {
-        let limits = match &self.shared.per_identity {
-            Some(ids) => ids.limits,
-            None => unreachable!("an identity waiter without a per-identity cap"),
-        };
+        let limits = self.limits;
         let handoff = match &mut self.rx {
             Some(rx) => tokio::time::timeout(limits.deadline, rx).await,
             None => unreachable!("waited twice"),
@@ -222,6 +226,7 @@ impl IdentityWaiter {
             }),
             Handoff::Queued(rx) => {
                 GlobalWaiter {
+                    limits: shared.limits().global,
                     shared,
                     identity: Some(at),
                     rx: Some(rx),
@@ -230,10 +235,7 @@ impl IdentityWaiter {
                 .await
             }
             Handoff::Refused => {
-                let limits = match &shared.global {
-                    Some(cap) => cap.limits,
-                    None => unreachable!("refused by a global cap that is not there"),
-                };
+                let limits = shared.limits().global;
                 Err(shared.refuse(OverloadScope::Global, OverloadReason::QueueFull, &limits))
             }
         }
@@ -340,17 +342,66 @@ impl Shared {
         per_identity: Option<Limits>,
         identity_map: Limits,
     ) -> Arc<Self> {
+        let limits = CapLimits {
+            global: global.unwrap_or_default(),
+            identity: per_identity.unwrap_or_default(),
+            map: identity_map,
+        };
         Arc::new(Shared {
-            global: global.map(|limits| Cap { limits }),
+            global: global.map(|_| Cap),
             gate,
-            per_identity: per_identity.map(|limits| PerIdentity {
-                limits,
-                map_limits: identity_map,
+            per_identity: per_identity.map(|_| PerIdentity {
                 hasher: RandomState::new(),
             }),
-            locked: Mutex::default(),
+            locked: Mutex::new(Locked {
+                limits,
+                ..Locked::default()
+            }),
             refusals: RefusalCounters::default(),
         })
+    }
+
+    /// The fixed caps' settings in force.
+    pub(crate) fn limits(&self) -> CapLimits {
+        self.locked.lock().limits
+    }
+
+    /// Puts `limits` in force in one step under the lock: requests in
+    /// flight keep their permits (a lowered cap admits no one until fewer
+    /// than its limit hold one), and the permits a raised cap frees go to
+    /// the waiters at once, the global queue's first, then every
+    /// identity's, each with its global step taken for it.
+    pub(crate) fn set_limits(&self, limits: CapLimits) {
+        let mut moves = Moves::default();
+        let mut locked = self.locked.lock();
+        let Locked {
+            global: global_permits,
+            map,
+            limits: in_force,
+        } = &mut *locked;
+        *in_force = limits;
+        if self.global.is_some() {
+            let global = GlobalLocked::new(&in_force.global, global_permits);
+            global.permits.admit_waiters(global.limits);
+            global.finish(&mut moves);
+        }
+        if self.per_identity.is_some() {
+            for entry in map.iter_mut() {
+                let before = entry.permits.counts();
+                let global = self.global.as_ref();
+                let mut global =
+                    global.map(|_| GlobalLocked::new(&in_force.global, global_permits));
+                entry
+                    .permits
+                    .admit_waiters(&in_force.identity, global.as_mut());
+                if let Some(global) = global {
+                    global.finish(&mut moves);
+                }
+                moved(&mut moves.identity, before, entry.permits.counts());
+            }
+        }
+        drop(locked);
+        moves.apply();
     }
 
     /// Identities the map tracks now.
@@ -375,7 +426,10 @@ impl Shared {
     /// global cap, if there is one.
     fn give_back_global(&self, rx: Option<&mut oneshot::Receiver<()>>) {
         if self.global.is_some() {
-            let freed = self.locked.lock().global.give_back(rx);
+            let mut locked = self.locked.lock();
+            let Locked { global, limits, .. } = &mut *locked;
+            let freed = global.give_back(rx, &limits.global);
+            drop(locked);
             gauge_given_back(OverloadScope::Global, freed);
         }
     }
@@ -430,14 +484,18 @@ impl Shared {
         if let (Some(ids), Some(subject)) = (&self.per_identity, subject) {
             return self.begin_identified(ids, subject);
         }
-        let Some(cap) = &self.global else {
+        if self.global.is_none() {
             return Begin::Ready(Guard {
                 shared: Arc::clone(self),
                 identity: None,
                 ticket: None,
             });
+        }
+        let (take, limits) = {
+            let mut locked = self.locked.lock();
+            let limits = locked.limits.global;
+            (locked.global.take(&limits), limits)
         };
-        let take = self.locked.lock().global.take(&cap.limits);
         gauge_taken(OverloadScope::Global, &take);
         match take {
             Take::Held => Begin::Ready(Guard {
@@ -448,6 +506,7 @@ impl Shared {
             Take::Queued(rx) => Begin::Wait(Box::pin(
                 GlobalWaiter {
                     shared: Arc::clone(self),
+                    limits,
                     identity: None,
                     rx: Some(rx),
                 }
@@ -456,7 +515,7 @@ impl Shared {
             Take::QueueFull => Begin::Refused(self.refuse(
                 OverloadScope::Global,
                 OverloadReason::QueueFull,
-                &cap.limits,
+                &limits,
             )),
         }
     }
@@ -472,18 +531,20 @@ impl Shared {
         let Locked {
             global: global_permits,
             map,
+            limits,
         } = &mut *locked;
+        let limits = &*limits;
         let step = if let Some(entry) = map.find_mut(hash, |e| e.is(subject)) {
             let at = EntryRef {
                 addr: entry.addr(),
                 hash,
             };
             let before = entry.permits.counts();
-            let step = if entry.permits.held < ids.limits.limit {
+            let step = if entry.permits.held < limits.identity.limit {
                 // One of its own permits is free (so none of its requests
                 // waits for one): the global step decides.
                 let global = self.global.as_ref();
-                let take = match global.map(|cap| GlobalLocked::new(cap, global_permits)) {
+                let take = match global.map(|_| GlobalLocked::new(&limits.global, global_permits)) {
                     Some(mut global) => {
                         let take = global.take();
                         global.finish(&mut moves);
@@ -503,7 +564,7 @@ impl Shared {
                     Take::QueueFull => Step::GlobalQueueFull,
                 }
             } else {
-                match entry.permits.take(&ids.limits) {
+                match entry.permits.take(&limits.identity) {
                     Take::Queued(rx) => Step::IdentityQueued(at, rx),
                     Take::Held | Take::QueueFull => Step::IdentityQueueFull,
                 }
@@ -512,13 +573,13 @@ impl Shared {
             step
         } else {
             let global = self.global.as_ref();
-            let mut global = global.map(|cap| GlobalLocked::new(cap, global_permits));
+            let mut global = global.map(|_| GlobalLocked::new(&limits.global, global_permits));
             // The global refusal first: with `max_identities >= limit +
             // queue` of the global cap, the map is never full while the
             // global cap has a permit or a place.
             let step = if global.as_ref().is_some_and(|g| g.permits.is_full(g.limits)) {
                 Step::GlobalQueueFull
-            } else if map.len() >= ids.map_limits.limit {
+            } else if map.len() >= limits.map.limit {
                 Step::TooManyIdentities
             } else {
                 let key = Arc::clone(subject);
@@ -549,17 +610,25 @@ impl Shared {
             }
             step
         };
-        drop(locked);
-        moves.apply();
-        match step {
-            Step::Held(at) => Begin::Ready(Guard {
+        if let Step::Held(at) = step {
+            drop(locked);
+            moves.apply();
+            return Begin::Ready(Guard {
                 shared: Arc::clone(self),
                 identity: Some(at),
                 ticket: None,
-            }),
+            });
+        }
+        // A step that waits or refuses reads the settings after the lock.
+        let limits = *limits;
+        drop(locked);
+        moves.apply();
+        match step {
+            Step::Held(_) => unreachable!("returned above"),
             Step::GlobalQueued(at, rx) => Begin::Wait(Box::pin(
                 GlobalWaiter {
                     shared: Arc::clone(self),
+                    limits: limits.global,
                     identity: Some(at),
                     rx: Some(rx),
                 }
@@ -568,6 +637,7 @@ impl Shared {
             Step::IdentityQueued(at, rx) => Begin::Wait(Box::pin(
                 IdentityWaiter {
                     shared: Arc::clone(self),
+                    limits: limits.identity,
                     at,
                     rx: Some(rx),
                 }
@@ -576,23 +646,17 @@ impl Shared {
             Step::IdentityQueueFull => Begin::Refused(self.refuse(
                 OverloadScope::Identity,
                 OverloadReason::QueueFull,
-                &ids.limits,
+                &limits.identity,
             )),
-            Step::GlobalQueueFull => {
-                let limits = match &self.global {
-                    Some(cap) => cap.limits,
-                    None => unreachable!("refused by a global cap that is not there"),
-                };
-                Begin::Refused(self.refuse(
-                    OverloadScope::Global,
-                    OverloadReason::QueueFull,
-                    &limits,
-                ))
-            }
+            Step::GlobalQueueFull => Begin::Refused(self.refuse(
+                OverloadScope::Global,
+                OverloadReason::QueueFull,
+                &limits.global,
+            )),
             Step::TooManyIdentities => Begin::Refused(self.refuse(
                 OverloadScope::Global,
                 OverloadReason::TooManyIdentities,
-                &ids.map_limits,
+                &limits.map,
             )),
         }
     }
@@ -608,6 +672,7 @@ impl Shared {
         let Locked {
             global: global_permits,
             map,
+            limits,
         } = &mut *locked;
         // What it gives back of the global cap (if there is one), and
         // whether it gives back an identity permit (or else a place in the
@@ -632,11 +697,11 @@ impl Shared {
         let before = permits.counts();
         if permit {
             let global = self.global.as_ref();
-            let mut global = global.map(|cap| GlobalLocked::new(cap, global_permits));
+            let mut global = global.map(|_| GlobalLocked::new(&limits.global, global_permits));
             if let Some(global) = &mut global {
                 global.give_back(given);
             }
-            permits.release_identity(global.as_mut());
+            permits.release_identity(&limits.identity, global.as_mut());
             if let Some(global) = global {
                 global.finish(&mut moves);
             }

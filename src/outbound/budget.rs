@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use crate::quota::algorithm::Algorithm;
 use crate::quota::{Limiter, Outcome, Policy, Quota, Store};
+use crate::reload::{Live, ReloadHandle, Target};
 use crate::ConfigError;
 
 /// Which share of a [`DependencyBudget`] an attempt draws on.
@@ -97,8 +98,11 @@ impl<St> Clone for DependencyBudget<St> {
 #[derive(Debug)]
 struct Inner<St> {
     limiter: Limiter<St>,
-    normal: Quota,
-    retry: Quota,
+    /// The shares' quotas, as one partition holds them; a reload replaces
+    /// them whole.
+    quotas: Live<[Quota; 2]>,
+    /// The name, part of the quotas' names.
+    name: String,
     /// One key per partition.
     keys: Vec<Arc<str>>,
     pick: Pick,
@@ -343,12 +347,39 @@ impl<St: Store> DependencyBudget<St> {
         }
     }
 
-    /// The share's quota, as one partition holds it.
-    pub fn quota(&self, share: Share) -> &Quota {
-        match share {
-            Share::Normal => &self.inner.normal,
-            Share::Retry => &self.inner.retry,
-        }
+    /// The share's quota in force, as one partition holds it.
+    pub fn quota(&self, share: Share) -> Quota {
+        self.inner.quotas.load()[share_index(share)].clone()
+    }
+
+    /// Changes the shares of this budget and its clones while they run:
+    /// each [`BudgetShares`] is checked as
+    /// [`build`](DependencyBudgetBuilder::build) checks the shares, and split
+    /// into the same partitions. A share's state (its bucket's level, its
+    /// window's count) carries over under the redeploy rules: a lowered
+    /// rate holds from the next attempt on.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_admission::outbound::{BudgetShares, DependencyBudget};
+    /// use tower_admission::quota::{MemoryStore, Policy};
+    ///
+    /// let second = Duration::from_secs(1);
+    /// let shares = |normal, retry| -> Result<BudgetShares, tower_admission::ConfigError> {
+    ///     Ok(BudgetShares::new(
+    ///         Policy::token_bucket("normal", normal / 10, normal, second)?,
+    ///         Policy::token_bucket("retry", retry / 10, retry, second)?,
+    ///     ))
+    /// };
+    /// let budget = DependencyBudget::builder(MemoryStore::new(), "reports-db")
+    ///     .shares(shares(200, 40)?)
+    ///     .build()?;
+    /// budget.reload_handle().apply(shares(100, 20)?)?;
+    /// assert_eq!(budget.quota(tower_admission::outbound::Share::Normal).policies()[0].algorithm().limit(), 10);
+    /// # Ok::<(), tower_admission::ConfigError>(())
+    /// ```
+    pub fn reload_handle(&self) -> ReloadHandle<BudgetShares> {
+        ReloadHandle::new(Arc::new(BudgetTarget(Arc::clone(&self.inner))))
     }
 
     /// The limiter: store, failure modes, decision counters.
@@ -375,7 +406,10 @@ impl<St: Store> DependencyBudget<St> {
     /// [`try_acquire`](Self::try_acquire) without counting a refusal.
     async fn charge_uncounted(&self, share: Share, cost: u64) -> Result<(), Refusal> {
         let inner = &*self.inner;
-        let quota = self.quota(share);
+        // Held across the store's answer: the attempt is decided wholly
+        // under the shares in force when it began.
+        let quotas = inner.quotas.load_full();
+        let quota = &quotas[share_index(share)];
         let n = inner.keys.len();
         let (first, tries) = match inner.pick {
             Pick::Home(i) => (i % n, 1),
@@ -452,7 +486,108 @@ impl<St: Store> AttemptBudget for DependencyBudget<St> {
     }
 }
 
+/// The position of `share`'s quota.
+fn share_index(share: Share) -> usize {
+    match share {
+        Share::Normal => 0,
+        Share::Retry => 1,
+    }
+}
+
+/// The two shares of a [`DependencyBudget`]: what its
+/// [`reload_handle`](DependencyBudget::reload_handle) applies.
+#[derive(Debug, Clone)]
+pub struct BudgetShares {
+    normal: Policy,
+    retry: Policy,
+}
+
+impl BudgetShares {
+    /// `normal` for first attempts, `retry` for attempt 2 and later.
+    pub fn new(normal: Policy, retry: Policy) -> Self {
+        BudgetShares { normal, retry }
+    }
+}
+
+/// The budget's side of its [`ReloadHandle`].
+struct BudgetTarget<St>(Arc<Inner<St>>);
+
+impl<St: Store> Target<BudgetShares> for BudgetTarget<St> {
+    fn check(&self, new: &BudgetShares) -> Result<(), ConfigError> {
+        self.quotas(new).map(drop)
+    }
+
+    fn swap(&self, new: BudgetShares) {
+        let Ok(quotas) = self.quotas(&new) else {
+            unreachable!("swapped after a check")
+        };
+        self.0.quotas.store(quotas);
+    }
+}
+
+impl<St: Store> BudgetTarget<St> {
+    fn quotas(&self, new: &BudgetShares) -> Result<[Quota; 2], ConfigError> {
+        let inner = &*self.0;
+        share_quotas(
+            &inner.limiter,
+            &inner.name,
+            inner.keys.len(),
+            Some(&new.normal),
+            Some(&new.retry),
+        )
+    }
+}
+
+/// The shares' quotas of a budget named `name` split into `n` partitions,
+/// checked: each share given and enforcing, `n` parts that together hold
+/// no more than the whole, and quotas the store can decide.
+fn share_quotas<St: Store>(
+    limiter: &Limiter<St>,
+    name: &str,
+    n: usize,
+    normal: Option<&Policy>,
+    retry: Option<&Policy>,
+) -> Result<[Quota; 2], ConfigError> {
+    let divisor = std::num::NonZeroU64::new(n as u64).unwrap_or(std::num::NonZeroU64::MIN);
+    let required = |policy: Option<&Policy>, field| match policy {
+        None => Err(ConfigError::new(field, "is required")),
+        // A shadow refuses nothing: the share would admit every attempt.
+        Some(policy) if policy.is_shadow() => Err(ConfigError::new(
+            field,
+            "must enforce: a shadow policy refuses nothing",
+        )),
+        Some(policy) => Ok(policy.clone()),
+    };
+    let (normal, retry) = (required(normal, "normal")?, required(retry, "retry")?);
+    let most = normal.algorithm().limit().min(retry.algorithm().limit());
+    let share = |policy: &Policy, field: &'static str| {
+        let part = policy.share(divisor);
+        if let Some(quantity) = exceeded_by_parts(policy, &part, divisor.get()) {
+            return Err(ConfigError::new(
+                "partitions",
+                format!(
+                    "{n} partitions would each hold at least 1 of the {field} share's {quantity}, \
+                     more than the whole together; at most {most} partitions fit this budget"
+                ),
+            ));
+        }
+        Quota::new(&format!("{name}-{field}"), [part])
+    };
+    let normal = share(&normal, "normal")?;
+    let retry = share(&retry, "retry")?;
+    limiter.validate(&normal)?;
+    limiter.validate(&retry)?;
+    Ok([normal, retry])
+}
+
 impl<St: Store> DependencyBudgetBuilder<St> {
+    /// Both shares at once, replacing those given before.
+    pub fn shares(mut self, shares: BudgetShares) -> Self {
+        self.normal = Some(shares.normal);
+        self.retry = Some(shares.retry);
+        self
+    }
+
     /// The normal share, for first attempts (required).
     pub fn normal(mut self, policy: Policy) -> Self {
         self.normal = Some(policy);
@@ -483,47 +618,22 @@ impl<St: Store> DependencyBudgetBuilder<St> {
         if n == 0 || n > 1024 {
             return Err(ConfigError::new("partitions", "must be 1 to 1,024"));
         }
-        let divisor = std::num::NonZeroU64::new(n as u64).unwrap_or(std::num::NonZeroU64::MIN);
-        let required = |policy: &Option<Policy>, field| match policy {
-            None => Err(ConfigError::new(field, "is required")),
-            // A shadow refuses nothing: the share would admit every attempt.
-            Some(policy) if policy.is_shadow() => Err(ConfigError::new(
-                field,
-                "must enforce: a shadow policy refuses nothing",
-            )),
-            Some(policy) => Ok(policy.clone()),
-        };
-        let (normal, retry) = (
-            required(&self.normal, "normal")?,
-            required(&self.retry, "retry")?,
-        );
-        let most = normal.algorithm().limit().min(retry.algorithm().limit());
-        let share = |policy: &Policy, field: &'static str| {
-            let part = policy.share(divisor);
-            if let Some(quantity) = exceeded_by_parts(policy, &part, divisor.get()) {
-                return Err(ConfigError::new(
-                    "partitions",
-                    format!(
-                        "{n} partitions would each hold at least 1 of the {field} share's {quantity}, \
-                         more than the whole together; at most {most} partitions fit this budget"
-                    ),
-                ));
-            }
-            Quota::new(&format!("{}-{field}", self.name), [part])
-        };
-        let normal = share(&normal, "normal")?;
-        let retry = share(&retry, "retry")?;
-        self.limiter.validate(&normal)?;
-        self.limiter.validate(&retry)?;
+        let quotas = share_quotas(
+            &self.limiter,
+            &self.name,
+            n,
+            self.normal.as_ref(),
+            self.retry.as_ref(),
+        )?;
         let keys = (0..n).map(|i| Arc::from(format!("p{i}"))).collect();
         Ok(DependencyBudget {
             inner: Arc::new(Inner {
                 limiter: self.limiter,
-                normal,
-                retry,
+                quotas: Live::new(quotas),
                 keys,
                 pick: self.pick,
                 stats: Counters::new(&self.name),
+                name: self.name,
             }),
         })
     }

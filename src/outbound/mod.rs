@@ -57,7 +57,8 @@ mod pushback;
 
 pub use attempt::{requested_wait, Attempt, RetryAttempts};
 pub use budget::{
-    AttemptBudget, BudgetStats, DependencyBudget, DependencyBudgetBuilder, Pick, Refusal, Share,
+    AttemptBudget, BudgetShares, BudgetStats, DependencyBudget, DependencyBudgetBuilder, Pick,
+    Refusal, Share,
 };
 pub use layer::{BudgetError, DependencyBudgetLayer, DependencyBudgetService, ResponseFuture};
 pub use pushback::{is_pushback, Pushback, PushbackLayer};
@@ -76,7 +77,7 @@ pub use lease::{
     LeaseStoreBuilder, Rate, RateLease, RateLeaseBuilder,
 };
 #[cfg(feature = "redis")]
-pub use leased::LeasedBudget;
+pub use leased::{LeasedBudget, LeasedRates};
 #[cfg(feature = "redis")]
 pub use regions::{
     Initialized, PendingTransfer, Rebalanced, Rebalancer, RegionError, RegionLease,

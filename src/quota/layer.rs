@@ -9,6 +9,7 @@ use tower::Layer;
 
 use crate::identity::Identity;
 use crate::quota::{headers, Limiter, Quota, QuotaService, Store};
+use crate::reload::{Live, ReloadHandle, Target};
 use crate::ConfigError;
 
 /// What a quota is keyed on.
@@ -84,8 +85,8 @@ pub struct QuotaLayer<St> {
 
 pub(crate) struct Config<St> {
     pub(crate) limiter: Limiter<St>,
-    default_quota: Option<Planned>,
-    plans: HashMap<Arc<str>, Planned>,
+    /// The quotas in force; a [`ReloadHandle`] replaces them whole.
+    pub(crate) quotas: Live<Quotas>,
     pub(crate) scope: Scope,
     pub(crate) cost: Option<CostFn>,
     pub(crate) headers_on_success: bool,
@@ -103,11 +104,7 @@ impl<St> Clone for QuotaLayer<St> {
 impl<St> fmt::Debug for QuotaLayer<St> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("QuotaLayer")
-            .field(
-                "default_quota",
-                &self.config.default_quota.as_ref().map(|p| &p.quota),
-            )
-            .field("plans", &self.config.plans.keys().collect::<Vec<_>>())
+            .field("quotas", &self.config.quotas)
             .field("scope", &self.config.scope)
             .field("headers_on_success", &self.config.headers_on_success)
             .field("refund_inner_refusals", &self.config.refund_inner_refusals)
@@ -130,6 +127,91 @@ impl<St: Store> QuotaLayer<St> {
     pub fn limiter(&self) -> &Limiter<St> {
         &self.config.limiter
     }
+
+    /// Changes the quotas and plans of this layer, its clones and every
+    /// service built from them while they run. A new [`Quotas`] is checked
+    /// as [`build`](QuotaLayerBuilder::build) checks it; state kept under
+    /// the old numbers is read under the new by the redeploy rules (see
+    /// [`reload`](crate::reload)).
+    pub fn reload_handle(&self) -> ReloadHandle<Quotas> {
+        ReloadHandle::new(Arc::new(QuotaTarget(Arc::clone(&self.config))))
+    }
+}
+
+/// The quota layer's side of its [`ReloadHandle`].
+struct QuotaTarget<St>(Arc<Config<St>>);
+
+impl<St: Store> Target<Quotas> for QuotaTarget<St> {
+    fn check(&self, new: &Quotas) -> Result<(), ConfigError> {
+        new.check(&self.0.limiter)
+    }
+
+    fn swap(&self, new: Quotas) {
+        self.0.quotas.store(new);
+    }
+}
+
+/// The quotas of a [`QuotaLayer`]: a default and one per plan. What
+/// [`QuotaLayer::reload_handle`] applies; the builder's
+/// [`quota`](QuotaLayerBuilder::quota) and [`plan`](QuotaLayerBuilder::plan)
+/// fill one too.
+#[derive(Clone, Default)]
+pub struct Quotas {
+    default_quota: Option<Planned>,
+    plans: HashMap<Arc<str>, Planned>,
+}
+
+impl fmt::Debug for Quotas {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut plans: Vec<_> = self.plans.iter().map(|(k, p)| (k, &p.quota)).collect();
+        plans.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        f.debug_struct("Quotas")
+            .field("default", &self.default_quota.as_ref().map(|p| &p.quota))
+            .field("plans", &plans)
+            .finish()
+    }
+}
+
+impl Quotas {
+    /// No quota yet: add a default, plans, or both.
+    pub fn new() -> Self {
+        Quotas::default()
+    }
+
+    /// The quota for identities whose plan has none of its own, and for
+    /// requests without an identity under [`Scope::Aggregate`] or [`Scope::Custom`].
+    pub fn quota(mut self, quota: Quota) -> Self {
+        self.default_quota = Some(Planned::new(quota));
+        self
+    }
+
+    /// The quota for identities on `plan`.
+    pub fn plan(mut self, plan: &str, quota: Quota) -> Self {
+        self.plans.insert(plan.into(), Planned::new(quota));
+        self
+    }
+
+    /// Fails when there is no quota at all, when two quotas share a name
+    /// (they would share keys), or when the store cannot decide one of them
+    /// (see [`Store::validate`]).
+    fn check<St: Store>(&self, limiter: &Limiter<St>) -> Result<(), ConfigError> {
+        if self.default_quota.is_none() && self.plans.is_empty() {
+            return Err(ConfigError::new(
+                "quota",
+                "set a default quota or at least one plan",
+            ));
+        }
+        let quotas = || self.default_quota.iter().chain(self.plans.values());
+        let mut names: Vec<&str> = quotas().map(|p| p.quota.name()).collect();
+        names.sort_unstable();
+        if names.windows(2).any(|w| w[0] == w[1]) {
+            return Err(ConfigError::new(
+                "quota",
+                "two different quotas share a name, so they would share keys",
+            ));
+        }
+        quotas().try_for_each(|p| limiter.validate(&p.quota))
+    }
 }
 
 impl<S, St> Layer<S> for QuotaLayer<St> {
@@ -142,7 +224,12 @@ impl<S, St> Layer<S> for QuotaLayer<St> {
 
 /// Builds a [`QuotaLayer`].
 pub struct QuotaLayerBuilder<St> {
-    config: Config<St>,
+    limiter: Limiter<St>,
+    quotas: Quotas,
+    scope: Scope,
+    cost: Option<CostFn>,
+    headers_on_success: bool,
+    refund_inner_refusals: bool,
 }
 
 impl<St> fmt::Debug for QuotaLayerBuilder<St> {
@@ -154,41 +241,44 @@ impl<St> fmt::Debug for QuotaLayerBuilder<St> {
 impl<St: Store> QuotaLayerBuilder<St> {
     fn new(limiter: Limiter<St>) -> Self {
         QuotaLayerBuilder {
-            config: Config {
-                limiter,
-                default_quota: None,
-                plans: HashMap::new(),
-                scope: Scope::Subject,
-                cost: None,
-                headers_on_success: false,
-                refund_inner_refusals: false,
-            },
+            limiter,
+            quotas: Quotas::new(),
+            scope: Scope::Subject,
+            cost: None,
+            headers_on_success: false,
+            refund_inner_refusals: false,
         }
     }
 
     /// The quota for identities whose plan has none of its own, and for
     /// requests without an identity under [`Scope::Aggregate`] or [`Scope::Custom`].
     pub fn quota(mut self, quota: Quota) -> Self {
-        self.config.default_quota = Some(Planned::new(quota));
+        self.quotas = self.quotas.quota(quota);
         self
     }
 
     /// The quota for identities on `plan`.
     pub fn plan(mut self, plan: &str, quota: Quota) -> Self {
-        self.config.plans.insert(plan.into(), Planned::new(quota));
+        self.quotas = self.quotas.plan(plan, quota);
+        self
+    }
+
+    /// Every quota at once, replacing those given before.
+    pub fn quotas(mut self, quotas: Quotas) -> Self {
+        self.quotas = quotas;
         self
     }
 
     /// What the quota is keyed on. Default [`Scope::Subject`].
     pub fn scope(mut self, scope: Scope) -> Self {
-        self.config.scope = scope;
+        self.scope = scope;
         self
     }
 
     /// The cost of a request, default 1. Read validated values (such as a
     /// page size from [`crate::bounds`]) from the request extensions.
     pub fn cost(mut self, cost: impl Fn(&Parts) -> u64 + Send + Sync + 'static) -> Self {
-        self.config.cost = Some(Arc::new(cost));
+        self.cost = Some(Arc::new(cost));
         self
     }
 
@@ -199,7 +289,7 @@ impl<St: Store> QuotaLayerBuilder<St> {
     /// and 138 bytes to send, which cost a server whose handler only answers
     /// `ok` about 3% of its requests per second.
     pub fn headers_on_success(mut self, yes: bool) -> Self {
-        self.config.headers_on_success = yes;
+        self.headers_on_success = yes;
         self
     }
 
@@ -215,40 +305,23 @@ impl<St: Store> QuotaLayerBuilder<St> {
     /// settle and this refund never give back twice. Default off: it costs
     /// two allocations per admitted request, about 700 instructions.
     pub fn refund_inner_refusals(mut self, yes: bool) -> Self {
-        self.config.refund_inner_refusals = yes;
+        self.refund_inner_refusals = yes;
         self
     }
 
     /// The layer. Fails when no quota at all was configured, or when the
     /// store cannot decide one of the quotas (see [`Store::validate`]).
     pub fn build(self) -> Result<QuotaLayer<St>, ConfigError> {
-        if self.config.default_quota.is_none() && self.config.plans.is_empty() {
-            return Err(ConfigError::new(
-                "quota",
-                "set a default quota or at least one plan",
-            ));
-        }
-        let quotas = self
-            .config
-            .default_quota
-            .iter()
-            .chain(self.config.plans.values());
-        let mut names: Vec<&str> = quotas.map(|p| p.quota.name()).collect();
-        names.sort_unstable();
-        if names.windows(2).any(|w| w[0] == w[1]) {
-            return Err(ConfigError::new(
-                "quota",
-                "two different quotas share a name, so they would share keys",
-            ));
-        }
-        let mut quotas = self
-            .config
-            .default_quota
-            .iter()
-            .chain(self.config.plans.values());
-        quotas.try_for_each(|p| self.config.limiter.validate(&p.quota))?;
+        self.quotas.check(&self.limiter)?;
         Ok(QuotaLayer {
-            config: Arc::new(self.config),
+            config: Arc::new(Config {
+                limiter: self.limiter,
+                quotas: Live::new(self.quotas),
+                scope: self.scope,
+                cost: self.cost,
+                headers_on_success: self.headers_on_success,
+                refund_inner_refusals: self.refund_inner_refusals,
+            }),
         })
     }
 }
@@ -278,21 +351,26 @@ impl<St> Config<St> {
         matches!(self.scope, Scope::Custom(_)) || self.cost.is_some()
     }
 
-    /// The quota and key for a request, or why there is none. `parts` is
-    /// the request's head, needed only when [`Config::reads_parts`]; its
-    /// extensions are `extensions`.
-    pub(crate) fn resolve(&self, extensions: &Extensions, parts: Option<&Parts>) -> Resolved<'_> {
+    /// The quota of `quotas` and the key for a request, or why there is
+    /// none. `parts` is the request's head, needed only when
+    /// [`Config::reads_parts`]; its extensions are `extensions`.
+    pub(crate) fn resolve<'q>(
+        &self,
+        quotas: &'q Quotas,
+        extensions: &Extensions,
+        parts: Option<&Parts>,
+    ) -> Resolved<'q> {
         // An aggregate or custom key with no plans reads no identity: a
         // lookup in the extensions saved.
         let identity =
-            if self.plans.is_empty() && !matches!(self.scope, Scope::Subject | Scope::Tenant) {
+            if quotas.plans.is_empty() && !matches!(self.scope, Scope::Subject | Scope::Tenant) {
                 None
             } else {
                 extensions.get::<Identity>()
             };
         let planned = identity
-            .and_then(|id| self.plans.get(id.plan()))
-            .or(self.default_quota.as_ref());
+            .and_then(|id| quotas.plans.get(id.plan()))
+            .or(quotas.default_quota.as_ref());
         let key = match (&self.scope, parts) {
             (Scope::Subject, _) => identity.map(|id| Cow::Owned(bounded(id.subject_arc()))),
             (Scope::Tenant, _) => identity.map(|id| Cow::Owned(bounded(id.tenant_arc()))),

@@ -11,7 +11,7 @@ mod settle;
 pub mod store;
 
 pub use decision::{Decision, Decisions, Holds, QuotaDecision};
-pub use layer::{KeyFn, QuotaLayer, QuotaLayerBuilder, Scope};
+pub use layer::{KeyFn, QuotaLayer, QuotaLayerBuilder, Quotas, Scope};
 pub use limiter::{Limiter, LimiterStats, Outcome, Verdict};
 pub use policy::{FailureMode, Policy, Quota};
 pub use service::{QuotaService, ResponseFuture};

@@ -149,13 +149,18 @@ where
     fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
         // The request is split only for a key or cost function, which reads
         // its head: moving a request costs a copy of it.
+        // The quotas in force now decide this request whole, also when a
+        // reload replaces them meanwhile.
+        let quotas = self.config.quotas.load();
         let resolved = if self.config.reads_parts() {
             let (parts, body) = req.into_parts();
-            let resolved = self.config.resolve(&parts.extensions, Some(&parts));
+            let resolved = self
+                .config
+                .resolve(&quotas, &parts.extensions, Some(&parts));
             req = Request::from_parts(parts, body);
             resolved
         } else {
-            self.config.resolve(req.extensions(), None)
+            self.config.resolve(&quotas, req.extensions(), None)
         };
         let (planned, key, cost) = match resolved {
             Resolved::Apply { planned, key, cost } => (planned, key, cost),

@@ -1,17 +1,44 @@
 //! [`BodyLimitsLayer`]: the caps and the decoder's settings.
 
+use std::sync::Arc;
+
 use tower::Layer;
 use tower_http::decompression::RequestDecompressionLayer;
 
 use super::service::BodyLimits;
 use crate::bounds::decode::Codings;
+use crate::reload::{Live, ReloadHandle, Target};
+use crate::ConfigError;
 
 #[doc = include_str!("../../../docs/body_limits.md")]
 #[derive(Debug, Clone)]
 pub struct BodyLimitsLayer {
-    pub(super) wire_bytes: usize,
-    pub(super) decoded_bytes: usize,
+    /// The caps in force, shared by clones and services.
+    pub(super) caps: Arc<Live<BodyCaps>>,
     pub(super) codings: Codings,
+}
+
+/// The two caps of a [`BodyLimitsLayer`]: what its
+/// [`reload_handle`](BodyLimitsLayer::reload_handle) applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BodyCaps {
+    /// Bytes on the wire.
+    pub wire_bytes: usize,
+    /// Bytes after decompression.
+    pub decoded_bytes: usize,
+}
+
+/// The layer's side of its [`ReloadHandle`].
+struct CapsTarget(Arc<Live<BodyCaps>>);
+
+impl Target<BodyCaps> for CapsTarget {
+    fn check(&self, _: &BodyCaps) -> Result<(), ConfigError> {
+        Ok(())
+    }
+
+    fn swap(&self, new: BodyCaps) {
+        self.0.store(new);
+    }
 }
 
 impl BodyLimitsLayer {
@@ -22,8 +49,10 @@ impl BodyLimitsLayer {
     /// smaller one wins.
     pub fn new(wire_bytes: usize, decoded_bytes: usize) -> Self {
         BodyLimitsLayer {
-            wire_bytes,
-            decoded_bytes,
+            caps: Arc::new(Live::new(BodyCaps {
+                wire_bytes,
+                decoded_bytes,
+            })),
             codings: Codings::default(),
         }
     }
@@ -42,14 +71,21 @@ impl BodyLimitsLayer {
         self
     }
 
-    /// The wire cap in bytes.
+    /// The wire cap in force, in bytes.
     pub fn wire_bytes(&self) -> usize {
-        self.wire_bytes
+        self.caps.load().wire_bytes
     }
 
-    /// The decoded cap in bytes.
+    /// The decoded cap in force, in bytes.
     pub fn decoded_bytes(&self) -> usize {
-        self.decoded_bytes
+        self.caps.load().decoded_bytes
+    }
+
+    /// Changes the caps of this layer, its clones and every service built
+    /// from them while they run. A request is capped wholly under the caps
+    /// in force when it arrives, also while its body is still read.
+    pub fn reload_handle(&self) -> ReloadHandle<BodyCaps> {
+        ReloadHandle::new(Arc::new(CapsTarget(Arc::clone(&self.caps))))
     }
 }
 

@@ -20,7 +20,7 @@ mod status;
 
 pub use capped::CappedBody;
 pub use future::ResponseFuture;
-pub use layer::BodyLimitsLayer;
+pub use layer::{BodyCaps, BodyLimitsLayer};
 pub(in crate::bounds) use probe::Probe;
 pub use service::BodyLimits;
 pub use status::StatusBody;

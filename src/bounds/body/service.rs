@@ -38,8 +38,7 @@ impl<S: fmt::Debug> fmt::Debug for BodyLimits<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BodyLimits")
             .field("inner", &self.inner)
-            .field("wire_bytes", &self.caps.wire_bytes)
-            .field("decoded_bytes", &self.caps.decoded_bytes)
+            .field("caps", &self.caps.caps)
             .finish()
     }
 }
@@ -65,7 +64,8 @@ where
     }
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
-        let caps = &self.caps;
+        let layer = &self.caps;
+        let caps = **layer.caps.load();
         if !may_trip(&req, caps.wire_bytes.min(caps.decoded_bytes)) {
             let req = req.map(|body| CappedBody {
                 kind: Kind::Plain { body },
@@ -99,7 +99,7 @@ where
         );
         let wire = Decompress {
             inner: decoded,
-            codings: &caps.codings,
+            codings: &layer.codings,
         };
         let mut stack = RequestBodyLimit::new(wire, caps.wire_bytes);
         // axum's `DefaultBodyLimit::disable()` layered over the stack for this

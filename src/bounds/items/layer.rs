@@ -1,8 +1,14 @@
 //! [`BatchItemsLayer`].
 
+use std::num::NonZeroUsize;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
 use tower::Layer;
 
 use super::service::BatchItems;
+use crate::reload::{ReloadHandle, Target};
+use crate::ConfigError;
 
 /// Counts the items of a JSON batch `{"items": [...]}` before the inner
 /// service runs, refusing more than `max` with 413 (cap `items`) and bad
@@ -21,15 +27,39 @@ use super::service::BatchItems;
 /// A body read error is answered with 400 naming `body`; when that error is
 /// a byte cap of [`BodyLimits`](crate::bounds::BodyLimits), that layer replaces the
 /// answer with its 413.
-#[derive(Debug, Clone, Copy)]
+///
+/// Clones, and the services built from them, share the cap in force.
+#[derive(Debug, Clone)]
 pub struct BatchItemsLayer {
-    max: usize,
+    max: Arc<AtomicUsize>,
 }
 
 impl BatchItemsLayer {
     /// Refuses batches of more than `max` items.
-    pub fn new(max: std::num::NonZeroUsize) -> Self {
-        BatchItemsLayer { max: max.get() }
+    pub fn new(max: NonZeroUsize) -> Self {
+        BatchItemsLayer {
+            max: Arc::new(AtomicUsize::new(max.get())),
+        }
+    }
+
+    /// Changes the most items of this layer, its clones and every service
+    /// built from them while they run; a batch is counted against the cap
+    /// in force when it arrives.
+    pub fn reload_handle(&self) -> ReloadHandle<NonZeroUsize> {
+        ReloadHandle::new(Arc::new(MaxTarget(Arc::clone(&self.max))))
+    }
+}
+
+/// The layer's side of its [`ReloadHandle`].
+struct MaxTarget(Arc<AtomicUsize>);
+
+impl Target<NonZeroUsize> for MaxTarget {
+    fn check(&self, _: &NonZeroUsize) -> Result<(), ConfigError> {
+        Ok(())
+    }
+
+    fn swap(&self, new: NonZeroUsize) {
+        self.0.store(new.get(), Ordering::Relaxed);
     }
 }
 
@@ -39,7 +69,7 @@ impl<S> Layer<S> for BatchItemsLayer {
     fn layer(&self, inner: S) -> Self::Service {
         BatchItems {
             inner,
-            max: self.max,
+            max: Arc::clone(&self.max),
         }
     }
 }

@@ -16,7 +16,8 @@ use crate::reject::RefusalBody;
 #[derive(Debug, Clone)]
 pub struct BatchItems<S> {
     pub(super) inner: S,
-    pub(super) max: usize,
+    /// The cap in force, shared with the layer and its reload handle.
+    pub(super) max: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl<S> BatchItems<S> {
@@ -49,7 +50,7 @@ where
                 collect: body.collect(),
                 parts: Some(parts),
                 inner: Some(inner),
-                max: self.max,
+                max: self.max.load(std::sync::atomic::Ordering::Relaxed),
             },
         }
     }

@@ -18,7 +18,7 @@ use super::rules::QueryRules;
 #[derive(Debug, Clone)]
 pub struct ValidateQuery<S> {
     pub(super) inner: S,
-    pub(super) rules: QueryRules,
+    pub(super) rules: std::sync::Arc<crate::reload::Live<QueryRules>>,
 }
 
 impl<S> ValidateQuery<S> {
@@ -39,7 +39,7 @@ where
     }
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
-        match self.rules.validate(req.uri().query()) {
+        match self.rules.load().validate(req.uri().query()) {
             Ok(validated) => {
                 req.extensions_mut().insert(validated);
                 ResponseFuture {

@@ -137,6 +137,14 @@ impl Controller {
     }
 
     /// The limit in force now: the probe's level while probing.
+    /// New floor and ceiling (a reload): the limit is clamped into them,
+    /// the measurements kept.
+    pub(crate) fn set_bounds(&mut self, floor: usize, ceiling: usize) {
+        self.cfg.floor = floor;
+        self.cfg.ceiling = ceiling;
+        self.limit = self.limit.clamp(floor as f64, ceiling as f64);
+    }
+
     pub(crate) fn limit(&self) -> usize {
         match self.probe {
             Some(_) => self.cfg.probe_limit,

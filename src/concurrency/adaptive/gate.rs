@@ -40,6 +40,8 @@ pub(crate) struct GateConfig {
 #[derive(Debug)]
 struct State {
     controller: Option<Controller>,
+    /// The limit of a fixed source; a reload changes it.
+    fixed: usize,
     in_flight: usize,
     class_in_flight: [usize; 3],
     queues: [FairQueue; 3],
@@ -86,7 +88,7 @@ impl State {
     fn limit(&self, config: &GateConfig) -> usize {
         match (&self.controller, config.source) {
             (Some(c), _) => c.limit(),
-            (None, Source::Fixed(limit)) => limit,
+            (None, Source::Fixed(_)) => self.fixed,
             (None, Source::Adaptive(cfg)) => cfg.initial,
         }
     }
@@ -118,8 +120,13 @@ impl Gate {
             Source::Adaptive(cfg) => Some(Controller::new(cfg, Instant::now())),
             Source::Fixed(_) => None,
         };
+        let fixed = match config.source {
+            Source::Fixed(limit) => limit,
+            Source::Adaptive(cfg) => cfg.initial,
+        };
         let state = State {
             controller,
+            fixed,
             in_flight: 0,
             class_in_flight: [0; 3],
             queues: Default::default(),
@@ -134,6 +141,28 @@ impl Gate {
         let limit = gate.state.lock().limit(&gate.config);
         gate.telemetry.start(limit, gate.adaptive());
         gate
+    }
+
+    /// Puts a reload's numbers in force: a fixed source's limit, or an
+    /// adaptive one's floor and ceiling. Requests in flight keep their
+    /// slots; the slots a higher limit frees go to the waiters at once.
+    pub(crate) fn set_source(&self, source: Source) {
+        let now = self.now();
+        let mut st = self.state.lock();
+        match (source, &mut st.controller) {
+            (Source::Adaptive(cfg), Some(c)) => c.set_bounds(cfg.floor, cfg.ceiling),
+            (Source::Fixed(limit), None) => st.fixed = limit,
+            _ => unreachable!("a reload keeps the kind of a gate's source"),
+        }
+        let handed = self.dispatch(&mut st, now);
+        self.publish_limit(&st);
+        drop(st);
+        for class in Criticality::BY_PRIORITY {
+            let n = handed[class.index()];
+            if n != 0 {
+                self.telemetry.moved(class, n, -n);
+            }
+        }
     }
 
     fn adaptive(&self) -> bool {

@@ -12,7 +12,23 @@ use super::{LeaseStore, Rate, RateLease, Shared};
 use crate::clock::{duration_to_micros, Clock, SystemClock, Timestamp};
 use crate::outbound::bucket::Bucket;
 use crate::redis::valid_key_part;
+use crate::reload::Live;
 use crate::ConfigError;
+
+/// Checks a lease's fleet-wide rate: above zero, at most the largest the
+/// script sums exactly.
+pub(super) fn check_rate(rate: Rate) -> Result<(), ConfigError> {
+    if rate.0 == 0 || rate.0 > MAX_RATE_MILLI {
+        return Err(ConfigError::new(
+            "rate",
+            format!(
+                "must be more than zero and at most {}",
+                Rate(MAX_RATE_MILLI)
+            ),
+        ));
+    }
+    Ok(())
+}
 
 /// Settings for a [`RateLease`]; [`build`](Self::build) checks them.
 #[derive(Debug, Clone)]
@@ -197,15 +213,7 @@ impl<C: Clock> RateLeaseBuilder<C> {
                 ),
             ));
         }
-        if self.rate.0 == 0 || self.rate.0 > MAX_RATE_MILLI {
-            return Err(ConfigError::new(
-                "rate",
-                format!(
-                    "must be more than zero and at most {}",
-                    Rate(MAX_RATE_MILLI)
-                ),
-            ));
-        }
+        check_rate(self.rate)?;
         let id = match self.id {
             Some(id) if valid_key_part(&id, 128) => id,
             Some(id) => {
@@ -307,7 +315,8 @@ impl<C: Clock> RateLeaseBuilder<C> {
                 budget: self.budget.into(),
                 id: id.into(),
                 life: rand::random(),
-                cfg,
+                cfg: Live::new(cfg),
+                expected: self.expected,
                 ceiling: self.ceiling,
                 clock: self.clock,
                 state: Mutex::new(state),

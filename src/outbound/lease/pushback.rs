@@ -24,7 +24,7 @@ impl<C: Clock> RateLease<C> {
             .inner
             .state
             .lock()
-            .note_pushback(now, self.inner.cfg.refresh_us / 8);
+            .note_pushback(now, self.inner.settings().refresh_us / 8);
         #[cfg(feature = "metrics")]
         metrics::counter!(
             "tower_admission_dependency_pushback_total",

@@ -6,10 +6,13 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
+use super::builder::check_rate;
 use super::schedule::cap_at_refresh;
 use super::state::{Phase, Settings, State};
 use super::{LeaseMode, LeaseStatus, LeaseStore, Rate};
 use crate::clock::{duration_to_micros, Clock, SystemClock, Timestamp};
+use crate::reload::{Live, ReloadHandle, Target};
+use crate::ConfigError;
 
 /// A share of a fleet-wide rate budget, leased from Redis and spent locally
 /// (feature `redis`).
@@ -175,7 +178,10 @@ pub(super) struct Shared<C> {
     /// ignores a refresh of this life that was still on its way, not one of
     /// a new lease under the same id.
     pub(super) life: u64,
-    pub(super) cfg: Settings,
+    /// The settings in force; a reload of the rate replaces them whole.
+    pub(super) cfg: Live<Settings>,
+    /// The largest fleet, which divides the rate into the fallback.
+    pub(super) expected: std::num::NonZeroU32,
     /// Caps the budget reported at each refresh, if set.
     pub(super) ceiling: Option<super::Ceiling>,
     pub(super) clock: C,
@@ -220,7 +226,7 @@ impl<C: Clock> RateLease<C> {
         demand: u64,
         now: Timestamp,
     ) -> Result<(), Duration> {
-        let cfg = &self.inner.cfg;
+        let cfg = &self.inner.settings();
         let mut s = self.inner.state.lock();
         if s.phase == Phase::Released {
             return Err(Duration::MAX);
@@ -257,7 +263,7 @@ impl<C: Clock> RateLease<C> {
 
     /// The lease's state at local time `now` (the bucket is not touched).
     pub fn status_at(&self, now: Timestamp) -> LeaseStatus {
-        self.inner.state.lock().status(now, &self.inner.cfg)
+        self.inner.state.lock().status(now, &self.inner.settings())
     }
 
     /// This instance's id.
@@ -272,16 +278,59 @@ impl<C: Clock> RateLease<C> {
 
     /// The fleet-wide rate the lease is a share of.
     pub fn rate(&self) -> Rate {
-        self.inner.cfg.rate
+        self.inner.settings().rate
     }
 
     /// The fallback capacity, `rate / expected_instances`.
     pub fn fallback_rate(&self) -> Rate {
-        self.inner.cfg.fallback
+        self.inner.settings().fallback
     }
 
     /// The largest cost one attempt may have.
     pub fn max_cost(&self) -> u64 {
-        self.inner.cfg.max_cost
+        self.inner.settings().max_cost
+    }
+
+    /// Changes the fleet-wide rate `R` of this lease and its clones while
+    /// they run; the fallback becomes `R / expected_instances`. A rate is
+    /// checked as [`build`](super::RateLeaseBuilder::build) checks it. The
+    /// next refresh sends it: the grant script takes the lowest `R` of the
+    /// live instances, so a lowered `R` binds the whole fleet within one
+    /// lease length of that refresh, and a raised one once no live instance
+    /// sends a lower one.
+    pub fn reload_handle(&self) -> ReloadHandle<Rate> {
+        ReloadHandle::new(Arc::new(RateTarget(Arc::clone(&self.inner))))
+    }
+}
+
+impl<C> Shared<C> {
+    /// The settings in force.
+    #[inline]
+    pub(super) fn settings(&self) -> Settings {
+        **self.cfg.load()
+    }
+
+    /// The settings with the rate `rate`, checked.
+    fn with_rate(&self, rate: Rate) -> Result<Settings, ConfigError> {
+        check_rate(rate)?;
+        let mut cfg = self.settings();
+        cfg.rate = rate;
+        cfg.fallback = Rate(rate.0 / u64::from(self.expected.get()));
+        Ok(cfg)
+    }
+}
+
+/// The lease's side of its [`ReloadHandle`].
+struct RateTarget<C>(Arc<Shared<C>>);
+
+impl<C: Clock> Target<Rate> for RateTarget<C> {
+    fn check(&self, new: &Rate) -> Result<(), ConfigError> {
+        self.0.with_rate(*new).map(drop)
+    }
+
+    fn swap(&self, new: Rate) {
+        if let Ok(cfg) = self.0.with_rate(new) {
+            self.0.cfg.store(cfg);
+        }
     }
 }

@@ -24,7 +24,7 @@ impl<C: Clock> RateLease<C> {
     /// a grant the script may have issued for it is never spent.
     pub async fn refresh(&self) -> Result<LeaseStatus, LeaseError> {
         let inner = &*self.inner;
-        let cfg = &inner.cfg;
+        let cfg = &inner.settings();
         let _one = inner.refreshing.lock().await;
         let (sent_at, args) = {
             let mut s = inner.state.lock();
@@ -93,7 +93,7 @@ impl<C: Clock> RateLease<C> {
         result: Result<GrantReply, LeaseError>,
     ) -> Result<LeaseStatus, LeaseError> {
         let inner = &*self.inner;
-        let cfg = &inner.cfg;
+        let cfg = &inner.settings();
         let mut s = inner.state.lock();
         if s.phase == Phase::Released {
             return Err(LeaseError::Released);
@@ -286,7 +286,7 @@ impl<C: Clock> RateLease<C> {
         let inner = &self.inner;
         inner
             .store
-            .release(&inner.key, &inner.id, inner.life, inner.cfg.lease_us)
+            .release(&inner.key, &inner.id, inner.life, inner.settings().lease_us)
             .await
     }
 }

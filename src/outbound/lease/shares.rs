@@ -18,18 +18,18 @@ impl<C: Clock> RateLease<C> {
     /// ([`RateLeaseBuilder::fail_open`], and the id is not held by another
     /// lease).
     pub(crate) fn fails_open(&self) -> bool {
-        self.inner.cfg.fail_open && !self.inner.state.lock().id_taken
+        self.inner.settings().fail_open && !self.inner.state.lock().id_taken
     }
 
     /// The rate schedule in force now.
     pub(crate) fn schedule(&self) -> Schedule {
-        self.inner.state.lock().schedule(&self.inner.cfg)
+        self.inner.state.lock().schedule(&self.inner.settings())
     }
 
     /// The bucket's capacity at `rate`, in whole cost units (as
     /// [`LeaseStatus::capacity`] gives it).
     pub(crate) fn capacity_at(&self, rate: Rate) -> u64 {
-        whole(self.inner.cfg.capacity(rate))
+        whole(self.inner.settings().capacity(rate))
     }
 
     /// The wait [`try_acquire_at`](Self::try_acquire_at) gives at `now`
@@ -38,7 +38,7 @@ impl<C: Clock> RateLease<C> {
         self.inner
             .state
             .lock()
-            .wait_without_rate(now, &self.inner.cfg)
+            .wait_without_rate(now, &self.inner.settings())
     }
 
     /// Counts `cost` toward the demand of an attempt that a caller refused

@@ -10,6 +10,7 @@ use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::outbound::budget::Counters;
 use crate::outbound::lease::cap_at_refresh;
 use crate::outbound::{AttemptBudget, BudgetStats, LeaseMode, Rate, RateLease, Refusal, Share};
+use crate::reload::{ReloadHandle, Target};
 use crate::ConfigError;
 
 mod share;
@@ -103,7 +104,7 @@ impl<C: Clock> fmt::Debug for LeasedBudget<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LeasedBudget")
             .field("lease", &self.inner.lease)
-            .field("retry", &self.inner.retry)
+            .field("retry", &self.retry())
             .field("stats", &self.inner.stats.snapshot())
             .finish()
     }
@@ -111,8 +112,9 @@ impl<C: Clock> fmt::Debug for LeasedBudget<C> {
 
 struct Inner<C: Clock> {
     lease: RateLease<C>,
-    /// The retry share; the normal share is the rest of the lease's rate.
-    retry: Rate,
+    /// The retry share in thousandths per second; the normal share is the
+    /// rest of the lease's rate. A reload changes it.
+    retry: std::sync::atomic::AtomicU64,
     /// The share buckets, normal then retry.
     shares: Mutex<[ShareBucket; 2]>,
     stats: Counters,
@@ -122,15 +124,7 @@ impl<C: Clock> LeasedBudget<C> {
     /// Spends `lease` with `retry` of its rate kept for retries and the rest
     /// for first attempts. Fails unless `0 < retry < lease.rate()`.
     pub fn new(lease: RateLease<C>, retry: Rate) -> Result<Self, ConfigError> {
-        if retry.as_milli() == 0 || retry.as_milli() >= lease.rate().as_milli() {
-            return Err(ConfigError::new(
-                "retry",
-                format!(
-                    "{retry} must be more than zero and less than the lease's rate {}",
-                    lease.rate()
-                ),
-            ));
-        }
+        check_retry(retry, lease.rate())?;
         let now = lease.now();
         let stats = Counters::new(lease.budget());
         // The buckets fill from now on the schedule the lease has now.
@@ -138,7 +132,7 @@ impl<C: Clock> LeasedBudget<C> {
         Ok(LeasedBudget {
             inner: Arc::new(Inner {
                 lease,
-                retry,
+                retry: retry.as_milli().into(),
                 shares: Mutex::new([empty; 2]),
                 stats,
             }),
@@ -166,11 +160,27 @@ impl<C: Clock> LeasedBudget<C> {
     /// A share's rate, as a part of the lease's whole rate.
     pub fn share_rate(&self, share: Share) -> Rate {
         let total = self.inner.lease.rate().as_milli();
-        let retry = self.inner.retry.as_milli();
+        let retry = self.retry().as_milli();
         Rate::from_milli(match share {
-            Share::Normal => total - retry,
+            Share::Normal => total.saturating_sub(retry),
             Share::Retry => retry,
         })
+    }
+
+    fn retry(&self) -> Rate {
+        Rate::from_milli(self.inner.retry.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// Changes the lease's rate `R` and the retry share while they run,
+    /// checked as [`RateLeaseBuilder::build`](crate::outbound::RateLeaseBuilder::build)
+    /// and [`new`](Self::new) check them. `R` reaches the fleet with the
+    /// lease's next refresh (see [`RateLease::reload_handle`]); the shares
+    /// take their new split from the next attempt on.
+    pub fn reload_handle(&self) -> ReloadHandle<LeasedRates> {
+        ReloadHandle::new(Arc::new(RatesTarget {
+            budget: self.clone(),
+            rate: self.inner.lease.reload_handle(),
+        }))
     }
 
     /// Charges one attempt of `cost` to `share` at the lease's local now.
@@ -305,5 +315,59 @@ impl<C: Clock> AttemptBudget for LeasedBudget<C> {
 
     fn record_pushback(&self) {
         self.inner.lease.record_pushback();
+    }
+}
+
+/// What a [`LeasedBudget`]'s [`reload_handle`](LeasedBudget::reload_handle)
+/// applies: the lease's fleet-wide rate and the retry share within it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeasedRates {
+    rate: Rate,
+    retry: Rate,
+}
+
+impl LeasedRates {
+    /// `rate` in all, `retry` of it for retries.
+    pub fn new(rate: Rate, retry: Rate) -> Self {
+        LeasedRates { rate, retry }
+    }
+}
+
+/// `retry` within `rate`: more than zero, less than the whole.
+fn check_retry(retry: Rate, rate: Rate) -> Result<(), ConfigError> {
+    if retry.as_milli() == 0 || retry.as_milli() >= rate.as_milli() {
+        return Err(ConfigError::new(
+            "retry",
+            format!("{retry} must be more than zero and less than the lease's rate {rate}"),
+        ));
+    }
+    Ok(())
+}
+
+/// The leased budget's side of its [`ReloadHandle`].
+struct RatesTarget<C: Clock> {
+    budget: LeasedBudget<C>,
+    rate: ReloadHandle<Rate>,
+}
+
+impl<C: Clock> Target<LeasedRates> for RatesTarget<C> {
+    fn check(&self, new: &LeasedRates) -> Result<(), ConfigError> {
+        self.rate.check(&new.rate)?;
+        check_retry(new.retry, new.rate)
+    }
+
+    fn swap(&self, new: LeasedRates) {
+        // The retry share first when it shrinks, last when it grows: the
+        // normal share, the rest of the rate, never reads a retry share
+        // above the rate.
+        let retry = &self.budget.inner.retry;
+        let smaller = new.retry < self.budget.retry();
+        if smaller {
+            retry.store(new.retry.as_milli(), std::sync::atomic::Ordering::Relaxed);
+        }
+        let _ = self.rate.apply(new.rate);
+        if !smaller {
+            retry.store(new.retry.as_milli(), std::sync::atomic::Ordering::Relaxed);
+        }
     }
 }
