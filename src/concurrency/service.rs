@@ -35,20 +35,7 @@ impl<S> Concurrency<S> {
         Concurrency::from_shared(inner, Arc::clone(&layer.shared))
     }
 
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// Consumes the middleware, returning the inner service.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
+    crate::macros::inner_accessors!(inner: S);
 
     /// A snapshot of the shared counters.
     pub fn stats(&self) -> ConcurrencyStats {

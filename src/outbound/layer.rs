@@ -302,20 +302,7 @@ pub struct DependencyBudgetService<S, Bu, B> {
 }
 
 impl<S, Bu, B> DependencyBudgetService<S, Bu, B> {
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// Consumes this service, returning the inner one.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
+    crate::macros::inner_accessors!(inner: S);
 }
 
 impl<S: Clone, Bu: Clone, B> Clone for DependencyBudgetService<S, Bu, B> {

@@ -166,20 +166,7 @@ impl<S: fmt::Debug, Bu> fmt::Debug for Pushback<S, Bu> {
 }
 
 impl<S, Bu> Pushback<S, Bu> {
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// The inner service, consumed.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
+    crate::macros::inner_accessors!(inner: S);
 }
 
 impl<S, Bu, B, R> Service<Request<B>> for Pushback<S, Bu>

@@ -27,20 +27,7 @@ impl<S, St> QuotaService<S, St> {
         QuotaService { inner, config }
     }
 
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// Consumes this service, returning the inner one.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
+    crate::macros::inner_accessors!(inner: S);
 }
 
 impl<S: Clone, St> Clone for QuotaService<S, St> {

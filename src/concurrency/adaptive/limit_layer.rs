@@ -420,6 +420,10 @@ pub struct AdaptiveLimitService<S, Req, O = ErrorIsOverload> {
     layer: AdaptiveLimitLayer<Req, O>,
 }
 
+impl<S, Req, O> AdaptiveLimitService<S, Req, O> {
+    crate::macros::inner_accessors!(inner: S);
+}
+
 impl<S: Clone, Req, O: Clone> Clone for AdaptiveLimitService<S, Req, O> {
     fn clone(&self) -> Self {
         AdaptiveLimitService {
