@@ -7,8 +7,8 @@ use redis::Script;
 
 use super::region::Region;
 use super::{
-    Inner, RegionalBudget, CREDIT, DEBIT, MAX_NAME, MAX_TOTAL, PIN, RECEIVE, REFUND, RESTORE, SEED,
-    SEND, VIEW,
+    Inner, RegionalBudget, COMMON, CREDIT, DEBIT, MAX_NAME, MAX_TOTAL, PIN, RECEIVE, REFUND,
+    RESTORE, SEED, SEND, VIEW,
 };
 use crate::redis::{Connector, Target, Timing};
 use crate::ConfigError;
@@ -186,12 +186,12 @@ impl RegionalBudgetBuilder {
                 hold_us: crate::clock::duration_to_micros(self.credit_hold),
                 regions,
                 debit: Script::new(DEBIT),
-                credit: Script::new(CREDIT),
+                credit: Script::new(&format!("{COMMON}{CREDIT}")),
                 seed: Script::new(SEED),
                 refund: Script::new(REFUND),
                 pin: Script::new(PIN),
                 send: Script::new(&with_clock(SEND)),
-                receive: Script::new(&with_clock(RECEIVE)),
+                receive: Script::new(&with_clock(&format!("{COMMON}{RECEIVE}"))),
                 view: Script::new(&with_clock(VIEW)),
                 restore: Script::new(&with_clock(RESTORE)),
             }),

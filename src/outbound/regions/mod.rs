@@ -44,6 +44,8 @@ use region::Region;
 
 const DEBIT: &str = include_str!("scripts/regions_debit.lua");
 const CREDIT: &str = include_str!("scripts/regions_credit.lua");
+/// Prepended to [`CREDIT`] and [`RECEIVE`]: the rule they share.
+const COMMON: &str = include_str!("scripts/regions_common.lua");
 const SEED: &str = include_str!("scripts/regions_seed.lua");
 const REFUND: &str = include_str!("scripts/regions_refund.lua");
 const PIN: &str = include_str!("scripts/regions_pin.lua");

@@ -54,15 +54,6 @@ kept[#kept + 1] = string.format('%d', now) .. ':' .. ARGV[3]
 
 local alloc = redis.call('HINCRBY', KEYS[1], 'alloc', ARGV[3])
 redis.call('HINCRBY', KEYS[1], 'credited', ARGV[3])
-local seen_field = 'from:' .. ARGV[1]
-local seq, epoch = tonumber(ARGV[4]), ARGV[5]
-local seen = redis.call('HGET', KEYS[1], seen_field)
-local seen_epoch, seen_seq
-if seen then
-  seen_epoch, seen_seq = string.match(seen, '^([^:]*):(%d+)$')
-end
-if seen_epoch ~= epoch or tonumber(seen_seq) < seq then
-  redis.call('HSET', KEYS[1], seen_field, epoch .. ':' .. ARGV[4])
-end
+note_sent_seq(KEYS[1], ARGV[1], ARGV[4], ARGV[5])
 redis.call('HSET', KEYS[1], mark, ARGV[2], 'hold', table.concat(kept, ','))
 return {1, alloc}
