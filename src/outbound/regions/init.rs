@@ -136,11 +136,7 @@ impl RegionalBudget {
     /// # }
     /// ```
     pub async fn recover_lost(&self, region: &str) -> Result<bool, RegionError> {
-        let region = self
-            .region(region)
-            .ok_or_else(|| RegionError::UnknownRegion {
-                region: region.to_owned(),
-            })?;
+        let region = self.known_region(region)?;
         let created = self.seed(region, 0, &fresh_epoch()).await?;
         // Regions pinned to an earlier state of it (see `initialize`) take
         // credits from this one now; a share of 0 cannot count them twice.

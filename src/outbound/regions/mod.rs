@@ -371,6 +371,13 @@ impl RegionalBudget {
         self.inner.regions.iter().find(|r| &*r.name == name)
     }
 
+    /// [`region`](Self::region), or [`RegionError::UnknownRegion`].
+    fn known_region(&self, name: &str) -> Result<&Region, RegionError> {
+        self.region(name).ok_or_else(|| RegionError::UnknownRegion {
+            region: name.to_owned(),
+        })
+    }
+
     /// [`RegionError::AboveTotal`] unless `allocations` sum to at most the
     /// total.
     fn check_at_most_total(

@@ -236,11 +236,7 @@ impl RegionalBudget {
     /// # }
     /// ```
     pub async fn spendable(&self, region: &str) -> Result<RegionView, RegionError> {
-        let region = self
-            .region(region)
-            .ok_or_else(|| RegionError::UnknownRegion {
-                region: region.to_owned(),
-            })?;
+        let region = self.known_region(region)?;
         let mut invocation = self.inner.view.prepare_invoke();
         invocation.key(&region.state_key).arg(self.inner.hold_us);
         let reply = self

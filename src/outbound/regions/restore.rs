@@ -52,11 +52,7 @@ impl RegionalBudget {
     /// # }
     /// ```
     pub async fn restore_lost(&self, region: &str) -> Result<u64, RegionError> {
-        let target = self
-            .region(region)
-            .ok_or_else(|| RegionError::UnknownRegion {
-                region: region.to_owned(),
-            })?;
+        let target = self.known_region(region)?;
         // From now on a region takes credits only from the current state of
         // each other: a debit made by a lost state never lands after the
         // reading below counted it as lost.

@@ -24,11 +24,7 @@ impl RegionalBudget {
     /// # }
     /// ```
     pub async fn allocation(&self, region: &str) -> Result<u64, RegionError> {
-        let r = self
-            .region(region)
-            .ok_or_else(|| RegionError::UnknownRegion {
-                region: region.to_owned(),
-            })?;
+        let r = self.known_region(region)?;
         self.read_allocation(r).await
     }
 
