@@ -186,11 +186,7 @@ impl<C: Clock> LeasedBudget<C> {
         let total = u128::from(self.inner.lease.rate().as_milli());
         let part = u128::from(self.share_rate(share).as_milli());
         let milli = u128::from(cost) * 1_000;
-        let asked = if part == 0 {
-            milli
-        } else {
-            milli * total / part
-        };
+        let asked = (milli * total).checked_div(part).unwrap_or(milli);
         u64::try_from(asked).unwrap_or(u64::MAX)
     }
 
