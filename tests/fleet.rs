@@ -44,7 +44,9 @@
 //!
 //! The short form runs in CI (about a minute in debug on 2 cores). The long
 //! form measures `FLEET_SECONDS` per window (`scripts/fleet`;
-//! `FLEET_FAIL_EVERY=K` changes the injected failures from 1 in 8):
+//! `FLEET_FAIL_EVERY=K` changes the injected failures from 1 in 8;
+//! `FLEET_TRACE=FILE` has the uneven runs write the lease table to FILE
+//! every 0.5 s after the change):
 //!
 //! ```text
 //! cargo build --release --all-features --examples
@@ -1425,25 +1427,9 @@ async fn scaled(from: usize, to: usize) {
         fleet.kill_last(from - to);
     }
     let settle = 2 * LEASE;
-    if let Ok(path) = std::env::var("FLEET_TRACE") {
-        // TEMP diagnostic
-        let mut out = String::new();
-        let end = Instant::now() + settle + window(8);
-        while Instant::now() < end {
-            let keys = fleet.budget.cli(&["--scan", "--pattern", "*{lease:*}"]);
-            for key in keys.lines().filter(|k| !k.is_empty()) {
-                let all = fleet.budget.cli(&["HGETALL", key]);
-                out.push_str(&format!(
-                    "t={:.2} {}\n",
-                    t0.elapsed().as_secs_f64(),
-                    all.replace('\n', " ")
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
-        std::fs::write(path, out).unwrap();
-    } else {
-        tokio::time::sleep(settle + window(8)).await;
+    match std::env::var_os("FLEET_TRACE") {
+        Some(path) => trace_grants(&fleet, t0, settle + window(8), &path).await,
+        None => tokio::time::sleep(settle + window(8)).await,
     }
     let series = fleet.series().await;
     let end = fleet.stats().await;
@@ -1501,6 +1487,23 @@ async fn scaled(from: usize, to: usize) {
              average: {series:?} (from second {from_second})"
         );
     }
+}
+
+/// For `duration`, every 0.5 s, one line per lease key in `path`: the
+/// seconds since `t0` and the key's hash as `HGETALL` gives it (per
+/// instance its demand, flag and grant steps; `lease.lua` has the format).
+async fn trace_grants(fleet: &Fleet, t0: Instant, duration: Duration, path: &std::ffi::OsStr) {
+    let mut out = String::new();
+    let end = Instant::now() + duration;
+    while Instant::now() < end {
+        let keys = fleet.budget.cli(&["--scan", "--pattern", "*{lease:*}"]);
+        for key in keys.lines().filter(|k| !k.is_empty()) {
+            let hash = fleet.budget.cli(&["HGETALL", key]).replace('\n', " ");
+            out.push_str(&format!("t={:.2} {hash}\n", t0.elapsed().as_secs_f64()));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    std::fs::write(path, out).expect("write FLEET_TRACE");
 }
 
 #[test]
