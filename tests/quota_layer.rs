@@ -21,7 +21,13 @@ use tower_admission::quota::{
     Holds, MemoryConfig, MemoryStore, Policy, Quota, QuotaDecision, QuotaLayer, Scope, Settlement,
     Store, StoreError,
 };
-use tower_admission::reject::{retry_after_secs, Rejection};
+use tower_admission::reject::Rejection;
+
+/// `Retry-After` as documented: the wait rounded up to whole seconds, at
+/// least 1.
+fn retry_after_secs(wait: Duration) -> u64 {
+    (wait.as_secs() + u64::from(wait.subsec_nanos() > 0)).max(1)
+}
 
 const MINUTE: Duration = Duration::from_secs(60);
 

@@ -115,22 +115,12 @@ mod grpc_web;
 mod items;
 mod query;
 
-pub use body::{BodyCaps, BodyLimits, BodyLimitsLayer, CappedBody, StatusBody};
+pub use body::{BodyCaps, BodyLimits, BodyLimitsLayer, CappedBody};
+#[cfg(feature = "axum")]
+pub use items::Batch;
 pub use items::{
     count_batch_items, parse_batch, BatchError, BatchItems, BatchItemsLayer, ItemCount,
 };
-#[cfg(feature = "axum")]
-pub use items::{Batch, BatchRejection};
-#[cfg(feature = "axum")]
-pub use query::MissingValidatedQuery;
 pub use query::{
-    QueryRules, QueryRulesBuilder, UnknownParams, ValidateQuery, ValidateQueryLayer,
-    ValidatedQuery, CURSOR, FROM, PAGE_SIZE, TO,
+    QueryRules, QueryRulesBuilder, UnknownParams, ValidateQuery, ValidateQueryLayer, ValidatedQuery,
 };
-
-/// Response futures of this module's services.
-pub mod future {
-    pub use super::body::ResponseFuture as BodyLimitsFuture;
-    pub use super::items::ResponseFuture as BatchItemsFuture;
-    pub use super::query::ResponseFuture as ValidateQueryFuture;
-}

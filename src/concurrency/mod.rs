@@ -131,7 +131,7 @@
 //! queued, running or sending its body; the last such request removes the
 //! entry, so an idle service tracks nothing. The map holds at most
 //! [`max_identities`](ConcurrencyLayerBuilder::max_identities) entries
-//! (default [`DEFAULT_MAX_IDENTITIES`]). When it is full, a request of a *new*
+//! (default 10 000). When it is full, a request of a *new*
 //! subject is refused at once with 503 ([`OverloadReason::TooManyIdentities`])
 //! while subjects already tracked continue as normal.
 //!
@@ -213,7 +213,6 @@ pub use adaptive::{
     AdaptiveLimit, AdaptiveLimitLayer, ClassStats, Criticality, LimitError, LimitStats, Outcome,
 };
 pub use body::PermitBody;
-pub use future::ResponseFuture;
-pub use layer::{ConcurrencyLayer, ConcurrencyLayerBuilder, DEFAULT_MAX_IDENTITIES};
+pub use layer::{ConcurrencyLayer, ConcurrencyLayerBuilder};
 pub use reason::{ConcurrencyStats, OverloadReason};
 pub use service::Concurrency;

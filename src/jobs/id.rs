@@ -7,7 +7,7 @@ use std::str::FromStr;
 ///
 /// Displayed and parsed as 32 lowercase hexadecimal digits. Parsing accepts
 /// only that spelling (`0-9`, `a-f`): uppercase digits, a sign, a `0x` prefix
-/// or whitespace are refused with [`ParseJobIdError`], so every id has exactly
+/// or whitespace are refused with an error, so every id has exactly
 /// one text form and two different strings never name the same job.
 ///
 /// ```
@@ -83,5 +83,40 @@ impl<'de> serde::Deserialize<'de> for JobId {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let text = String::deserialize(deserializer)?;
         text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{JobId, ParseJobIdError};
+
+    #[test]
+    fn job_id_parses_only_its_one_lowercase_spelling() {
+        let lower = "0123456789abcdef0123456789abcdef";
+        let id: JobId = lower.parse().unwrap();
+        assert_eq!(id.to_string(), lower);
+        assert_eq!(id.as_u128(), 0x0123456789abcdef0123456789abcdef);
+        // Every other spelling of the same number is refused with the id error,
+        // so a status lookup never finds one job under two paths.
+        for other in [
+            "0123456789ABCDEF0123456789ABCDEF",
+            "0123456789abcdef0123456789abcdeF",
+            "0123456789Abcdef0123456789abcdef",
+            "+123456789abcdef0123456789abcdef",
+        ] {
+            assert_eq!(other.parse::<JobId>(), Err(ParseJobIdError), "{other}");
+        }
+        // The same holds through serde (a JSON body naming a job).
+        assert!(serde_json::from_str::<JobId>("\"0123456789ABCDEF0123456789ABCDEF\"").is_err());
+        assert_eq!(
+            serde_json::from_str::<JobId>(&format!("\"{lower}\"")).unwrap(),
+            id
+        );
+        // A random id's uppercase form is refused too.
+        let random = JobId::random();
+        let upper = format!("{:032X}", random.as_u128());
+        if upper.bytes().any(|b| b.is_ascii_alphabetic()) {
+            assert_eq!(upper.parse::<JobId>(), Err(ParseJobIdError));
+        }
     }
 }

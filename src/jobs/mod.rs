@@ -28,7 +28,7 @@
 //!   the queue, so a refusal and its `Retry-After` cost the same however
 //!   long the queue is (no walk of the waiting jobs under the queue's lock),
 //!   and an owner with no job waiting or running holds no memory.
-//! * **Workers** are 1 to [`MAX_WORKERS`]; every other bound is at least 1.
+//! * **Workers** are 1 to 1024; every other bound is at least 1.
 //! * **Records**: waiting and running jobs always have a record (so at most
 //!   `capacity + workers`). Finished records are kept for at most
 //!   [`finished_ttl`](JobQueueBuilder::finished_ttl) after they finish, and at
@@ -40,7 +40,7 @@
 //!
 //! A refusal's wait depends on how long jobs take, which the queue cannot
 //! know; it estimates it from what it can see. A job is expected to take
-//! the mean duration of the last [`MEASURED_JOBS`] finished jobs (before
+//! the mean duration of the last 16 finished jobs (before
 //! any has finished, the configured
 //! [`retry_after`](JobQueueBuilder::retry_after)). A running job is then
 //! expected to end after that mean less its elapsed time, or at any moment
@@ -121,9 +121,5 @@
 mod id;
 mod queue;
 
-pub use id::{JobId, ParseJobIdError};
-pub use queue::{
-    accepted_response, JobQueue, JobQueueBuilder, JobStatus, SubmitError, DEFAULT_CAPACITY,
-    DEFAULT_FINISHED_TTL, DEFAULT_RETAIN_FINISHED, DEFAULT_RETRY_AFTER, DEFAULT_WORKERS,
-    MAX_WORKERS, MEASURED_JOBS,
-};
+pub use id::JobId;
+pub use queue::{accepted_response, JobQueue, JobQueueBuilder, JobStatus, SubmitError};

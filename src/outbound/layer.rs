@@ -362,7 +362,8 @@ impl<E: std::error::Error + 'static> std::error::Error for BudgetError<E> {
 }
 
 /// Response future of [`DependencyBudgetService`].
-pub type ResponseFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, BudgetError<E>>> + Send>>;
+pub(crate) type ResponseFuture<T, E> =
+    Pin<Box<dyn Future<Output = Result<T, BudgetError<E>>> + Send>>;
 
 impl<S, Bu, B> Service<Request<B>> for DependencyBudgetService<S, Bu, B>
 where

@@ -60,7 +60,7 @@ pub use budget::{
     AttemptBudget, BudgetShares, BudgetStats, DependencyBudget, DependencyBudgetBuilder, Pick,
     Refusal, Share,
 };
-pub use layer::{BudgetError, DependencyBudgetLayer, DependencyBudgetService, ResponseFuture};
+pub use layer::{BudgetError, DependencyBudgetLayer, DependencyBudgetService};
 pub use pushback::{is_pushback, Pushback, PushbackLayer};
 
 #[cfg(feature = "redis")]

@@ -49,7 +49,7 @@ impl fmt::Debug for Scope {
 type CostFn = Arc<dyn Fn(&Parts) -> u64 + Send + Sync>;
 
 /// A key function for [`Scope::Custom`].
-pub type KeyFn = Arc<dyn Fn(&Parts) -> Option<Arc<str>> + Send + Sync>;
+type KeyFn = Arc<dyn Fn(&Parts) -> Option<Arc<str>> + Send + Sync>;
 
 /// Applies a [`Quota`] to every request, answering 429 with an exact
 /// `Retry-After` when it refuses.

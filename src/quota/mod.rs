@@ -2,7 +2,7 @@
 
 pub mod algorithm;
 mod decision;
-pub mod headers;
+pub(crate) mod headers;
 mod layer;
 mod limiter;
 mod policy;
@@ -11,10 +11,10 @@ mod settle;
 pub mod store;
 
 pub use decision::{Decision, Decisions, Holds, QuotaDecision};
-pub use layer::{KeyFn, QuotaLayer, QuotaLayerBuilder, Quotas, Scope};
+pub use layer::{QuotaLayer, QuotaLayerBuilder, Quotas, Scope};
 pub use limiter::{Limiter, LimiterStats, Outcome, Verdict};
 pub use policy::{FailureMode, Policy, Quota};
-pub use service::{QuotaService, ResponseFuture};
+pub use service::QuotaService;
 pub use settle::Settlement;
 pub use store::{MemoryConfig, MemoryStore, Store, StoreError};
 #[cfg(feature = "redis")]

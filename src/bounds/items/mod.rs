@@ -8,8 +8,7 @@ mod parse;
 mod service;
 
 #[cfg(feature = "axum")]
-pub use extract::{Batch, BatchRejection};
-pub use future::ResponseFuture;
+pub use extract::Batch;
 pub use layer::BatchItemsLayer;
 pub use parse::{count_batch_items, parse_batch, BatchError};
 pub use service::BatchItems;

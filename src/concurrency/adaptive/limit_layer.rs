@@ -296,9 +296,7 @@ impl<Req, O> AdaptiveLimitLayerBuilder<Req, O> {
     }
 
     /// The share of the limit sheddable and default requests may fill
-    /// (defaults [`DEFAULT_SHEDDABLE_SHARE`](super::DEFAULT_SHEDDABLE_SHARE)
-    /// and [`DEFAULT_DEFAULT_SHARE`](super::DEFAULT_DEFAULT_SHARE) with a
-    /// classifier, 1 and 1 without).
+    /// (defaults 0.8 and 0.9 with a classifier, 1 and 1 without).
     pub fn class_shares(mut self, sheddable: f64, default: f64) -> Self {
         self.shares = Some((sheddable, default));
         self
@@ -444,7 +442,7 @@ impl<S: fmt::Debug, Req, O> fmt::Debug for AdaptiveLimitService<S, Req, O> {
 
 /// The response future of an [`AdaptiveLimitService`] (boxed: an outbound
 /// call costs far more than the allocation).
-pub type LimitFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, LimitError<E>>> + Send>>;
+pub(crate) type LimitFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, LimitError<E>>> + Send>>;
 
 impl<S, Req, O> Service<Req> for AdaptiveLimitService<S, Req, O>
 where

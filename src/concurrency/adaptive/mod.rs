@@ -67,7 +67,7 @@
 //! limit: a sheddable request is admitted only while fewer than
 //! `sheddable × limit` requests (of every class) are in flight, a default
 //! one below `default × limit`, a critical one below the limit (defaults
-//! [`DEFAULT_SHEDDABLE_SHARE`] and [`DEFAULT_DEFAULT_SHARE`]). So sheddable
+//! 0.8 and 0.9). So sheddable
 //! work is refused first, and `1 - default` of the limit is reserved for
 //! critical work. Waiters are served most critical class first, each within
 //! its share. Without a classifier every request is
@@ -167,12 +167,12 @@ mod limit_layer;
 mod stats;
 mod telemetry;
 
-pub use class::{Criticality, DEFAULT_DEFAULT_SHARE, DEFAULT_SHEDDABLE_SHARE};
+pub use class::Criticality;
 pub use config::AdaptiveLimit;
 pub use controller::Outcome;
 pub use limit_layer::{
     AdaptiveLimitLayer, AdaptiveLimitLayerBuilder, AdaptiveLimitService, ClassifyOutcome,
-    ErrorIsOverload, LimitError, LimitFuture, Overloaded,
+    ErrorIsOverload, LimitError, Overloaded,
 };
 pub use stats::{ClassStats, LimitStats};
 
