@@ -320,11 +320,12 @@ fn changed_policy(kind: u8) -> impl Strategy<Value = Policy> {
     )
         .prop_map(move |(limit, refill, window)| {
             let w = Duration::from_micros(window);
+            // Named by kind, the same name for every step of a case.
             match kind {
-                0 => Policy::fixed_window("p", limit, w),
-                1 => Policy::sliding_log("p", limit, w),
-                2 => Policy::token_bucket("p", limit, refill, w),
-                _ => Policy::sliding_window("p", limit, w),
+                0 => Policy::fixed_window("fixed", limit, w),
+                1 => Policy::sliding_log("log", limit, w),
+                2 => Policy::token_bucket("bucket", limit, refill, w),
+                _ => Policy::sliding_window("weighted", limit, w),
             }
             .unwrap()
         })
@@ -348,11 +349,10 @@ async fn change_run<S: Store>(
     for (policy, gap, cost) in steps {
         now += gap;
         clock.set(Timestamp(now));
-        let horizon = match policy.algorithm() {
-            tower_admission::quota::algorithm::Algorithm::SlidingWindow(_) => {
-                2 * policy.algorithm().window()
-            }
-            _ => policy.algorithm().window(),
+        // The weighted window still counts the previous window.
+        let horizon = match policy.name() {
+            "weighted" => 2 * policy.window(),
+            _ => policy.window(),
         };
         let quota = Quota::new("q", [policy]).unwrap();
         let d = store.decide(&quota, &key, cost).await.unwrap();

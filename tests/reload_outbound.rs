@@ -121,7 +121,7 @@ fn a_bad_budget_is_refused_whole_with_the_error_build_gives() {
     assert_eq!(reload.generation(), 0);
     // Each partition still holds a quarter of the first numbers.
     let normal = budget.quota(Share::Normal);
-    assert_eq!(normal.policies()[0].algorithm().limit(), 5);
+    assert_eq!(normal.policies()[0].limit(), 5);
 }
 
 #[cfg(feature = "redis")]

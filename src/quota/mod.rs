@@ -1,6 +1,6 @@
 //! Quotas: policies, algorithms, stores and the quota layer.
 
-pub mod algorithm;
+pub(crate) mod algorithm;
 mod decision;
 pub(crate) mod headers;
 mod layer;
@@ -8,7 +8,10 @@ mod limiter;
 mod policy;
 mod service;
 mod settle;
-pub mod store;
+mod store;
+
+#[cfg(all(test, feature = "axum"))]
+mod oracle_tests;
 
 pub use decision::{Decision, Decisions, Holds, QuotaDecision};
 pub use layer::{QuotaLayer, QuotaLayerBuilder, Quotas, Scope};
