@@ -251,9 +251,13 @@ impl Controller {
         }
     }
 
-    /// The gradient step: the limit times goal / latency (within 0.5 and 2),
-    /// plus √limit of headroom while the latency is within the goal,
-    /// smoothed; it grows only if it was used.
+    /// The gradient step: the limit in force times goal / latency (within
+    /// 0.5 and 2), plus √limit of headroom while the latency is within the
+    /// goal, smoothed; it grows only if it was used. The step is measured
+    /// from the whole limit that admitted the window's requests, not from
+    /// the fraction above it: a fraction admitted no one, so a latency
+    /// measured under 2 says nothing about 2.9, and growing from 2.9 would
+    /// reach 4 in two windows of evidence about 2.
     fn follow_latency(&mut self) {
         let Some(latency) = self.samples.percentile(self.cfg.percentile) else {
             return;
@@ -261,12 +265,13 @@ impl Controller {
         self.latency = Some(latency);
         let goal = self.goal().as_secs_f64();
         let gradient = (goal / latency.as_secs_f64().max(1e-9)).clamp(0.5, 2.0);
+        let in_force = self.limit.floor();
         let headroom = if gradient >= 1.0 {
-            self.limit.sqrt()
+            in_force.sqrt()
         } else {
             0.0
         };
-        let mut target = self.limit * gradient + headroom;
+        let mut target = in_force * gradient + headroom;
         let used = (self.pressed || self.max_in_flight as f64 >= self.cfg.utilisation * self.limit)
             && !self.after_probe;
         if target > self.limit && !used {
