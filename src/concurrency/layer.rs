@@ -16,7 +16,7 @@ use crate::ConfigError;
 /// Default for [`ConcurrencyLayerBuilder::max_identities`].
 const DEFAULT_MAX_IDENTITIES: usize = 10_000;
 
-/// Layer that bounds requests in flight; builds [`Concurrency`].
+/// Layer that bounds requests in flight.
 ///
 /// Clones share all state (permit counts, queues, the per-identity map and the
 /// counters), and so do the services built from one layer: apply one layer

@@ -112,7 +112,7 @@
 //! # Backpressure
 //!
 //! axum does not use `poll_ready` for backpressure, so permits are taken in
-//! `call`, and [`Concurrency`]'s `poll_ready` only delegates to the inner
+//! `call`, and the service's `poll_ready` only delegates to the inner
 //! service. A refused request never reaches the inner service.
 //!
 //! A request admitted at once is handed to the inner service that
@@ -215,4 +215,3 @@ pub use adaptive::{
 pub use body::PermitBody;
 pub use layer::{ConcurrencyLayer, ConcurrencyLayerBuilder};
 pub use reason::{ConcurrencyStats, OverloadReason};
-pub use service::Concurrency;

@@ -49,7 +49,7 @@ mod extract;
 mod types;
 
 pub use api_keys::ApiKeys;
-pub use authenticate::{AuthenticateLayer, AuthenticateService, Authenticator};
-pub use client_ip::{ClientIp, ClientIpLayer, ClientIpService, ForwardedHeader, TrustedProxies};
+pub use authenticate::{AuthenticateLayer, Authenticator};
+pub use client_ip::{ClientIp, ClientIpLayer, ForwardedHeader, TrustedProxies};
 pub use error::AuthError;
 pub use types::Identity;

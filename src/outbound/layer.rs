@@ -322,7 +322,7 @@ impl<S: fmt::Debug, Bu, B> fmt::Debug for DependencyBudgetService<S, Bu, B> {
     }
 }
 
-/// The error of a [`DependencyBudgetService`]: the budget refused the
+/// The error of the service a [`DependencyBudgetLayer`] builds: the budget refused the
 /// attempt, or the inner service failed.
 #[derive(Debug)]
 #[non_exhaustive]

@@ -60,8 +60,8 @@ pub use budget::{
     AttemptBudget, BudgetShares, BudgetStats, DependencyBudget, DependencyBudgetBuilder, Pick,
     Refusal, Share,
 };
-pub use layer::{BudgetError, DependencyBudgetLayer, DependencyBudgetService};
-pub use pushback::{is_pushback, Pushback, PushbackLayer};
+pub use layer::{BudgetError, DependencyBudgetLayer};
+pub use pushback::{is_pushback, PushbackLayer};
 
 #[cfg(feature = "redis")]
 mod bucket;

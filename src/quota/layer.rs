@@ -7,8 +7,9 @@ use http::request::Parts;
 use http::{Extensions, HeaderValue};
 use tower::Layer;
 
+use super::service::QuotaService;
 use crate::identity::Identity;
-use crate::quota::{headers, Limiter, Quota, QuotaService, Store};
+use crate::quota::{headers, Limiter, Quota, Store};
 use crate::reload::{Live, ReloadHandle, Target};
 use crate::ConfigError;
 

@@ -17,7 +17,6 @@ pub use decision::{Decision, Decisions, Holds, QuotaDecision};
 pub use layer::{QuotaLayer, QuotaLayerBuilder, Quotas, Scope};
 pub use limiter::{Limiter, LimiterStats, Outcome, Verdict};
 pub use policy::{FailureMode, Policy, Quota};
-pub use service::QuotaService;
 pub use settle::Settlement;
 pub use store::{MemoryConfig, MemoryStore, Store, StoreError};
 #[cfg(feature = "redis")]

@@ -21,7 +21,6 @@ mod status;
 pub use capped::CappedBody;
 pub use layer::{BodyCaps, BodyLimitsLayer};
 pub(in crate::bounds) use probe::Probe;
-pub use service::BodyLimits;
 
 type BoxError = Box<dyn StdError + Send + Sync>;
 

@@ -12,7 +12,7 @@ use crate::ConfigError;
 
 /// Counts the items of a JSON batch `{"items": [...]}` before the inner
 /// service runs, refusing more than `max` with 413 (cap `items`) and bad
-/// JSON with 400. Builds [`BatchItems`].
+/// JSON with 400.
 ///
 /// Use it where the count must be known *before* the handler, for example
 /// to charge it as quota cost: place it inside [`BodyLimitsLayer`](crate::bounds::BodyLimitsLayer)
@@ -25,7 +25,7 @@ use crate::ConfigError;
 /// object body is refused.
 ///
 /// A body read error is answered with 400 naming `body`; when that error is
-/// a byte cap of [`BodyLimits`](crate::bounds::BodyLimits), that layer replaces the
+/// a byte cap of [`BodyLimitsLayer`](crate::bounds::BodyLimitsLayer), that layer replaces the
 /// answer with its 413.
 ///
 /// Clones, and the services built from them, share the cap in force.

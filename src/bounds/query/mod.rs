@@ -11,7 +11,6 @@ mod stamp;
 
 pub use layer::ValidateQueryLayer;
 pub use rules::{QueryRules, QueryRulesBuilder, UnknownParams, ValidatedQuery};
-pub use service::ValidateQuery;
 
 /// Name of the page size parameter.
 pub(crate) const PAGE_SIZE: &str = "page_size";

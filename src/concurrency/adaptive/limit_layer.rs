@@ -98,7 +98,7 @@ impl fmt::Display for Overloaded {
 
 impl StdError for Overloaded {}
 
-/// The error of an [`AdaptiveLimitService`].
+/// The error of the service an [`AdaptiveLimitLayer`] builds.
 ///
 /// ```
 /// use std::time::Duration;
@@ -154,8 +154,7 @@ impl<E: StdError + 'static> StdError for LimitError<E> {
 }
 
 /// Limits the requests in flight to a service with an adaptive limit (or a
-/// [`fixed`](Self::fixed) one), criticality classes and fair queues; builds
-/// [`AdaptiveLimitService`].
+/// [`fixed`](Self::fixed) one), criticality classes and fair queues.
 ///
 /// `Req` is the request type, read by the class and tenant functions. A
 /// slot is held from admission until the inner future answers or is

@@ -171,8 +171,8 @@ pub use class::Criticality;
 pub use config::AdaptiveLimit;
 pub use controller::Outcome;
 pub use limit_layer::{
-    AdaptiveLimitLayer, AdaptiveLimitLayerBuilder, AdaptiveLimitService, ClassifyOutcome,
-    ErrorIsOverload, LimitError, Overloaded,
+    AdaptiveLimitLayer, AdaptiveLimitLayerBuilder, ClassifyOutcome, ErrorIsOverload, LimitError,
+    Overloaded,
 };
 pub use stats::{ClassStats, LimitStats};
 

@@ -15,7 +15,6 @@ pub use forwarded::ForwardedHeader;
 pub use layer::ClientIpLayer;
 use proxies::KeyPrefixes;
 pub use proxies::TrustedProxies;
-pub use service::ClientIpService;
 
 /// Most forwarding hops read from the right of the chain. Hops further left
 /// are ignored, so a long or hostile header costs bounded work and memory.

@@ -222,7 +222,6 @@ impl SlidingLogState {
         self.entries.len()
     }
 
-
     #[cfg(test)]
     /// Cost held by the log (as of its last decision).
     pub(crate) fn total(&self) -> u64 {

@@ -174,7 +174,6 @@ impl TokenBucket {
         })
     }
 
-
     /// The refill interval as the reduced fraction `(p, q)`: one token every
     /// `p / q` µs.
     pub(crate) fn interval_micros(&self) -> (u64, u64) {
