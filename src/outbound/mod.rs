@@ -81,6 +81,6 @@ pub use leased::{LeasedBudget, LeasedRates};
 #[cfg(feature = "redis")]
 pub use regions::{
     Initialized, PendingTransfer, Rebalanced, Rebalancer, RegionError, RegionLease,
-    RegionLeaseBuilder, RegionView, RegionalBudget, RegionalBudgetBuilder, RepairOutcome,
-    RepairReport, Snapshot, Step, TransferError, TransferId, TransferOutcome,
+    RegionLeaseBuilder, RegionView, RegionalBudget, RegionalBudgetBuilder, RepairReport, Snapshot,
+    Step, TransferError, TransferId, TransferOutcome,
 };

@@ -13,7 +13,8 @@ mod store;
 #[cfg(all(test, feature = "axum"))]
 mod oracle_tests;
 
-pub use decision::{Decision, Decisions, Holds, QuotaDecision};
+pub(crate) use decision::Decisions;
+pub use decision::{Decision, Holds, QuotaDecision};
 pub use layer::{QuotaLayer, QuotaLayerBuilder, Quotas, Scope};
 pub use limiter::{Limiter, LimiterStats, Outcome, Verdict};
 pub use policy::{FailureMode, Policy, Quota};

@@ -36,7 +36,7 @@ pub use init::Initialized;
 pub use ordered::RegionView;
 pub use rebalancer::{Rebalanced, Rebalancer};
 pub use region_lease::{RegionLease, RegionLeaseBuilder};
-pub use repair::{PendingTransfer, RepairOutcome, RepairReport};
+pub use repair::{PendingTransfer, RepairReport};
 pub use snapshot::Snapshot;
 pub use transfer::{TransferId, TransferOutcome};
 
