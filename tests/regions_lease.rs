@@ -80,12 +80,11 @@ fn saturate(lease: &RegionLease) -> tokio::task::JoinHandle<()> {
 /// The rate (per second) that region `i`'s instances may still spend now.
 async fn committed(f: &Fleet, i: usize) -> f64 {
     let (name, store) = &f.stores[i];
-    let table = store.grants(&format!("region-{name}")).await.unwrap();
-    table
-        .instances
-        .iter()
-        .map(|g| g.committed_at(table.now).as_f64())
-        .sum()
+    store
+        .committed(&format!("region-{name}"))
+        .await
+        .unwrap()
+        .as_f64()
 }
 
 #[tokio::test]

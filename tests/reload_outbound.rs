@@ -172,7 +172,7 @@ mod lease {
         let (a, b) = (lease(&store, &clock, "a"), lease(&store, &clock, "b"));
         let budget = LeasedBudget::new(a.clone(), Rate::per_second(40)).unwrap();
         let reload = budget.reload_handle();
-        let peak = || async { store.grants("dep").await.unwrap().peak() };
+        let peak = || async { store.peak("dep").await.unwrap() };
         for _ in 0..3 {
             a.refresh().await.unwrap();
             b.refresh().await.unwrap();

@@ -73,8 +73,8 @@ mod leased;
 mod regions;
 #[cfg(feature = "redis")]
 pub use lease::{
-    GrantStep, GrantTable, InstanceGrant, LeaseError, LeaseMode, LeaseStatus, LeaseStore,
-    LeaseStoreBuilder, Rate, RateLease, RateLeaseBuilder,
+    LeaseError, LeaseMode, LeaseStatus, LeaseStore, LeaseStoreBuilder, Rate, RateLease,
+    RateLeaseBuilder,
 };
 #[cfg(feature = "redis")]
 pub use leased::{LeasedBudget, LeasedRates};
