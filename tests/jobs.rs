@@ -9,7 +9,7 @@ use futures_util::FutureExt;
 use http::header::{LOCATION, RETRY_AFTER};
 use http::StatusCode;
 use tokio::sync::Semaphore;
-use tower_admission::jobs::{accepted_response, JobId, JobQueue, JobStatus, SubmitError};
+use tower_admission::jobs::{JobId, JobQueue, JobStatus, SubmitError};
 use tower_admission::reject::{OverloadScope, Rejection};
 
 /// Lets every ready task run until all are idle (paused time: the clock
@@ -293,7 +293,7 @@ async fn dropping_the_last_handle_still_runs_accepted_jobs() {
 async fn accepted_response_is_202_with_location() {
     let id = JobId::random();
     let location = format!("/reports/jobs/{id}");
-    let response = accepted_response(id, &location).unwrap();
+    let response = id.accepted_response(&location).unwrap();
     assert_eq!(response.status(), StatusCode::ACCEPTED);
     assert_eq!(response.headers()[LOCATION], location.as_str());
     let body = http_body_util::BodyExt::collect(response.into_body())

@@ -118,5 +118,5 @@ mod query;
 pub use body::{BodyCaps, BodyLimitsLayer, CappedBody};
 #[cfg(feature = "axum")]
 pub use items::Batch;
-pub use items::{count_batch_items, parse_batch, BatchError, BatchItemsLayer, ItemCount};
+pub use items::{parse_batch, BatchError, BatchItemsLayer, ItemCount};
 pub use query::{QueryRules, QueryRulesBuilder, UnknownParams, ValidateQueryLayer, ValidatedQuery};

@@ -1,6 +1,11 @@
 use std::fmt;
 use std::str::FromStr;
 
+use bytes::Bytes;
+use http::header::{HeaderValue, CONTENT_TYPE, LOCATION};
+use http::{Response, StatusCode};
+use http_body_util::Full;
+
 /// Identifier of an accepted job: 128 random bits from a cryptographically
 /// secure generator (`rand::random`, backed by the thread-local ChaCha RNG),
 /// so it cannot be guessed and is safe to put in a URL.
@@ -31,6 +36,25 @@ impl JobId {
     /// The id as a number.
     pub fn as_u128(self) -> u128 {
         self.0
+    }
+
+    /// A `202 Accepted` response pointing at `location`, where the job's status
+    /// can be read, with the body `{"id": ..., "status": "queued"}`.
+    ///
+    /// Fails only when `location` is not a valid header value.
+    pub fn accepted_response(
+        self,
+        location: &str,
+    ) -> Result<Response<Full<Bytes>>, http::header::InvalidHeaderValue> {
+        let location = HeaderValue::from_str(location)?;
+        let body = serde_json::json!({ "id": self, "status": "queued" }).to_string();
+        let mut response = Response::new(Full::new(Bytes::from(body)));
+        *response.status_mut() = StatusCode::ACCEPTED;
+        response.headers_mut().insert(LOCATION, location);
+        response
+            .headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        Ok(response)
     }
 }
 

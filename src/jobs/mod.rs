@@ -5,7 +5,7 @@
 //! waits (a large report, a wide date range), a handler can refuse it, or
 //! accept it for later: it calls [`JobQueue::submit`] and answers `202
 //! Accepted` with a `Location` where the caller polls the job's status
-//! ([`accepted_response`]).
+//! ([`JobId::accepted_response`]).
 //!
 //! # Bounds
 //!
@@ -86,7 +86,7 @@
 //! ```
 //! use std::time::Duration;
 //! use http::StatusCode;
-//! use tower_admission::jobs::{accepted_response, JobQueue, JobStatus};
+//! use tower_admission::jobs::{JobQueue, JobStatus};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -101,7 +101,7 @@
 //!
 //! // In a handler, with the authenticated subject as owner:
 //! let response = match reports.submit("alice", 365) {
-//!     Ok(id) => accepted_response(id, &format!("/reports/jobs/{id}"))?,
+//!     Ok(id) => id.accepted_response(&format!("/reports/jobs/{id}"))?,
 //!     Err(full) => full.into_response(false), // 503 + Retry-After
 //! };
 //! assert_eq!(response.status(), StatusCode::ACCEPTED);
@@ -122,4 +122,4 @@ mod id;
 mod queue;
 
 pub use id::JobId;
-pub use queue::{accepted_response, JobQueue, JobQueueBuilder, JobStatus, SubmitError};
+pub use queue::{JobQueue, JobQueueBuilder, JobStatus, SubmitError};

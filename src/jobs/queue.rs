@@ -21,7 +21,7 @@ mod submit;
 pub use builder::JobQueueBuilder;
 pub(crate) use builder::MEASURED_JOBS;
 pub use status::JobStatus;
-pub use submit::{accepted_response, SubmitError};
+pub use submit::SubmitError;
 
 struct Record<R, E> {
     owner: Arc<str>,

@@ -55,7 +55,7 @@ mod budget;
 mod layer;
 mod pushback;
 
-pub use attempt::{requested_wait, Attempt, RetryAttempts};
+pub use attempt::{Attempt, RetryAttempts};
 pub use budget::{
     AttemptBudget, BudgetShares, BudgetStats, DependencyBudget, DependencyBudgetBuilder, Pick,
     Refusal, Share,
@@ -80,7 +80,7 @@ pub use lease::{
 pub use leased::{LeasedBudget, LeasedRates};
 #[cfg(feature = "redis")]
 pub use regions::{
-    Initialized, PendingTransfer, Rebalanced, Rebalancer, RegionError, RegionLease,
-    RegionLeaseBuilder, RegionView, RegionalBudget, RegionalBudgetBuilder, RepairReport, Snapshot,
-    Step, TransferError, TransferId, TransferOutcome,
+    Initialized, PendingTransfer, Rebalancer, RegionError, RegionLease, RegionLeaseBuilder,
+    RegionView, RegionalBudget, RegionalBudgetBuilder, RepairReport, Snapshot, Step, TransferError,
+    TransferId, TransferOutcome,
 };

@@ -18,7 +18,7 @@ use crate::ConfigError;
 /// to charge it as quota cost: place it inside [`BodyLimitsLayer`](crate::bounds::BodyLimitsLayer)
 /// (which bounds the bytes it buffers) and outside the quota layers. It
 /// reads the whole (capped) body, counts items without building them
-/// ([`count_batch_items`](crate::bounds::count_batch_items)), inserts [`ItemCount`](crate::bounds::ItemCount) and hands the same bytes
+/// ([`parse_batch`](crate::bounds::parse_batch) without building the items), inserts [`ItemCount`](crate::bounds::ItemCount) and hands the same bytes
 /// on as a `Full<Bytes>` body; the handler then parses them again, for
 /// example with the `Batch` extractor. Apply it only to batch routes (axum's
 /// `route_layer` or a method router's `layer`): a request without a JSON

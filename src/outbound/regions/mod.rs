@@ -34,7 +34,7 @@ pub use builder::RegionalBudgetBuilder;
 pub use error::{RegionError, Step, TransferError};
 pub use init::Initialized;
 pub use ordered::RegionView;
-pub use rebalancer::{Rebalanced, Rebalancer};
+pub use rebalancer::Rebalancer;
 pub use region_lease::{RegionLease, RegionLeaseBuilder};
 pub use repair::{PendingTransfer, RepairReport};
 pub use snapshot::Snapshot;
