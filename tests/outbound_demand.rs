@@ -35,7 +35,7 @@ async fn an_attempt_that_looks_again_after_its_wait_counts_once_toward_the_deman
     // of a 24/s grant (20/s): the second of each pair waits for the lease's
     // one-attempt bucket and looks again. The demand is 20/s, not 30/s.
     let server = RedisServer::start();
-    let clock = ManualClock::new(Timestamp(START));
+    let clock = ManualClock::new(Timestamp::from_micros(START));
     let lease = RateLease::builder(
         store(&server, &clock),
         "dep",
@@ -151,7 +151,7 @@ async fn a_newcomer_whose_callers_wait_as_told_gets_its_fair_share_within_a_leas
     // R/10 = 24/s, the fair share, instead of the little it measured (then
     // doubling from 2.4/s once per 4 s refresh: still 19.2/s after 20 s).
     let server = RedisServer::start();
-    let clock = ManualClock::new(Timestamp(START));
+    let clock = ManualClock::new(Timestamp::from_micros(START));
     let shared = store(&server, &clock);
     let mut fleet: Vec<Queued> = (0..9)
         .map(|i| Queued::new(&shared, &clock, &format!("old{i}"), 1_000))

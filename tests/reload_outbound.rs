@@ -162,7 +162,7 @@ mod lease {
     #[tokio::test]
     async fn an_r_lowered_on_one_instance_halves_the_fleet_within_one_lease_length() {
         let server = RedisServer::start();
-        let clock = ManualClock::new(Timestamp(START));
+        let clock = ManualClock::new(Timestamp::from_micros(START));
         let store = LeaseStore::builder(server.url())
             .prefix("t")
             .deadline(Duration::from_secs(5))
