@@ -258,9 +258,9 @@ async fn critical_work_keeps_its_share_while_sheddable_work_floods() {
         (critical_ok, critical_p99, sheddable.ok, sheddable_p99),
         (
             10800,
-            Duration::from_millis(27),
-            7198,
-            Duration::from_millis(192)
+            Duration::from_millis(25),
+            7200,
+            Duration::from_millis(190)
         ),
     );
     let stats = layer.stats().limit.unwrap();
@@ -387,6 +387,6 @@ async fn a_class_held_to_its_share_still_fills_the_capacity() {
     let limit = layer.stats().limit.unwrap().limit;
     assert_eq!(
         (sheddable.ok, p99, limit),
-        (15002, Duration::from_millis(26), 55)
+        (15000, Duration::from_millis(25), 52)
     );
 }

@@ -546,6 +546,10 @@ fn a_broken_file_is_refused_with_its_key_path_and_reason() {
             ("ceiling = 64", "ceiling = 0"),
             "dependency.concurrency.ceiling: must be at least the floor",
         ),
+        (
+            ("tolerance = 0.5", "tolerance = -1"),
+            "dependency.concurrency.tolerance: must be in [0, 10]",
+        ),
     ];
     for ((from, to), expected) in cases {
         let error = Config::parse(&edited(from, to)).unwrap_err().to_string();

@@ -81,6 +81,9 @@ pub(crate) struct Settings {
     /// The adaptive limit's bounds.
     pub(crate) floor: usize,
     pub(crate) ceiling: usize,
+    /// The latency the adaptive limit aims at, as a share above the
+    /// measured baseline.
+    pub(crate) tolerance: f64,
     /// Calls waiting for a slot, per class.
     pub(crate) queue: usize,
     /// The longest a call waits for a slot.
@@ -88,14 +91,15 @@ pub(crate) struct Settings {
 }
 
 impl Default for Settings {
-    /// As shipped: adaptive between 1 and 64, 32 calls waiting per class
-    /// for at most 400 ms.
+    /// As shipped: adaptive between 1 and 64 aiming at 1.5 × the baseline,
+    /// 32 calls waiting per class for at most 400 ms.
     fn default() -> Self {
         Settings {
             mode: Mode::Adaptive,
             fixed: 16,
             floor: 1,
             ceiling: 64,
+            tolerance: 0.5,
             queue: 32,
             deadline: Span(std::time::Duration::from_millis(400)),
         }
@@ -138,6 +142,7 @@ impl Settings {
             Mode::Adaptive => {
                 let adaptive = AdaptiveLimit::default()
                     .bounds(self.floor, self.ceiling)
+                    .tolerance(self.tolerance)
                     .initial(INITIAL_LIMIT.clamp(self.floor, self.ceiling.max(self.floor)));
                 AdaptiveLimitLayer::builder(adaptive)
             }
@@ -162,6 +167,7 @@ impl Settings {
                     "limit" => "fixed",
                     "adaptive.floor" => "floor",
                     "adaptive.ceiling" | "adaptive.initial" => "ceiling",
+                    "adaptive.tolerance" => "tolerance",
                     "queue.deadline" => "deadline",
                     other => other,
                 };

@@ -251,9 +251,22 @@ impl Controller {
         }
     }
 
+    /// The latency under which the limit may grow past its gradient: the
+    /// lower half of the band between the baseline and the goal. Nearer
+    /// the goal the gradient alone moves it, so a limit whose latency is
+    /// within the goal stays there rather than stepping past it (at a
+    /// capacity of 2, one more request in flight costs half the baseline).
+    fn headroom_below(&self) -> Duration {
+        match self.baseline {
+            Some(b) => b.mul_f64(1.0 + self.cfg.tolerance / 2.0),
+            None => Duration::MAX,
+        }
+    }
+
     /// The gradient step: the limit in force times goal / latency (within
-    /// 0.5 and 2), plus √limit of headroom while the latency is within the
-    /// goal, smoothed; it grows only if it was used. The step is measured
+    /// 0.5 and 2), plus √limit of headroom while the latency is in the
+    /// lower half of the band up to the goal, smoothed; it grows only if
+    /// it was used. The step is measured
     /// from the whole limit that admitted the window's requests, not from
     /// the fraction above it: a fraction admitted no one, so a latency
     /// measured under 2 says nothing about 2.9, and growing from 2.9 would
@@ -266,7 +279,7 @@ impl Controller {
         let goal = self.goal().as_secs_f64();
         let gradient = (goal / latency.as_secs_f64().max(1e-9)).clamp(0.5, 2.0);
         let in_force = self.limit.floor();
-        let headroom = if gradient >= 1.0 {
+        let headroom = if latency <= self.headroom_below() {
             in_force.sqrt()
         } else {
             0.0

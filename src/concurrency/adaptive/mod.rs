@@ -28,10 +28,15 @@
 //!   latency is the `percentile` of its samples.
 //! * **Gradient.** At the end of a window, with `goal = baseline × (1 +
 //!   tolerance)` (tolerance 0.25), the target is `limit × clamp(goal /
-//!   latency, 0.5, 2)`, plus `√limit` of headroom while the latency is
-//!   within the goal, and the limit moves `smoothing` (0.5) of the way to
-//!   it. Past its capacity a dependency's latency grows with the requests in
-//!   flight, so the limit settles where the latency is about the goal.
+//!   latency, 0.5, 2)`, plus `√limit` of headroom while the latency is in
+//!   the lower half of the band (at most `baseline × (1 + tolerance / 2)`),
+//!   and the limit moves `smoothing` (0.5) of the way to it. `limit` here is
+//!   the whole number in force, which admitted the window's requests. Past
+//!   its capacity a dependency's latency grows with the requests in flight,
+//!   so the limit settles where the latency is about the goal. Near the
+//!   goal only the gradient moves it, so at a small capacity (2, where one
+//!   request more costs half the baseline) it stays on the last whole limit
+//!   within the goal instead of stepping past it.
 //! * **Back-off (AIMD).** A window with an [`Outcome::Overload`] (an error
 //!   or timeout) multiplies the limit by `backoff` (0.9) instead; growth
 //!   comes back through the gradient's √limit headroom.

@@ -296,3 +296,42 @@ fn growth_at_a_small_capacity_steps_once_past_the_goal() {
     assert_eq!(settled.iter().max(), Some(&3), "{in_force:?}");
     assert_eq!(settled.iter().min(), Some(&2), "{in_force:?}");
 }
+
+/// The same dependency with a tolerance of 0.5 (goal 30 ms): 3 in flight
+/// answer in 30 ms, within the goal, and the limit stays there. Growing
+/// past it on √limit of headroom would put 4 in flight at 40 ms, twice the
+/// base; the headroom applies only in the lower half of the band.
+#[test]
+fn a_limit_whose_latency_is_at_the_goal_stays_there() {
+    let cfg = AdaptiveLimit::default()
+        .initial(20)
+        .bounds(1, 1000)
+        .tolerance(0.5)
+        .probe(Duration::from_secs(600), 2, 5);
+    let mut now = Instant::now();
+    let mut c = Controller::new(cfg, now);
+    for _ in 0..5 {
+        c.sample(now, 1, 20 * MS, Sample::Answered(Outcome::Success), 0);
+    }
+    let mut in_force = Vec::new();
+    for _ in 0..300 {
+        let n = c.limit();
+        let latency = 20 * MS * (n.max(2) as u32) / 2;
+        c.pressed();
+        now = window(
+            &mut c,
+            now,
+            10,
+            latency,
+            Sample::Answered(Outcome::Success),
+            n,
+        );
+        in_force.push(n);
+    }
+    let settled = &in_force[50..];
+    assert_eq!(
+        (settled.iter().min(), settled.iter().max()),
+        (Some(&3), Some(&3)),
+        "{in_force:?}"
+    );
+}
