@@ -26,8 +26,7 @@ use http::{Request, Response, StatusCode};
 use serde::Serialize;
 use tower::util::BoxCloneSyncService;
 use tower::{Layer, ServiceBuilder, ServiceExt};
-use tower_admission::concurrency::adaptive::Overloaded;
-use tower_admission::concurrency::LimitError;
+use tower_admission::concurrency::{LimitError, Overloaded};
 use tower_admission::outbound::{
     Attempt, AttemptBudget, BudgetError, DependencyBudget, DependencyBudgetLayer, PushbackLayer,
     RetryAttempts,

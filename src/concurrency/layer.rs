@@ -309,7 +309,7 @@ impl ConcurrencyLayerBuilder {
     }
 
     /// A service-wide cap whose limit adapts to the latency (see
-    /// [`adaptive`](crate::concurrency::adaptive)), with at most `queue`
+    /// [the adaptive limit](crate::concurrency#adaptive-limits-criticality-classes-and-fair-queues-in-detail)), with at most `queue`
     /// more requests *per class* waiting up to `deadline` each. Refusals are
     /// 503, with the limit in force advertised in the `RateLimit` fields.
     /// Use it instead of [`global`](Self::global), not beside it.

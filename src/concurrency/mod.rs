@@ -52,8 +52,9 @@
 //! [`criticality`](ConcurrencyLayerBuilder::criticality) class its share of
 //! the limit and queue each tenant fairly
 //! ([`fair_by`](ConcurrencyLayerBuilder::fair_by)). The same limit guards a
-//! client on its own as an [`AdaptiveLimitLayer`]. See [`adaptive`] for the
-//! algorithm, its parameters and its guarantees. A plain fixed cap (no
+//! client on its own as an [`AdaptiveLimitLayer`]. See
+//! [below](#adaptive-limits-criticality-classes-and-fair-queues-in-detail)
+//! for the algorithm, its parameters and its guarantees. A plain fixed cap (no
 //! classes, no tenants) keeps the path described here.
 //!
 //! # Refusals
@@ -198,8 +199,9 @@
 //!     .layer(caps.clone());
 //! # let _ = app;
 //! ```
+#![doc = include_str!("../../docs/adaptive.md")]
 
-pub mod adaptive;
+pub(crate) mod adaptive;
 mod body;
 mod future;
 mod gauges;
@@ -210,7 +212,8 @@ mod service;
 mod state;
 
 pub use adaptive::{
-    AdaptiveLimit, AdaptiveLimitLayer, ClassStats, Criticality, LimitError, LimitStats, Outcome,
+    AdaptiveLimit, AdaptiveLimitLayer, AdaptiveLimitLayerBuilder, ClassStats, ClassifyOutcome,
+    Criticality, ErrorIsOverload, LimitError, LimitStats, Outcome, Overloaded,
 };
 pub use body::PermitBody;
 pub use layer::{ConcurrencyLayer, ConcurrencyLayerBuilder};

@@ -4,7 +4,7 @@ use std::time::{Duration, SystemTime};
 
 use http::{HeaderMap, Request, Response, StatusCode};
 
-use crate::concurrency::adaptive::Overloaded;
+use crate::concurrency::Overloaded;
 use crate::outbound::BudgetError;
 
 /// The attempt number of an outbound request, in its extensions: 1 for the
@@ -71,7 +71,7 @@ impl Attempt {
 /// it already waited as long as it was allowed to. Nor is a refusal by a
 /// concurrency limit under the budget (an error whose chain of
 /// [`source`](std::error::Error::source)s holds an
-/// [`Overloaded`](crate::concurrency::adaptive::Overloaded), as an
+/// [`Overloaded`](crate::concurrency::Overloaded), as an
 /// [`AdaptiveLimitLayer`](crate::concurrency::AdaptiveLimitLayer)'s
 /// [`LimitError`](crate::concurrency::LimitError) does): nothing was sent,
 /// and a retry would only add to the overload it reports. So the client's
