@@ -162,6 +162,14 @@ impl LeaseStore {
     /// from now until their grants expire (read only). A lowered grant stays
     /// counted until its old expiry, so this is what bounds the fleet's
     /// spending now: it never exceeds the budget.
+    ///
+    /// ```no_run
+    /// # async fn run(store: tower_admission::outbound::LeaseStore) -> Result<(), tower_admission::outbound::LeaseError> {
+    /// let (now, peak) = (store.committed("dependency").await?, store.peak("dependency").await?);
+    /// assert!(now <= peak);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn peak(&self, budget: &str) -> Result<Rate, LeaseError> {
         Ok(self.grants(budget).await?.peak())
     }
