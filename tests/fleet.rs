@@ -1402,7 +1402,26 @@ async fn scaled(from: usize, to: usize) {
         fleet.kill_last(from - to);
     }
     let settle = 2 * LEASE;
-    tokio::time::sleep(settle + window(8)).await;
+    if let Ok(path) = std::env::var("FLEET_TRACE") {
+        // TEMP diagnostic
+        let mut out = String::new();
+        let end = Instant::now() + settle + window(8);
+        while Instant::now() < end {
+            let keys = fleet.budget.cli(&["--scan", "--pattern", "*{lease:*}"]);
+            for key in keys.lines().filter(|k| !k.is_empty()) {
+                let all = fleet.budget.cli(&["HGETALL", key]);
+                out.push_str(&format!(
+                    "t={:.2} {}\n",
+                    t0.elapsed().as_secs_f64(),
+                    all.replace('\n', " ")
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        std::fs::write(path, out).unwrap();
+    } else {
+        tokio::time::sleep(settle + window(8)).await;
+    }
     let series = fleet.series().await;
     let end = fleet.stats().await;
     tallies.push(stay.stop().await);

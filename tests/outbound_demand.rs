@@ -33,7 +33,9 @@ fn advance(clock: &ManualClock, micros: u64) {
 async fn an_attempt_that_looks_again_after_its_wait_counts_once_toward_the_demand() {
     // 20 attempts a second, in pairs every 100 ms, through the normal share
     // of a 24/s grant (20/s): the second of each pair waits for the lease's
-    // one-attempt bucket and looks again. The demand is 20/s, not 30/s.
+    // one-attempt bucket and looks again. The demand is 20/s of first
+    // attempts, not 30/s, and asks 24/s of the lease: the grant whose
+    // normal share (200 of 240) sends 20/s.
     let server = RedisServer::start();
     let clock = ManualClock::new(Timestamp::from_micros(START));
     let lease = RateLease::builder(
@@ -85,8 +87,8 @@ async fn an_attempt_that_looks_again_after_its_wait_counts_once_toward_the_deman
     assert_eq!((sent, looks), (19, 29), "sent, and looks at the budget");
     assert_eq!(
         s.demand,
-        Rate::per_second(20),
-        "20 attempts in 1 s, each counted once"
+        Rate::per_second(24),
+        "20 attempts in 1 s, each counted once, as the lease's 24/s"
     );
 }
 
@@ -193,4 +195,111 @@ async fn a_newcomer_whose_callers_wait_as_told_gets_its_fair_share_within_a_leas
         "the newcomer holds its fair 24/s within one lease (5 s) of its first call: {fair_at:?} ms"
     );
     assert_eq!(grants, [24_000; 10], "then 10 instances share 240/s");
+}
+
+/// One simulated instance whose callers queue behind a [`LeasedBudget`]'s
+/// normal share: the head alone looks, again once its wait has passed.
+struct Through {
+    lease: RateLease<ManualClock>,
+    budget: LeasedBudget<ManualClock>,
+    backlog: u64,
+    /// The head was refused and looks again at this fleet time (µs).
+    again_at: Option<u64>,
+    sent: u64,
+}
+
+impl Through {
+    fn new(store: &LeaseStore, clock: &ManualClock, id: &str) -> Self {
+        let lease = RateLease::builder(
+            store.clone(),
+            "dep",
+            Rate::per_second(R),
+            NonZeroU32::new(10).unwrap(),
+        )
+        .instance_id(id)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+        let budget = LeasedBudget::new(lease.clone(), Rate::per_second(40)).unwrap();
+        Through {
+            lease,
+            budget,
+            backlog: 0,
+            again_at: None,
+            sent: 0,
+        }
+    }
+
+    /// One millisecond at fleet time `t` (µs) with `arrivals` new attempts.
+    async fn tick(&mut self, t: u64, arrivals: u64) {
+        self.backlog += arrivals;
+        while self.backlog > 0 && self.again_at.is_none_or(|at| at <= t) {
+            let answer = match self.again_at {
+                Some(_) => self.budget.charge_again(Share::Normal, 1).await,
+                None => self.budget.charge(Share::Normal, 1).await,
+            };
+            match answer {
+                Ok(()) => {
+                    self.backlog -= 1;
+                    self.sent += 1;
+                    self.again_at = None;
+                }
+                Err(refusal) => {
+                    self.again_at = Some(t + refusal.wait().unwrap().as_micros() as u64);
+                }
+            }
+        }
+        if self.lease.until_next_refresh().is_zero() {
+            self.lease.refresh().await.unwrap();
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_bursty_instance_keeps_what_it_sends_and_leaves_the_rest_to_a_saturated_one() {
+    // Two instances on 240/s with a retry share of 40/s: one always has
+    // first attempts waiting, the other gets 8 at once every second (8/s on
+    // average, 9.6/s of the lease). The bursty one waits most of every
+    // window, as if held back by its grant; a doubling of its grant brings
+    // no more attempts, so it keeps its measured rate and a quarter
+    // (12/s of the lease) and the saturated one gets the rest.
+    let server = RedisServer::start();
+    let clock = ManualClock::new(Timestamp(START));
+    let shared = store(&server, &clock);
+    let mut saturated = Through::new(&shared, &clock, "saturated");
+    let mut bursty = Through::new(&shared, &clock, "bursty");
+    let mut t = 0;
+    let mut sent_at_20s = (0, 0);
+    let mut lowest = u64::MAX;
+    while t < 60 * 1_000 * MS {
+        t += MS;
+        advance(&clock, MS);
+        saturated.tick(t, 1).await;
+        bursty
+            .tick(t, if t % (1_000 * MS) == 0 { 8 } else { 0 })
+            .await;
+        if t == 20 * 1_000 * MS {
+            sent_at_20s = (saturated.sent, bursty.sent);
+        }
+        if t > 20 * 1_000 * MS && t % (1_000 * MS) == 0 {
+            lowest = lowest.min(saturated.lease.status().grant.as_milli());
+        }
+    }
+    let saturated_sent = saturated.sent - sent_at_20s.0;
+    let bursty_sent = bursty.sent - sent_at_20s.1;
+    println!(
+        "last 40 s: saturated sent {saturated_sent}, bursty {bursty_sent} (backlog {}); \
+         saturated grant at least {lowest} milli/s",
+        bursty.backlog
+    );
+    assert_eq!(bursty_sent, 320, "the bursty instance sends all it gets");
+    assert!(bursty.backlog <= 8, "{}", bursty.backlog);
+    assert!(
+        lowest >= 228_000,
+        "the saturated instance holds at least 240 - 12 per second: {lowest}"
+    );
+    assert!(
+        saturated_sent >= 40 * 190,
+        "and sends at least 190 a second of the 200 first attempts may use: {saturated_sent}"
+    );
 }

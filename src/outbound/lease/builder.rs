@@ -7,7 +7,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use super::rate::MAX_RATE_MILLI;
-use super::state::{Phase, Settings, State};
+use super::state::{Phase, Settings, State, Trial};
 use super::{LeaseStore, Rate, RateLease, Shared};
 use crate::clock::{duration_to_micros, Clock, SystemClock, Timestamp};
 use crate::outbound::bucket::Bucket;
@@ -277,6 +277,8 @@ impl<C: Clock> RateLeaseBuilder<C> {
             last: now,
             window_start: now,
             attempted: 0,
+            share_attempted: [0; 2],
+            trial: Trial::default(),
             held_back_us: 0,
             held_back_until: now,
             guessing: true,

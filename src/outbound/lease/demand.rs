@@ -1,7 +1,7 @@
 //! Demand measurement: the attempts per second since the last report, a
 //! guess when nothing is measured, and a window held back by its grant.
 
-use super::state::{Settings, State};
+use super::state::{Settings, State, Trial};
 use super::{LeaseMode, Rate};
 use crate::clock::Timestamp;
 use crate::outbound::bucket::nano;
@@ -33,9 +33,13 @@ impl State {
 
     /// The demand to report at `x`: the guess `initial_demand` with no grant
     /// to spend (starting, or in the fallback); else attempts per second
-    /// since the window started, at least twice the grant if the window was
-    /// held back (a window shorter than a quarter of the refresh period is
-    /// kept open and the previous figure reported).
+    /// since the window started (in the lease's units: the most that one of
+    /// a budget's shares asked, see [`State::share_attempted`]), at least
+    /// twice the grant if the window was held back (a window shorter than a
+    /// quarter of the refresh period is kept open and the previous figure
+    /// reported). A doubling that was granted and brought no more attempts
+    /// shows that the waits came from bursts: from then on, until the
+    /// attempts grow past it, the demand is the measured rate and a quarter.
     /// The flag says how others' targets count the demand: as measured, as
     /// the whole budget (a guess) or as twice itself (held back).
     pub(super) fn take_demand(&mut self, x: Timestamp, cfg: &Settings) -> (Rate, u8) {
@@ -49,12 +53,10 @@ impl State {
                 // A wait that runs past `x` counts in the next window.
                 let ahead = self.held_back_until.0.saturating_sub(x.0);
                 let held_back = self.held_back_us.saturating_sub(ahead);
-                let milli = nano(self.attempted) / u128::from(elapsed);
+                let measured = self.take_attempted(elapsed);
                 self.window_start = x;
-                self.attempted = 0;
                 self.held_back_us = ahead;
                 self.guessing = false;
-                let measured = Rate(u64::try_from(milli).unwrap_or(u64::MAX));
                 let waited =
                     held_back.saturating_mul(HELD_BACK.1) >= elapsed.saturating_mul(HELD_BACK.0);
                 if waited && self.grant.0 == 0 {
@@ -63,16 +65,17 @@ impl State {
                     // the next refresh, so the count says nothing; it wants
                     // what it asked for last time, as it asked it.
                     measured.max(self.demand)
-                } else if waited {
-                    // Held back, it wants at least twice its grant, and no
-                    // less than it asked for last time: a grant below that
-                    // is no sign that it needs less.
-                    held = true;
-                    measured
-                        .max(Rate(self.grant.0.saturating_mul(2)))
-                        .max(self.demand)
                 } else {
-                    measured
+                    let (demand, doubled) = self.trial.next(measured, self.grant, waited);
+                    if doubled {
+                        // Held back, it wants at least twice its grant, and
+                        // no less than it asked for last time: a grant below
+                        // that is no sign that it needs less.
+                        held = true;
+                        demand.max(self.demand)
+                    } else {
+                        demand
+                    }
                 }
             } else {
                 self.demand
@@ -88,5 +91,55 @@ impl State {
             MEASURED
         };
         (demand, flag)
+    }
+
+    /// The attempts per second of the window of `elapsed` µs, in the
+    /// lease's units, and a new window.
+    fn take_attempted(&mut self, elapsed: u64) -> Rate {
+        let own = nano(self.attempted) / u128::from(elapsed);
+        let shares = self
+            .share_attempted
+            .iter()
+            .map(|&milli| u128::from(milli) * 1_000_000 / u128::from(elapsed));
+        let milli = shares.fold(own, u128::max);
+        self.attempted = 0;
+        self.share_attempted = [0; 2];
+        Rate(u64::try_from(milli).unwrap_or(u64::MAX))
+    }
+}
+
+/// More attempts than this share above a rate are growth.
+const GROWTH: (u64, u64) = (11, 10);
+
+fn grew(measured: Rate, from: Rate) -> bool {
+    u128::from(measured.0) * u128::from(GROWTH.1) > u128::from(from.0) * u128::from(GROWTH.0)
+}
+
+impl Trial {
+    /// The demand after a window that measured `measured` under `grant`,
+    /// `waited` or not, and whether it is a doubling (held back).
+    pub(super) fn next(&mut self, measured: Rate, grant: Rate, waited: bool) -> (Rate, bool) {
+        // A doubling judged: granted (the grant rose by half at least) and
+        // the attempts did not grow with it. A window without attempts on
+        // either side judges nothing: its callers were told to wait for a
+        // refresh.
+        if let Some((from_grant, from_measured)) = self.doubled_from.take() {
+            let granted = u128::from(grant.0) * 2 >= u128::from(from_grant.0) * 3;
+            let counted = from_measured.0 > 0 && measured.0 > 0;
+            if granted && counted && !grew(measured, from_measured) {
+                self.bursty_at = Some(from_measured.max(measured));
+            }
+        }
+        if self.bursty_at.is_some_and(|at| grew(measured, at)) {
+            self.bursty_at = None;
+        }
+        if self.bursty_at.is_some() {
+            return (Rate(measured.0.saturating_add(measured.0 / 4)), false);
+        }
+        if waited {
+            self.doubled_from = Some((grant, measured));
+            return (measured.max(Rate(grant.0.saturating_mul(2))), true);
+        }
+        (measured, false)
     }
 }

@@ -41,19 +41,18 @@ impl<C: Clock> RateLease<C> {
             .wait_without_rate(now, &self.inner.settings())
     }
 
-    /// Counts `cost` toward the demand of an attempt that a caller refused
-    /// before it reached the bucket (a share of the lease was spent).
-    pub(crate) fn note_demand(&self, cost: u64) {
+    /// Counts `milli` milli-units of the lease toward the demand of share
+    /// `share` (0 or 1): what an attempt of that share asks of the lease
+    /// (see [`State::share_attempted`](super::state::State::share_attempted)).
+    pub(crate) fn note_share_demand(&self, share: usize, milli: u64) {
         let mut s = self.inner.state.lock();
-        s.attempted = s.attempted.saturating_add(cost);
+        s.share_attempted[share] = s.share_attempted[share].saturating_add(milli);
     }
 
-    /// [`note_demand`](Self::note_demand) for an attempt refused at `now`
-    /// and told to wait `wait_us` for its part of a rate above zero: the
-    /// wait counts toward the time held back.
-    pub(crate) fn note_held_back(&self, cost: u64, now: Timestamp, wait_us: u64) {
-        let mut s = self.inner.state.lock();
-        s.attempted = s.attempted.saturating_add(cost);
-        s.note_wait(now, wait_us);
+    /// Counts the wait of `wait_us` given at `now` to an attempt that a
+    /// share refused for its part of a rate above zero toward the time the
+    /// lease was held back.
+    pub(crate) fn note_held_back(&self, now: Timestamp, wait_us: u64) {
+        self.inner.state.lock().note_wait(now, wait_us);
     }
 }

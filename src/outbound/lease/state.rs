@@ -41,6 +41,19 @@ pub(super) enum Phase {
     Released,
 }
 
+/// Whether more grant brought more attempts: a window held back doubles
+/// its demand, and the windows after a doubling that was granted tell
+/// whether the grant was what held it back.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Trial {
+    /// The grant when it last asked for a doubling, and the attempts per
+    /// second it had measured then.
+    pub(super) doubled_from: Option<(Rate, Rate)>,
+    /// A doubling was granted and brought no more attempts than this rate:
+    /// the waits come from bursts, not from a lack of rate.
+    pub(super) bursty_at: Option<Rate>,
+}
+
 #[derive(Debug)]
 pub(super) struct State {
     pub(super) phase: Phase,
@@ -58,6 +71,13 @@ pub(super) struct State {
     pub(super) last: Timestamp,
     pub(super) window_start: Timestamp,
     pub(super) attempted: u64,
+    /// What each share of a [`LeasedBudget`](crate::outbound::LeasedBudget)
+    /// asked of the lease since the window started, in milli-units of the
+    /// lease: an attempt of cost c on a share of rate r out of the lease's
+    /// R asks c·R/r, the grant that share needs to send it.
+    pub(super) share_attempted: [u64; 2],
+    /// The last doubling asked while held back, and what it showed.
+    pub(super) trial: Trial,
     /// The µs of the window during which a refused attempt was waiting for
     /// the bucket to fill: the union of the waits the refusals gave.
     pub(super) held_back_us: u64,

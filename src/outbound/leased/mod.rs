@@ -25,6 +25,13 @@ enum Look {
     Again,
 }
 
+fn share_index(share: Share) -> usize {
+    match share {
+        Share::Normal => 0,
+        Share::Retry => 1,
+    }
+}
+
 /// The refusal of a released lease: this budget never admits again.
 const RELEASED: Refusal = Refusal::Unavailable {
     wait: Duration::MAX,
@@ -63,8 +70,12 @@ const RELEASED: Refusal = Refusal::Unavailable {
 /// - **Fail-open** leases ([`RateLeaseBuilder::fail_open`](crate::outbound::RateLeaseBuilder::fail_open))
 ///   admit every attempt, share or not, while they are in the fallback.
 /// - **Demand** reported to the grant script counts every attempt, refused
-///   by a share or by the lease, so a starved share asks for more; a share's
-///   waits count toward the time the lease was held back, as the lease's do.
+///   by a share or by the lease, so a starved share asks for more, and in
+///   the lease's units: an attempt on a share of rate `r` asks `cost × R /
+///   r` (20 first attempts a second ask 24/s of a 240/s lease whose retry
+///   share is 40/s), the grant under which that share sends it; the demand
+///   is what the share that asks most needs. A share's waits count toward
+///   the time the lease was held back, as the lease's do.
 ///   An attempt counts once: a look again after a refusal
 ///   ([`AttemptBudget::charge_again`], the layer's queue) adds nothing, or
 ///   an instance whose attempts wait briefly would report more than it
@@ -167,6 +178,18 @@ impl<C: Clock> LeasedBudget<C> {
         })
     }
 
+    /// What an attempt of `cost` on `share` asks of the lease, in
+    /// milli-units: `cost × R / r` for a share of rate `r` out of the
+    /// lease's `R`, the grant under which the share sends it (a share of no
+    /// rate asks its cost).
+    fn asked(&self, share: Share, cost: u64) -> u64 {
+        let total = u128::from(self.inner.lease.rate().as_milli());
+        let part = u128::from(self.share_rate(share).as_milli());
+        let milli = u128::from(cost) * 1_000;
+        let asked = (milli * total).checked_div(part).unwrap_or(milli);
+        u64::try_from(asked).unwrap_or(u64::MAX)
+    }
+
     fn retry(&self) -> Rate {
         Rate::from_milli(self.inner.retry.load(std::sync::atomic::Ordering::Relaxed))
     }
@@ -210,24 +233,24 @@ impl<C: Clock> LeasedBudget<C> {
     ) -> Result<(), Refusal> {
         let inner = &*self.inner;
         let lease = &inner.lease;
-        let demand = match look {
-            Look::First => cost,
-            Look::Again => 0,
-        };
         // 1. A released lease never admits again.
         let status = lease.status_at(now);
         if status.mode == LeaseMode::Released {
             return Err(RELEASED);
         }
-        // 2. A cost no bucket holds: refused, counted as demand.
+        // 2. The attempt's demand, on its first look only: what its share
+        //    needs of the lease to send it (cost × R / the share's rate).
+        if look == Look::First {
+            lease.note_share_demand(share_index(share), self.asked(share, cost));
+        }
+        // 3. A cost no bucket holds: refused.
         if cost > lease.max_cost() {
-            lease.note_demand(demand);
             return Err(Refusal::CostExceedsBudget { share, cost });
         }
-        // 3. A fail-open lease in its fallback admits every attempt, share
+        // 4. A fail-open lease in its fallback admits every attempt, share
         //    or not.
         if lease.fails_open() && status.mode == LeaseMode::Fallback {
-            let result = lease.acquire_counting(cost, demand, now);
+            let result = lease.acquire_counting(cost, 0, now);
             return match result {
                 Ok(()) => {
                     inner.stats.admitted(share);
@@ -236,28 +259,24 @@ impl<C: Clock> LeasedBudget<C> {
                 Err(wait) => Err(Refusal::Unavailable { wait }),
             };
         }
-        // 4. The share's bucket fills on the lease's schedule up to now (read
+        // 5. The share's bucket fills on the lease's schedule up to now (read
         //    under the shares' lock, so fills see the schedules in order),
         //    held to its capacity at the current rate.
         let part = self.part(share);
         let mut shares = inner.shares.lock();
-        let bucket = &mut shares[match share {
-            Share::Normal => 0,
-            Share::Retry => 1,
-        }];
+        let bucket = &mut shares[share_index(share)];
         let schedule = lease.schedule();
         bucket.fill(&part, now, schedule);
         let current = schedule.rate_at(now);
         let rate = part.fill_rate(current);
         bucket.bucket.cap(part.capacity(current));
-        // 5. Short of the cost: refused with the wait until it fits (never
+        // 6. Short of the cost: refused with the wait until it fits (never
         //    past the next refresh), which counts toward the time the lease
-        //    was held back; with no rate, the lease's own wait. Either way
-        //    the attempt counts as demand.
+        //    was held back; with no rate, the lease's own wait.
         if bucket.bucket.missing(cost) > 0 {
             let wait = if rate == 0 {
                 let wait = lease.wait_without_rate(now);
-                lease.note_held_back(demand, now, crate::clock::duration_to_micros(wait));
+                lease.note_held_back(now, crate::clock::duration_to_micros(wait));
                 wait
             } else {
                 let micros = cap_at_refresh(
@@ -265,13 +284,13 @@ impl<C: Clock> LeasedBudget<C> {
                     lease.status_at(now).next_refresh,
                     now,
                 );
-                lease.note_held_back(demand, now, micros);
+                lease.note_held_back(now, micros);
                 Duration::from_micros(micros)
             };
             return Err(Refusal::Exhausted { share, wait });
         }
-        // 6. The lease's own bucket: both are charged, or neither.
-        match lease.acquire_counting(cost, demand, now) {
+        // 7. The lease's own bucket: both are charged, or neither.
+        match lease.acquire_counting(cost, 0, now) {
             Ok(()) => {
                 bucket.bucket.spend(cost);
                 inner.stats.admitted(share);
