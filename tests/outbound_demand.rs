@@ -264,7 +264,7 @@ async fn a_bursty_instance_keeps_what_it_sends_and_leaves_the_rest_to_a_saturate
     // no more attempts, so it keeps its measured rate and a quarter
     // (12/s of the lease) and the saturated one gets the rest.
     let server = RedisServer::start();
-    let clock = ManualClock::new(Timestamp(START));
+    let clock = ManualClock::new(Timestamp::from_micros(START));
     let shared = store(&server, &clock);
     let mut saturated = Through::new(&shared, &clock, "saturated");
     let mut bursty = Through::new(&shared, &clock, "bursty");
