@@ -15,10 +15,23 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Whole microseconds since the Unix epoch.
+///
+/// ```
+/// use tower_admission::clock::Timestamp;
+///
+/// let noon = Timestamp::from_secs(1_704_110_400);
+/// assert_eq!(noon.as_micros(), 1_704_110_400_000_000);
+/// assert_eq!(Timestamp::from_micros(noon.as_micros()), noon);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub struct Timestamp(pub u64);
+pub struct Timestamp(pub(crate) u64);
 
 impl Timestamp {
+    /// Builds a timestamp from microseconds since the Unix epoch.
+    pub const fn from_micros(us: u64) -> Self {
+        Timestamp(us)
+    }
+
     /// Builds a timestamp from milliseconds since the Unix epoch.
     pub const fn from_millis(ms: u64) -> Self {
         Timestamp(ms * 1_000)

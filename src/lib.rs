@@ -91,6 +91,11 @@ pub mod reload;
 
 pub use error::ConfigError;
 
+/// Lets the tests that reach crate-private parts, kept in `tests/internal/`
+/// and compiled as unit tests, name the crate as an integration test does.
+#[cfg(test)]
+extern crate self as tower_admission;
+
 /// The README's Rust example, compiled and run as a doctest.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]

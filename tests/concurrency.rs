@@ -1350,7 +1350,11 @@ type Answer =
 /// A service whose responses hold their permits until they are dropped.
 fn holding_service(
     layer: &ConcurrencyLayer,
-) -> tower_admission::concurrency::Concurrency<tower::util::ServiceFn<Answer>> {
+) -> impl Service<
+    Request<Full<Bytes>>,
+    Response = Response<tower_admission::concurrency::PermitBody<Full<Bytes>>>,
+    Error = Infallible,
+> {
     layer.layer(service_fn(answer as Answer))
 }
 

@@ -606,24 +606,9 @@ async fn grant_summary(budget: &RedisServer) -> String {
             .prefix(prefix)
             .build()
             .expect("lease store");
-        match store.grants(name).await {
-            Ok(table) => {
-                let rates: Vec<f64> = table
-                    .instances
-                    .iter()
-                    .map(|i| i.committed_at(table.now).as_f64())
-                    .collect();
-                let demands: Vec<f64> = table.instances.iter().map(|i| i.demand.as_f64()).collect();
-                let (lo, hi) = min_max(&rates);
-                let (dlo, dhi) = min_max(&demands);
-                out.push(format!(
-                    "{key}: {} instances, committed {} (each {lo:.2}-{hi:.2}/s), demand \
-                     {dlo:.1}-{dhi:.1}/s",
-                    table.instances.len(),
-                    table.committed_at(table.now),
-                ));
-            }
-            Err(e) => out.push(format!("{key}: {e}")),
+        match (store.committed(name).await, store.peak(name).await) {
+            (Ok(now), Ok(peak)) => out.push(format!("{key}: committed {now}, peak {peak}")),
+            (Err(e), _) | (_, Err(e)) => out.push(format!("{key}: {e}")),
         }
     }
     if out.is_empty() {
@@ -631,14 +616,6 @@ async fn grant_summary(budget: &RedisServer) -> String {
     } else {
         out.join("; ")
     }
-}
-
-fn min_max(values: &[f64]) -> (f64, f64) {
-    values
-        .iter()
-        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &v| {
-            (lo.min(v), hi.max(v))
-        })
 }
 
 // ---------------------------------------------------------------------------

@@ -20,7 +20,7 @@ use tower_admission::bounds::{BatchItemsLayer, BodyLimitsLayer, CappedBody};
 use tower_admission::concurrency::ConcurrencyLayer;
 use tower_admission::identity::{ApiKeys, AuthenticateLayer, Identity};
 use tower_admission::quota::{MemoryStore, Policy, Quota, QuotaLayer, Scope};
-use tower_admission::reject::{is_grpc, Protocol, Rejection};
+use tower_admission::reject::{Protocol, Rejection};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 type Frames = Pin<Box<dyn Stream<Item = Result<Frame<Bytes>, BoxError>> + Send>>;
@@ -78,7 +78,10 @@ fn the_protocol_of_a_request_tells_grpc_web_from_grpc() {
         let protocol = Protocol::of(&headers(content_type));
         assert!(protocol.is_grpc(), "{content_type}");
         assert!(protocol.is_grpc_web(), "{content_type}");
-        assert!(is_grpc(&headers(content_type)), "{content_type}");
+        assert!(
+            Protocol::of(&headers(content_type)).is_grpc(),
+            "{content_type}"
+        );
     }
     for content_type in [
         "application/grpc",

@@ -22,8 +22,12 @@ use proptest::prelude::*;
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 use tower_admission::identity::{
     ApiKeys, AuthError, AuthenticateLayer, Authenticator, ClientIp, ClientIpLayer, ForwardedHeader,
-    Identity, TrustedProxies, MAX_HOPS,
+    Identity, TrustedProxies,
 };
+
+/// Most forwarding hops read from the right of a chain, as documented on
+/// [`TrustedProxies`].
+const MAX_HOPS: usize = 32;
 use tower_admission::reject::Rejection;
 
 const MALFORMED: &str = "missing or malformed credential";
@@ -211,7 +215,8 @@ async fn hashed_key_authenticates_and_bad_hex_is_config_error() {
 /// set refuses it, naming its position and never its value.
 #[test]
 fn a_key_too_long_to_present_is_refused_by_position() {
-    use tower_admission::identity::MAX_AUTHORIZATION_LEN;
+    // The documented longest `Authorization` value read (on `ApiKeys`).
+    const MAX_AUTHORIZATION_LEN: usize = 4096;
     let longest = "k".repeat(MAX_AUTHORIZATION_LEN - "Bearer ".len());
     let too_long = "k".repeat(longest.len() + 1);
     let who = || Identity::new("alice", "acme", "free");

@@ -1,7 +1,13 @@
-//! Batch item counts at their edges, through `count_batch_items`
-//! and `parse_batch`.
+//! Batch item counts at their edges, through `parse_batch` (counting into
+//! zero-sized items, as `BatchItemsLayer` does, and building them).
 
-use tower_admission::bounds::{count_batch_items, parse_batch, BatchError};
+use tower_admission::bounds::{parse_batch, BatchError};
+
+/// The item count as `BatchItemsLayer` takes it: `parse_batch` into
+/// zero-sized `IgnoredAny` items.
+fn count_batch_items(json: &[u8], max: usize) -> Result<usize, BatchError> {
+    parse_batch::<serde::de::IgnoredAny>(json, max).map(|items| items.len())
+}
 
 fn malformed(json: &str, max: usize) -> (String, String) {
     match count_batch_items(json.as_bytes(), max) {

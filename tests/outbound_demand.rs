@@ -37,7 +37,7 @@ async fn an_attempt_that_looks_again_after_its_wait_counts_once_toward_the_deman
     // attempts, not 30/s, and asks 24/s of the lease: the grant whose
     // normal share (200 of 240) sends 20/s.
     let server = RedisServer::start();
-    let clock = ManualClock::new(Timestamp(START));
+    let clock = ManualClock::new(Timestamp::from_micros(START));
     let lease = RateLease::builder(
         store(&server, &clock),
         "dep",
@@ -153,7 +153,7 @@ async fn a_newcomer_whose_callers_wait_as_told_gets_its_fair_share_within_a_leas
     // R/10 = 24/s, the fair share, instead of the little it measured (then
     // doubling from 2.4/s once per 4 s refresh: still 19.2/s after 20 s).
     let server = RedisServer::start();
-    let clock = ManualClock::new(Timestamp(START));
+    let clock = ManualClock::new(Timestamp::from_micros(START));
     let shared = store(&server, &clock);
     let mut fleet: Vec<Queued> = (0..9)
         .map(|i| Queued::new(&shared, &clock, &format!("old{i}"), 1_000))
@@ -264,7 +264,7 @@ async fn a_bursty_instance_keeps_what_it_sends_and_leaves_the_rest_to_a_saturate
     // no more attempts, so it keeps its measured rate and a quarter
     // (12/s of the lease) and the saturated one gets the rest.
     let server = RedisServer::start();
-    let clock = ManualClock::new(Timestamp(START));
+    let clock = ManualClock::new(Timestamp::from_micros(START));
     let shared = store(&server, &clock);
     let mut saturated = Through::new(&shared, &clock, "saturated");
     let mut bursty = Through::new(&shared, &clock, "bursty");

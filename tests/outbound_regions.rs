@@ -28,8 +28,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 use tower_admission::outbound::{
-    Initialized, RegionError, RegionalBudget, RepairOutcome, Step, TransferError, TransferId,
-    TransferOutcome,
+    Initialized, RegionError, RegionalBudget, Step, TransferError, TransferId, TransferOutcome,
 };
 
 use support::{RedisServer, StallProxy};
@@ -263,7 +262,7 @@ async fn the_same_id_three_times_moves_the_amount_once() {
     assert_eq!(applied, 1, "{results:?}");
     assert!(results.iter().all(Result::is_ok), "{results:?}");
     assert_eq!(allocations(b).await, [115, 110, 15]);
-    assert_eq!(b.repair(&id).await, Ok(RepairOutcome::AlreadyComplete));
+    assert_eq!(b.repair(&id).await, Ok(TransferOutcome::AlreadyApplied));
     assert_eq!(b.snapshot().await.unwrap().sum(), TOTAL);
     assert_eq!(hlen(&f.servers[AP], "ap", "debits"), 1);
     assert_eq!(hlen(&f.servers[EU], "eu", "credits"), 1);
@@ -285,7 +284,7 @@ async fn a_refused_transfer_changes_nothing() {
     );
     assert_eq!(allocations(b).await, [100, 80, 60]);
     assert_eq!(hlen(&f.servers[AP], "ap", "debits"), 0);
-    assert_eq!(b.repair(&id).await, Ok(RepairOutcome::NothingDebited));
+    assert_eq!(b.repair(&id).await, Ok(TransferOutcome::NothingDebited));
     // The whole share may move; the allocation reaches 0, never below.
     assert_eq!(
         b.transfer(&id, "ap", "eu", 60).await,
@@ -360,14 +359,14 @@ async fn an_interrupted_transfer_is_repaired_exactly_once() {
         (&id, "eu", "us", 25)
     );
 
-    assert_eq!(f.budget.repair(&id).await, Ok(RepairOutcome::Completed));
+    assert_eq!(f.budget.repair(&id).await, Ok(TransferOutcome::Completed));
     assert_eq!(allocations(&f.budget).await, [75, 105, 60]);
     let snap = f.budget.snapshot().await.unwrap();
     assert_eq!((snap.sum(), snap.in_flight()), (TOTAL, 0));
 
     assert_eq!(
         f.budget.repair(&id).await,
-        Ok(RepairOutcome::AlreadyComplete)
+        Ok(TransferOutcome::AlreadyApplied)
     );
     let report = f.budget.repair_all().await;
     assert!(report.completed().is_empty() && report.errors().is_empty());
@@ -433,11 +432,11 @@ async fn a_stalled_credit_has_an_unknown_outcome_and_is_never_doubled() {
     assert!(
         matches!(
             outcome,
-            RepairOutcome::Completed | RepairOutcome::AlreadyComplete
+            TransferOutcome::Completed | TransferOutcome::AlreadyApplied
         ),
         "{outcome:?}"
     );
-    assert_eq!(b.repair(&id).await, Ok(RepairOutcome::AlreadyComplete));
+    assert_eq!(b.repair(&id).await, Ok(TransferOutcome::AlreadyApplied));
     assert_eq!(allocations(&b).await, [70, 120, 50]);
     assert_eq!(b.snapshot().await.unwrap().sum(), TOTAL);
     assert_eq!(hlen(&servers[US], "us", "credits"), 2);
@@ -807,7 +806,7 @@ async fn a_retry_after_the_donor_lost_its_data_moves_nothing() {
         );
         assert_eq!(allocations(&b).await, [50, 110, 10]);
     }
-    assert_eq!(b.repair(&t1).await, Ok(RepairOutcome::AlreadyComplete));
+    assert_eq!(b.repair(&t1).await, Ok(TransferOutcome::AlreadyApplied));
     assert_eq!(b.pending().await, Ok(vec![]));
     let snap = b.snapshot().await.unwrap();
     assert_eq!((snap.sum(), snap.in_flight()), (170, 0));
@@ -1023,7 +1022,7 @@ async fn interleaved_transfers_replays_interruptions_and_repairs_match_the_model
                     ));
                     assert_eq!(
                         f.budget.repair(&id).await,
-                        Ok(RepairOutcome::NothingDebited)
+                        Ok(TransferOutcome::NothingDebited)
                     );
                 }
                 // Two transfers at once: each applied or refused, whole.
@@ -1104,10 +1103,10 @@ async fn interleaved_transfers_replays_interruptions_and_repairs_match_the_model
                     let keys: Vec<_> = model.debited.keys().cloned().collect();
                     let key = keys[rng.random_range(0..keys.len())].clone();
                     let want = if model.debited[&key].credited {
-                        RepairOutcome::AlreadyComplete
+                        TransferOutcome::AlreadyApplied
                     } else {
                         model.credit(&key);
-                        RepairOutcome::Completed
+                        TransferOutcome::Completed
                     };
                     let id = TransferId::new(&key.1).unwrap();
                     assert_eq!(f.budget.repair(&id).await, Ok(want), "{context}");

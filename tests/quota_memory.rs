@@ -482,7 +482,7 @@ fn a_settle_under_the_old_numbers_never_refills_the_new_policy() {
                     (first, again),
                     (99, expected),
                     "{:?} stacked {stacked}, settle {delta}",
-                    new.policies()[0].algorithm()
+                    new.policies()[0]
                 );
             }
         }

@@ -335,7 +335,7 @@ async fn a_refund_from_before_a_restart_takes_nothing_from_a_later_charge() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bucket_refund_from_before_a_restart_takes_nothing_from_a_later_charge() {
     let mut server = RedisServer::start();
-    let clock = ManualClock::new(Timestamp(1_700_000_000_000_000));
+    let clock = ManualClock::new(Timestamp::from_micros(1_700_000_000_000_000));
     let store = RedisStore::builder(server.url())
         .test_clock(clock.clone())
         .deadline(Duration::from_secs(2))

@@ -16,7 +16,7 @@ use tower::ServiceExt;
 use tower_admission::clock::{ManualClock, Timestamp};
 use tower_admission::identity::Identity;
 use tower_admission::quota::{
-    headers, Limiter, MemoryConfig, MemoryStore, Policy, Quota, QuotaLayer, Quotas,
+    Limiter, MemoryConfig, MemoryStore, Policy, Quota, QuotaLayer, Quotas,
 };
 use tower_admission::reload::ReloadHandle;
 
@@ -45,17 +45,14 @@ impl Numbers {
     }
 
     /// The `RateLimit-Policy` value the layer sends for this quota, as
-    /// `headers::insert` writes it for a fresh decision.
+    /// `Verdict::insert_headers` writes it for a fresh decision.
     fn policy_field(self) -> String {
         let quota = self.quota();
         let limiter = Limiter::new(MemoryStore::new());
         let verdict = runtime().block_on(limiter.check(&quota, &"probe".into(), 1));
         let mut fields = http::HeaderMap::new();
-        headers::insert(&mut fields, &quota, &verdict);
-        fields[&headers::RATELIMIT_POLICY]
-            .to_str()
-            .unwrap()
-            .to_owned()
+        verdict.insert_headers(&quota, &mut fields);
+        fields["ratelimit-policy"].to_str().unwrap().to_owned()
     }
 }
 

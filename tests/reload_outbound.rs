@@ -121,7 +121,7 @@ fn a_bad_budget_is_refused_whole_with_the_error_build_gives() {
     assert_eq!(reload.generation(), 0);
     // Each partition still holds a quarter of the first numbers.
     let normal = budget.quota(Share::Normal);
-    assert_eq!(normal.policies()[0].algorithm().limit(), 5);
+    assert_eq!(normal.policies()[0].limit(), 5);
 }
 
 #[cfg(feature = "redis")]
@@ -162,7 +162,7 @@ mod lease {
     #[tokio::test]
     async fn an_r_lowered_on_one_instance_halves_the_fleet_within_one_lease_length() {
         let server = RedisServer::start();
-        let clock = ManualClock::new(Timestamp(START));
+        let clock = ManualClock::new(Timestamp::from_micros(START));
         let store = LeaseStore::builder(server.url())
             .prefix("t")
             .deadline(Duration::from_secs(5))
@@ -172,7 +172,7 @@ mod lease {
         let (a, b) = (lease(&store, &clock, "a"), lease(&store, &clock, "b"));
         let budget = LeasedBudget::new(a.clone(), Rate::per_second(40)).unwrap();
         let reload = budget.reload_handle();
-        let peak = || async { store.grants("dep").await.unwrap().peak() };
+        let peak = || async { store.peak("dep").await.unwrap() };
         for _ in 0..3 {
             a.refresh().await.unwrap();
             b.refresh().await.unwrap();

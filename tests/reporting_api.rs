@@ -36,7 +36,6 @@ use tower::ServiceExt;
 use tower_admission::clock::{ManualClock, Timestamp};
 use tower_admission::outbound::DependencyBudget;
 use tower_admission::quota::{MemoryConfig, MemoryStore, Policy};
-use tower_admission::reject::PROBLEM_TYPE_BASE;
 
 fn api() -> (Router, ManualClock) {
     // Nothing here reaches the dependency's budget.
@@ -923,6 +922,9 @@ async fn a_batch_refused_for_a_bad_item_keeps_no_work_charge() {
             not_a_time,
         ),
     ];
+    // The base of the crate's own problem types, as docs/reject.md gives it.
+    const PROBLEM_TYPE_BASE: &str =
+        "https://docs.rs/tower-admission/latest/tower_admission/reject/";
     let invalid_parameters = format!("{PROBLEM_TYPE_BASE}#invalid-parameters");
     for (req, name, reason) in refused {
         let (status, headers, body) = send(&app, req).await;

@@ -38,7 +38,7 @@ use tower_admission::bounds::{
     ValidateQueryLayer, ValidatedQuery,
 };
 use tower_admission::identity::{AuthenticateLayer, Identity};
-use tower_admission::jobs::{accepted_response, JobId, JobQueue, JobStatus};
+use tower_admission::jobs::{JobId, JobQueue, JobStatus};
 use tower_admission::quota::{Quota, QuotaLayer, Quotas, Scope, Settlement, Store};
 use tower_admission::reject::{InvalidParameter, Rejection};
 use tower_admission::ConfigError;
@@ -379,7 +379,7 @@ async fn batch(
         .jobs
         .submit(who.subject_arc().clone(), (caller, items))
     {
-        Ok(id) => match accepted_response(id, &format!("/v1/jobs/{id}")) {
+        Ok(id) => match id.accepted_response(&format!("/v1/jobs/{id}")) {
             Ok(response) => response.into_response(),
             Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
         },

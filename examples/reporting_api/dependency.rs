@@ -26,11 +26,10 @@ use http::{Request, Response, StatusCode};
 use serde::Serialize;
 use tower::util::BoxCloneSyncService;
 use tower::{Layer, ServiceBuilder, ServiceExt};
-use tower_admission::concurrency::adaptive::Overloaded;
-use tower_admission::concurrency::LimitError;
+use tower_admission::concurrency::{LimitError, Overloaded};
 use tower_admission::outbound::{
-    requested_wait, Attempt, AttemptBudget, BudgetError, DependencyBudget, DependencyBudgetLayer,
-    PushbackLayer, RetryAttempts,
+    Attempt, AttemptBudget, BudgetError, DependencyBudget, DependencyBudgetLayer, PushbackLayer,
+    RetryAttempts,
 };
 use tower_admission::quota::MemoryStore;
 use tower_admission::reject::{OverloadScope, Rejection};
@@ -246,7 +245,7 @@ impl Dependency {
             Ok(response) if response.status() == StatusCode::OK => Ok(response.into_body()),
             Ok(response) => Err(CallError::Answered(
                 response.status(),
-                requested_wait(response.headers()),
+                RetryAttempts::requested_wait(response.headers()),
             )),
             Err(LimitError::Inner(BudgetError::Refused(refusal))) => {
                 Err(CallError::Budget(refusal.wait()))

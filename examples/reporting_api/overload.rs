@@ -12,7 +12,7 @@
 //! limit on the calls in flight, every call of every batch is sent at once
 //! and each waits behind all the others. The limit follows the dependency's
 //! latency against its measured no-load latency (see
-//! `tower_admission::concurrency::adaptive`), so the calls beyond what it
+//! `tower_admission::concurrency`), so the calls beyond what it
 //! serves in time wait here, in a queue with a deadline, instead of there.
 //!
 //! Each call carries its caller ([`Caller`]): the class of the caller's plan

@@ -44,12 +44,12 @@
 //! tower-http reports an exceeded cap in two ways: an immediate 413 when
 //! `content-length` is already over it, or a body error while the handler
 //! reads. In the second case the handler (axum's `Json`, `Bytes`...)
-//! answers with a response of its own. [`BodyLimits`] therefore puts a
+//! answers with a response of its own. The body-limits service therefore puts a
 //! per-request probe into the extensions; a probe under each tower-http
 //! limit records that the request got past it, and wraps the body so as to
 //! record which cap's [`LengthLimitError`](http_body_util::LengthLimitError)
 //! went by first.
-//! When the inner response arrives, [`BodyLimits`] replaces it with the
+//! When the inner response arrives, the body-limits service replaces it with the
 //! problem+json 413 naming `wire-bytes` or `decoded-bytes`, and maps
 //! tower-http's own early 413 and the decoder's 415 the same way. The
 //! decoder records a malformed coded body in the same probe, and that
@@ -115,22 +115,8 @@ mod grpc_web;
 mod items;
 mod query;
 
-pub use body::{BodyCaps, BodyLimits, BodyLimitsLayer, CappedBody, StatusBody};
-pub use items::{
-    count_batch_items, parse_batch, BatchError, BatchItems, BatchItemsLayer, ItemCount,
-};
+pub use body::{BodyCaps, BodyLimitsLayer, CappedBody};
 #[cfg(feature = "axum")]
-pub use items::{Batch, BatchRejection};
-#[cfg(feature = "axum")]
-pub use query::MissingValidatedQuery;
-pub use query::{
-    QueryRules, QueryRulesBuilder, UnknownParams, ValidateQuery, ValidateQueryLayer,
-    ValidatedQuery, CURSOR, FROM, PAGE_SIZE, TO,
-};
-
-/// Response futures of this module's services.
-pub mod future {
-    pub use super::body::ResponseFuture as BodyLimitsFuture;
-    pub use super::items::ResponseFuture as BatchItemsFuture;
-    pub use super::query::ResponseFuture as ValidateQueryFuture;
-}
+pub use items::Batch;
+pub use items::{parse_batch, BatchError, BatchItemsLayer, ItemCount};
+pub use query::{QueryRules, QueryRulesBuilder, UnknownParams, ValidateQueryLayer, ValidatedQuery};

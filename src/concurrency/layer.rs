@@ -6,8 +6,6 @@ use tower::Layer;
 
 use super::adaptive::gate::{Gate, GateConfig, Source};
 use super::adaptive::{check_queue, gate_shares, AdaptiveLimit, Criticality};
-#[cfg(doc)]
-use super::adaptive::{DEFAULT_DEFAULT_SHARE, DEFAULT_SHEDDABLE_SHARE};
 use super::permits::Limits;
 use super::reason::ConcurrencyStats;
 use super::service::Concurrency;
@@ -16,9 +14,9 @@ use crate::reload::{ReloadHandle, Target};
 use crate::ConfigError;
 
 /// Default for [`ConcurrencyLayerBuilder::max_identities`].
-pub const DEFAULT_MAX_IDENTITIES: usize = 10_000;
+const DEFAULT_MAX_IDENTITIES: usize = 10_000;
 
-/// Layer that bounds requests in flight; builds [`Concurrency`].
+/// Layer that bounds requests in flight.
 ///
 /// Clones share all state (permit counts, queues, the per-identity map and the
 /// counters), and so do the services built from one layer: apply one layer
@@ -311,7 +309,7 @@ impl ConcurrencyLayerBuilder {
     }
 
     /// A service-wide cap whose limit adapts to the latency (see
-    /// [`adaptive`](crate::concurrency::adaptive)), with at most `queue`
+    /// [the adaptive limit](crate::concurrency#adaptive-limits-criticality-classes-and-fair-queues-in-detail)), with at most `queue`
     /// more requests *per class* waiting up to `deadline` each. Refusals are
     /// 503, with the limit in force advertised in the `RateLimit` fields.
     /// Use it instead of [`global`](Self::global), not beside it.
@@ -356,8 +354,7 @@ impl ConcurrencyLayerBuilder {
     }
 
     /// The share of the global limit sheddable and default requests may
-    /// fill (defaults [`DEFAULT_SHEDDABLE_SHARE`] and
-    /// [`DEFAULT_DEFAULT_SHARE`] with [`criticality`](Self::criticality)).
+    /// fill (defaults 0.8 and 0.9 with [`criticality`](Self::criticality)).
     pub fn class_shares(mut self, sheddable: f64, default: f64) -> Self {
         self.shares = Some((sheddable, default));
         self
@@ -376,8 +373,7 @@ impl ConcurrencyLayerBuilder {
         self
     }
 
-    /// Most distinct identities tracked at once (default
-    /// [`DEFAULT_MAX_IDENTITIES`]). A request of a new identity that finds
+    /// Most distinct identities tracked at once (default 10 000). A request of a new identity that finds
     /// the map full is refused at once with 503.
     pub fn max_identities(mut self, max: usize) -> Self {
         self.max_identities = max;

@@ -52,8 +52,9 @@
 //! [`criticality`](ConcurrencyLayerBuilder::criticality) class its share of
 //! the limit and queue each tenant fairly
 //! ([`fair_by`](ConcurrencyLayerBuilder::fair_by)). The same limit guards a
-//! client on its own as an [`AdaptiveLimitLayer`]. See [`adaptive`] for the
-//! algorithm, its parameters and its guarantees. A plain fixed cap (no
+//! client on its own as an [`AdaptiveLimitLayer`]. See
+//! [below](#adaptive-limits-criticality-classes-and-fair-queues-in-detail)
+//! for the algorithm, its parameters and its guarantees. A plain fixed cap (no
 //! classes, no tenants) keeps the path described here.
 //!
 //! # Refusals
@@ -112,7 +113,7 @@
 //! # Backpressure
 //!
 //! axum does not use `poll_ready` for backpressure, so permits are taken in
-//! `call`, and [`Concurrency`]'s `poll_ready` only delegates to the inner
+//! `call`, and the service's `poll_ready` only delegates to the inner
 //! service. A refused request never reaches the inner service.
 //!
 //! A request admitted at once is handed to the inner service that
@@ -131,7 +132,7 @@
 //! queued, running or sending its body; the last such request removes the
 //! entry, so an idle service tracks nothing. The map holds at most
 //! [`max_identities`](ConcurrencyLayerBuilder::max_identities) entries
-//! (default [`DEFAULT_MAX_IDENTITIES`]). When it is full, a request of a *new*
+//! (default 10 000). When it is full, a request of a *new*
 //! subject is refused at once with 503 ([`OverloadReason::TooManyIdentities`])
 //! while subjects already tracked continue as normal.
 //!
@@ -198,8 +199,9 @@
 //!     .layer(caps.clone());
 //! # let _ = app;
 //! ```
+#![doc = include_str!("../../docs/adaptive.md")]
 
-pub mod adaptive;
+pub(crate) mod adaptive;
 mod body;
 mod future;
 mod gauges;
@@ -210,10 +212,9 @@ mod service;
 mod state;
 
 pub use adaptive::{
-    AdaptiveLimit, AdaptiveLimitLayer, ClassStats, Criticality, LimitError, LimitStats, Outcome,
+    AdaptiveLimit, AdaptiveLimitLayer, AdaptiveLimitLayerBuilder, ClassStats, ClassifyOutcome,
+    Criticality, ErrorIsOverload, LimitError, LimitStats, Outcome, Overloaded,
 };
 pub use body::PermitBody;
-pub use future::ResponseFuture;
-pub use layer::{ConcurrencyLayer, ConcurrencyLayerBuilder, DEFAULT_MAX_IDENTITIES};
+pub use layer::{ConcurrencyLayer, ConcurrencyLayerBuilder};
 pub use reason::{ConcurrencyStats, OverloadReason};
-pub use service::Concurrency;

@@ -26,7 +26,7 @@ pub enum OverloadReason {
     /// queue (the queue's places over the tenants waiting), or it was
     /// pushed out of the queue by a tenant under its share: refused with
     /// [`OverloadScope::Global`](crate::reject::OverloadScope::Global). See
-    /// [`adaptive`](crate::concurrency::adaptive#fair-queues).
+    /// [fair queues](crate::concurrency#fair-queues).
     TenantQueueFull,
 }
 

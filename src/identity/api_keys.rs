@@ -14,9 +14,9 @@ use crate::ConfigError;
 
 /// Longest `Authorization` header value that is parsed, in bytes. Longer
 /// values are refused as malformed before any hashing.
-pub const MAX_AUTHORIZATION_LEN: usize = 4096;
+pub(crate) const MAX_AUTHORIZATION_LEN: usize = 4096;
 
-/// Longest key a request can present: [`MAX_AUTHORIZATION_LEN`] less the
+/// Longest key a request can present: `MAX_AUTHORIZATION_LEN` less the
 /// `Bearer ` before it (4089 bytes).
 const MAX_KEY_LEN: usize = MAX_AUTHORIZATION_LEN - BEARER.len();
 
@@ -44,7 +44,7 @@ const BEARER: &[u8] = b"bearer ";
 /// The scheme `Bearer` is matched case-insensitively (RFC 9110 §11.1) and is
 /// followed by one or more spaces, never a tab (RFC 9110 §11.4). The token
 /// must be 1 or more visible ASCII characters without spaces.
-/// A missing, repeated, non-ASCII, oversized ([`MAX_AUTHORIZATION_LEN`]) or
+/// A missing, repeated, non-ASCII, oversized (over 4096 bytes) or
 /// otherwise malformed header is [`AuthError::Missing`]; a well-formed key
 /// that is not configured is [`AuthError::Unknown`].
 ///
@@ -126,7 +126,7 @@ impl ApiKeys {
 
     /// Checks that a request can present `key` as its bearer token: 1 to
     /// 4089 visible ASCII characters (`!` to `~`), since `Bearer ` and the
-    /// key fit in [`MAX_AUTHORIZATION_LEN`] bytes.
+    /// key fit in the 4096 bytes of an `Authorization` header that are read.
     ///
     /// # Errors
     ///

@@ -17,7 +17,7 @@ use crate::reject::{Protocol, RefusalBody, Rejection};
 /// The method returns `impl Future + Send` (a return-position `impl Trait` in
 /// a trait), so implementations may be written as `async fn` when their body
 /// is `Send`, and a synchronous implementation such as [`ApiKeys`] returns
-/// [`std::future::Ready`]. [`AuthenticateService`] boxes the future once per
+/// [`std::future::Ready`]. The layer's service boxes the future once per
 /// request so that its own future type stays nameable, unless
 /// [`authenticate_now`](Self::authenticate_now) answers first: then it
 /// decides in `call` and allocates nothing.
@@ -45,7 +45,7 @@ use crate::reject::{Protocol, RefusalBody, Rejection};
 pub trait Authenticator {
     /// The answer of [`authenticate`](Self::authenticate) when it needs no
     /// waiting, as [`ApiKeys`] never does; `None` (the default) when it may
-    /// wait. [`AuthenticateService`] calls this first, in `call`, and calls
+    /// wait. The layer's service calls this first, in `call`, and calls
     /// `authenticate` only on `None`: each request is authenticated once.
     ///
     /// [`ApiKeys`]: super::ApiKeys

@@ -48,10 +48,8 @@ mod error;
 mod extract;
 mod types;
 
-pub use api_keys::{ApiKeys, MAX_AUTHORIZATION_LEN};
-pub use authenticate::{AuthenticateLayer, AuthenticateService, Authenticator, ResponseFuture};
-pub use client_ip::{
-    ClientIp, ClientIpLayer, ClientIpService, ForwardedHeader, TrustedProxies, MAX_HOPS,
-};
+pub use api_keys::ApiKeys;
+pub use authenticate::{AuthenticateLayer, Authenticator};
+pub use client_ip::{ClientIp, ClientIpLayer, ForwardedHeader, TrustedProxies};
 pub use error::AuthError;
 pub use types::Identity;

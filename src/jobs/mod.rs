@@ -5,7 +5,7 @@
 //! waits (a large report, a wide date range), a handler can refuse it, or
 //! accept it for later: it calls [`JobQueue::submit`] and answers `202
 //! Accepted` with a `Location` where the caller polls the job's status
-//! ([`accepted_response`]).
+//! ([`JobId::accepted_response`]).
 //!
 //! # Bounds
 //!
@@ -28,7 +28,7 @@
 //!   the queue, so a refusal and its `Retry-After` cost the same however
 //!   long the queue is (no walk of the waiting jobs under the queue's lock),
 //!   and an owner with no job waiting or running holds no memory.
-//! * **Workers** are 1 to [`MAX_WORKERS`]; every other bound is at least 1.
+//! * **Workers** are 1 to 1024; every other bound is at least 1.
 //! * **Records**: waiting and running jobs always have a record (so at most
 //!   `capacity + workers`). Finished records are kept for at most
 //!   [`finished_ttl`](JobQueueBuilder::finished_ttl) after they finish, and at
@@ -40,7 +40,7 @@
 //!
 //! A refusal's wait depends on how long jobs take, which the queue cannot
 //! know; it estimates it from what it can see. A job is expected to take
-//! the mean duration of the last [`MEASURED_JOBS`] finished jobs (before
+//! the mean duration of the last 16 finished jobs (before
 //! any has finished, the configured
 //! [`retry_after`](JobQueueBuilder::retry_after)). A running job is then
 //! expected to end after that mean less its elapsed time, or at any moment
@@ -86,7 +86,7 @@
 //! ```
 //! use std::time::Duration;
 //! use http::StatusCode;
-//! use tower_admission::jobs::{accepted_response, JobQueue, JobStatus};
+//! use tower_admission::jobs::{JobQueue, JobStatus};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -101,7 +101,7 @@
 //!
 //! // In a handler, with the authenticated subject as owner:
 //! let response = match reports.submit("alice", 365) {
-//!     Ok(id) => accepted_response(id, &format!("/reports/jobs/{id}"))?,
+//!     Ok(id) => id.accepted_response(&format!("/reports/jobs/{id}"))?,
 //!     Err(full) => full.into_response(false), // 503 + Retry-After
 //! };
 //! assert_eq!(response.status(), StatusCode::ACCEPTED);
@@ -121,9 +121,5 @@
 mod id;
 mod queue;
 
-pub use id::{JobId, ParseJobIdError};
-pub use queue::{
-    accepted_response, JobQueue, JobQueueBuilder, JobStatus, SubmitError, DEFAULT_CAPACITY,
-    DEFAULT_FINISHED_TTL, DEFAULT_RETAIN_FINISHED, DEFAULT_RETRY_AFTER, DEFAULT_WORKERS,
-    MAX_WORKERS, MEASURED_JOBS,
-};
+pub use id::JobId;
+pub use queue::{JobQueue, JobQueueBuilder, JobStatus, SubmitError};

@@ -18,12 +18,10 @@ mod builder;
 mod status;
 mod submit;
 
-pub use builder::{
-    JobQueueBuilder, DEFAULT_CAPACITY, DEFAULT_FINISHED_TTL, DEFAULT_RETAIN_FINISHED,
-    DEFAULT_RETRY_AFTER, DEFAULT_WORKERS, MAX_WORKERS, MEASURED_JOBS,
-};
+pub use builder::JobQueueBuilder;
+pub(crate) use builder::MEASURED_JOBS;
 pub use status::JobStatus;
-pub use submit::{accepted_response, SubmitError};
+pub use submit::SubmitError;
 
 struct Record<R, E> {
     owner: Arc<str>,

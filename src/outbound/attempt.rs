@@ -4,7 +4,7 @@ use std::time::{Duration, SystemTime};
 
 use http::{HeaderMap, Request, Response, StatusCode};
 
-use crate::concurrency::adaptive::Overloaded;
+use crate::concurrency::Overloaded;
 use crate::outbound::BudgetError;
 
 /// The attempt number of an outbound request, in its extensions: 1 for the
@@ -71,7 +71,7 @@ impl Attempt {
 /// it already waited as long as it was allowed to. Nor is a refusal by a
 /// concurrency limit under the budget (an error whose chain of
 /// [`source`](std::error::Error::source)s holds an
-/// [`Overloaded`](crate::concurrency::adaptive::Overloaded), as an
+/// [`Overloaded`](crate::concurrency::Overloaded), as an
 /// [`AdaptiveLimitLayer`](crate::concurrency::AdaptiveLimitLayer)'s
 /// [`LimitError`](crate::concurrency::LimitError) does): nothing was sent,
 /// and a retry would only add to the overload it reports. So the client's
@@ -89,6 +89,30 @@ pub struct RetryAttempts {
 }
 
 impl RetryAttempts {
+    /// The wait a dependency's answer asks for before the next attempt:
+    /// `grpc-retry-pushback-ms`, else `Retry-After` in seconds or as an HTTP
+    /// date. `None` when it asks for none, or for one that does not parse. The
+    /// rule a retry policy of this type obeys; a handler can pass the wait on to its own
+    /// caller.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use http::HeaderMap;
+    /// use tower_admission::outbound::RetryAttempts;
+    ///
+    /// let mut headers = HeaderMap::new();
+    /// headers.insert("retry-after", "30".parse().unwrap());
+    /// assert_eq!(RetryAttempts::requested_wait(&headers), Some(Duration::from_secs(30)));
+    /// headers.insert("grpc-retry-pushback-ms", "250".parse().unwrap());
+    /// assert_eq!(RetryAttempts::requested_wait(&headers), Some(Duration::from_millis(250)));
+    /// ```
+    pub fn requested_wait(headers: &HeaderMap) -> Option<Duration> {
+        match asked_wait(headers, SystemTime::now()) {
+            Asked::Wait(wait) => Some(wait),
+            Asked::Nothing | Asked::NoRetry => None,
+        }
+    }
+
     /// At most `max_attempts` attempts in all (at least 1), with backoff from
     /// 10 ms doubling up to 1 s.
     pub fn new(max_attempts: u32) -> Self {
@@ -217,30 +241,6 @@ enum Asked {
     Wait(Duration),
     /// Not at all: a gRPC pushback that is negative or not a number.
     NoRetry,
-}
-
-/// The wait a dependency's answer asks for before the next attempt:
-/// `grpc-retry-pushback-ms`, else `Retry-After` in seconds or as an HTTP
-/// date. `None` when it asks for none, or for one that does not parse. The
-/// rule [`RetryAttempts`] obeys; a handler can pass the wait on to its own
-/// caller.
-///
-/// ```
-/// use std::time::Duration;
-/// use http::HeaderMap;
-/// use tower_admission::outbound::requested_wait;
-///
-/// let mut headers = HeaderMap::new();
-/// headers.insert("retry-after", "30".parse().unwrap());
-/// assert_eq!(requested_wait(&headers), Some(Duration::from_secs(30)));
-/// headers.insert("grpc-retry-pushback-ms", "250".parse().unwrap());
-/// assert_eq!(requested_wait(&headers), Some(Duration::from_millis(250)));
-/// ```
-pub fn requested_wait(headers: &HeaderMap) -> Option<Duration> {
-    match asked_wait(headers, SystemTime::now()) {
-        Asked::Wait(wait) => Some(wait),
-        Asked::Nothing | Asked::NoRetry => None,
-    }
 }
 
 /// The wait in `grpc-retry-pushback-ms`, else in `Retry-After` (seconds or

@@ -375,7 +375,7 @@ impl<St: Store> DependencyBudget<St> {
     ///     .shares(shares(200, 40)?)
     ///     .build()?;
     /// budget.reload_handle().apply(shares(100, 20)?)?;
-    /// assert_eq!(budget.quota(tower_admission::outbound::Share::Normal).policies()[0].algorithm().limit(), 10);
+    /// assert_eq!(budget.quota(tower_admission::outbound::Share::Normal).policies()[0].limit(), 10);
     /// # Ok::<(), tower_admission::ConfigError>(())
     /// ```
     pub fn reload_handle(&self) -> ReloadHandle<BudgetShares> {

@@ -322,7 +322,7 @@ impl<S: fmt::Debug, Bu, B> fmt::Debug for DependencyBudgetService<S, Bu, B> {
     }
 }
 
-/// The error of a [`DependencyBudgetService`]: the budget refused the
+/// The error of the service a [`DependencyBudgetLayer`] builds: the budget refused the
 /// attempt, or the inner service failed.
 #[derive(Debug)]
 #[non_exhaustive]
@@ -362,7 +362,8 @@ impl<E: std::error::Error + 'static> std::error::Error for BudgetError<E> {
 }
 
 /// Response future of [`DependencyBudgetService`].
-pub type ResponseFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, BudgetError<E>>> + Send>>;
+pub(crate) type ResponseFuture<T, E> =
+    Pin<Box<dyn Future<Output = Result<T, BudgetError<E>>> + Send>>;
 
 impl<S, Bu, B> Service<Request<B>> for DependencyBudgetService<S, Bu, B>
 where

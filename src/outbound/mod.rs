@@ -55,13 +55,13 @@ mod budget;
 mod layer;
 mod pushback;
 
-pub use attempt::{requested_wait, Attempt, RetryAttempts};
+pub use attempt::{Attempt, RetryAttempts};
 pub use budget::{
     AttemptBudget, BudgetShares, BudgetStats, DependencyBudget, DependencyBudgetBuilder, Pick,
     Refusal, Share,
 };
-pub use layer::{BudgetError, DependencyBudgetLayer, DependencyBudgetService, ResponseFuture};
-pub use pushback::{is_pushback, Pushback, PushbackLayer};
+pub use layer::{BudgetError, DependencyBudgetLayer};
+pub use pushback::{is_pushback, PushbackLayer};
 
 #[cfg(feature = "redis")]
 mod bucket;
@@ -73,14 +73,14 @@ mod leased;
 mod regions;
 #[cfg(feature = "redis")]
 pub use lease::{
-    GrantStep, GrantTable, InstanceGrant, LeaseError, LeaseMode, LeaseStatus, LeaseStore,
-    LeaseStoreBuilder, Rate, RateLease, RateLeaseBuilder,
+    LeaseError, LeaseMode, LeaseStatus, LeaseStore, LeaseStoreBuilder, Rate, RateLease,
+    RateLeaseBuilder,
 };
 #[cfg(feature = "redis")]
 pub use leased::{LeasedBudget, LeasedRates};
 #[cfg(feature = "redis")]
 pub use regions::{
-    Initialized, PendingTransfer, Rebalanced, Rebalancer, RegionError, RegionLease,
-    RegionLeaseBuilder, RegionView, RegionalBudget, RegionalBudgetBuilder, RepairOutcome,
-    RepairReport, Snapshot, Step, TransferError, TransferId, TransferOutcome,
+    Initialized, PendingTransfer, Rebalancer, RegionError, RegionLease, RegionLeaseBuilder,
+    RegionView, RegionalBudget, RegionalBudgetBuilder, RepairReport, Snapshot, Step, TransferError,
+    TransferId, TransferOutcome,
 };

@@ -29,7 +29,7 @@ impl Decision {
 }
 
 /// Decisions of a quota's policies, in policy order. Inline up to two.
-pub type Decisions = SmallVec<[Decision; 2]>;
+pub(crate) type Decisions = SmallVec<[Decision; 2]>;
 
 /// What one admission holds in each policy of a quota, in policy order:
 /// the store's receipt, so that a settlement gives back only what this

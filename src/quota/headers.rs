@@ -21,32 +21,47 @@ use crate::quota::{Outcome, Quota, Verdict};
 use crate::reject::ceil_secs;
 
 /// `RateLimit-Policy`.
-pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+pub(crate) static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 /// `RateLimit`.
-pub static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+pub(crate) static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
-/// Appends both fields for a verdict on `quota`: its enforcing policies
-/// only, since shadow policies never shape the answer. [`QuotaLayer`](crate::quota::QuotaLayer)
-/// calls it; a handler that checks a [`Limiter`](crate::quota::Limiter)
-/// itself calls it on its own refusal.
-///
-/// ```
-/// use std::time::Duration;
-/// use tower_admission::quota::{headers, Limiter, MemoryStore, Policy, Quota};
-///
-/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
-/// let quota = Quota::new("items", [Policy::fixed_window("per-minute", 10, Duration::from_secs(60))?])?;
-/// let limiter = Limiter::new(MemoryStore::new());
-/// let verdict = limiter.check(&quota, &"alice".into(), 11).await;
-/// let mut fields = http::HeaderMap::new();
-/// headers::insert(&mut fields, &quota, &verdict);
-/// assert!(fields[&headers::RATELIMIT_POLICY].to_str().unwrap().starts_with("\"per-minute\";q=10"));
-/// # Ok::<(), tower_admission::ConfigError>(())
-/// # })?;
-/// # Ok::<(), tower_admission::ConfigError>(())
-/// ```
-pub fn insert(headers: &mut HeaderMap, quota: &Quota, verdict: &Verdict) {
-    append(headers, values(quota, verdict, None));
+impl Verdict {
+    /// Appends the `RateLimit-Policy` and `RateLimit` fields for this verdict
+    /// on `quota`: its enforcing policies only, since shadow policies never
+    /// shape the answer. [`QuotaLayer`](crate::quota::QuotaLayer) sends them
+    /// itself; a handler that checks a [`Limiter`](crate::quota::Limiter)
+    /// itself calls this on its own refusal.
+    ///
+    /// ```text
+    /// RateLimit-Policy: "per-minute";q=100;w=60, "burst";q=20;w=12
+    /// RateLimit: "per-minute";r=0;t=57, "burst";r=3;t=10
+    /// ```
+    ///
+    /// `q` is the quota, `w` the window in seconds (for a token bucket, the
+    /// time to refill from empty), `r` the remaining quota and `t` the
+    /// seconds until it is whole again, rounded up (IETF httpapi
+    /// ratelimit-headers draft). When the store could not decide and the
+    /// policies fail closed (a 503), each enforcing policy is advertised with
+    /// its configured numbers, `r=0`, and `t` the refusal's `Retry-After`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_admission::quota::{Limiter, MemoryStore, Policy, Quota};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let quota = Quota::new("items", [Policy::fixed_window("per-minute", 10, Duration::from_secs(60))?])?;
+    /// let limiter = Limiter::new(MemoryStore::new());
+    /// let verdict = limiter.check(&quota, &"alice".into(), 11).await;
+    /// let mut fields = http::HeaderMap::new();
+    /// verdict.insert_headers(&quota, &mut fields);
+    /// assert!(fields["ratelimit-policy"].to_str().unwrap().starts_with("\"per-minute\";q=10"));
+    /// # Ok::<(), tower_admission::ConfigError>(())
+    /// # })?;
+    /// # Ok::<(), tower_admission::ConfigError>(())
+    /// ```
+    pub fn insert_headers(&self, quota: &Quota, headers: &mut HeaderMap) {
+        append(headers, values(quota, self, None));
+    }
 }
 
 /// Appends the `RateLimit-Policy` and `RateLimit` values that [`values`]

@@ -7,8 +7,9 @@ use http::request::Parts;
 use http::{Extensions, HeaderValue};
 use tower::Layer;
 
+use super::service::QuotaService;
 use crate::identity::Identity;
-use crate::quota::{headers, Limiter, Quota, QuotaService, Store};
+use crate::quota::{headers, Limiter, Quota, Store};
 use crate::reload::{Live, ReloadHandle, Target};
 use crate::ConfigError;
 
@@ -49,7 +50,7 @@ impl fmt::Debug for Scope {
 type CostFn = Arc<dyn Fn(&Parts) -> u64 + Send + Sync>;
 
 /// A key function for [`Scope::Custom`].
-pub type KeyFn = Arc<dyn Fn(&Parts) -> Option<Arc<str>> + Send + Sync>;
+type KeyFn = Arc<dyn Fn(&Parts) -> Option<Arc<str>> + Send + Sync>;
 
 /// Applies a [`Quota`] to every request, answering 429 with an exact
 /// `Retry-After` when it refuses.

@@ -1,20 +1,23 @@
 //! Quotas: policies, algorithms, stores and the quota layer.
 
-pub mod algorithm;
+pub(crate) mod algorithm;
 mod decision;
-pub mod headers;
+pub(crate) mod headers;
 mod layer;
 mod limiter;
 mod policy;
 mod service;
 mod settle;
-pub mod store;
+mod store;
 
-pub use decision::{Decision, Decisions, Holds, QuotaDecision};
-pub use layer::{KeyFn, QuotaLayer, QuotaLayerBuilder, Quotas, Scope};
+#[cfg(all(test, feature = "axum"))]
+mod oracle_tests;
+
+pub(crate) use decision::Decisions;
+pub use decision::{Decision, Holds, QuotaDecision};
+pub use layer::{QuotaLayer, QuotaLayerBuilder, Quotas, Scope};
 pub use limiter::{Limiter, LimiterStats, Outcome, Verdict};
 pub use policy::{FailureMode, Policy, Quota};
-pub use service::{QuotaService, ResponseFuture};
 pub use settle::Settlement;
 pub use store::{MemoryConfig, MemoryStore, Store, StoreError};
 #[cfg(feature = "redis")]

@@ -44,7 +44,19 @@ pub struct Policy {
 }
 
 impl Policy {
-    /// `limit` per clock-aligned `window`.
+    /// At most `limit` per clock-aligned window `[kW, (k+1)W)`.
+    ///
+    /// The documented weakness: `limit` admissions just before a boundary and
+    /// `limit` more just after it pass `2 * limit` in a very short interval.
+    ///
+    /// **Changed numbers.** The state records its window's start and end in
+    /// µs, so it is read correctly under any later window length. A state
+    /// built under another window carries its count into the new policy's
+    /// aligned window that holds `now`: it never waits longer than the new
+    /// window and never admits more than the new limit beyond what it has
+    /// counted. A lower limit applies at once to the count already held. A
+    /// settle never realigns a live window of another length (see
+    /// [`Settlement`](crate::quota::Settlement)).
     pub fn fixed_window(name: &str, limit: u64, window: Duration) -> Result<Self, ConfigError> {
         let window = window_micros(window)?;
         Self::new(
@@ -55,6 +67,8 @@ impl Policy {
 
     /// Exactly `limit` in every interval `(t - window, t]`. A sliding log
     /// keeps one entry per admission, so `limit` is at most 1,000,000.
+    ///
+    #[doc = include_str!("../../docs/sliding_log.md")]
     pub fn sliding_log(name: &str, limit: u64, window: Duration) -> Result<Self, ConfigError> {
         let window = window_micros(window)?;
         Self::new(name, Algorithm::SlidingLog(SlidingLog::new(limit, window)?))
@@ -63,6 +77,8 @@ impl Policy {
     /// A bucket of `capacity` tokens refilled continuously with `refill` tokens
     /// per `period`, exactly (any positive rate, no rounding drift). One
     /// token per unit of cost.
+    ///
+    #[doc = include_str!("../../docs/token_bucket.md")]
     pub fn token_bucket(
         name: &str,
         capacity: u64,
@@ -76,8 +92,21 @@ impl Policy {
         )
     }
 
-    /// About `limit` per `window`, estimated from two window counters. An
-    /// approximation; see [`SlidingWindow`].
+    /// About `limit` per `window`: a weighted window counter estimates the
+    /// count over the last `W` as `previous * (1 - elapsed / W) + current`
+    /// and admits while the estimate plus the cost stays at or below `limit`.
+    ///
+    /// **An approximation.** It assumes the previous window's admissions were
+    /// spread evenly, so it can admit more than `limit` in some interval of
+    /// length `W` (at most `2 * limit` in the worst case). Use
+    /// [`sliding_log`](Self::sliding_log) when the cap must be exact. A
+    /// refusal waits at most `2W`.
+    ///
+    /// **Changed numbers.** The state records its current window's start and
+    /// end in µs. Under another window length, both counts carry into the new
+    /// policy's aligned window that holds `now` (if the old window has ended,
+    /// its count becomes the previous one when it ended less than a new window
+    /// ago, and is dropped otherwise).
     pub fn sliding_window(name: &str, limit: u64, window: Duration) -> Result<Self, ConfigError> {
         let window = window_micros(window)?;
         Self::new(
@@ -131,8 +160,40 @@ impl Policy {
 
     /// The algorithm and its numbers.
     #[inline]
-    pub fn algorithm(&self) -> &Algorithm {
+    pub(crate) fn algorithm(&self) -> &Algorithm {
         &self.algorithm
+    }
+
+    /// The most cost the policy can ever admit at once: the limit of a
+    /// window or log, the capacity of a token bucket. The `q` of the
+    /// `RateLimit-Policy` field.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_admission::quota::Policy;
+    ///
+    /// let burst = Policy::token_bucket("burst", 20, 100, Duration::from_secs(60))?;
+    /// assert_eq!(burst.limit(), 20);
+    /// # Ok::<(), tower_admission::ConfigError>(())
+    /// ```
+    pub fn limit(&self) -> u64 {
+        self.algorithm.limit()
+    }
+
+    /// The window, or for a token bucket the time to refill from empty
+    /// (here 20 tokens at 100 a minute: 12 s). The `w` of the
+    /// `RateLimit-Policy` field.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_admission::quota::Policy;
+    ///
+    /// let burst = Policy::token_bucket("burst", 20, 100, Duration::from_secs(60))?;
+    /// assert_eq!(burst.window(), Duration::from_secs(12));
+    /// # Ok::<(), tower_admission::ConfigError>(())
+    /// ```
+    pub fn window(&self) -> Duration {
+        self.algorithm.window()
     }
 
     /// True in shadow mode.

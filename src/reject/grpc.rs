@@ -17,7 +17,7 @@ use super::{retry_after_secs, OverloadScope, Rejection};
 /// The gRPC response header (in a trailers-only response, the trailer) that
 /// tells a gRPC client with a retry policy how many milliseconds to wait
 /// before its next attempt; a negative value tells it not to retry.
-pub const GRPC_RETRY_PUSHBACK_MS: &str = "grpc-retry-pushback-ms";
+pub(crate) const GRPC_RETRY_PUSHBACK_MS: &str = "grpc-retry-pushback-ms";
 
 impl Rejection {
     /// The gRPC status code number of this rejection.
@@ -36,7 +36,7 @@ impl Rejection {
         }
     }
 
-    /// The value of [`GRPC_RETRY_PUSHBACK_MS`]: the `Retry-After` wait in
+    /// The value of `grpc-retry-pushback-ms`: the `Retry-After` wait in
     /// milliseconds, or `-1` (do not retry) when no wait can cure the refusal.
     ///
     /// ```

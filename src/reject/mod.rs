@@ -11,9 +11,11 @@ mod protocol;
 mod rejection;
 
 pub use body::RefusalBody;
-pub use grpc::GRPC_RETRY_PUSHBACK_MS;
-pub use problem::{PROBLEM_TYPE_BASE, QUOTA_EXCEEDED_TYPE, TEMPORARY_REDUCED_CAPACITY_TYPE};
-pub use protocol::{is_grpc, Protocol};
+#[cfg(test)]
+use grpc::GRPC_RETRY_PUSHBACK_MS;
+#[cfg(test)]
+use problem::{PROBLEM_TYPE_BASE, QUOTA_EXCEEDED_TYPE, TEMPORARY_REDUCED_CAPACITY_TYPE};
+pub use protocol::Protocol;
 pub use rejection::{InvalidParameter, OverloadScope, Rejection, SizeCap};
 
 pub(crate) use base64::{base64, unbase64_group};
@@ -22,7 +24,7 @@ use rejection::names;
 
 /// `ceil(wait)` in whole seconds, at least 1 and saturating at `u64::MAX`
 /// (a wait of `Duration::MAX`): the value of `Retry-After`.
-pub fn retry_after_secs(wait: Duration) -> u64 {
+pub(crate) fn retry_after_secs(wait: Duration) -> u64 {
     ceil_secs(wait).max(1)
 }
 

@@ -9,32 +9,37 @@ use super::{names, retry_after_secs, Rejection};
 
 /// Base of this crate's own problem `type` URIs, for the refusals that have
 /// no registered problem type. The fragment is [`Rejection::kind`].
-pub const PROBLEM_TYPE_BASE: &str =
+pub(crate) const PROBLEM_TYPE_BASE: &str =
     "https://docs.rs/tower-admission/latest/tower_admission/reject/";
 
 /// The registered problem type of a quota refusal (429). Its extension member
 /// `violated-policies` is an array with the names of the refusing policies.
-pub const QUOTA_EXCEEDED_TYPE: &str =
+pub(crate) const QUOTA_EXCEEDED_TYPE: &str =
     "https://iana.org/assignments/http-problem-types#quota-exceeded";
 
 /// The registered problem type of a request the server cannot serve now
 /// because its capacity is temporarily reduced (503): here, a limiter that
 /// could not decide while its policies fail closed, or a dependency that
 /// cannot be called.
-pub const TEMPORARY_REDUCED_CAPACITY_TYPE: &str =
+pub(crate) const TEMPORARY_REDUCED_CAPACITY_TYPE: &str =
     "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity";
 
 impl Rejection {
-    /// The problem `type` URI: [`QUOTA_EXCEEDED_TYPE`],
-    /// [`TEMPORARY_REDUCED_CAPACITY_TYPE`], or this crate's own under
-    /// [`PROBLEM_TYPE_BASE`].
+    /// The problem `type` URI: the registered
+    /// `https://iana.org/assignments/http-problem-types#quota-exceeded` and
+    /// `…#temporary-reduced-capacity`, or this crate's own,
+    /// `https://docs.rs/tower-admission/latest/tower_admission/reject/`
+    /// followed by `#` and [`kind`](Self::kind).
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_admission::reject::{Rejection, TEMPORARY_REDUCED_CAPACITY_TYPE};
+    /// use tower_admission::reject::Rejection;
     ///
     /// let outage = Rejection::LimiterUnavailable { retry_after: Duration::from_secs(1) };
-    /// assert_eq!(outage.problem_type(), TEMPORARY_REDUCED_CAPACITY_TYPE);
+    /// assert_eq!(
+    ///     outage.problem_type(),
+    ///     "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity"
+    /// );
     /// let anonymous = Rejection::Unauthenticated { reason: "missing credential" };
     /// assert!(anonymous.problem_type().ends_with("/reject/#unauthenticated"));
     /// ```

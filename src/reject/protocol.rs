@@ -3,15 +3,6 @@
 use http::header::{HeaderValue, CONTENT_TYPE};
 use http::HeaderMap;
 
-/// True when the request is gRPC: its `content-type` starts with
-/// `application/grpc` in any case, since media types are case-insensitive.
-/// gRPC-Web requests are gRPC too; [`Protocol::of`] tells them apart.
-pub fn is_grpc(headers: &HeaderMap) -> bool {
-    headers
-        .get(CONTENT_TYPE)
-        .is_some_and(|v| starts_with_ignore_case(v.as_bytes(), b"application/grpc"))
-}
-
 fn starts_with_ignore_case(bytes: &[u8], prefix: &[u8]) -> bool {
     bytes
         .get(..prefix.len())
@@ -63,7 +54,7 @@ impl Protocol {
     /// * `application/grpc-web` or `application/grpc-web-text`, alone or
     ///   with a `+codec` suffix or parameters: gRPC-Web, its refusals
     ///   answered with that media type in lower case (parameters dropped);
-    /// * any other that starts with `application/grpc` ([`is_grpc`]): gRPC;
+    /// * any other that starts with `application/grpc`: gRPC;
     /// * anything else, or none: HTTP.
     pub fn of(headers: &HeaderMap) -> Protocol {
         let Some(value) = headers.get(CONTENT_TYPE) else {
@@ -120,9 +111,8 @@ impl Protocol {
     }
 }
 
-/// `true` is [`Protocol::GRPC`] and `false` [`Protocol::HTTP`], as
-/// [`is_grpc`] answers; use [`Protocol::of`] to answer gRPC-Web callers in
-/// their own content type.
+/// `true` is [`Protocol::GRPC`] and `false` [`Protocol::HTTP`]; use
+/// [`Protocol::of`] to answer gRPC-Web callers in their own content type.
 impl From<bool> for Protocol {
     fn from(grpc: bool) -> Self {
         if grpc {

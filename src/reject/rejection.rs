@@ -183,7 +183,7 @@ impl Rejection {
 
     /// Short kebab-case name of the reason, for logs and metrics. For the
     /// refusals without a registered problem type it is also the fragment
-    /// of their `type` after [`PROBLEM_TYPE_BASE`](super::PROBLEM_TYPE_BASE).
+    /// of their `type` after this crate's base URI (see [`problem_type`](Self::problem_type)).
     ///
     /// ```
     /// use std::time::Duration;
@@ -261,7 +261,7 @@ impl Rejection {
 
     /// The response for this rejection in the request's [`Protocol`]:
     /// problem details for HTTP, a gRPC status for gRPC and gRPC-Web. A
-    /// `bool` is [`is_grpc`](super::is_grpc)'s answer (`true` is plain gRPC).
+    /// `bool` is `true` for plain gRPC.
     pub fn into_response(self, protocol: impl Into<Protocol>) -> Response<Full<Bytes>> {
         self.into_layer_response(protocol)
     }

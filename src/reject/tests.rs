@@ -77,6 +77,14 @@ fn retry_after_rounds_up_and_is_never_zero() {
     assert_eq!(retry_after_secs(Duration::from_millis(59_400)), 60);
 }
 
+/// A wait of `Duration::MAX` (a budget that never admits again) saturates
+/// instead of overflowing (moved from tests/reject.rs, which still checks the
+/// headers).
+#[test]
+fn an_endless_wait_saturates_retry_after_secs() {
+    assert_eq!(retry_after_secs(Duration::MAX), u64::MAX);
+}
+
 #[test]
 fn quota_refusal_is_problem_json_with_retry_after() {
     let r = Rejection::QuotaExceeded {
@@ -265,7 +273,7 @@ fn grpc_rejections_use_grpc_status() {
         CONTENT_TYPE,
         HeaderValue::from_static("application/grpc+proto"),
     );
-    assert!(is_grpc(&h));
+    assert!(Protocol::of(&h).is_grpc());
     let r = Rejection::Unauthenticated { reason: "missing" };
     let response = r.into_response(true);
     assert_eq!(response.status(), StatusCode::OK);

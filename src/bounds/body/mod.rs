@@ -19,17 +19,14 @@ mod stack;
 mod status;
 
 pub use capped::CappedBody;
-pub use future::ResponseFuture;
 pub use layer::{BodyCaps, BodyLimitsLayer};
 pub(in crate::bounds) use probe::Probe;
-pub use service::BodyLimits;
-pub use status::StatusBody;
 
 type BoxError = Box<dyn StdError + Send + Sync>;
 
 /// A response of [`BodyLimits`]: the inner one as it was when the request
 /// could not trip a cap, the one through the caps (`SB`), or a refusal.
-type LimitedResponse<RB, SB> = Response<Either<Either<RB, StatusBody<SB>>, Full<Bytes>>>;
+type LimitedResponse<RB, SB> = Response<Either<Either<RB, status::StatusBody<SB>>, Full<Bytes>>>;
 
 fn too_large(cap: SizeCap, limit: usize) -> Rejection {
     Rejection::PayloadTooLarge {

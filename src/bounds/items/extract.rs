@@ -31,7 +31,7 @@ use super::{parse_batch, BatchError};
 ///
 /// Over the cap: 413 with cap `items`, before the handler runs. Bad JSON:
 /// 400 naming `body` or `items[i]`. The body itself is read with axum's
-/// `Bytes` extractor, so the byte caps of [`BodyLimits`](super::super::BodyLimits)
+/// `Bytes` extractor, so the byte caps of [`BodyLimitsLayer`](super::super::BodyLimitsLayer)
 /// apply first. The content type is not checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Batch<T, const MAX: usize>(pub Vec<T>);

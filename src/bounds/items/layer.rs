@@ -12,20 +12,20 @@ use crate::ConfigError;
 
 /// Counts the items of a JSON batch `{"items": [...]}` before the inner
 /// service runs, refusing more than `max` with 413 (cap `items`) and bad
-/// JSON with 400. Builds [`BatchItems`].
+/// JSON with 400.
 ///
 /// Use it where the count must be known *before* the handler, for example
 /// to charge it as quota cost: place it inside [`BodyLimitsLayer`](crate::bounds::BodyLimitsLayer)
 /// (which bounds the bytes it buffers) and outside the quota layers. It
 /// reads the whole (capped) body, counts items without building them
-/// ([`count_batch_items`](crate::bounds::count_batch_items)), inserts [`ItemCount`](crate::bounds::ItemCount) and hands the same bytes
+/// ([`parse_batch`](crate::bounds::parse_batch) without building the items), inserts [`ItemCount`](crate::bounds::ItemCount) and hands the same bytes
 /// on as a `Full<Bytes>` body; the handler then parses them again, for
 /// example with the `Batch` extractor. Apply it only to batch routes (axum's
 /// `route_layer` or a method router's `layer`): a request without a JSON
 /// object body is refused.
 ///
 /// A body read error is answered with 400 naming `body`; when that error is
-/// a byte cap of [`BodyLimits`](crate::bounds::BodyLimits), that layer replaces the
+/// a byte cap of [`BodyLimitsLayer`](crate::bounds::BodyLimitsLayer), that layer replaces the
 /// answer with its 413.
 ///
 /// Clones, and the services built from them, share the cap in force.

@@ -8,14 +8,12 @@ mod parse;
 mod service;
 
 #[cfg(feature = "axum")]
-pub use extract::{Batch, BatchRejection};
-pub use future::ResponseFuture;
+pub use extract::Batch;
 pub use layer::BatchItemsLayer;
-pub use parse::{count_batch_items, parse_batch, BatchError};
-pub use service::BatchItems;
+pub use parse::{parse_batch, BatchError};
 
 /// The item count of a batch request, inserted into the request extensions
-/// by [`BatchItems`] so that later layers (a quota's cost function) and the
+/// by [`BatchItemsLayer`]'s service so that later layers (a quota's cost function) and the
 /// handler can read it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ItemCount(pub usize);

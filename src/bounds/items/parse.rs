@@ -63,9 +63,9 @@ enum At {
 /// and a refused batch builds none that reach the caller. Other members of
 /// the object are ignored; a second `items` member is refused.
 ///
-/// Counting only, without building items: `parse_batch::<IgnoredAny>` (a
-/// zero-sized type, so the returned `Vec` does not allocate), or
-/// [`count_batch_items`].
+/// Counting only, without building items: `parse_batch::<IgnoredAny>`
+/// (`serde::de::IgnoredAny`, a zero-sized type, so the returned `Vec` does
+/// not allocate), which is what [`BatchItemsLayer`](crate::bounds::BatchItemsLayer) does.
 ///
 /// ```
 /// use tower_admission::bounds::{parse_batch, BatchError};
@@ -102,7 +102,7 @@ where
 
 /// The number of items of a batch, without building them; errors as
 /// [`parse_batch`].
-pub fn count_batch_items(json: &[u8], max: usize) -> Result<usize, BatchError> {
+pub(crate) fn count_batch_items(json: &[u8], max: usize) -> Result<usize, BatchError> {
     parse_batch::<IgnoredAny>(json, max).map(|items| items.len())
 }
 

@@ -10,7 +10,7 @@ use crate::reload::{Live, ReloadHandle, Target};
 use crate::ConfigError;
 
 /// Validates the query string with [`QueryRules`] before the inner service
-/// runs. Builds [`ValidateQuery`].
+/// runs.
 ///
 /// Clones, and the services built from them, share the rules in force.
 #[derive(Debug, Clone)]

@@ -9,21 +9,17 @@ mod rules;
 mod service;
 mod stamp;
 
-#[cfg(feature = "axum")]
-pub use extract::MissingValidatedQuery;
-pub use future::ResponseFuture;
 pub use layer::ValidateQueryLayer;
 pub use rules::{QueryRules, QueryRulesBuilder, UnknownParams, ValidatedQuery};
-pub use service::ValidateQuery;
 
 /// Name of the page size parameter.
-pub const PAGE_SIZE: &str = "page_size";
+pub(crate) const PAGE_SIZE: &str = "page_size";
 /// Name of the range start parameter (inclusive), RFC 3339.
-pub const FROM: &str = "from";
+pub(crate) const FROM: &str = "from";
 /// Name of the range end parameter (exclusive), RFC 3339.
-pub const TO: &str = "to";
+pub(crate) const TO: &str = "to";
 /// Name of the opaque cursor parameter.
-pub const CURSOR: &str = "cursor";
+pub(crate) const CURSOR: &str = "cursor";
 
 #[cfg(test)]
 mod tests;

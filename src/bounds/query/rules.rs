@@ -38,7 +38,7 @@ pub enum UnknownParams {
 }
 
 /// A query string that passed [`QueryRules::validate`]. Inserted into the
-/// request extensions by [`ValidateQuery`](super::ValidateQuery); with the `axum` feature it is also
+/// request extensions by [`ValidateQueryLayer`](super::ValidateQueryLayer)'s service; with the `axum` feature it is also
 /// an extractor.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ValidatedQuery {

@@ -61,9 +61,9 @@ impl fmt::Display for Criticality {
 }
 
 /// Default share of the limit sheddable work may fill.
-pub const DEFAULT_SHEDDABLE_SHARE: f64 = 0.8;
+pub(crate) const DEFAULT_SHEDDABLE_SHARE: f64 = 0.8;
 /// Default share of the limit default work may fill.
-pub const DEFAULT_DEFAULT_SHARE: f64 = 0.9;
+pub(crate) const DEFAULT_DEFAULT_SHARE: f64 = 0.9;
 
 /// The share of the limit each class may fill, sheddable then default;
 /// critical fills it all. A class is admitted only while the requests in

@@ -5,7 +5,7 @@ use std::time::Duration;
 use crate::ConfigError;
 
 /// The parameters of an adaptive concurrency limit; see the
-/// [module docs](crate::concurrency::adaptive) for the algorithm.
+/// [module docs](crate::concurrency#the-algorithm) for the algorithm.
 ///
 /// Every setter keeps the other defaults. The values are checked when a
 /// builder takes them ([`ConcurrencyLayerBuilder::global_adaptive`],

@@ -98,7 +98,7 @@ impl fmt::Display for Overloaded {
 
 impl StdError for Overloaded {}
 
-/// The error of an [`AdaptiveLimitService`].
+/// The error of the service an [`AdaptiveLimitLayer`] builds.
 ///
 /// ```
 /// use std::time::Duration;
@@ -154,8 +154,7 @@ impl<E: StdError + 'static> StdError for LimitError<E> {
 }
 
 /// Limits the requests in flight to a service with an adaptive limit (or a
-/// [`fixed`](Self::fixed) one), criticality classes and fair queues; builds
-/// [`AdaptiveLimitService`].
+/// [`fixed`](Self::fixed) one), criticality classes and fair queues.
 ///
 /// `Req` is the request type, read by the class and tenant functions. A
 /// slot is held from admission until the inner future answers or is
@@ -296,9 +295,7 @@ impl<Req, O> AdaptiveLimitLayerBuilder<Req, O> {
     }
 
     /// The share of the limit sheddable and default requests may fill
-    /// (defaults [`DEFAULT_SHEDDABLE_SHARE`](super::DEFAULT_SHEDDABLE_SHARE)
-    /// and [`DEFAULT_DEFAULT_SHARE`](super::DEFAULT_DEFAULT_SHARE) with a
-    /// classifier, 1 and 1 without).
+    /// (defaults 0.8 and 0.9 with a classifier, 1 and 1 without).
     pub fn class_shares(mut self, sheddable: f64, default: f64) -> Self {
         self.shares = Some((sheddable, default));
         self
@@ -444,7 +441,7 @@ impl<S: fmt::Debug, Req, O> fmt::Debug for AdaptiveLimitService<S, Req, O> {
 
 /// The response future of an [`AdaptiveLimitService`] (boxed: an outbound
 /// call costs far more than the allocation).
-pub type LimitFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, LimitError<E>>> + Send>>;
+pub(crate) type LimitFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, LimitError<E>>> + Send>>;
 
 impl<S, Req, O> Service<Req> for AdaptiveLimitService<S, Req, O>
 where

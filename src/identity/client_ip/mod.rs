@@ -15,11 +15,10 @@ pub use forwarded::ForwardedHeader;
 pub use layer::ClientIpLayer;
 use proxies::KeyPrefixes;
 pub use proxies::TrustedProxies;
-pub use service::ClientIpService;
 
 /// Most forwarding hops read from the right of the chain. Hops further left
 /// are ignored, so a long or hostile header costs bounded work and memory.
-pub const MAX_HOPS: usize = 32;
+pub(crate) const MAX_HOPS: usize = 32;
 
 /// The client's IP address, as established by [`ClientIpLayer`] from the TCP
 /// peer and, behind trusted proxies only, the forwarding header.

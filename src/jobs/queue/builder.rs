@@ -4,24 +4,24 @@ use std::time::Duration;
 
 use crate::ConfigError;
 
-/// Default for [`JobQueueBuilder::capacity`].
-pub const DEFAULT_CAPACITY: usize = 1_000;
-/// Default for [`JobQueueBuilder::workers`].
-pub const DEFAULT_WORKERS: usize = 4;
-/// Default for [`JobQueueBuilder::retain_finished`].
-pub const DEFAULT_RETAIN_FINISHED: usize = 10_000;
+/// Default for [`JobQueueBuilder::capacity`]: 1000.
+pub(crate) const DEFAULT_CAPACITY: usize = 1_000;
+/// Default for [`JobQueueBuilder::workers`]: 4.
+pub(crate) const DEFAULT_WORKERS: usize = 4;
+/// Default for [`JobQueueBuilder::retain_finished`]: 10 000.
+pub(crate) const DEFAULT_RETAIN_FINISHED: usize = 10_000;
 /// Default for [`JobQueueBuilder::finished_ttl`]: one hour.
-pub const DEFAULT_FINISHED_TTL: Duration = Duration::from_secs(3600);
+pub(crate) const DEFAULT_FINISHED_TTL: Duration = Duration::from_secs(3600);
 /// Default for [`JobQueueBuilder::retry_after`]: one second.
-pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
+pub(crate) const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
 /// Most [`workers`](JobQueueBuilder::workers) a queue may have. Each worker
 /// is a task spawned when the queue is built and runs a job too large for a
 /// request; more than this many such jobs at once is beyond what one process
 /// runs well, and a larger number is a typo rather than a plan.
-pub const MAX_WORKERS: usize = 1_024;
+pub(crate) const MAX_WORKERS: usize = 1_024;
 /// Finished jobs whose durations make the measured mean of the
 /// [`Retry-After` estimate](crate::jobs#retry-after).
-pub const MEASURED_JOBS: usize = 16;
+pub(crate) const MEASURED_JOBS: usize = 16;
 
 /// Configuration of a [`JobQueue`](crate::jobs::JobQueue); see [`JobQueue::builder`](crate::jobs::JobQueue::builder).
 #[derive(Debug, Clone)]
@@ -49,25 +49,28 @@ impl Default for JobQueueBuilder {
 
 impl JobQueueBuilder {
     /// Most jobs waiting for a worker (not counting the ones running).
+    /// Default: 1000.
     pub fn capacity(mut self, capacity: usize) -> Self {
         self.capacity = capacity;
         self
     }
 
-    /// Number of worker tasks, hence most jobs running at once: 1 to
-    /// [`MAX_WORKERS`].
+    /// Number of worker tasks, hence most jobs running at once: 1 to 1024.
+    /// Default: 4.
     pub fn workers(mut self, workers: usize) -> Self {
         self.workers = workers;
         self
     }
 
     /// Most finished job records kept; the oldest finished is dropped first.
+    /// Default: 10 000.
     pub fn retain_finished(mut self, max: usize) -> Self {
         self.retain_finished = max;
         self
     }
 
-    /// How long a finished job's record is kept after it finished.
+    /// How long a finished job's record is kept after it finished. Default:
+    /// one hour.
     pub fn finished_ttl(mut self, ttl: Duration) -> Self {
         self.finished_ttl = ttl;
         self
@@ -83,7 +86,7 @@ impl JobQueueBuilder {
 
     /// The duration assumed for a job until one has finished, in the
     /// [`Retry-After` estimate](crate::jobs#retry-after) of the refusals; also the
-    /// `Retry-After` of a shut-down queue.
+    /// `Retry-After` of a shut-down queue. Default: one second.
     pub fn retry_after(mut self, wait: Duration) -> Self {
         self.retry_after = wait;
         self
@@ -91,7 +94,7 @@ impl JobQueueBuilder {
 
     /// Checks the configuration as [`build`](Self::build) does, without a
     /// runtime: `capacity`, `workers`, `retain_finished` and `per_owner` at
-    /// least 1, `workers` at most [`MAX_WORKERS`], `finished_ttl` above zero.
+    /// least 1, `workers` at most 1024, `finished_ttl` above zero.
     pub fn check(&self) -> Result<(), ConfigError> {
         let positive = [
             ("capacity", self.capacity),

@@ -4,11 +4,9 @@ use std::fmt;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{HeaderValue, CONTENT_TYPE, LOCATION};
-use http::{Response, StatusCode};
+use http::Response;
 use http_body_util::Full;
 
-use crate::jobs::JobId;
 use crate::reject::{OverloadScope, Protocol, Rejection};
 
 /// Why [`JobQueue::submit`](crate::jobs::JobQueue::submit) did not accept a job: 503 when the service is
@@ -108,23 +106,4 @@ impl axum::response::IntoResponse for SubmitError {
     fn into_response(self) -> axum::response::Response {
         SubmitError::into_response(self, false).into_response()
     }
-}
-
-/// A `202 Accepted` response pointing at `location`, where the job's status
-/// can be read, with the body `{"id": ..., "status": "queued"}`.
-///
-/// Fails only when `location` is not a valid header value.
-pub fn accepted_response(
-    id: JobId,
-    location: &str,
-) -> Result<Response<Full<Bytes>>, http::header::InvalidHeaderValue> {
-    let location = HeaderValue::from_str(location)?;
-    let body = serde_json::json!({ "id": id, "status": "queued" }).to_string();
-    let mut response = Response::new(Full::new(Bytes::from(body)));
-    *response.status_mut() = StatusCode::ACCEPTED;
-    response.headers_mut().insert(LOCATION, location);
-    response
-        .headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    Ok(response)
 }

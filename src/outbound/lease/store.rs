@@ -127,7 +127,7 @@ impl LeaseStore {
     }
 
     /// The Redis key of `budget`: `prefix:{lease:budget}`.
-    pub fn key(&self, budget: &str) -> String {
+    pub(crate) fn key(&self, budget: &str) -> String {
         format!("{}:{{lease:{budget}}}", self.inner.prefix)
     }
 
@@ -136,15 +136,46 @@ impl LeaseStore {
         self.inner.deadline
     }
 
-    /// The grant script as Redis runs it in production (reading `TIME`), for
-    /// loading it by hand or benchmarking it. Its arguments are documented at
-    /// the top of `scripts/lease.lua`.
-    pub fn script_source() -> String {
+    /// The grant script as Redis runs it in production (reading `TIME`).
+    /// Its arguments are documented at the top of `scripts/lease.lua`.
+    #[cfg(test)]
+    pub(crate) fn script_source() -> String {
         script(None)
     }
 
+    /// The rate the instances sharing `budget` may spend now: the sum of
+    /// their unexpired grants, on Redis time (read only).
+    ///
+    /// ```no_run
+    /// # async fn run(store: tower_admission::outbound::LeaseStore) -> Result<(), tower_admission::outbound::LeaseError> {
+    /// let now = store.committed("dependency").await?;
+    /// println!("{:.1}/s of the budget is granted", now.as_f64());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn committed(&self, budget: &str) -> Result<Rate, LeaseError> {
+        let table = self.grants(budget).await?;
+        Ok(table.committed_at(table.now))
+    }
+
+    /// The highest rate the instances sharing `budget` may spend at any time
+    /// from now until their grants expire (read only). A lowered grant stays
+    /// counted until its old expiry, so this is what bounds the fleet's
+    /// spending now: it never exceeds the budget.
+    ///
+    /// ```no_run
+    /// # async fn run(store: tower_admission::outbound::LeaseStore) -> Result<(), tower_admission::outbound::LeaseError> {
+    /// let (now, peak) = (store.committed("dependency").await?, store.peak("dependency").await?);
+    /// assert!(now <= peak);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn peak(&self, budget: &str) -> Result<Rate, LeaseError> {
+        Ok(self.grants(budget).await?.peak())
+    }
+
     /// Reads the grants of `budget` as the script counts them (read only).
-    pub async fn grants(&self, budget: &str) -> Result<GrantTable, LeaseError> {
+    pub(crate) async fn grants(&self, budget: &str) -> Result<GrantTable, LeaseError> {
         let reply = self
             .call(&self.key(budget), "-", &Args::op_only("s"))
             .await?;

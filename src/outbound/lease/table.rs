@@ -9,7 +9,7 @@ use crate::clock::Timestamp;
 /// [`LeaseStore::grants`](super::LeaseStore::grants).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct GrantTable {
+pub(crate) struct GrantTable {
     /// The script's time (Redis time, µs).
     pub now: Timestamp,
     /// Every live instance.
@@ -19,7 +19,7 @@ pub struct GrantTable {
 /// One instance's entry in a [`GrantTable`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct InstanceGrant {
+pub(crate) struct InstanceGrant {
     /// The instance id.
     pub id: String,
     /// The demand it last reported.
@@ -36,7 +36,7 @@ pub struct InstanceGrant {
 /// A grant counted until its expiry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct GrantStep {
+pub(crate) struct GrantStep {
     /// The granted rate.
     pub rate: Rate,
     /// Its expiry on Redis time.
@@ -46,7 +46,7 @@ pub struct GrantStep {
 impl InstanceGrant {
     /// The rate counted for this instance at Redis time `t`: the highest
     /// rate among its steps that expire after `t`.
-    pub fn committed_at(&self, t: Timestamp) -> Rate {
+    pub(crate) fn committed_at(&self, t: Timestamp) -> Rate {
         self.steps
             .iter()
             .filter(|s| s.expires_at > t)
@@ -55,21 +55,22 @@ impl InstanceGrant {
             .unwrap_or(Rate::ZERO)
     }
 
+    #[cfg(test)]
     /// Its latest grant.
-    pub fn latest(&self) -> Option<GrantStep> {
+    pub(crate) fn latest(&self) -> Option<GrantStep> {
         self.steps.last().copied()
     }
 }
 
 impl GrantTable {
     /// The sum of all instances' commitments at Redis time `t`.
-    pub fn committed_at(&self, t: Timestamp) -> Rate {
+    pub(crate) fn committed_at(&self, t: Timestamp) -> Rate {
         Rate(self.instances.iter().map(|i| i.committed_at(t).0).sum())
     }
 
     /// The highest sum of commitments at any time from [`now`](Self::now)
     /// on, checked at `now` and at every step's expiry.
-    pub fn peak(&self) -> Rate {
+    pub(crate) fn peak(&self) -> Rate {
         let times = std::iter::once(self.now).chain(
             self.instances
                 .iter()
@@ -82,8 +83,9 @@ impl GrantTable {
             .unwrap_or(Rate::ZERO)
     }
 
+    #[cfg(test)]
     /// The entry of instance `id`.
-    pub fn instance(&self, id: &str) -> Option<&InstanceGrant> {
+    pub(crate) fn instance(&self, id: &str) -> Option<&InstanceGrant> {
         self.instances.iter().find(|i| i.id == id)
     }
 }

@@ -34,9 +34,9 @@ pub use builder::RegionalBudgetBuilder;
 pub use error::{RegionError, Step, TransferError};
 pub use init::Initialized;
 pub use ordered::RegionView;
-pub use rebalancer::{Rebalanced, Rebalancer};
+pub use rebalancer::Rebalancer;
 pub use region_lease::{RegionLease, RegionLeaseBuilder};
-pub use repair::{PendingTransfer, RepairOutcome, RepairReport};
+pub use repair::{PendingTransfer, RepairReport};
 pub use snapshot::Snapshot;
 pub use transfer::{TransferId, TransferOutcome};
 

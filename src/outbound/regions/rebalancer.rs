@@ -57,22 +57,6 @@ impl fmt::Debug for Rebalancer {
     }
 }
 
-/// What one [`Rebalancer::run_once`] did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Rebalanced {
-    /// Nothing to move (no surplus, no need above the dead band, or no
-    /// reachable receiver).
-    Nothing,
-    /// Moved `amount` to `to`.
-    Sent {
-        /// The receiver.
-        to: String,
-        /// The amount.
-        amount: u64,
-    },
-}
-
 impl Rebalancer {
     /// A rebalancer giving from `region`, reading each region's demand from
     /// its lease store (`stores`: region name and the store its
@@ -122,8 +106,11 @@ impl Rebalancer {
         self
     }
 
-    /// One period of the rule (see the type's docs).
-    pub async fn run_once(&self) -> Result<Rebalanced, TransferError> {
+    /// One period of the rule (see the type's docs): `Some((to, amount))`
+    /// when it moved `amount` to region `to`, `None` when there was nothing
+    /// to move (no surplus, no need above the dead band, or no reachable
+    /// receiver).
+    pub async fn run_once(&self) -> Result<Option<(String, u64)>, TransferError> {
         self.budget.repair_all().await;
         let mut demand: HashMap<String, Option<u64>> = HashMap::new();
         for (name, store) in &self.stores {
@@ -145,7 +132,7 @@ impl Rebalancer {
         let allocations = self.budget.allocations().await.ok();
         let known: u64 = demand.values().flatten().sum();
         if known == 0 {
-            return Ok(Rebalanced::Nothing);
+            return Ok(None);
         }
         let total = self.budget.total();
         let target = |name: &str| -> u64 {
@@ -161,7 +148,7 @@ impl Rebalancer {
         let keep = target(&self.region).max(own_demand).max(self.floor);
         let surplus = view.spendable().saturating_sub(keep);
         if surplus <= self.dead_band {
-            return Ok(Rebalanced::Nothing);
+            return Ok(None);
         }
         let allocation_of = |name: &str| {
             allocations
@@ -183,19 +170,14 @@ impl Rebalancer {
             let amount = surplus.min(need).min(self.max_step);
             let n = self.budget.next_number(&self.region, to).await?;
             match self.budget.send(&self.region, to, n, amount).await {
-                Ok(_) => {
-                    return Ok(Rebalanced::Sent {
-                        to: to.to_owned(),
-                        amount,
-                    })
-                }
+                Ok(_) => return Ok(Some((to.to_owned(), amount))),
                 // Unconfirmed toward this receiver, or it cannot be reached:
                 // try the next one.
                 Err(TransferError::InFlight { .. } | TransferError::Unreachable { .. }) => {}
                 Err(e) => return Err(e),
             }
         }
-        Ok(Rebalanced::Nothing)
+        Ok(None)
     }
 
     /// Runs [`run_once`](Self::run_once) every `period` while this process

@@ -7,7 +7,7 @@ use redis::Value;
 
 use super::ledger::{text, Credit, Record};
 use super::region::{malformed, Region, Unreachable};
-use super::{RegionError, RegionalBudget, Step, TransferError, TransferId};
+use super::{RegionError, RegionalBudget, Step, TransferError, TransferId, TransferOutcome};
 use crate::redis::{CallError, Request};
 
 impl RegionalBudget {
@@ -50,19 +50,23 @@ impl RegionalBudget {
     /// returns [`TransferError::ReceiverRecreated`] and drops it from the
     /// pending list.
     ///
+    /// The answer is [`TransferOutcome::Completed`] (this call credited
+    /// it), [`TransferOutcome::AlreadyApplied`] (debited and credited
+    /// already; nothing changed) or [`TransferOutcome::NothingDebited`].
+    ///
     /// ```no_run
-    /// # use tower_admission::outbound::{RegionalBudget, RepairOutcome, TransferId};
+    /// # use tower_admission::outbound::{RegionalBudget, TransferId, TransferOutcome};
     /// # async fn run(budget: RegionalBudget, id: TransferId) -> Result<(), Box<dyn std::error::Error>> {
     /// match budget.repair(&id).await? {
-    ///     RepairOutcome::Completed => println!("credited now"),
-    ///     RepairOutcome::AlreadyComplete => println!("nothing was missing"),
-    ///     RepairOutcome::NothingDebited => println!("no region debited {id}"),
+    ///     TransferOutcome::Completed => println!("credited now"),
+    ///     TransferOutcome::AlreadyApplied => println!("nothing was missing"),
+    ///     TransferOutcome::NothingDebited => println!("no region debited {id}"),
     ///     _ => {}
     /// }
     /// # Ok(())
     /// # }
     /// ```
-    pub async fn repair(&self, id: &TransferId) -> Result<RepairOutcome, TransferError> {
+    pub async fn repair(&self, id: &TransferId) -> Result<TransferOutcome, TransferError> {
         let lookups = join_all(self.inner.regions.iter().map(|donor| async move {
             let mut cmd = redis::cmd("HGET");
             cmd.arg(&donor.debits_key).arg(id.as_str());
@@ -82,7 +86,7 @@ impl RegionalBudget {
             }
         }
         if found.is_empty() {
-            return Ok(RepairOutcome::NothingDebited);
+            return Ok(TransferOutcome::NothingDebited);
         }
         let mut completed = false;
         for (donor, record) in found {
@@ -97,9 +101,9 @@ impl RegionalBudget {
             );
         }
         Ok(if completed {
-            RepairOutcome::Completed
+            TransferOutcome::Completed
         } else {
-            RepairOutcome::AlreadyComplete
+            TransferOutcome::AlreadyApplied
         })
     }
 
@@ -180,25 +184,6 @@ impl RegionalBudget {
         out.sort_by_key(|a| a.1.seq);
         Ok(out)
     }
-}
-
-/// What [`RegionalBudget::repair`] found.
-///
-/// ```
-/// use tower_admission::outbound::RepairOutcome;
-/// assert_ne!(RepairOutcome::Completed, RepairOutcome::NothingDebited);
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum RepairOutcome {
-    /// The transfer was debited but not credited; this call credited it.
-    Completed,
-    /// The transfer was debited and credited already; nothing changed.
-    AlreadyComplete,
-    /// No region has debited this id: nothing is in flight under it (a
-    /// refused transfer, a debit that never reached the donor, or an id
-    /// never used).
-    NothingDebited,
 }
 
 /// A debit whose credit is not yet confirmed, from

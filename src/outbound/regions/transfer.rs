@@ -469,8 +469,10 @@ impl fmt::Display for TransferId {
     }
 }
 
-/// What a successful [`RegionalBudget::transfer`] did. In every case the
-/// amount has moved exactly once.
+/// What a successful [`RegionalBudget::transfer`] or
+/// [`RegionalBudget::repair`] did. Except for
+/// [`NothingDebited`](Self::NothingDebited) (a repair of an id no region
+/// debited), the amount has moved exactly once.
 ///
 /// ```
 /// use tower_admission::outbound::TransferOutcome;
@@ -488,4 +490,8 @@ pub enum TransferOutcome {
     /// The transfer had been fully applied before; nothing changed (a debit
     /// made again after the donor's state loss was given back).
     AlreadyApplied,
+    /// From [`RegionalBudget::repair`] only: no region has debited this id,
+    /// so nothing is in flight under it (a refused transfer, a debit that
+    /// never reached the donor, or an id never used).
+    NothingDebited,
 }

@@ -16,14 +16,14 @@ use crate::ConfigError;
 /// realigns a live window of another length (see
 /// [`Settlement`](crate::quota::Settlement)).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FixedWindow {
+pub(crate) struct FixedWindow {
     limit: u64,
     window: u64,
 }
 
 /// The counted window `[start, end)` in µs and the cost admitted in it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct FixedWindowState {
+pub(crate) struct FixedWindowState {
     start: u64,
     end: u64,
     count: u64,
@@ -42,12 +42,12 @@ impl FixedWindow {
     }
 
     /// Most cost admitted per window.
-    pub fn limit(&self) -> u64 {
+    pub(crate) fn limit(&self) -> u64 {
         self.limit
     }
 
     /// Window length in µs.
-    pub fn window_micros(&self) -> u64 {
+    pub(crate) fn window_micros(&self) -> u64 {
         self.window
     }
 

@@ -28,12 +28,15 @@ mod sliding_log;
 mod sliding_window;
 mod token_bucket;
 
+#[cfg(test)]
+mod sample_tests;
+
 use std::time::Duration;
 
-pub use fixed_window::{FixedWindow, FixedWindowState};
-pub use sliding_log::{SlidingLog, SlidingLogState};
-pub use sliding_window::{SlidingWindow, SlidingWindowState};
-pub use token_bucket::{TokenBucket, TokenBucketState};
+pub(crate) use fixed_window::{FixedWindow, FixedWindowState};
+pub(crate) use sliding_log::{SlidingLog, SlidingLogState};
+pub(crate) use sliding_window::{SlidingWindow, SlidingWindowState};
+pub(crate) use token_bucket::{TokenBucket, TokenBucketState};
 
 use crate::clock::Timestamp;
 use crate::quota::Decision;
@@ -43,7 +46,7 @@ use crate::ConfigError;
 /// [`Policy`](crate::quota::Policy) constructors, which check the numbers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum Algorithm {
+pub(crate) enum Algorithm {
     /// Clock-aligned fixed window.
     FixedWindow(FixedWindow),
     /// Exact sliding log.
@@ -57,7 +60,7 @@ pub enum Algorithm {
 /// The state of one key under one algorithm.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum State {
+pub(crate) enum State {
     /// State of a [`FixedWindow`].
     FixedWindow(FixedWindowState),
     /// State of a [`SlidingLog`].
@@ -116,7 +119,7 @@ macro_rules! any {
 
 impl Algorithm {
     /// The state of a key that has never been seen.
-    pub fn fresh_state(&self) -> State {
+    pub(crate) fn fresh_state(&self) -> State {
         match self {
             Algorithm::FixedWindow(_) => State::FixedWindow(FixedWindowState::default()),
             Algorithm::SlidingLog(_) => State::SlidingLog(SlidingLogState::default()),
@@ -126,7 +129,7 @@ impl Algorithm {
     }
 
     /// True when `state` is a state of this algorithm.
-    pub fn owns(&self, state: &State) -> bool {
+    pub(crate) fn owns(&self, state: &State) -> bool {
         matches!(
             (self, state),
             (Algorithm::FixedWindow(_), State::FixedWindow(_))
@@ -137,12 +140,12 @@ impl Algorithm {
     }
 
     /// The most cost that can ever be admitted at once.
-    pub fn limit(&self) -> u64 {
+    pub(crate) fn limit(&self) -> u64 {
         any!(self, |a| a.limit())
     }
 
     /// The window, or for a token bucket the time to refill from empty.
-    pub fn window(&self) -> Duration {
+    pub(crate) fn window(&self) -> Duration {
         Duration::from_micros(any!(self, |a| a.window_micros()))
     }
 
@@ -151,7 +154,7 @@ impl Algorithm {
     /// # Panics
     /// If `state` belongs to another algorithm. Stores never mix them.
     #[inline]
-    pub fn check(&self, state: &mut State, now: Timestamp, cost: u64) -> Decision {
+    pub(crate) fn check(&self, state: &mut State, now: Timestamp, cost: u64) -> Decision {
         let now = now.as_micros();
         each!(self, state, |a, s| a.check(s, now, cost))
     }
@@ -164,11 +167,12 @@ impl Algorithm {
         each!(self, state, |a, s| a.record(s, now, cost))
     }
 
+    #[cfg(test)]
     /// Check and, if admitted, record: `(state, now, cost) -> (state', Decision)`.
     ///
     /// # Panics
     /// If `state` belongs to another algorithm.
-    pub fn step(&self, state: &State, now: Timestamp, cost: u64) -> (State, Decision) {
+    pub(crate) fn step(&self, state: &State, now: Timestamp, cost: u64) -> (State, Decision) {
         let mut next = state.clone();
         let decision = self.check(&mut next, now, cost);
         if decision.admitted {
@@ -191,7 +195,7 @@ impl Algorithm {
     /// # Panics
     /// If `state` belongs to another algorithm.
     #[inline]
-    pub fn fresh_at(&self, state: &State) -> Timestamp {
+    pub(crate) fn fresh_at(&self, state: &State) -> Timestamp {
         Timestamp(each!(self, state, |a, s| a.fresh_at(s)))
     }
 

@@ -16,7 +16,7 @@ const SEQ_START_MAX: u64 = u64::MAX >> 1;
 
 #[doc = include_str!("../../../docs/sliding_log.md")]
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SlidingLog {
+pub(crate) struct SlidingLog {
     limit: u64,
     window: u64,
 }
@@ -24,7 +24,7 @@ pub struct SlidingLog {
 /// Admissions still inside the window, oldest first. See [`SlidingLog`] for
 /// the layout.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SlidingLogState {
+pub(crate) struct SlidingLogState {
     /// `(time in µs, cumulative cost)` of each admission, oldest first.
     entries: Entries,
     /// Sequence number of the front entry; of the next entry when empty.
@@ -216,18 +216,15 @@ fn search(entries: &Entries, lo: usize, pred: impl Fn((u64, u64)) -> bool) -> us
 }
 
 impl SlidingLogState {
+    #[cfg(test)]
     /// Number of entries held (including entries refunded to nothing).
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.entries.len()
     }
 
-    /// True when the log holds no entry: it is equivalent to fresh.
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
-
+    #[cfg(test)]
     /// Cost held by the log (as of its last decision).
-    pub fn total(&self) -> u64 {
+    pub(crate) fn total(&self) -> u64 {
         self.total
     }
 
@@ -329,12 +326,12 @@ impl SlidingLog {
     }
 
     /// Most cost admitted in any window.
-    pub fn limit(&self) -> u64 {
+    pub(crate) fn limit(&self) -> u64 {
         self.limit
     }
 
     /// Window length in µs.
-    pub fn window_micros(&self) -> u64 {
+    pub(crate) fn window_micros(&self) -> u64 {
         self.window
     }
 

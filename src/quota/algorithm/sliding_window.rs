@@ -19,14 +19,14 @@ use crate::ConfigError;
 ///
 /// [`SlidingLog`]: crate::quota::algorithm::SlidingLog
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SlidingWindow {
+pub(crate) struct SlidingWindow {
     limit: u64,
     window: u64,
 }
 
 /// Counts of the current window `[start, end)` (µs) and of the one before it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SlidingWindowState {
+pub(crate) struct SlidingWindowState {
     start: u64,
     end: u64,
     current: u64,
@@ -46,12 +46,12 @@ impl SlidingWindow {
     }
 
     /// Most estimated cost in any window.
-    pub fn limit(&self) -> u64 {
+    pub(crate) fn limit(&self) -> u64 {
         self.limit
     }
 
     /// Window length in µs.
-    pub fn window_micros(&self) -> u64 {
+    pub(crate) fn window_micros(&self) -> u64 {
         self.window
     }
 

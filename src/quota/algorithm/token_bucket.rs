@@ -13,7 +13,7 @@ const MAX_OFFSET: u64 = 1 << 51;
 
 #[doc = include_str!("../../../docs/token_bucket.md")]
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TokenBucket {
+pub(crate) struct TokenBucket {
     /// Bucket size `B`.
     capacity: u64,
     /// One token every `num / den` µs, reduced.
@@ -44,7 +44,7 @@ impl TokenBucket {
 /// with the memory store's key.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[repr(C)]
-pub struct TokenBucketState {
+pub(crate) struct TokenBucketState {
     /// TAT, whole µs.
     tat: u64,
     /// The TAT's fraction in `1/den` µs, `< den` (or 0).
@@ -109,7 +109,7 @@ impl TokenBucketState {
 
     /// From this time (µs) the state is equivalent to a fresh one: the bucket
     /// is full and every hold of it is spent.
-    pub fn fresh_at(&self) -> u64 {
+    pub(crate) fn fresh_at(&self) -> u64 {
         self.tat
             .saturating_add(u64::from(self.frac != 0))
             .saturating_add(self.off)
@@ -174,14 +174,9 @@ impl TokenBucket {
         })
     }
 
-    /// The bucket size: the most cost admitted at once.
-    pub fn capacity(&self) -> u64 {
-        self.capacity
-    }
-
     /// The refill interval as the reduced fraction `(p, q)`: one token every
     /// `p / q` µs.
-    pub fn interval_micros(&self) -> (u64, u64) {
+    pub(crate) fn interval_micros(&self) -> (u64, u64) {
         (self.num, u64::from(self.den))
     }
 

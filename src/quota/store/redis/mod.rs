@@ -50,7 +50,7 @@ fn script_source(injected_clock: bool) -> String {
 /// **One script, one round trip, atomic.** Each algorithm is one Lua file
 /// (`scripts/fixed_window.lua`, `sliding_log.lua`, `token_bucket.lua`,
 /// `sliding_window.lua`), loaded with `include_str!`. Each defines the same
-/// steps as its Rust reference in [`algorithm`](crate::quota::algorithm):
+/// steps as its Rust reference (`src/quota/algorithm/`, used by the memory store):
 /// load, check (cleanup + decide), record, adjust, save. `driver.lua` runs
 /// them for every policy of the quota: it checks all policies, records in
 /// the ones that admitted only if no enforcing policy refused, and writes

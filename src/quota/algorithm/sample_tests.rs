@@ -1,13 +1,14 @@
 //! The sample API's numbers on the pure state machines and the memory store,
-//! all on a manual clock.
+//! all on a manual clock (moved from `tests/quota_algorithms.rs`: the state
+//! machines are crate-private).
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::clock::{ManualClock, Timestamp};
+use crate::quota::algorithm::Algorithm;
+use crate::quota::{Limiter, MemoryConfig, MemoryStore, Outcome, Policy, Quota, Store};
 use proptest::prelude::*;
-use tower_admission::clock::{ManualClock, Timestamp};
-use tower_admission::quota::algorithm::Algorithm;
-use tower_admission::quota::{Limiter, MemoryConfig, MemoryStore, Outcome, Policy, Quota, Store};
 
 const MINUTE: Duration = Duration::from_secs(60);
 /// 12:00:00 on some day, in whole minutes since the epoch.

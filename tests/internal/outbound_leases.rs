@@ -1,5 +1,9 @@
 //! Rate leases against redis-servers started by the tests.
 //!
+//! These tests read the grant table back, which is crate-private, so they
+//! are compiled into the crate as unit tests (`src/outbound/lease/mod.rs`)
+//! rather than as an integration test.
+//!
 //! Simulated instances are `RateLease`s in one process, each with its own
 //! `ManualClock` (some offset from Redis time by seconds). Most tests inject
 //! the script's time from a `ManualClock` too (`test_clock`), so that every
@@ -13,6 +17,7 @@
 //! sum to at most R.
 #![cfg(feature = "redis")]
 
+#[path = "../support/mod.rs"]
 mod support;
 
 use std::collections::HashMap;
@@ -32,10 +37,13 @@ use support::{RedisServer, StallProxy};
 use tower::{Layer, Service, ServiceExt};
 use tower_admission::clock::{Clock, ManualClock, Timestamp};
 use tower_admission::outbound::{
-    Attempt, BudgetError, DependencyBudgetLayer, GrantTable, LeaseError, LeaseMode, LeaseStatus,
-    LeaseStore, LeasedBudget, Rate, RateLease, RateLeaseBuilder, Refusal, RetryAttempts, Share,
+    Attempt, BudgetError, DependencyBudgetLayer, LeaseError, LeaseMode, LeaseStatus, LeaseStore,
+    LeasedBudget, Rate, RateLease, RateLeaseBuilder, Refusal, RetryAttempts, Share,
 };
 use tracing_subscriber::layer::SubscriberExt;
+
+// Crate-private: the grant table as the script counts it.
+use super::GrantTable;
 
 /// The budget, per second.
 const R: u64 = 240;
