@@ -1392,7 +1392,7 @@ async fn scaled(from: usize, to: usize) {
     fleet.reset_stats().await;
     let t0 = Instant::now();
     tokio::time::sleep(window(8)).await;
-    let changed = t0.elapsed();
+    let before = t0.elapsed();
     let mut tallies = Vec::new();
     if to > from {
         fleet.add(to - from).await;
@@ -1403,6 +1403,15 @@ async fn scaled(from: usize, to: usize) {
         }
         fleet.kill_last(from - to);
     }
+    // The change is when the instances are there or gone: starting 30
+    // takes a while, and the leaving ones' load is drained first (their
+    // batches answered, budget waits of up to 2 s each included).
+    let changed = t0.elapsed();
+    println!(
+        "scale {from} -> {to}: the change began at {:.1} s and took {:.1} s",
+        before.as_secs_f64(),
+        (changed - before).as_secs_f64()
+    );
     let settle = 2 * LEASE;
     match std::env::var_os("FLEET_TRACE") {
         Some(path) => trace_grants(&fleet, t0, settle + window(8), &path).await,
