@@ -25,6 +25,20 @@ fn store(server: &RedisServer, clock: &ManualClock) -> LeaseStore {
         .expect("store settings")
 }
 
+/// Instance `id`'s lease on `R`, with the defaults.
+fn lease(store: &LeaseStore, clock: &ManualClock, id: &str) -> RateLease<ManualClock> {
+    RateLease::builder(
+        store.clone(),
+        "dep",
+        Rate::per_second(R),
+        NonZeroU32::new(10).unwrap(),
+    )
+    .instance_id(id)
+    .clock(clock.clone())
+    .build()
+    .unwrap()
+}
+
 fn advance(clock: &ManualClock, micros: u64) {
     clock.advance(Duration::from_micros(micros));
 }
@@ -106,18 +120,8 @@ struct Queued {
 
 impl Queued {
     fn new(store: &LeaseStore, clock: &ManualClock, id: &str, per_second: u64) -> Self {
-        let lease = RateLease::builder(
-            store.clone(),
-            "dep",
-            Rate::per_second(R),
-            NonZeroU32::new(10).unwrap(),
-        )
-        .instance_id(id)
-        .clock(clock.clone())
-        .build()
-        .unwrap();
         Queued {
-            lease,
+            lease: lease(store, clock, id),
             per_second,
             acc: 0,
             backlog: 0,
@@ -210,16 +214,7 @@ struct Through {
 
 impl Through {
     fn new(store: &LeaseStore, clock: &ManualClock, id: &str) -> Self {
-        let lease = RateLease::builder(
-            store.clone(),
-            "dep",
-            Rate::per_second(R),
-            NonZeroU32::new(10).unwrap(),
-        )
-        .instance_id(id)
-        .clock(clock.clone())
-        .build()
-        .unwrap();
+        let lease = lease(store, clock, id);
         let budget = LeasedBudget::new(lease.clone(), Rate::per_second(40)).unwrap();
         Through {
             lease,
