@@ -500,6 +500,31 @@ impl Fleet {
 
     /// Kills the last `count` instances (SIGKILL: their grants count until
     /// they expire).
+    /// Stops the last `count` instances as a scale-down does: SIGTERM, then
+    /// waits for each to exit (it drains, then releases its rate lease).
+    async fn stop_last(&mut self, count: usize) {
+        let keep = self.apis.len() - count;
+        for api in &mut self.apis[keep..] {
+            let pid = api.child.id().to_string();
+            let sent = Command::new("kill").args(["-TERM", &pid]).status();
+            assert!(sent.is_ok_and(|s| s.success()), "kill -TERM {pid}");
+        }
+        for api in &mut self.apis[keep..] {
+            let mut exited = None;
+            for _ in 0..600 {
+                exited = api.child.try_wait().expect("try_wait");
+                if exited.is_some() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let status = exited
+                .unwrap_or_else(|| panic!("{} did not exit within 30 s of SIGTERM", api.name));
+            assert!(status.success(), "{} exited with {status}", api.name);
+        }
+        self.kill_last(count);
+    }
+
     fn kill_last(&mut self, count: usize) {
         let keep = self.apis.len() - count;
         self.apis.truncate(keep);
@@ -1365,8 +1390,11 @@ fn pushback_follows_a_lowered_dependency_limit_and_recovers() {
 }
 
 /// `from` instances under uneven demand ([`Load::uneven`]), no injected
-/// failures, then `to`: started (their load with them) or killed (their
-/// load stopped first) halfway through. The usable share is the 200/s of
+/// failures, then `to`: started (their load with them) or stopped as a
+/// scale-down stops them (their load stopped first, then SIGTERM: each
+/// drains and releases its rate lease) halfway through. A killed
+/// instance's share comes back only when its grants expire, up to a lease
+/// length later (`tests/internal/outbound_leases.rs`). The usable share is the 200/s of
 /// first attempts: the saturating instances can take whatever the
 /// quota-held ones leave.
 ///
@@ -1401,7 +1429,7 @@ async fn scaled(from: usize, to: usize) {
         if let Some(load) = extra.take() {
             tallies.push(load.stop().await);
         }
-        fleet.kill_last(from - to);
+        fleet.stop_last(from - to).await;
     }
     // The change is when the instances are there or gone: starting 30
     // takes a while, and the leaving ones' load is drained first (their

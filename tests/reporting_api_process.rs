@@ -981,3 +981,47 @@ async fn sigterm_with_a_stalled_upload_exits_1_at_the_shutdown_limit() {
     );
     drop(stream);
 }
+
+/// With `--redis`, SIGTERM after a batch: the process exits 0 and its rate
+/// lease is released on the way out, so the budget's hash in Redis holds no
+/// grant of this instance (only its release mark): its share returns to
+/// the fleet at once instead of when the grant expires.
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn sigterm_with_redis_releases_the_rate_lease() {
+    let redis = support::RedisServer::start();
+    let mock = mock(0, 0).await;
+    let mut api = reporting_api(&[
+        "--dependency-url".to_owned(),
+        mock.url.clone(),
+        "--redis".to_owned(),
+        redis.url(),
+        "--instance-id".to_owned(),
+        "leaving".to_owned(),
+    ])
+    .await;
+    let client = client();
+    let answer = batch(&client, &api.url, PRO, 1).await;
+    assert_eq!(answer.status, 200, "{answer:?}");
+    let key = "reporting-api:{lease:dependency}";
+    let fields = |redis: &support::RedisServer| -> Vec<String> {
+        let mut fields: Vec<String> = redis
+            .cli(&["HKEYS", key])
+            .lines()
+            .map(str::to_owned)
+            .collect();
+        fields.sort();
+        fields
+    };
+    assert_eq!(fields(&redis), ["_t", "i:leaving"], "a grant while it runs");
+    api.process.terminate();
+    let status = api.process.wait_exit(Duration::from_secs(20)).await;
+    let output = api.process.output();
+    assert_eq!(status.code(), Some(0), "{output}");
+    assert!(output.contains("rate lease released"), "{output}");
+    assert_eq!(
+        fields(&redis),
+        ["_t", "x:leaving"],
+        "released: no grant left"
+    );
+}

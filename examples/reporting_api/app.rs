@@ -100,6 +100,10 @@ pub(crate) struct Api {
     /// What a reload of the file changes while the API runs; taken by the
     /// reloader.
     pub(crate) reload: Option<Handles>,
+    /// Runs once the jobs have drained: gives the fleet's rate lease back,
+    /// so this instance's share returns at once instead of when its grants
+    /// expire (Redis builds).
+    pub(crate) release: Option<futures_util::future::BoxFuture<'static, ()>>,
 }
 
 impl Api {
@@ -228,6 +232,7 @@ pub(crate) fn app<St: Store>(
         router,
         jobs,
         reload: Some(reload),
+        release: None,
     })
 }
 

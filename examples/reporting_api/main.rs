@@ -33,7 +33,9 @@
 //!
 //! `--help` prints the same. SIGINT or SIGTERM stops taking connections; the
 //! requests in flight finish and the accepted jobs drain within
-//! `shutdown.limit` of the signal (exit 0), or the process exits 1 at it. A
+//! `shutdown.limit` of the signal (exit 0), or the process exits 1 at it;
+//! with `--redis`, the fleet's rate lease is then released, so this
+//! instance's share of the dependency's budget returns at once. A
 //! second signal exits at once. A connection that has not sent a whole
 //! request head within `server.header_read_timeout` (10 s) is closed. A bad
 //! command line or configuration exits 2.
@@ -203,6 +205,11 @@ async fn main() {
         tracing::warn!(?limit, "jobs still running at the shutdown limit; exiting");
         std::process::exit(1);
     }
+    if let Some(release) = app.release.take() {
+        if tokio::time::timeout_at(deadline, release).await.is_err() {
+            tracing::warn!(?limit, "rate lease not released by the shutdown limit");
+        }
+    }
     tracing::info!("all accepted jobs finished; bye");
 }
 
@@ -348,6 +355,7 @@ fn redis_app(
         drop(lease.spawn_refresher());
         lease
     };
+    let releasing = lease.clone();
     let budget = LeasedBudget::new(lease, Rate::per_second(settings.retry_per_second))?;
     let budget_reload = budget.reload_handle();
     let dependency = Dependency::new_with(
@@ -362,6 +370,15 @@ fn redis_app(
     if let Some(handles) = &mut api.reload {
         handles.budget = Some(reload::Budget::Leased(budget_reload));
     }
+    api.release = Some(Box::pin(async move {
+        match releasing.release().await {
+            Ok(()) => tracing::info!("rate lease released: its share returns to the fleet at once"),
+            Err(e) => tracing::warn!(
+                error = %e,
+                "rate lease not released; its share returns when its grants expire"
+            ),
+        }
+    }));
     api.router = api.router.merge(exporter.router());
     Ok(api)
 }
