@@ -72,7 +72,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -150,60 +150,6 @@ fn transition_bound(n: u64, k: u64, expected: u64, t_ms: u64) -> u64 {
 // ---------------------------------------------------------------------------
 // Processes
 // ---------------------------------------------------------------------------
-
-/// The example `name`, built in this test's profile, or a panic with the
-/// command that builds it. A binary older than the sources is refused too:
-/// `cargo test --test fleet` does not rebuild examples.
-fn example(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("current exe");
-    // target/<profile>/deps/fleet-HASH
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("the test binary lives in target/<profile>/deps");
-    let release = profile_dir.file_name().is_some_and(|p| p == "release");
-    let build = if release {
-        "cargo build --release --all-features --examples"
-    } else {
-        "cargo build --all-features --examples"
-    };
-    let path = profile_dir.join("examples").join(name);
-    let Ok(meta) = std::fs::metadata(&path) else {
-        panic!(
-            "{} is missing. The fleet test runs the examples as processes; build them in the \
-             same profile first: `{build}` (a plain `cargo test --all-features` builds them too).",
-            path.display()
-        );
-    };
-    let built = meta.modified().expect("binary mtime");
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let sources = [
-        root.join("Cargo.toml"),
-        root.join("src"),
-        root.join("examples").join(name),
-    ];
-    if let Some(newer) = sources.iter().find_map(|s| newer_than(s, built)) {
-        panic!(
-            "{} is older than {}: rebuild the examples with `{build}`",
-            path.display(),
-            newer.display()
-        );
-    }
-    path
-}
-
-/// A file under `path` modified after `t`, if any.
-fn newer_than(path: &Path, t: SystemTime) -> Option<PathBuf> {
-    let meta = std::fs::metadata(path).ok()?;
-    if meta.is_dir() {
-        std::fs::read_dir(path)
-            .ok()?
-            .filter_map(Result::ok)
-            .find_map(|e| newer_than(&e.path(), t))
-    } else {
-        (meta.modified().ok()? > t).then(|| path.to_owned())
-    }
-}
 
 /// A child process with its output in a log file, killed on drop (also on
 /// panic).
@@ -368,8 +314,8 @@ impl Fleet {
 
     /// [`start`](Self::start) with `options`.
     async fn start_with(tag: &str, instances: usize, expected: u64, options: Options) -> Fleet {
-        let api_bin = example("reporting_api");
-        let mock_bin = example("mock_dependency");
+        let api_bin = support::process::example_binary("reporting_api");
+        let mock_bin = support::process::example_binary("mock_dependency");
         let logs = std::env::current_exe()
             .expect("current exe")
             .parent()

@@ -30,20 +30,29 @@ pub fn example_binary(name: &str) -> PathBuf {
         .map(|profile| profile.join("examples"))
         .expect("the test binary lives in target/<profile>/deps");
     let path = examples.join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
+    let release = examples
+        .parent()
+        .and_then(Path::file_name)
+        .is_some_and(|profile| profile == "release");
+    let build = if release {
+        "cargo build --release --examples --all-features"
+    } else {
+        "cargo build --examples --all-features"
+    };
     assert!(
         path.is_file(),
-        "the example binary {} is missing. Build the examples first: \
-         `cargo build --examples --all-features` (or run `cargo test --all-features`, \
-         which builds them), then run this test again.",
+        "the example binary {} is missing. Build the examples in this test's profile \
+         first: `{build}` (or run `cargo test --all-features`, which builds them), then \
+         run this test again.",
         path.display()
     );
+    // Only the sources cargo built it from count (a unit test's file does not).
     let built = modified(&path);
     if let Some((time, source)) = newest_source(&examples.join(format!("{name}.d"))) {
         assert!(
             time <= built,
             "the example binary {} is older than its source {}. `cargo test --test NAME` \
-             does not rebuild examples: run `cargo build --examples --all-features` (or \
-             `cargo test --all-features`) first.",
+             does not rebuild examples: run `{build}` (or `cargo test --all-features`) first.",
             path.display(),
             source.display()
         );
