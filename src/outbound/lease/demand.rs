@@ -21,7 +21,32 @@ pub(super) const GUESS: u8 = 1;
 /// twice itself, at most the whole budget.
 pub(super) const HELD_BACK_FLAG: u8 = 2;
 
+/// What one attempt asks of the lease, counted toward the demand on its
+/// first look only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Asked {
+    /// Nothing: a look again at an attempt already counted.
+    Nothing,
+    /// Its cost, spent from the lease itself.
+    Cost(u64),
+    /// From share `share` (0 or 1) of a budget, `milli` milli-units of the
+    /// lease (see [`State::share_attempted`]).
+    Share { share: usize, milli: u64 },
+}
+
 impl State {
+    /// Counts `asked` toward the window's demand.
+    pub(super) fn count(&mut self, asked: Asked) {
+        match asked {
+            Asked::Nothing => {}
+            Asked::Cost(cost) => self.attempted = self.attempted.saturating_add(cost),
+            Asked::Share { share, milli } => {
+                let counted = &mut self.share_attempted[share];
+                *counted = counted.saturating_add(milli);
+            }
+        }
+    }
+
     /// Counts the wait of `wait_us` given at `x` to a refused attempt (the
     /// bucket fills at a rate above zero) toward the time held back.
     pub(super) fn note_wait(&mut self, x: Timestamp, wait_us: u64) {

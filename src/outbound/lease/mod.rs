@@ -42,6 +42,7 @@ mod table;
 
 pub use builder::RateLeaseBuilder;
 pub(crate) use ceiling::Ceiling;
+pub(crate) use demand::Asked;
 pub use error::LeaseError;
 pub use rate::Rate;
 pub use rate_lease::RateLease;

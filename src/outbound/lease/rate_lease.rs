@@ -9,7 +9,7 @@ use parking_lot::Mutex;
 use super::builder::check_rate;
 use super::schedule::cap_at_refresh;
 use super::state::{Phase, Settings, State};
-use super::{LeaseMode, LeaseStatus, LeaseStore, Rate};
+use super::{Asked, LeaseMode, LeaseStatus, LeaseStore, Rate};
 use crate::clock::{duration_to_micros, Clock, SystemClock, Timestamp};
 use crate::reload::{Live, ReloadHandle, Target};
 use crate::ConfigError;
@@ -219,16 +219,16 @@ impl<C: Clock> RateLease<C> {
     /// again then. While a refresh is overdue or in flight, the wait is the one
     /// the current rate gives.
     pub fn try_acquire_at(&self, cost: u64, now: Timestamp) -> Result<(), Duration> {
-        self.acquire_counting(cost, cost, now)
+        self.acquire_counting(cost, Asked::Cost(cost), now)
     }
 
-    /// [`try_acquire_at`](Self::try_acquire_at), counting `demand` (the
-    /// cost, or 0 for an attempt already counted on an earlier look) toward
-    /// the demand.
+    /// [`try_acquire_at`](Self::try_acquire_at), counting `asked` toward
+    /// the demand (nothing for an attempt already counted on an earlier
+    /// look).
     pub(crate) fn acquire_counting(
         &self,
         cost: u64,
-        demand: u64,
+        asked: Asked,
         now: Timestamp,
     ) -> Result<(), Duration> {
         let cfg = &self.inner.settings();
@@ -236,7 +236,7 @@ impl<C: Clock> RateLease<C> {
         if s.phase == Phase::Released {
             return Err(Duration::MAX);
         }
-        s.attempted = s.attempted.saturating_add(demand);
+        s.count(asked);
         if cost > cfg.max_cost {
             return Err(Duration::MAX);
         }

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::schedule::Schedule;
-use super::{Rate, RateLease};
+use super::{Asked, Rate, RateLease};
 use crate::clock::{Clock, Timestamp};
 use crate::outbound::bucket::whole;
 
@@ -41,18 +41,19 @@ impl<C: Clock> RateLease<C> {
             .wait_without_rate(now, &self.inner.settings())
     }
 
-    /// Counts `milli` milli-units of the lease toward the demand of share
-    /// `share` (0 or 1): what an attempt of that share asks of the lease
-    /// (see [`State::share_attempted`](super::state::State::share_attempted)).
-    pub(crate) fn note_share_demand(&self, share: usize, milli: u64) {
-        let mut s = self.inner.state.lock();
-        s.share_attempted[share] = s.share_attempted[share].saturating_add(milli);
+    /// Counts `asked` toward the demand of an attempt that a caller refused
+    /// before it reached the bucket (its cost is more than any bucket
+    /// holds).
+    pub(crate) fn note_demand(&self, asked: Asked) {
+        self.inner.state.lock().count(asked);
     }
 
-    /// Counts the wait of `wait_us` given at `now` to an attempt that a
-    /// share refused for its part of a rate above zero toward the time the
-    /// lease was held back.
-    pub(crate) fn note_held_back(&self, now: Timestamp, wait_us: u64) {
-        self.inner.state.lock().note_wait(now, wait_us);
+    /// [`note_demand`](Self::note_demand) for an attempt refused at `now`
+    /// and told to wait `wait_us` for its share of the lease: the wait
+    /// counts toward the time the lease was held back.
+    pub(crate) fn note_held_back(&self, asked: Asked, now: Timestamp, wait_us: u64) {
+        let mut s = self.inner.state.lock();
+        s.count(asked);
+        s.note_wait(now, wait_us);
     }
 }

@@ -8,7 +8,7 @@ use parking_lot::Mutex;
 
 use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::outbound::budget::Counters;
-use crate::outbound::lease::cap_at_refresh;
+use crate::outbound::lease::{cap_at_refresh, Asked};
 use crate::outbound::{AttemptBudget, BudgetStats, LeaseMode, Rate, RateLease, Refusal, Share};
 use crate::reload::{ReloadHandle, Target};
 use crate::ConfigError;
@@ -238,19 +238,25 @@ impl<C: Clock> LeasedBudget<C> {
         if status.mode == LeaseMode::Released {
             return Err(RELEASED);
         }
-        // 2. The attempt's demand, on its first look only: what its share
-        //    needs of the lease to send it (cost × R / the share's rate).
-        if look == Look::First {
-            lease.note_share_demand(share_index(share), self.asked(share, cost));
-        }
-        // 3. A cost no bucket holds: refused.
+        // 2. The attempt's demand, counted by whichever lease call comes
+        //    next, on its first look only: what its share needs of the
+        //    lease to send it (cost × R / the share's rate).
+        let asked = match look {
+            Look::First => Asked::Share {
+                share: share_index(share),
+                milli: self.asked(share, cost),
+            },
+            Look::Again => Asked::Nothing,
+        };
+        // 3. A cost no bucket holds: refused, counted as demand.
         if cost > lease.max_cost() {
+            lease.note_demand(asked);
             return Err(Refusal::CostExceedsBudget { share, cost });
         }
         // 4. A fail-open lease in its fallback admits every attempt, share
         //    or not.
         if lease.fails_open() && status.mode == LeaseMode::Fallback {
-            let result = lease.acquire_counting(cost, 0, now);
+            let result = lease.acquire_counting(cost, asked, now);
             return match result {
                 Ok(()) => {
                     inner.stats.admitted(share);
@@ -276,7 +282,7 @@ impl<C: Clock> LeasedBudget<C> {
         if bucket.bucket.missing(cost) > 0 {
             let wait = if rate == 0 {
                 let wait = lease.wait_without_rate(now);
-                lease.note_held_back(now, crate::clock::duration_to_micros(wait));
+                lease.note_held_back(asked, now, crate::clock::duration_to_micros(wait));
                 wait
             } else {
                 let micros = cap_at_refresh(
@@ -284,13 +290,13 @@ impl<C: Clock> LeasedBudget<C> {
                     lease.status_at(now).next_refresh,
                     now,
                 );
-                lease.note_held_back(now, micros);
+                lease.note_held_back(asked, now, micros);
                 Duration::from_micros(micros)
             };
             return Err(Refusal::Exhausted { share, wait });
         }
         // 7. The lease's own bucket: both are charged, or neither.
-        match lease.acquire_counting(cost, 0, now) {
+        match lease.acquire_counting(cost, asked, now) {
             Ok(()) => {
                 bucket.bucket.spend(cost);
                 inner.stats.admitted(share);
