@@ -245,10 +245,7 @@ impl Controller {
 
     /// The latency aimed at: the baseline plus the tolerance.
     fn goal(&self) -> Duration {
-        match self.baseline {
-            Some(b) => b.mul_f64(1.0 + self.cfg.tolerance),
-            None => Duration::MAX,
-        }
+        self.above_baseline(self.cfg.tolerance)
     }
 
     /// The latency under which the limit may grow past its gradient: the
@@ -257,20 +254,23 @@ impl Controller {
     /// within the goal stays there rather than stepping past it (at a
     /// capacity of 2, one more request in flight costs half the baseline).
     fn headroom_below(&self) -> Duration {
-        match self.baseline {
-            Some(b) => b.mul_f64(1.0 + self.cfg.tolerance / 2.0),
-            None => Duration::MAX,
-        }
+        self.above_baseline(self.cfg.tolerance / 2.0)
+    }
+
+    /// The baseline and `share` more; unbounded without a baseline.
+    fn above_baseline(&self, share: f64) -> Duration {
+        self.baseline
+            .map_or(Duration::MAX, |b| b.mul_f64(1.0 + share))
     }
 
     /// The gradient step: the limit in force times goal / latency (within
     /// 0.5 and 2), plus √limit of headroom while the latency is in the
-    /// lower half of the band up to the goal, smoothed; it grows only if
-    /// it was used. The step is measured
-    /// from the whole limit that admitted the window's requests, not from
-    /// the fraction above it: a fraction admitted no one, so a latency
-    /// measured under 2 says nothing about 2.9, and growing from 2.9 would
-    /// reach 4 in two windows of evidence about 2.
+    /// lower half of the band up to the goal, smoothed; it grows only if it
+    /// was used. The step is measured from the whole limit that admitted
+    /// the window's requests, not from the fraction above it: a fraction
+    /// admitted no one, so a latency measured under 2 says nothing about
+    /// 2.9, and growing from 2.9 would reach 4 in two windows of evidence
+    /// about 2.
     fn follow_latency(&mut self) {
         let Some(latency) = self.samples.percentile(self.cfg.percentile) else {
             return;
