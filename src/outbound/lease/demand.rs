@@ -133,6 +133,10 @@ impl State {
     }
 }
 
+/// A raised grant used at least this part, as (numerator, denominator), was
+/// needed.
+const USED_AFTER_DOUBLING: (u64, u64) = (3, 4);
+
 /// More attempts than this share above a rate are growth.
 const GROWTH: (u64, u64) = (11, 10);
 
@@ -145,13 +149,18 @@ impl Trial {
     /// `waited` or not, and whether it is a doubling (held back).
     pub(super) fn next(&mut self, measured: Rate, grant: Rate, waited: bool) -> (Rate, bool) {
         // A doubling judged: granted (the grant rose by half at least) and
-        // the attempts did not grow with it. A window without attempts on
-        // either side judges nothing: its callers were told to wait for a
-        // refresh.
+        // the attempts did not grow with it: they used less than
+        // `USED_AFTER_DOUBLING` of the raised grant (a queue that built up
+        // under the old grant drains in this window, so a count against the
+        // attempts before would call its catch-up growth). A window without
+        // attempts on either side judges nothing: its callers were told to
+        // wait for a refresh.
         if let Some((from_grant, from_measured)) = self.doubled_from.take() {
             let granted = u128::from(grant.0) * 2 >= u128::from(from_grant.0) * 3;
             let counted = from_measured.0 > 0 && measured.0 > 0;
-            if granted && counted && !grew(measured, from_measured) {
+            let used = u128::from(measured.0) * u128::from(USED_AFTER_DOUBLING.1)
+                >= u128::from(grant.0) * u128::from(USED_AFTER_DOUBLING.0);
+            if granted && counted && !used {
                 self.bursty_at = Some(from_measured.max(measured));
             }
         }

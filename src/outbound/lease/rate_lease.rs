@@ -106,10 +106,11 @@ use crate::ConfigError;
 /// as `R`: after Redis restarts empty, the first instance back would be
 /// granted all of it while the others still spend their grants. Waits
 /// shorter than that (an instance at or below its need) leave the measured
-/// figure. A doubling that was granted (the grant rose by half) and brought
-/// no tenth more attempts shows that the waits came from bursts, not from
-/// the grant: the instance then reports its measured rate and a quarter,
-/// unflagged, until its attempts grow past that mark. Through a
+/// figure. A doubling that was granted (the grant rose by half) and whose
+/// next window used less than three quarters of it shows that the waits
+/// came from bursts, not from the grant: the instance then reports its
+/// measured rate and a quarter, unflagged, until its attempts grow a tenth
+/// past the most it measured then. Through a
 /// [`LeasedBudget`](crate::outbound::LeasedBudget) the rate is in the
 /// lease's units: what the share that asks most needs of the whole grant.
 ///
