@@ -325,7 +325,7 @@ impl Uneven {
             let before = node.sent;
             let arrivals = if i % 2 == 0 {
                 u64::from(node.backlog < 100)
-            } else if (t / MS + 37 * i as u64) % 1_000 == 0 {
+            } else if (t / MS + 37 * i as u64).is_multiple_of(1_000) {
                 8
             } else {
                 0
