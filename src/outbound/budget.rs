@@ -226,6 +226,18 @@ pub trait AttemptBudget: Clone + Send + Sync + 'static {
         self.charge(share, cost)
     }
 
+    /// Counts an attempt of `cost` on `share` toward the demand when it
+    /// arrives at a queue in front of the budget, before its first look;
+    /// the queue then charges it with [`charge_again`](Self::charge_again)
+    /// only. A queue's head alone looks, so counting on the first look
+    /// counted the attempts queued behind it only when they reached the
+    /// head: too few while the queue grows, too many while it drains. The
+    /// default counts nothing (and `charge_again`'s default counts as
+    /// `charge` does): implement both or neither.
+    fn note_arrival(&self, share: Share, cost: u64) {
+        let _ = (share, cost);
+    }
+
     /// Counts one attempt refused for good.
     fn record_refusal(&self);
 

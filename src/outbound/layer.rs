@@ -194,15 +194,20 @@ async fn acquire<Bu: AttemptBudget>(
     let Some(deadline) = deadline else {
         return budget.charge(share, cost).await;
     };
-    let lock = match queue.head.try_lock() {
-        Ok(lock) => lock,
-        Err(_) => match tokio::time::timeout_at(deadline, queue.head.lock()).await {
-            Ok(lock) => lock,
-            Err(_) => return Err(queue.refusal_behind_head(share)),
-        },
+    // An attempt that finds the head taken is counted toward the demand as
+    // it arrives, whether it reaches the head or not; one that is the head
+    // at once is counted by its first look.
+    let (lock, mut looked) = match queue.head.try_lock() {
+        Ok(lock) => (lock, false),
+        Err(_) => {
+            budget.note_arrival(share, cost);
+            match tokio::time::timeout_at(deadline, queue.head.lock()).await {
+                Ok(lock) => (lock, true),
+                Err(_) => return Err(queue.refusal_behind_head(share)),
+            }
+        }
     };
     let _head = Head { queue, _lock: lock };
-    let mut looked = false;
     loop {
         let charged = if looked {
             budget.charge_again(share, cost).await

@@ -10,6 +10,10 @@ use crate::outbound::bucket::nano;
 /// least this part of it, as (numerator, denominator); see [`RateLease`].
 pub(super) const HELD_BACK: (u64, u64) = (3, 4);
 
+/// A window held back asked at least this part of its grant, as
+/// (numerator, denominator).
+const ASKED_OF_GRANT: (u64, u64) = (9, 10);
+
 /// A measured demand: other instances' targets count it as it is (the
 /// script's ARGV[4]).
 pub(super) const MEASURED: u8 = 0;
@@ -84,6 +88,14 @@ impl State {
                 self.guessing = false;
                 let waited =
                     held_back.saturating_mul(HELD_BACK.1) >= elapsed.saturating_mul(HELD_BACK.0);
+                // Waits while asking less than the grant are a queue
+                // draining or bursts, not a grant too small (a window
+                // without attempts, one wait spanning it, says nothing).
+                let waited = waited
+                    && (self.grant.0 == 0
+                        || measured.0 == 0
+                        || u128::from(measured.0) * u128::from(ASKED_OF_GRANT.1)
+                            >= u128::from(self.grant.0) * u128::from(ASKED_OF_GRANT.0));
                 if waited && self.grant.0 == 0 {
                     // Held back by a zero grant (a newcomer while the
                     // others' older grants run out): its callers waited for

@@ -90,7 +90,9 @@ use crate::ConfigError;
 /// A window is **held back** by its grant when, for at least three quarters
 /// of it, a refused attempt was still inside the wait it was told (for the
 /// bucket, or a [`LeasedBudget`](crate::outbound::LeasedBudget) share, to
-/// fill, or with no rate to spend, for the next refresh). Callers that queue and wait then attempt
+/// fill, or with no rate to spend, for the next refresh) and its attempts
+/// asked at least nine tenths of the grant (fewer, with such waits, is a
+/// queue draining or bursts). Callers that queue and wait then attempt
 /// about as fast as the grant lets them, so the count understates what
 /// they want. Such a window reports at least twice the grant, flagged: other
 /// instances' targets count it as twice that report (at most `R`), room for

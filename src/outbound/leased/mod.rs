@@ -79,7 +79,9 @@ const RELEASED: Refusal = Refusal::Unavailable {
 ///   An attempt counts once: a look again after a refusal
 ///   ([`AttemptBudget::charge_again`], the layer's queue) adds nothing, or
 ///   an instance whose attempts wait briefly would report more than it
-///   sends and be granted a surplus that no other instance can use.
+///   sends and be granted a surplus that no other instance can use. One
+///   that queues behind the layer's head counts when it joins the queue
+///   ([`AttemptBudget::note_arrival`]), not when it reaches the head.
 ///
 /// Clones share the lease, the share buckets and the counters. Start the
 /// lease's refresher ([`RateLease::spawn_refresher`]) yourself.
@@ -324,6 +326,13 @@ impl<C: Clock> AttemptBudget for LeasedBudget<C> {
         cost: u64,
     ) -> impl std::future::Future<Output = Result<(), Refusal>> + Send {
         std::future::ready(self.charge_at(share, cost, self.inner.lease.now(), Look::Again))
+    }
+
+    fn note_arrival(&self, share: Share, cost: u64) {
+        self.inner.lease.note_demand(Asked::Share {
+            share: share_index(share),
+            milli: self.asked(share, cost),
+        });
     }
 
     fn record_refusal(&self) {
