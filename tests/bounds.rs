@@ -18,15 +18,15 @@ use proptest::prelude::*;
 use serde_json::{json, Value};
 use tower::ServiceExt;
 use tower_admission::bounds::{
-    parse_batch, Batch, BatchError, BatchItemsLayer, BodyLimitsLayer, ItemCount, QueryRules,
-    UnknownParams, ValidateQueryLayer, ValidatedQuery,
+    Batch, BatchItemsLayer, BodyLimitsLayer, ItemCount, QueryRules, ValidateQueryLayer,
+    ValidatedQuery,
 };
 use tower_admission::reject::{InvalidParameter, Rejection, SizeCap};
 
-/// The item count as `BatchItemsLayer` takes it: `parse_batch` into
+/// The item count as `BatchItemsLayer` takes it: `BatchItemsLayer::parse` into
 /// zero-sized `IgnoredAny` items.
-fn count_batch_items(json: &[u8], max: usize) -> Result<usize, BatchError> {
-    parse_batch::<serde::de::IgnoredAny>(json, max).map(|items| items.len())
+fn count_batch_items(json: &[u8], max: usize) -> Result<usize, Rejection> {
+    BatchItemsLayer::parse::<serde::de::IgnoredAny>(json, max).map(|items| items.len())
 }
 
 const KIB: usize = 1024;
@@ -643,7 +643,7 @@ fn rules() -> QueryRules {
         .page_size(NonZeroU32::new(50).unwrap(), NonZeroU32::new(1000).unwrap())
         .max_span(Duration::from_secs(31 * 24 * 3600))
         .max_cursor_len(NonZeroUsize::new(64).unwrap())
-        .unknown_params(UnknownParams::Reject)
+        .ignore_unknown_params(false)
         .build()
         .unwrap()
 }
@@ -845,7 +845,7 @@ async fn valid_query_values() {
 #[tokio::test]
 async fn ignore_policy_drops_unknown_parameters_but_not_known_repeats() {
     let rules = QueryRules::builder()
-        .unknown_params(UnknownParams::Ignore)
+        .ignore_unknown_params(true)
         .allow("sort")
         .build()
         .unwrap();
@@ -1036,13 +1036,13 @@ async fn malformed_batches_are_400_naming_the_problem() {
     }
     assert_eq!(ran.load(Ordering::SeqCst), 0);
 
-    let err = parse_batch::<Item>(br#"{"items":[{"n":"x"}]}"#, 10).unwrap_err();
+    let err = BatchItemsLayer::parse::<Item>(br#"{"items":[{"n":"x"}]}"#, 10).unwrap_err();
     assert_eq!(
         err,
-        BatchError::Malformed(InvalidParameter::new(
+        Rejection::InvalidParameters(vec![InvalidParameter::new(
             "items[0]",
             "invalid type: string \"x\", expected u64 at line 1 column 18"
-        ))
+        )])
     );
 }
 
@@ -1052,7 +1052,10 @@ fn counting_does_not_build_items() {
     assert_eq!(count_batch_items(json.as_bytes(), 100_001), Ok(100_001));
     assert_eq!(
         count_batch_items(json.as_bytes(), 100_000),
-        Err(BatchError::TooManyItems { limit: 100_000 })
+        Err(Rejection::PayloadTooLarge {
+            cap: SizeCap::Items,
+            limit: 100_000,
+        })
     );
     // Extra members are ignored; an empty batch is fine.
     assert_eq!(

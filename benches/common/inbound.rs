@@ -33,7 +33,7 @@ use std::time::Duration;
 use axum::routing::get;
 use axum::Router;
 use tower::ServiceBuilder;
-use tower_admission::bounds::{BodyLimitsLayer, QueryRules, UnknownParams, ValidateQueryLayer};
+use tower_admission::bounds::{BodyLimitsLayer, QueryRules, ValidateQueryLayer};
 use tower_admission::concurrency::ConcurrencyLayer;
 use tower_admission::identity::{ApiKeys, AuthenticateLayer, Identity};
 use tower_admission::quota::{Policy, Quota, QuotaLayer, Scope, Store};
@@ -178,7 +178,7 @@ fn layers<St: Store + Clone>(store: St, fields: bool) -> Result<Layers<St>, Conf
             NonZeroU32::new(100).unwrap_or(NonZeroU32::MIN),
         )
         .max_span(Duration::from_secs(31 * 24 * 3600))
-        .unknown_params(UnknownParams::Reject)
+        .ignore_unknown_params(false)
         .build()?;
     let concurrency = ConcurrencyLayer::builder()
         .global(1024, 1024, Duration::from_secs(1))

@@ -34,8 +34,7 @@ use serde_json::json;
 use time::OffsetDateTime;
 use tower::ServiceBuilder;
 use tower_admission::bounds::{
-    parse_batch, BatchItemsLayer, BodyLimitsLayer, ItemCount, QueryRules, UnknownParams,
-    ValidateQueryLayer, ValidatedQuery,
+    BatchItemsLayer, BodyLimitsLayer, ItemCount, QueryRules, ValidateQueryLayer, ValidatedQuery,
 };
 use tower_admission::identity::{AuthenticateLayer, Identity};
 use tower_admission::jobs::{JobId, JobQueue, JobStatus};
@@ -156,7 +155,7 @@ pub(crate) fn app<St: Store>(
     let rules = QueryRules::builder()
         .page_size(default_page, max_page)
         .max_span(config.query.max_span.0)
-        .unknown_params(UnknownParams::Reject)
+        .ignore_unknown_params(false)
         .build()?;
     let limits = Arc::new(Limits {
         sync_items: config.batch.sync_items,
@@ -342,10 +341,10 @@ async fn batch(
     body: Bytes,
 ) -> Response {
     // The count passed; an item can still be malformed or out of range.
-    let items = match parse_batch::<BatchItem>(&body, state.limits.max_items) {
+    let items = match BatchItemsLayer::parse::<BatchItem>(&body, state.limits.max_items) {
         Ok(items) => check_items(&state.limits, items),
         Err(e) => {
-            let refused = e.into_rejection().into_response(false).into_response();
+            let refused = e.into_response(false).into_response();
             return refund(&settlement, refused).await;
         }
     };

@@ -73,7 +73,7 @@
 //! use axum::routing::{get, post};
 //! use axum::Router;
 //! use tower_admission::bounds::{
-//!     Batch, BodyLimitsLayer, QueryRules, UnknownParams, ValidateQueryLayer, ValidatedQuery,
+//!     Batch, BodyLimitsLayer, QueryRules, ValidateQueryLayer, ValidatedQuery,
 //! };
 //!
 //! #[derive(serde::Deserialize)]
@@ -93,7 +93,7 @@
 //! let rules = QueryRules::builder()
 //!     .page_size(NonZeroU32::new(50).unwrap(), NonZeroU32::new(500).unwrap())
 //!     .max_span(Duration::from_secs(31 * 24 * 3600))
-//!     .unknown_params(UnknownParams::Reject)
+//!     .ignore_unknown_params(false)
 //!     .build()?;
 //!
 //! let app: Router = Router::new()
@@ -118,5 +118,5 @@ mod query;
 pub use body::{BodyCaps, BodyLimitsLayer, CappedBody};
 #[cfg(feature = "axum")]
 pub use items::Batch;
-pub use items::{parse_batch, BatchError, BatchItemsLayer, ItemCount};
-pub use query::{QueryRules, QueryRulesBuilder, UnknownParams, ValidateQueryLayer, ValidatedQuery};
+pub use items::{BatchItemsLayer, ItemCount};
+pub use query::{QueryRules, QueryRulesBuilder, ValidateQueryLayer, ValidatedQuery};

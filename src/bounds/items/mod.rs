@@ -10,7 +10,6 @@ mod service;
 #[cfg(feature = "axum")]
 pub use extract::Batch;
 pub use layer::BatchItemsLayer;
-pub use parse::{parse_batch, BatchError};
 
 /// The item count of a batch request, inserted into the request extensions
 /// by [`BatchItemsLayer`]'s service so that later layers (a quota's cost function) and the

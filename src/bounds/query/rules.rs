@@ -26,8 +26,7 @@ const MAX_ECHOED_NAME: usize = 64;
 
 /// What to do with a parameter the rules do not know.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum UnknownParams {
+pub(crate) enum UnknownParams {
     /// Refuse the request with 400, naming each unknown parameter. The default:
     /// a misspelt `pagesize` silently falling back to the default page size
     /// hides client bugs.
@@ -163,9 +162,16 @@ impl QueryRulesBuilder {
         self
     }
 
-    /// What to do with unknown parameters. Default [`UnknownParams::Reject`].
-    pub fn unknown_params(mut self, policy: UnknownParams) -> Self {
-        self.unknown = policy;
+    /// Whether to ignore parameters the rules do not know, repeats
+    /// included. By default (`false`) a request with one is refused with
+    /// 400, naming each: a misspelt `pagesize` silently falling back to the
+    /// default page size hides client bugs.
+    pub fn ignore_unknown_params(mut self, yes: bool) -> Self {
+        self.unknown = if yes {
+            UnknownParams::Ignore
+        } else {
+            UnknownParams::Reject
+        };
         self
     }
 
