@@ -21,14 +21,29 @@ use ipnet::IpNet;
 use proptest::prelude::*;
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 use tower_admission::identity::{
-    ApiKeys, AuthError, AuthenticateLayer, Authenticator, ClientIp, ClientIpLayer, ForwardedHeader,
-    Identity, TrustedProxies,
+    ApiKeys, AuthError, AuthenticateLayer, Authenticator, ClientIp, ClientIpLayer, Identity,
+    TrustedProxies,
 };
 
 /// Most forwarding hops read from the right of a chain, as documented on
 /// [`TrustedProxies`].
 const MAX_HOPS: usize = 32;
 use tower_admission::reject::Rejection;
+
+/// Which forwarding header a case writes, and the proxies read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ForwardedHeader {
+    XForwardedFor,
+    Forwarded,
+}
+
+/// `proxies` reading `header`.
+fn reading(proxies: TrustedProxies, header: ForwardedHeader) -> TrustedProxies {
+    match header {
+        ForwardedHeader::XForwardedFor => proxies,
+        ForwardedHeader::Forwarded => proxies.with_forwarded(),
+    }
+}
 
 const MALFORMED: &str = "missing or malformed credential";
 const UNKNOWN: &str = "unknown credential";
@@ -506,7 +521,7 @@ fn trusted_peer_takes_rightmost_untrusted_hop() {
 
 #[test]
 fn rfc7239_forwarded_cases() {
-    let p = trusted().with_header(ForwardedHeader::Forwarded);
+    let p = trusted().with_forwarded();
     let peer = ip("10.0.0.1");
     assert_eq!(
         p.client_ip(peer, &fwd(&[r#"for="[2001:db8::1]:4711""#])),
@@ -521,7 +536,7 @@ fn rfc7239_forwarded_cases() {
     );
     let p2 = TrustedProxies::new(["10.0.0.0/8", "198.51.100.0/24"])
         .unwrap()
-        .with_header(ForwardedHeader::Forwarded);
+        .with_forwarded();
     assert_eq!(
         p2.client_ip(
             peer,
@@ -537,7 +552,7 @@ fn rfc7239_forwarded_cases() {
 
 #[test]
 fn obfuscated_identifiers_stop_the_walk() {
-    let p = trusted().with_header(ForwardedHeader::Forwarded);
+    let p = trusted().with_forwarded();
     let peer = ip("10.0.0.1");
     // The last known address is the trusted hop that received the hidden client.
     assert_eq!(
@@ -573,7 +588,7 @@ fn malformed_headers_give_the_peer() {
         ip("1.1.1.1")
     );
 
-    let f = trusted().with_header(ForwardedHeader::Forwarded);
+    let f = trusted().with_forwarded();
     assert_eq!(f.client_ip(peer, &fwd(&[r#"for="1.1.1.1"#])), peer);
     assert_eq!(f.client_ip(peer, &fwd(&["for=1.1.1.1;for=2.2.2.2"])), peer);
     assert_eq!(f.client_ip(peer, &fwd(&["1.1.1.1"])), peer);
@@ -641,7 +656,7 @@ fn x_forwarded_for_client_garbage_is_ignored() {
 
 #[test]
 fn forwarded_client_garbage_is_ignored() {
-    let p = trusted().with_header(ForwardedHeader::Forwarded);
+    let p = trusted().with_forwarded();
     let peer = ip("10.0.0.1");
     let client = ip("203.0.113.7");
     for garbage in CLIENT_GARBAGE {
@@ -670,7 +685,7 @@ fn forwarded_client_garbage_is_ignored() {
 fn forwarded_quoted_commas_and_escapes_in_walked_elements() {
     let p = TrustedProxies::new(["10.0.0.0/8", "198.51.100.0/24"])
         .unwrap()
-        .with_header(ForwardedHeader::Forwarded);
+        .with_forwarded();
     let peer = ip("10.0.0.1");
     // A comma inside a quoted string does not end the element.
     let h = fwd(&[r#"for=6.6.6.6, for=192.0.2.60;ext="a, b", for=198.51.100.17"#]);
@@ -699,7 +714,7 @@ fn malformed_walked_hop_gives_the_peer() {
     );
     let h = raw("x-forwarded-for", &[b"203.0.113.7, 10.0.0.2\xff, 10.0.0.3"]);
     assert_eq!(p.client_ip(peer, &h), peer);
-    let f = trusted().with_header(ForwardedHeader::Forwarded);
+    let f = trusted().with_forwarded();
     assert_eq!(
         f.client_ip(peer, &fwd(&["for=203.0.113.7, for=\"10.0.0.2"])),
         peer
@@ -714,7 +729,7 @@ fn only_the_configured_header_is_read() {
     let mut h = xff(&["1.1.1.1"]);
     h.insert("forwarded", HeaderValue::from_static("for=6.6.6.6"));
     assert_eq!(trusted().client_ip(peer, &h), ip("1.1.1.1"));
-    let f = trusted().with_header(ForwardedHeader::Forwarded);
+    let f = trusted().with_forwarded();
     assert_eq!(f.client_ip(peer, &h), ip("6.6.6.6"));
     assert_eq!(f.client_ip(peer, &xff(&["1.1.1.1"])), peer);
 }
@@ -746,7 +761,7 @@ fn trusted_proxies_config() {
     assert!(!p.is_trusted(ip("192.0.2.2")));
     assert!(p.is_trusted(ip("fd12::1")));
     assert!(!p.is_trusted(ip("11.0.0.1")));
-    assert_eq!(p.header(), ForwardedHeader::XForwardedFor);
+    assert_eq!(p.header(), "x-forwarded-for");
     let err = TrustedProxies::new(["10.0.0.0/8", "ten/8"]).unwrap_err();
     assert_eq!(err.field(), "trusted_proxies");
     assert_eq!(
@@ -1019,7 +1034,7 @@ fn check(peer: IpAddr, header: ForwardedHeader, values: &[Vec<u8>]) -> Result<()
         text.push_str(&String::from_utf8_lossy(v));
         text.push(',');
     }
-    let p = proxies().with_header(header);
+    let p = reading(proxies(), header);
     let got = p.client_ip(peer, &map);
     let peer = peer.to_canonical();
     prop_assert!(
@@ -1165,7 +1180,7 @@ proptest! {
         for header in [ForwardedHeader::XForwardedFor, ForwardedHeader::Forwarded] {
             let (peer, map) =
                 appended_chain(header, &lines, client, proxies_n, &forms, &new_line);
-            let got = proxies().with_header(header).client_ip(peer, &map);
+            let got = reading(proxies(), header).client_ip(peer, &map);
             prop_assert_eq!(got, client.to_canonical(), "{:?} from {}: {:?}", header, peer, map);
         }
     }

@@ -6,7 +6,7 @@
 use std::net::{IpAddr, SocketAddr};
 
 use http::{HeaderMap, HeaderValue};
-use tower_admission::identity::{ApiKeys, AuthError, ForwardedHeader, Identity, TrustedProxies};
+use tower_admission::identity::{ApiKeys, AuthError, Identity, TrustedProxies};
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
@@ -59,7 +59,7 @@ fn both_headers_in_one_request_the_configured_one_wins() {
     h2.append("x-forwarded-for", HeaderValue::from_static("203.0.113.7"));
     assert_eq!(trusted().client_ip(peer, &h2), ip("203.0.113.7"));
     // Proxies write Forwarded: the caller's X-Forwarded-For changes nothing.
-    let f = trusted().with_header(ForwardedHeader::Forwarded);
+    let f = trusted().with_forwarded();
     let mut h = raw("forwarded", &[b"for=203.0.113.7"]);
     h.append("x-forwarded-for", HeaderValue::from_static("6.6.6.6"));
     assert_eq!(f.client_ip(peer, &h), ip("203.0.113.7"));
@@ -70,7 +70,7 @@ fn both_headers_in_one_request_the_configured_one_wins() {
 
 #[test]
 fn forwarded_forms() {
-    let f = trusted().with_header(ForwardedHeader::Forwarded);
+    let f = trusted().with_forwarded();
     let peer = ip("10.0.0.1");
     let cases: [(&[u8], IpAddr); 16] = [
         (br#"for="[2001:db8::1]:4711""#, ip("2001:db8::1")),

@@ -50,6 +50,6 @@ mod types;
 
 pub use api_keys::ApiKeys;
 pub use authenticate::{AuthenticateLayer, Authenticator};
-pub use client_ip::{ClientIp, ClientIpLayer, ForwardedHeader, TrustedProxies};
+pub use client_ip::{ClientIp, ClientIpLayer, TrustedProxies};
 pub use error::AuthError;
 pub use types::Identity;

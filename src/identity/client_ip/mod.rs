@@ -11,7 +11,6 @@ mod layer;
 mod proxies;
 mod service;
 
-pub use forwarded::ForwardedHeader;
 pub use layer::ClientIpLayer;
 use proxies::KeyPrefixes;
 pub use proxies::TrustedProxies;

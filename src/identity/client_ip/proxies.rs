@@ -4,7 +4,7 @@
 use std::net::IpAddr;
 use std::str::FromStr;
 
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use super::forwarded::{hops_from_right, parse_hop, ForwardedHeader, Node};
@@ -55,7 +55,7 @@ impl TrustedProxies {
 
     /// Trusts the given ranges, each a CIDR (`10.0.0.0/8`, `fd00::/8`) or a
     /// single address (`192.0.2.1`). Reads `X-Forwarded-For` unless
-    /// [`with_header`](Self::with_header) says otherwise.
+    /// [`with_forwarded`](Self::with_forwarded) says otherwise.
     ///
     /// # Errors
     ///
@@ -91,9 +91,14 @@ impl TrustedProxies {
         self
     }
 
-    /// Reads `header` instead of the default `X-Forwarded-For`.
-    pub fn with_header(mut self, header: ForwardedHeader) -> Self {
-        self.header = header;
+    /// Reads RFC 7239 `Forwarded: for=client, for=proxy1;proto=https`
+    /// instead of the default `X-Forwarded-For: client, proxy1, proxy2`.
+    ///
+    /// Exactly one header is read. Reading both would let a caller inject
+    /// the header the proxy does not rewrite and have it passed through
+    /// untouched.
+    pub fn with_forwarded(mut self) -> Self {
+        self.header = ForwardedHeader::Forwarded;
         self
     }
 
@@ -132,9 +137,10 @@ impl TrustedProxies {
         Ok(self)
     }
 
-    /// The forwarding header that is read.
-    pub fn header(&self) -> ForwardedHeader {
-        self.header
+    /// The forwarding header that is read: `x-forwarded-for`, or
+    /// `forwarded` after [`with_forwarded`](Self::with_forwarded).
+    pub fn header(&self) -> HeaderName {
+        self.header.name()
     }
 
     /// The trusted ranges.

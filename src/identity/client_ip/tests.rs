@@ -1,4 +1,6 @@
-use super::forwarded::{forwarded_for, parse_hop, parse_node, trim_ows, ElementsFromRight, Node};
+use super::forwarded::{
+    forwarded_for, parse_hop, parse_node, trim_ows, ElementsFromRight, ForwardedHeader, Node,
+};
 use super::*;
 
 fn ip(s: &str) -> IpAddr {
