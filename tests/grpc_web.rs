@@ -19,7 +19,7 @@ use tower::{service_fn, ServiceBuilder, ServiceExt};
 use tower_admission::bounds::{BatchItemsLayer, BodyLimitsLayer, CappedBody};
 use tower_admission::concurrency::ConcurrencyLayer;
 use tower_admission::identity::{ApiKeys, AuthenticateLayer, Identity};
-use tower_admission::quota::{MemoryStore, Policy, Quota, QuotaLayer, Scope};
+use tower_admission::quota::{MemoryStore, Policy, Quota, QuotaLayer};
 use tower_admission::reject::{Protocol, Rejection};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -209,7 +209,7 @@ async fn a_quota_refusal_answers_grpc_web_with_its_content_type() {
     .unwrap();
     let layer = QuotaLayer::builder(MemoryStore::new())
         .quota(quota)
-        .scope(Scope::Aggregate)
+        .aggregate()
         .build()
         .unwrap();
     let service =

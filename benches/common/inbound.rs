@@ -36,7 +36,7 @@ use tower::ServiceBuilder;
 use tower_admission::bounds::{BodyLimitsLayer, QueryRules, ValidateQueryLayer};
 use tower_admission::concurrency::ConcurrencyLayer;
 use tower_admission::identity::{ApiKeys, AuthenticateLayer, Identity};
-use tower_admission::quota::{Policy, Quota, QuotaLayer, Scope, Store};
+use tower_admission::quota::{Policy, Quota, QuotaLayer, Store};
 use tower_admission::ConfigError;
 
 /// The API key every request presents, as `Authorization: Bearer bench`.
@@ -170,7 +170,7 @@ fn layers<St: Store + Clone>(store: St, fields: bool) -> Result<Layers<St>, Conf
         .build()?;
     let aggregate = QuotaLayer::builder(store)
         .quota(aggregate_quota()?)
-        .scope(Scope::Aggregate)
+        .aggregate()
         .build()?;
     let rules = QueryRules::builder()
         .page_size(

@@ -38,7 +38,7 @@ use tower_admission::bounds::{
 };
 use tower_admission::identity::{AuthenticateLayer, Identity};
 use tower_admission::jobs::{JobId, JobQueue, JobStatus};
-use tower_admission::quota::{Quota, QuotaLayer, Quotas, Scope, Settlement, Store};
+use tower_admission::quota::{Quota, QuotaLayer, Quotas, Settlement, Store};
 use tower_admission::reject::{InvalidParameter, Rejection};
 use tower_admission::ConfigError;
 
@@ -129,7 +129,7 @@ pub(crate) fn app<St: Store>(
         .build()?;
     let aggregate = QuotaLayer::builder(store.clone())
         .quotas(quotas.aggregate)
-        .scope(Scope::Aggregate)
+        .aggregate()
         .refund_inner_refusals(true)
         .build()?;
     let rows = QuotaLayer::builder(store.clone())
