@@ -22,39 +22,17 @@ use crate::ConfigError;
 type ClassFn<Req> = Arc<dyn Fn(&Req) -> Criticality + Send + Sync>;
 type TenantFn<Req> = Arc<dyn Fn(&Req) -> Option<Arc<str>> + Send + Sync>;
 
-/// Reads a call's result as an [`Outcome`] of the limit.
-///
-/// Implemented by [`ErrorIsOverload`] (the default) and by every
-/// `Fn(&Result<Res, E>) -> Outcome`: here a dependency's 429 and 503 back
-/// the limit off, its 404 says nothing of its load.
-///
-/// ```
-/// use tower_admission::concurrency::{AdaptiveLimit, AdaptiveLimitLayer, Outcome};
-///
-/// type Answer = Result<http::Response<String>, std::io::Error>;
-/// let limit = AdaptiveLimitLayer::<http::Request<String>>::builder(AdaptiveLimit::default())
-///     .outcome(|answer: &Answer| match answer {
-///         Ok(r) if r.status() == 429 || r.status() == 503 => Outcome::Overload,
-///         Ok(r) if r.status() == 404 => Outcome::Ignore,
-///         Ok(_) => Outcome::Success,
-///         Err(_) => Outcome::Overload,
-///     })
-///     .build()
-///     .unwrap();
-/// # let _ = limit;
-/// ```
-pub trait ClassifyOutcome<Res, E> {
+/// Reads a call's result as an [`Outcome`] of the limit: implemented by
+/// `()`, the default (a response is a [`Success`](Outcome::Success), an
+/// error an [`Overload`](Outcome::Overload): a timeout, a refused
+/// connection), and by every `Fn(&Result<Res, E>) -> Outcome` given to
+/// [`AdaptiveLimitLayerBuilder::outcome`].
+pub(crate) trait ClassifyOutcome<Res, E> {
     /// The outcome of `result`.
     fn outcome(&self, result: &Result<Res, E>) -> Outcome;
 }
 
-/// The default [`ClassifyOutcome`]: a response is a
-/// [`Success`](Outcome::Success), an error an
-/// [`Overload`](Outcome::Overload) (a timeout, a refused connection).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct ErrorIsOverload;
-
-impl<Res, E> ClassifyOutcome<Res, E> for ErrorIsOverload {
+impl<Res, E> ClassifyOutcome<Res, E> for () {
     fn outcome(&self, result: &Result<Res, E>) -> Outcome {
         match result {
             Ok(_) => Outcome::Success,
@@ -156,7 +134,9 @@ impl<E: StdError + 'static> StdError for LimitError<E> {
 /// Limits the requests in flight to a service with an adaptive limit (or a
 /// [`fixed`](Self::fixed) one), criticality classes and fair queues.
 ///
-/// `Req` is the request type, read by the class and tenant functions. A
+/// `Req` is the request type, read by the class and tenant functions; `O`
+/// is the function given to [`outcome`](AdaptiveLimitLayerBuilder::outcome),
+/// or `()` without one (a response is a success, an error an overload). A
 /// slot is held from admission until the inner future answers or is
 /// dropped. Clones share the limit.
 ///
@@ -182,7 +162,7 @@ impl<E: StdError + 'static> StdError for LimitError<E> {
 /// assert_eq!(limit.stats().in_flight, 0);
 /// # }
 /// ```
-pub struct AdaptiveLimitLayer<Req, O = ErrorIsOverload> {
+pub struct AdaptiveLimitLayer<Req, O = ()> {
     gate: Arc<Gate>,
     class: Option<ClassFn<Req>>,
     tenant: Option<TenantFn<Req>>,
@@ -238,7 +218,7 @@ impl<Req> AdaptiveLimitLayer<Req> {
             shares: None,
             class: None,
             tenant: None,
-            outcome: ErrorIsOverload,
+            outcome: (),
             scope: "outbound".into(),
         }
     }
@@ -263,7 +243,7 @@ impl<S, Req, O: Clone> Layer<S> for AdaptiveLimitLayer<Req, O> {
 }
 
 /// Builder of an [`AdaptiveLimitLayer`]; the layer's docs have an example.
-pub struct AdaptiveLimitLayerBuilder<Req, O = ErrorIsOverload> {
+pub struct AdaptiveLimitLayerBuilder<Req, O = ()> {
     source: Source,
     queue: usize,
     deadline: Duration,
@@ -324,7 +304,28 @@ impl<Req, O> AdaptiveLimitLayerBuilder<Req, O> {
         self
     }
 
-    /// How a call's result moves the limit (default [`ErrorIsOverload`]).
+    /// How a call's result moves the limit: `outcome` reads the inner
+    /// service's `&Result<Response, Error>` as an [`Outcome`]. By default
+    /// a response is a [`Success`](Outcome::Success) and an error an
+    /// [`Overload`](Outcome::Overload) (a timeout, a refused connection).
+    /// Here a dependency's 429 and 503 back the limit off, its 404 says
+    /// nothing of its load:
+    ///
+    /// ```
+    /// use tower_admission::concurrency::{AdaptiveLimit, AdaptiveLimitLayer, Outcome};
+    ///
+    /// type Answer = Result<http::Response<String>, std::io::Error>;
+    /// let limit = AdaptiveLimitLayer::<http::Request<String>>::builder(AdaptiveLimit::default())
+    ///     .outcome(|answer: &Answer| match answer {
+    ///         Ok(r) if r.status() == 429 || r.status() == 503 => Outcome::Overload,
+    ///         Ok(r) if r.status() == 404 => Outcome::Ignore,
+    ///         Ok(_) => Outcome::Success,
+    ///         Err(_) => Outcome::Overload,
+    ///     })
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = limit;
+    /// ```
     pub fn outcome<P>(self, outcome: P) -> AdaptiveLimitLayerBuilder<Req, P> {
         AdaptiveLimitLayerBuilder {
             source: self.source,
@@ -412,7 +413,7 @@ fn overloaded(gate: &Gate, refusal: GateRefusal) -> Overloaded {
 
 /// A service behind an [`AdaptiveLimitLayer`]; the layer's docs have an
 /// example.
-pub struct AdaptiveLimitService<S, Req, O = ErrorIsOverload> {
+pub struct AdaptiveLimitService<S, Req, O = ()> {
     inner: S,
     layer: AdaptiveLimitLayer<Req, O>,
 }
