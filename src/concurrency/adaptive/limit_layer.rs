@@ -15,8 +15,7 @@ use super::class::{checked_shares, Criticality};
 use super::config::AdaptiveLimit;
 use super::controller::Outcome;
 use super::gate::{Gate, GateBegin, GateConfig, GateRefusal, Source};
-use super::stats::LimitStats;
-use crate::concurrency::OverloadReason;
+use crate::concurrency::{ConcurrencyStats, OverloadReason};
 use crate::ConfigError;
 
 type ClassFn<Req> = Arc<dyn Fn(&Req) -> Criticality + Send + Sync>;
@@ -203,7 +202,7 @@ impl<Req> AdaptiveLimitLayer<Req> {
     /// use tower_admission::concurrency::AdaptiveLimitLayer;
     ///
     /// let cap = AdaptiveLimitLayer::<()>::fixed(16).build().unwrap();
-    /// assert_eq!(cap.stats().limit, 16);
+    /// assert_eq!(cap.stats().limit, Some(16));
     /// assert_eq!(AdaptiveLimitLayer::<()>::fixed(0).build().unwrap_err().field(), "limit");
     /// ```
     pub fn fixed(limit: usize) -> AdaptiveLimitLayerBuilder<Req> {
@@ -225,9 +224,9 @@ impl<Req> AdaptiveLimitLayer<Req> {
 }
 
 impl<Req, O> AdaptiveLimitLayer<Req, O> {
-    /// A snapshot of the limit and its counts.
-    pub fn stats(&self) -> LimitStats {
-        self.gate.stats()
+    /// A snapshot of the limit and its counts, as the global cap's.
+    pub fn stats(&self) -> ConcurrencyStats {
+        self.gate.stats().into_layer_stats()
     }
 }
 
