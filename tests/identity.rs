@@ -22,11 +22,10 @@ use proptest::prelude::*;
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 use tower_admission::identity::{
     ApiKeys, AuthError, AuthenticateLayer, Authenticator, ClientIp, ClientIpLayer, Identity,
-    TrustedProxies,
 };
 
 /// Most forwarding hops read from the right of a chain, as documented on
-/// [`TrustedProxies`].
+/// [`ClientIpLayer`].
 const MAX_HOPS: usize = 32;
 use tower_admission::reject::Rejection;
 
@@ -38,7 +37,7 @@ enum ForwardedHeader {
 }
 
 /// `proxies` reading `header`.
-fn reading(proxies: TrustedProxies, header: ForwardedHeader) -> TrustedProxies {
+fn reading(proxies: ClientIpLayer, header: ForwardedHeader) -> ClientIpLayer {
     match header {
         ForwardedHeader::XForwardedFor => proxies,
         ForwardedHeader::Forwarded => proxies.with_forwarded(),
@@ -443,8 +442,8 @@ fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
-fn trusted() -> TrustedProxies {
-    TrustedProxies::new(["10.0.0.0/8"]).unwrap()
+fn trusted() -> ClientIpLayer {
+    ClientIpLayer::new(["10.0.0.0/8"]).unwrap()
 }
 
 fn headers(name: &str, values: &[&str]) -> HeaderMap {
@@ -472,7 +471,7 @@ fn untrusted_peer_ignores_forwarding_headers() {
     let peer = ip("203.0.113.9");
     assert_eq!(p.client_ip(peer, &xff(&["1.2.3.4"])), peer);
     assert_eq!(p.client_ip(peer, &xff(&["1.2.3.4, 10.0.0.2"])), peer);
-    let none = TrustedProxies::none();
+    let none = ClientIpLayer::default();
     assert_eq!(
         none.client_ip(ip("10.0.0.1"), &xff(&["1.2.3.4"])),
         ip("10.0.0.1")
@@ -534,7 +533,7 @@ fn rfc7239_forwarded_cases() {
         ),
         ip("198.51.100.17")
     );
-    let p2 = TrustedProxies::new(["10.0.0.0/8", "198.51.100.0/24"])
+    let p2 = ClientIpLayer::new(["10.0.0.0/8", "198.51.100.0/24"])
         .unwrap()
         .with_forwarded();
     assert_eq!(
@@ -683,7 +682,7 @@ fn forwarded_client_garbage_is_ignored() {
 
 #[test]
 fn forwarded_quoted_commas_and_escapes_in_walked_elements() {
-    let p = TrustedProxies::new(["10.0.0.0/8", "198.51.100.0/24"])
+    let p = ClientIpLayer::new(["10.0.0.0/8", "198.51.100.0/24"])
         .unwrap()
         .with_forwarded();
     let peer = ip("10.0.0.1");
@@ -754,7 +753,7 @@ fn at_most_max_hops_are_read() {
 
 #[test]
 fn trusted_proxies_config() {
-    let p = TrustedProxies::new(["10.0.0.0/8", "192.0.2.1", " fd00::/8 "]).unwrap();
+    let p = ClientIpLayer::new(["10.0.0.0/8", "192.0.2.1", " fd00::/8 "]).unwrap();
     assert_eq!(p.nets().len(), 3);
     assert!(p.is_trusted(ip("10.255.0.1")));
     assert!(p.is_trusted(ip("192.0.2.1")));
@@ -762,7 +761,7 @@ fn trusted_proxies_config() {
     assert!(p.is_trusted(ip("fd12::1")));
     assert!(!p.is_trusted(ip("11.0.0.1")));
     assert_eq!(p.header(), "x-forwarded-for");
-    let err = TrustedProxies::new(["10.0.0.0/8", "ten/8"]).unwrap_err();
+    let err = ClientIpLayer::new(["10.0.0.0/8", "ten/8"]).unwrap_err();
     assert_eq!(err.field(), "trusted_proxies");
     assert_eq!(
         err.reason(),
@@ -775,9 +774,7 @@ async fn show_ip(client: ClientIp) -> String {
 }
 
 fn ip_app() -> Router {
-    Router::new()
-        .route("/ip", get(show_ip))
-        .layer(ClientIpLayer::new(trusted()))
+    Router::new().route("/ip", get(show_ip)).layer(trusted())
 }
 
 fn ip_request(peer: &str, xff: Option<&str>) -> Request<Body> {
@@ -808,11 +805,12 @@ async fn client_ip_layer_ignores_spoofed_header_from_untrusted_peer() {
 
 #[tokio::test]
 async fn client_ip_layer_accepts_plain_socket_addr_and_needs_a_peer() {
-    let service = ServiceBuilder::new()
-        .layer(ClientIpLayer::new(trusted()))
-        .service_fn(|req: Request<()>| async move {
-            Ok::<_, Infallible>(req.extensions().get::<ClientIp>().copied())
-        });
+    let service =
+        ServiceBuilder::new()
+            .layer(trusted())
+            .service_fn(|req: Request<()>| async move {
+                Ok::<_, Infallible>(req.extensions().get::<ClientIp>().copied())
+            });
     let req = Request::builder()
         .extension("10.0.0.1:80".parse::<SocketAddr>().unwrap())
         .header("x-forwarded-for", "1.1.1.1")
@@ -840,7 +838,7 @@ async fn identity_and_client_ip_together() {
             }),
         )
         .layer(AuthenticateLayer::new(keys()))
-        .layer(ClientIpLayer::new(trusted()));
+        .layer(trusted());
     let req = Request::get("/both")
         .extension(ConnectInfo("10.0.0.1:1234".parse::<SocketAddr>().unwrap()))
         .header("authorization", "Bearer demo-pro")
@@ -860,9 +858,9 @@ fn net(s: &str) -> IpNet {
 }
 
 /// The [`ClientIp`] that [`ClientIpLayer`] inserts for a request from `peer`.
-async fn layer_client(proxies: TrustedProxies, peer: &str, xff: Option<&str>) -> ClientIp {
+async fn layer_client(proxies: ClientIpLayer, peer: &str, xff: Option<&str>) -> ClientIp {
     let service = ServiceBuilder::new()
-        .layer(ClientIpLayer::new(proxies))
+        .layer(proxies)
         .service_fn(|req: Request<()>| async move {
             Ok::<_, Infallible>(req.extensions().get::<ClientIp>().copied())
         });
@@ -952,7 +950,7 @@ fn invalid_key_prefix_is_config_error() {
     assert_eq!(err.field(), "ipv4_key_prefix");
     assert_eq!(err.reason(), "an IPv4 prefix is at most 32 bits, got 33");
     assert_eq!(
-        TrustedProxies::none()
+        ClientIpLayer::default()
             .with_ipv4_key_prefix(u8::MAX)
             .unwrap_err()
             .field(),
@@ -1015,8 +1013,8 @@ fn peer() -> impl Strategy<Value = IpAddr> {
     ]
 }
 
-fn proxies() -> TrustedProxies {
-    TrustedProxies::new(["10.0.0.0/8", "fd00::/8"]).unwrap()
+fn proxies() -> ClientIpLayer {
+    ClientIpLayer::new(["10.0.0.0/8", "fd00::/8"]).unwrap()
 }
 
 fn check(peer: IpAddr, header: ForwardedHeader, values: &[Vec<u8>]) -> Result<(), TestCaseError> {
@@ -1222,14 +1220,14 @@ fn an_ipv6_range_shorter_than_96_bits_does_not_trust_ipv4_peers() {
     headers.insert("x-forwarded-for", "198.51.100.7".parse().unwrap());
     let mapped_peer = ip("::ffff:10.0.0.1");
 
-    let ipv6_only = TrustedProxies::new(["::/0"]).unwrap();
+    let ipv6_only = ClientIpLayer::new(["::/0"]).unwrap();
     assert_eq!(ipv6_only.client_ip(mapped_peer, &headers), ip("10.0.0.1"));
     assert_eq!(
         ipv6_only.client_ip(ip("2001:db8::1"), &headers),
         ip("198.51.100.7")
     );
     for every_ipv4 in ["0.0.0.0/0", "::ffff:0:0/96"] {
-        let proxies = TrustedProxies::new([every_ipv4]).unwrap();
+        let proxies = ClientIpLayer::new([every_ipv4]).unwrap();
         assert_eq!(
             proxies.client_ip(mapped_peer, &headers),
             ip("198.51.100.7"),

@@ -16,7 +16,7 @@ use http_body_util::BodyExt;
 use tower::ServiceExt;
 use tower_admission::bounds::{QueryRules, ValidateQueryLayer, ValidatedQuery};
 use tower_admission::clock::{ManualClock, Timestamp};
-use tower_admission::identity::{ClientIp, ClientIpLayer, Identity, TrustedProxies};
+use tower_admission::identity::{ClientIp, ClientIpLayer, Identity};
 use tower_admission::quota::{
     Holds, MemoryConfig, MemoryStore, Policy, Quota, QuotaDecision, QuotaLayer, Settlement, Store,
     StoreError,
@@ -143,11 +143,11 @@ async fn ip_quota_ignores_forwarded_for_from_untrusted_peers() {
         .key(by_ip)
         .build()
         .unwrap();
-    let proxies = TrustedProxies::new(["10.0.0.0/8"]).unwrap();
+    let proxies = ClientIpLayer::new(["10.0.0.0/8"]).unwrap();
     let app = Router::new()
         .route("/", get(|| async { "ok" }))
         .layer(layer)
-        .layer(ClientIpLayer::new(proxies));
+        .layer(proxies);
     let send = |peer: &str, xff: String| {
         let mut req = request(None, "/");
         req.extensions_mut()

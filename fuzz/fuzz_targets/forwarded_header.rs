@@ -1,4 +1,4 @@
-//! Fuzzes the forwarding-header walk of `TrustedProxies::client_ip`.
+//! Fuzzes the forwarding-header walk of `ClientIpLayer::client_ip`.
 //!
 //! Run from the repository root:
 //!
@@ -25,7 +25,7 @@ use std::net::IpAddr;
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 use libfuzzer_sys::fuzz_target;
-use tower_admission::identity::TrustedProxies;
+use tower_admission::identity::ClientIpLayer;
 
 /// Which forwarding header a case writes, and the proxies read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,7 +35,7 @@ enum ForwardedHeader {
 }
 
 /// `proxies` reading `header`.
-fn reading(proxies: TrustedProxies, header: ForwardedHeader) -> TrustedProxies {
+fn reading(proxies: ClientIpLayer, header: ForwardedHeader) -> ClientIpLayer {
     match header {
         ForwardedHeader::XForwardedFor => proxies,
         ForwardedHeader::Forwarded => proxies.with_forwarded(),
@@ -113,7 +113,7 @@ fn arbitrary_lines(control: u8, lines: &[&[u8]]) {
     };
     let peer: IpAddr = PEERS[usize::from(control >> 1 & 3)].parse().unwrap();
     let proxies = reading(
-        TrustedProxies::new(["10.0.0.0/8", "fd00::/8"]).unwrap(),
+        ClientIpLayer::new(["10.0.0.0/8", "fd00::/8"]).unwrap(),
         header,
     );
 
@@ -182,7 +182,7 @@ fn client_prefix(control: u8, lines: &[&[u8]]) {
         }
         let peer: IpAddr = PROXIES[proxies_n - 1].parse().unwrap();
         let proxies = reading(
-            TrustedProxies::new(["10.0.0.0/8", "fd00::/8"]).unwrap(),
+            ClientIpLayer::new(["10.0.0.0/8", "fd00::/8"]).unwrap(),
             header,
         );
         let got = proxies.client_ip(peer, &headers);
