@@ -582,11 +582,13 @@ type BoxedFrames = std::pin::Pin<
 /// and a call within the caps or not gRPC keeps the handler's status.
 #[tokio::test]
 async fn a_cap_tripped_after_a_grpc_answer_replaces_the_status_in_the_trailers() {
+    let mut grpc_call = http::HeaderMap::new();
+    grpc_call.insert(header::CONTENT_TYPE, "application/grpc".parse().unwrap());
     let refusal = Rejection::PayloadTooLarge {
         cap: SizeCap::DecodedBytes,
         limit: 4096,
     }
-    .into_response(true);
+    .into_response(&grpc_call);
     let bomb = gzip_zeros(8 * KIB);
     let small = gzip(b"hello");
     // (content type, body, whether the handler sends trailers, whether the

@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::{Path, Request, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -272,6 +272,7 @@ async fn list_reports(
     who: Identity,
     query: ValidatedQuery,
     Extension(settlement): Extension<Settlement>,
+    headers: HeaderMap,
 ) -> Response {
     let now = OffsetDateTime::now_utc();
     let to = query.to.unwrap_or(now);
@@ -283,7 +284,7 @@ async fn list_reports(
         Err(reason) => {
             let refused =
                 Rejection::InvalidParameters(vec![InvalidParameter::new("cursor", reason)])
-                    .into_response(false)
+                    .into_response(&headers)
                     .into_response();
             return refund(&settlement, refused).await;
         }
@@ -338,13 +339,14 @@ async fn batch(
     who: Identity,
     State(state): State<AppState>,
     Extension(settlement): Extension<Settlement>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Response {
     // The count passed; an item can still be malformed or out of range.
     let items = match BatchItemsLayer::parse::<BatchItem>(&body, state.limits.max_items) {
         Ok(items) => check_items(&state.limits, items),
         Err(e) => {
-            let refused = e.into_response(false).into_response();
+            let refused = e.into_response(&headers).into_response();
             return refund(&settlement, refused).await;
         }
     };
@@ -352,7 +354,7 @@ async fn batch(
         Ok(items) => items,
         Err(invalid) => {
             let refused = Rejection::InvalidParameters(vec![invalid])
-                .into_response(false)
+                .into_response(&headers)
                 .into_response();
             return refund(&settlement, refused).await;
         }
@@ -373,7 +375,7 @@ async fn batch(
                 let mut doc = rejection.problem();
                 doc["detail"] = json!(e.to_string());
                 doc["dependency"] = json!(dependency);
-                let mut response = rejection.into_response(false);
+                let mut response = rejection.into_response(&headers);
                 *response.body_mut() = doc.to_string().into();
                 response.into_response()
             }
@@ -389,7 +391,7 @@ async fn batch(
         },
         // No room, in the service or for this user: nothing ran, so nothing
         // stays charged.
-        Err(refused) => refund(&settlement, refused.into_response(false).into_response()).await,
+        Err(refused) => refund(&settlement, refused.into_response(&headers).into_response()).await,
     }
 }
 

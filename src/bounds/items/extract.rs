@@ -68,7 +68,7 @@ pub enum BatchRejection {
 impl IntoResponse for BatchRejection {
     fn into_response(self) -> Response {
         match self {
-            BatchRejection::Batch(err) => err.into_response(false).map(axum::body::Body::new),
+            BatchRejection::Batch(err) => err.respond(false),
             BatchRejection::Body(err) => err.into_response(),
         }
     }

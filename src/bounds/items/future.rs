@@ -113,7 +113,7 @@ where
                         }
                         Err(err) => {
                             this.state.set(State::Done);
-                            return Poll::Ready(Ok(err.into_layer_response(protocol)));
+                            return Poll::Ready(Ok(err.respond(protocol)));
                         }
                     }
                 }
