@@ -85,7 +85,7 @@ impl ValidatedQuery {
 /// | `from`, `to` | RFC 3339 timestamps (`2024-05-01T00:00:00Z`; `T`, `t` or a space between date and time; a `+` offset must be sent as `%2B`, since `+` means space in a query); `from < to`, compared as instants whatever their offsets; `to - from <= max_span`; with a `max_span`, one without the other is refused |
 /// | `cursor` | 1 to `max_cursor_len` visible ASCII characters (`!` to `~`); opaque otherwise |
 /// | names added with [`allow`](QueryRulesBuilder::allow) | passed through unchecked |
-/// | anything else | refused or ignored, per [`UnknownParams`] |
+/// | anything else | refused, or ignored after [`ignore_unknown_params`](QueryRulesBuilder::ignore_unknown_params) |
 ///
 /// Timestamps are kept to the nanosecond, in the offset they were given in.
 /// Fraction digits past the ninth are dropped. A leap second (`23:59:60`,
