@@ -18,8 +18,7 @@ use proptest::prelude::*;
 use serde_json::{json, Value};
 use tower::ServiceExt;
 use tower_admission::bounds::{
-    Batch, BatchItemsLayer, BodyLimitsLayer, ItemCount, QueryRules, ValidateQueryLayer,
-    ValidatedQuery,
+    Batch, BatchItemsLayer, BodyLimitsLayer, QueryRules, ValidateQueryLayer, ValidatedQuery,
 };
 use tower_admission::reject::{InvalidParameter, Rejection, SizeCap};
 
@@ -1074,23 +1073,25 @@ struct Counters {
     ran: Arc<AtomicU64>,
 }
 
-/// Stands in for a quota layer whose cost function reads `ItemCount`.
+/// Stands in for a quota layer whose cost function is `item_cost`.
 async fn charge_items(
     State(c): State<Counters>,
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    let cost = req.extensions().get::<ItemCount>().map_or(0, |n| n.0);
-    c.charged.fetch_add(cost as u64, Ordering::SeqCst);
-    next.run(req).await
+    let (parts, body) = req.into_parts();
+    let cost = BatchItemsLayer::item_cost(&parts);
+    c.charged.fetch_add(cost, Ordering::SeqCst);
+    next.run(axum::extract::Request::from_parts(parts, body))
+        .await
 }
 
 async fn ingest_counted(
     State(c): State<Counters>,
-    axum::Extension(count): axum::Extension<ItemCount>,
+    parts: http::request::Parts,
     batch: Batch<Item, 1000>,
 ) -> String {
-    assert_eq!(count.0, batch.len());
+    assert_eq!(BatchItemsLayer::item_cost(&parts), batch.len() as u64);
     for item in batch.iter() {
         c.ran.fetch_add(item.n, Ordering::SeqCst);
     }

@@ -34,7 +34,7 @@ use serde_json::json;
 use time::OffsetDateTime;
 use tower::ServiceBuilder;
 use tower_admission::bounds::{
-    BatchItemsLayer, BodyLimitsLayer, ItemCount, QueryRules, ValidateQueryLayer, ValidatedQuery,
+    BatchItemsLayer, BodyLimitsLayer, QueryRules, ValidateQueryLayer, ValidatedQuery,
 };
 use tower_admission::identity::{AuthenticateLayer, Identity};
 use tower_admission::jobs::{JobId, JobQueue, JobStatus};
@@ -141,12 +141,7 @@ pub(crate) fn app<St: Store>(
     // settles a refused batch's charge back to zero.
     let items = QuotaLayer::builder(store.clone())
         .quotas(quotas.work)
-        .cost(|parts| {
-            parts
-                .extensions
-                .get::<ItemCount>()
-                .map_or(0, |n| u64::try_from(n.0).unwrap_or(u64::MAX))
-        })
+        .cost(BatchItemsLayer::item_cost)
         .refund_inner_refusals(true)
         .build()?;
     let max_items = std::num::NonZeroUsize::new(config.batch.max_items)

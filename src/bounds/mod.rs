@@ -9,8 +9,9 @@
 //! ```
 //!
 //! [`ValidateQueryLayer`] puts a [`ValidatedQuery`] (with the page size) and
-//! [`BatchItemsLayer`] an [`ItemCount`] into the request extensions, so a
-//! quota layer after them can charge them as cost. When only the handler
+//! [`BatchItemsLayer`] the item count into the request extensions, so a
+//! quota layer after them can charge them as cost
+//! ([`ValidatedQuery::page_cost`], [`BatchItemsLayer::item_cost`]). When only the handler
 //! needs the count, the `Batch` extractor (feature `axum`) alone is enough.
 //!
 //! * **Wire bytes first.** The wire cap bounds what the server reads from the
@@ -118,5 +119,5 @@ mod query;
 pub use body::{BodyCaps, BodyLimitsLayer, CappedBody};
 #[cfg(feature = "axum")]
 pub use items::Batch;
-pub use items::{BatchItemsLayer, ItemCount};
+pub use items::BatchItemsLayer;
 pub use query::{QueryRules, QueryRulesBuilder, ValidateQueryLayer, ValidatedQuery};

@@ -12,7 +12,6 @@ pub use extract::Batch;
 pub use layer::BatchItemsLayer;
 
 /// The item count of a batch request, inserted into the request extensions
-/// by [`BatchItemsLayer`]'s service so that later layers (a quota's cost function) and the
-/// handler can read it.
+/// by [`BatchItemsLayer`]'s service; read with [`BatchItemsLayer::item_cost`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct ItemCount(pub usize);
+pub(crate) struct ItemCount(pub(crate) usize);
