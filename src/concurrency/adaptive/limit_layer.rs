@@ -158,7 +158,7 @@ impl<E: StdError + 'static> StdError for LimitError<E> {
 ///     Ok::<_, std::io::Error>(req.len())
 /// }));
 /// assert_eq!(client.oneshot("report 7".to_string()).await.unwrap(), 8);
-/// assert_eq!(limit.stats().in_flight, 0);
+/// assert_eq!(limit.stats().global_in_flight, 0);
 /// # }
 /// ```
 pub struct AdaptiveLimitLayer<Req, O = ()> {
