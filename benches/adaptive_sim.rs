@@ -218,8 +218,8 @@ async fn simulate(name: &'static str, limiter: Limiter, jitter: f64) -> Row {
                 eprintln!(
                     "{:>6.1} s limit {:>4} in flight {:>4} latency {:?} baseline {:?}",
                     (at - start).as_secs_f64(),
-                    s.limit,
-                    s.in_flight,
+                    s.limit.unwrap_or(0),
+                    s.global_in_flight,
                     s.latency,
                     s.baseline_latency
                 );

@@ -10,7 +10,7 @@
 //!
 //! - `bare`: plain axum;
 //! - `governor`: axum + `tower_governor` with a global key and a huge quota;
-//! - `quota`: axum + [`QuotaLayer`] over a [`MemoryStore`], [`Scope::Aggregate`],
+//! - `quota`: axum + [`QuotaLayer`] over a [`MemoryStore`], [`aggregate`](tower_admission::quota::QuotaLayerBuilder::aggregate),
 //!   a huge token bucket;
 //! - `stack`: the whole inbound stack of the reporting API, defined once in
 //!   `benches/common/inbound.rs` (included here): authenticate (API key
@@ -48,7 +48,7 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 
 use axum::Router;
-use tower_admission::quota::{MemoryStore, Quota, QuotaLayer, Scope};
+use tower_admission::quota::{MemoryStore, Quota, QuotaLayer};
 use tower_admission::ConfigError;
 use tower_governor::governor::GovernorConfigBuilder;
 use tower_governor::key_extractor::GlobalKeyExtractor;
@@ -219,7 +219,7 @@ fn app(args: &Args) -> Result<Router, ConfigError> {
         Mode::Quota => base().layer(
             QuotaLayer::builder(MemoryStore::new())
                 .quota(bucket()?)
-                .scope(Scope::Aggregate)
+                .aggregate()
                 .build()?,
         ),
         Mode::Stack => inbound::whole_stack(MemoryStore::new())?,

@@ -263,11 +263,11 @@ async fn critical_work_keeps_its_share_while_sheddable_work_floods() {
             Duration::from_millis(190)
         ),
     );
-    let stats = layer.stats().limit.unwrap();
+    let stats = layer.stats();
     // Refused during the first baseline probe (the limit at 3 in flight
     // for 25 answers, before 2 s), when the critical queue of 64 filled.
-    assert_eq!(stats.class(Criticality::Critical).shed, 19);
-    assert_eq!(stats.in_flight, 0);
+    assert_eq!(stats.class_shed(Criticality::Critical), 19);
+    assert_eq!(stats.global_in_flight, 0);
 }
 
 /// Nine tenants at their share of a fixed limit of 10 (one request in
@@ -384,7 +384,7 @@ async fn a_class_held_to_its_share_still_fills_the_capacity() {
     );
     let p99 = sheddable.p99();
     assert!(p99 <= 2 * BASE, "{p99:?}");
-    let limit = layer.stats().limit.unwrap().limit;
+    let limit = layer.stats().limit.unwrap();
     assert_eq!(
         (sheddable.ok, p99, limit),
         (15000, Duration::from_millis(25), 52)

@@ -62,9 +62,9 @@ where
     let start = tokio::time::Instant::now();
     for n in 0..run.as_millis() as u64 {
         tokio::time::sleep_until(start + ms(n)).await;
-        let stats = layer.stats().limit.unwrap();
+        let stats = layer.stats();
         if !stats.probing {
-            highest = highest.max(stats.limit);
+            highest = highest.max(stats.limit.unwrap());
         }
         for _ in 0..per_ms {
             let svc = svc.clone();
@@ -112,15 +112,15 @@ async fn below_capacity_the_limit_neither_grows_nor_refuses() {
     }
     assert_eq!(admitted, 65_000);
     assert_eq!(highest, 40);
-    let stats = layer.stats().limit.unwrap();
-    assert_eq!((stats.limit, stats.probing), (40, false));
+    let stats = layer.stats();
+    assert_eq!((stats.limit, stats.probing), (Some(40), false));
     assert_eq!(stats.baseline_latency, Some(ms(20)));
     // Ten minutes idle: no window closes, the limit stays.
     tokio::time::sleep(Duration::from_secs(600)).await;
-    let stats = layer.stats().limit.unwrap();
+    let stats = layer.stats();
     assert_eq!(
-        (stats.limit, stats.in_flight, stats.probing),
-        (40, 0, false)
+        (stats.limit, stats.global_in_flight, stats.probing),
+        (Some(40), 0, false)
     );
 }
 
@@ -144,9 +144,9 @@ where
     let start = tokio::time::Instant::now();
     for n in 0..run.as_millis() as u64 / 2 {
         tokio::time::sleep_until(start + ms(2 * n)).await;
-        let stats = layer.stats().limit.unwrap();
+        let stats = layer.stats();
         if !stats.probing {
-            highest = highest.max(stats.limit);
+            highest = highest.max(stats.limit.unwrap());
         }
         let svc = svc.clone();
         tasks.push(tokio::spawn(async move {
@@ -179,7 +179,7 @@ async fn a_used_limit_grows_until_the_load_fits_and_stops() {
     assert_eq!((admitted, refused), (1462, 538));
     let (admitted, refused, highest) = load(&svc, &layer, 1, Duration::from_secs(30)).await;
     assert_eq!((admitted, refused), (30_000, 0));
-    assert_eq!((highest, layer.stats().limit.unwrap().limit), (29, 29));
+    assert_eq!((highest, layer.stats().limit), (29, Some(29)));
 }
 
 /// Callers that give up after 1 ms while the limit is full: their dropped
@@ -209,7 +209,7 @@ async fn dropped_requests_are_not_fast_successes() {
     let stats = limit.stats();
     assert_eq!(
         (stats.limit, stats.baseline_latency, stats.probing),
-        (20, Some(ms(20)), false)
+        (Some(20), Some(ms(20)), false)
     );
 
     // 5 s of callers that drop their request after 1 ms, 20 new each ms.
@@ -238,9 +238,9 @@ async fn dropped_requests_are_not_fast_successes() {
             stats.limit,
             stats.baseline_latency,
             stats.latency,
-            stats.in_flight
+            stats.global_in_flight
         ),
-        (20, Some(ms(20)), None, 0)
+        (Some(20), Some(ms(20)), None, 0)
     );
 
     // The dependency slows to 200 ms; callers give up after 100 ms.
@@ -262,8 +262,8 @@ async fn dropped_requests_are_not_fast_successes() {
     }
     let stats = limit.stats();
     assert_eq!(
-        (stats.limit, stats.latency, stats.in_flight),
-        (2, Some(ms(100)), 0)
+        (stats.limit, stats.latency, stats.global_in_flight),
+        (Some(2), Some(ms(100)), 0)
     );
 }
 
@@ -642,7 +642,7 @@ async fn a_fixed_cap_never_moves() {
     let stats = cap.stats();
     assert_eq!(
         (stats.limit, stats.probing, stats.baseline_latency),
-        (2, false, None)
+        (Some(2), false, None)
     );
     // A sheddable call may fill 80 % of 2 (1); a critical one the whole cap.
     let held = tokio::spawn(svc.clone().oneshot(0));
@@ -658,8 +658,16 @@ async fn a_fixed_cap_never_moves() {
     svc.clone().oneshot(0).await.unwrap();
     held.await.unwrap().unwrap();
     let stats = cap.stats();
-    assert_eq!(stats.class(Criticality::Sheddable).shed, 1);
-    assert_eq!(stats.class(Criticality::Critical).shed, 0);
+    assert_eq!(stats.class_shed(Criticality::Sheddable), 1);
+    assert_eq!(stats.class_shed(Criticality::Critical), 0);
+    // The refusal is counted as the global cap's, a full queue.
+    assert_eq!(
+        (
+            stats.refused_global_queue_full,
+            stats.refused_global_deadline
+        ),
+        (1, 0)
+    );
     assert_eq!(
         AdaptiveLimitLayer::<u8>::fixed(0)
             .build()

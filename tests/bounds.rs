@@ -18,15 +18,14 @@ use proptest::prelude::*;
 use serde_json::{json, Value};
 use tower::ServiceExt;
 use tower_admission::bounds::{
-    parse_batch, Batch, BatchError, BatchItemsLayer, BodyLimitsLayer, ItemCount, QueryRules,
-    UnknownParams, ValidateQueryLayer, ValidatedQuery,
+    Batch, BatchItemsLayer, BodyLimitsLayer, QueryRules, ValidateQueryLayer, ValidatedQuery,
 };
 use tower_admission::reject::{InvalidParameter, Rejection, SizeCap};
 
-/// The item count as `BatchItemsLayer` takes it: `parse_batch` into
+/// The item count as `BatchItemsLayer` takes it: `BatchItemsLayer::parse` into
 /// zero-sized `IgnoredAny` items.
-fn count_batch_items(json: &[u8], max: usize) -> Result<usize, BatchError> {
-    parse_batch::<serde::de::IgnoredAny>(json, max).map(|items| items.len())
+fn count_batch_items(json: &[u8], max: usize) -> Result<usize, Rejection> {
+    BatchItemsLayer::parse::<serde::de::IgnoredAny>(json, max).map(|items| items.len())
 }
 
 const KIB: usize = 1024;
@@ -582,11 +581,13 @@ type BoxedFrames = std::pin::Pin<
 /// and a call within the caps or not gRPC keeps the handler's status.
 #[tokio::test]
 async fn a_cap_tripped_after_a_grpc_answer_replaces_the_status_in_the_trailers() {
+    let mut grpc_call = http::HeaderMap::new();
+    grpc_call.insert(header::CONTENT_TYPE, "application/grpc".parse().unwrap());
     let refusal = Rejection::PayloadTooLarge {
         cap: SizeCap::DecodedBytes,
         limit: 4096,
     }
-    .into_response(true);
+    .into_response(&grpc_call);
     let bomb = gzip_zeros(8 * KIB);
     let small = gzip(b"hello");
     // (content type, body, whether the handler sends trailers, whether the
@@ -643,7 +644,7 @@ fn rules() -> QueryRules {
         .page_size(NonZeroU32::new(50).unwrap(), NonZeroU32::new(1000).unwrap())
         .max_span(Duration::from_secs(31 * 24 * 3600))
         .max_cursor_len(NonZeroUsize::new(64).unwrap())
-        .unknown_params(UnknownParams::Reject)
+        .ignore_unknown_params(false)
         .build()
         .unwrap()
 }
@@ -845,7 +846,7 @@ async fn valid_query_values() {
 #[tokio::test]
 async fn ignore_policy_drops_unknown_parameters_but_not_known_repeats() {
     let rules = QueryRules::builder()
-        .unknown_params(UnknownParams::Ignore)
+        .ignore_unknown_params(true)
         .allow("sort")
         .build()
         .unwrap();
@@ -1036,13 +1037,13 @@ async fn malformed_batches_are_400_naming_the_problem() {
     }
     assert_eq!(ran.load(Ordering::SeqCst), 0);
 
-    let err = parse_batch::<Item>(br#"{"items":[{"n":"x"}]}"#, 10).unwrap_err();
+    let err = BatchItemsLayer::parse::<Item>(br#"{"items":[{"n":"x"}]}"#, 10).unwrap_err();
     assert_eq!(
         err,
-        BatchError::Malformed(InvalidParameter::new(
+        Rejection::InvalidParameters(vec![InvalidParameter::new(
             "items[0]",
             "invalid type: string \"x\", expected u64 at line 1 column 18"
-        ))
+        )])
     );
 }
 
@@ -1052,7 +1053,10 @@ fn counting_does_not_build_items() {
     assert_eq!(count_batch_items(json.as_bytes(), 100_001), Ok(100_001));
     assert_eq!(
         count_batch_items(json.as_bytes(), 100_000),
-        Err(BatchError::TooManyItems { limit: 100_000 })
+        Err(Rejection::PayloadTooLarge {
+            cap: SizeCap::Items,
+            limit: 100_000,
+        })
     );
     // Extra members are ignored; an empty batch is fine.
     assert_eq!(
@@ -1069,23 +1073,25 @@ struct Counters {
     ran: Arc<AtomicU64>,
 }
 
-/// Stands in for a quota layer whose cost function reads `ItemCount`.
+/// Stands in for a quota layer whose cost function is `item_cost`.
 async fn charge_items(
     State(c): State<Counters>,
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    let cost = req.extensions().get::<ItemCount>().map_or(0, |n| n.0);
-    c.charged.fetch_add(cost as u64, Ordering::SeqCst);
-    next.run(req).await
+    let (parts, body) = req.into_parts();
+    let cost = BatchItemsLayer::item_cost(&parts);
+    c.charged.fetch_add(cost, Ordering::SeqCst);
+    next.run(axum::extract::Request::from_parts(parts, body))
+        .await
 }
 
 async fn ingest_counted(
     State(c): State<Counters>,
-    axum::Extension(count): axum::Extension<ItemCount>,
+    parts: http::request::Parts,
     batch: Batch<Item, 1000>,
 ) -> String {
-    assert_eq!(count.0, batch.len());
+    assert_eq!(BatchItemsLayer::item_cost(&parts), batch.len() as u64);
     for item in batch.iter() {
         c.ran.fetch_add(item.n, Ordering::SeqCst);
     }

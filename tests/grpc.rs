@@ -186,7 +186,6 @@ async fn streaming_server() -> (
     tokio::task::JoinHandle<()>,
 ) {
     use tower_admission::bounds::BodyLimitsLayer;
-    use tower_admission::quota::Scope;
 
     let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000 / 3600 * 3600));
     let store = MemoryStore::with_config(MemoryConfig::default(), clock);
@@ -200,7 +199,7 @@ async fn streaming_server() -> (
         .layer(
             QuotaLayer::builder(store)
                 .quota(quota)
-                .scope(Scope::Aggregate)
+                .aggregate()
                 .build()
                 .unwrap(),
         );

@@ -19,8 +19,8 @@ use tower::{service_fn, ServiceBuilder, ServiceExt};
 use tower_admission::bounds::{BatchItemsLayer, BodyLimitsLayer, CappedBody};
 use tower_admission::concurrency::ConcurrencyLayer;
 use tower_admission::identity::{ApiKeys, AuthenticateLayer, Identity};
-use tower_admission::quota::{MemoryStore, Policy, Quota, QuotaLayer, Scope};
-use tower_admission::reject::{Protocol, Rejection};
+use tower_admission::quota::{MemoryStore, Policy, Quota, QuotaLayer};
+use tower_admission::reject::Rejection;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 type Frames = Pin<Box<dyn Stream<Item = Result<Frame<Bytes>, BoxError>> + Send>>;
@@ -70,37 +70,6 @@ fn assert_trailers_only(response: &Response<impl Sized>, content_type: &str, cod
     assert_eq!(response.headers()["grpc-status"], code);
 }
 
-/// The one place that names a request's flavour: every `application/grpc*`
-/// request is gRPC, as before, and gRPC-Web is told apart in any case.
-#[test]
-fn the_protocol_of_a_request_tells_grpc_web_from_grpc() {
-    for (content_type, _) in FLAVOURS {
-        let protocol = Protocol::of(&headers(content_type));
-        assert!(protocol.is_grpc(), "{content_type}");
-        assert!(protocol.is_grpc_web(), "{content_type}");
-        assert!(
-            Protocol::of(&headers(content_type)).is_grpc(),
-            "{content_type}"
-        );
-    }
-    for content_type in [
-        "application/grpc",
-        "application/grpc+proto",
-        "APPLICATION/GRPC+json",
-        "application/grpc-webby",
-    ] {
-        let protocol = Protocol::of(&headers(content_type));
-        assert_eq!(protocol, Protocol::GRPC, "{content_type}");
-        assert!(!protocol.is_grpc_web(), "{content_type}");
-    }
-    for content_type in ["application/json", "text/plain", ""] {
-        assert_eq!(Protocol::of(&headers(content_type)), Protocol::HTTP);
-    }
-    assert_eq!(Protocol::of(&HeaderMap::new()), Protocol::HTTP);
-    assert_eq!(Protocol::from(true), Protocol::GRPC);
-    assert_eq!(Protocol::from(false), Protocol::HTTP);
-}
-
 /// Every refusal, for every gRPC-Web flavour: trailers-only with the
 /// caller's content type, and the same status headers as plain gRPC.
 #[test]
@@ -110,11 +79,9 @@ fn every_refusal_answers_grpc_web_with_its_own_content_type() {
         retry_after: std::time::Duration::from_millis(1500),
     };
     for (content_type, expected) in FLAVOURS {
-        let response = quota
-            .clone()
-            .into_response(Protocol::of(&headers(content_type)));
+        let response = quota.clone().into_response(&headers(content_type));
         assert_trailers_only(&response, expected, "8");
-        let plain = quota.clone().into_response(Protocol::GRPC);
+        let plain = quota.clone().into_response(&headers("application/grpc"));
         assert_eq!(plain.headers()[CONTENT_TYPE], "application/grpc");
         for name in [
             "grpc-status",
@@ -180,7 +147,7 @@ async fn a_batch_refusal_answers_grpc_web_with_its_content_type() {
 }
 
 /// UNAUTHENTICATED from `AuthenticateLayer`. Needs `src/identity` to name
-/// the request's protocol with `Protocol::of` instead of `is_grpc`.
+/// the request's protocol from its headers, not a plain gRPC flag.
 #[tokio::test]
 async fn an_unauthenticated_grpc_web_call_gets_its_content_type() {
     let service = ServiceBuilder::new()
@@ -209,7 +176,7 @@ async fn a_quota_refusal_answers_grpc_web_with_its_content_type() {
     .unwrap();
     let layer = QuotaLayer::builder(MemoryStore::new())
         .quota(quota)
-        .scope(Scope::Aggregate)
+        .aggregate()
         .build()
         .unwrap();
     let service =

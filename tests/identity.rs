@@ -21,14 +21,28 @@ use ipnet::IpNet;
 use proptest::prelude::*;
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 use tower_admission::identity::{
-    ApiKeys, AuthError, AuthenticateLayer, Authenticator, ClientIp, ClientIpLayer, ForwardedHeader,
-    Identity, TrustedProxies,
+    ApiKeys, AuthError, AuthenticateLayer, Authenticator, ClientIp, ClientIpLayer, Identity,
 };
 
 /// Most forwarding hops read from the right of a chain, as documented on
-/// [`TrustedProxies`].
+/// [`ClientIpLayer`].
 const MAX_HOPS: usize = 32;
 use tower_admission::reject::Rejection;
+
+/// Which forwarding header a case writes, and the proxies read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ForwardedHeader {
+    XForwardedFor,
+    Forwarded,
+}
+
+/// `proxies` reading `header`.
+fn reading(proxies: ClientIpLayer, header: ForwardedHeader) -> ClientIpLayer {
+    match header {
+        ForwardedHeader::XForwardedFor => proxies,
+        ForwardedHeader::Forwarded => proxies.with_forwarded(),
+    }
+}
 
 const MALFORMED: &str = "missing or malformed credential";
 const UNKNOWN: &str = "unknown credential";
@@ -428,8 +442,8 @@ fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
-fn trusted() -> TrustedProxies {
-    TrustedProxies::new(["10.0.0.0/8"]).unwrap()
+fn trusted() -> ClientIpLayer {
+    ClientIpLayer::new(["10.0.0.0/8"]).unwrap()
 }
 
 fn headers(name: &str, values: &[&str]) -> HeaderMap {
@@ -457,7 +471,7 @@ fn untrusted_peer_ignores_forwarding_headers() {
     let peer = ip("203.0.113.9");
     assert_eq!(p.client_ip(peer, &xff(&["1.2.3.4"])), peer);
     assert_eq!(p.client_ip(peer, &xff(&["1.2.3.4, 10.0.0.2"])), peer);
-    let none = TrustedProxies::none();
+    let none = ClientIpLayer::default();
     assert_eq!(
         none.client_ip(ip("10.0.0.1"), &xff(&["1.2.3.4"])),
         ip("10.0.0.1")
@@ -506,7 +520,7 @@ fn trusted_peer_takes_rightmost_untrusted_hop() {
 
 #[test]
 fn rfc7239_forwarded_cases() {
-    let p = trusted().with_header(ForwardedHeader::Forwarded);
+    let p = trusted().with_forwarded();
     let peer = ip("10.0.0.1");
     assert_eq!(
         p.client_ip(peer, &fwd(&[r#"for="[2001:db8::1]:4711""#])),
@@ -519,9 +533,9 @@ fn rfc7239_forwarded_cases() {
         ),
         ip("198.51.100.17")
     );
-    let p2 = TrustedProxies::new(["10.0.0.0/8", "198.51.100.0/24"])
+    let p2 = ClientIpLayer::new(["10.0.0.0/8", "198.51.100.0/24"])
         .unwrap()
-        .with_header(ForwardedHeader::Forwarded);
+        .with_forwarded();
     assert_eq!(
         p2.client_ip(
             peer,
@@ -537,7 +551,7 @@ fn rfc7239_forwarded_cases() {
 
 #[test]
 fn obfuscated_identifiers_stop_the_walk() {
-    let p = trusted().with_header(ForwardedHeader::Forwarded);
+    let p = trusted().with_forwarded();
     let peer = ip("10.0.0.1");
     // The last known address is the trusted hop that received the hidden client.
     assert_eq!(
@@ -573,7 +587,7 @@ fn malformed_headers_give_the_peer() {
         ip("1.1.1.1")
     );
 
-    let f = trusted().with_header(ForwardedHeader::Forwarded);
+    let f = trusted().with_forwarded();
     assert_eq!(f.client_ip(peer, &fwd(&[r#"for="1.1.1.1"#])), peer);
     assert_eq!(f.client_ip(peer, &fwd(&["for=1.1.1.1;for=2.2.2.2"])), peer);
     assert_eq!(f.client_ip(peer, &fwd(&["1.1.1.1"])), peer);
@@ -641,7 +655,7 @@ fn x_forwarded_for_client_garbage_is_ignored() {
 
 #[test]
 fn forwarded_client_garbage_is_ignored() {
-    let p = trusted().with_header(ForwardedHeader::Forwarded);
+    let p = trusted().with_forwarded();
     let peer = ip("10.0.0.1");
     let client = ip("203.0.113.7");
     for garbage in CLIENT_GARBAGE {
@@ -668,9 +682,9 @@ fn forwarded_client_garbage_is_ignored() {
 
 #[test]
 fn forwarded_quoted_commas_and_escapes_in_walked_elements() {
-    let p = TrustedProxies::new(["10.0.0.0/8", "198.51.100.0/24"])
+    let p = ClientIpLayer::new(["10.0.0.0/8", "198.51.100.0/24"])
         .unwrap()
-        .with_header(ForwardedHeader::Forwarded);
+        .with_forwarded();
     let peer = ip("10.0.0.1");
     // A comma inside a quoted string does not end the element.
     let h = fwd(&[r#"for=6.6.6.6, for=192.0.2.60;ext="a, b", for=198.51.100.17"#]);
@@ -699,7 +713,7 @@ fn malformed_walked_hop_gives_the_peer() {
     );
     let h = raw("x-forwarded-for", &[b"203.0.113.7, 10.0.0.2\xff, 10.0.0.3"]);
     assert_eq!(p.client_ip(peer, &h), peer);
-    let f = trusted().with_header(ForwardedHeader::Forwarded);
+    let f = trusted().with_forwarded();
     assert_eq!(
         f.client_ip(peer, &fwd(&["for=203.0.113.7, for=\"10.0.0.2"])),
         peer
@@ -714,7 +728,7 @@ fn only_the_configured_header_is_read() {
     let mut h = xff(&["1.1.1.1"]);
     h.insert("forwarded", HeaderValue::from_static("for=6.6.6.6"));
     assert_eq!(trusted().client_ip(peer, &h), ip("1.1.1.1"));
-    let f = trusted().with_header(ForwardedHeader::Forwarded);
+    let f = trusted().with_forwarded();
     assert_eq!(f.client_ip(peer, &h), ip("6.6.6.6"));
     assert_eq!(f.client_ip(peer, &xff(&["1.1.1.1"])), peer);
 }
@@ -739,15 +753,15 @@ fn at_most_max_hops_are_read() {
 
 #[test]
 fn trusted_proxies_config() {
-    let p = TrustedProxies::new(["10.0.0.0/8", "192.0.2.1", " fd00::/8 "]).unwrap();
+    let p = ClientIpLayer::new(["10.0.0.0/8", "192.0.2.1", " fd00::/8 "]).unwrap();
     assert_eq!(p.nets().len(), 3);
     assert!(p.is_trusted(ip("10.255.0.1")));
     assert!(p.is_trusted(ip("192.0.2.1")));
     assert!(!p.is_trusted(ip("192.0.2.2")));
     assert!(p.is_trusted(ip("fd12::1")));
     assert!(!p.is_trusted(ip("11.0.0.1")));
-    assert_eq!(p.header(), ForwardedHeader::XForwardedFor);
-    let err = TrustedProxies::new(["10.0.0.0/8", "ten/8"]).unwrap_err();
+    assert_eq!(p.header(), "x-forwarded-for");
+    let err = ClientIpLayer::new(["10.0.0.0/8", "ten/8"]).unwrap_err();
     assert_eq!(err.field(), "trusted_proxies");
     assert_eq!(
         err.reason(),
@@ -760,9 +774,7 @@ async fn show_ip(client: ClientIp) -> String {
 }
 
 fn ip_app() -> Router {
-    Router::new()
-        .route("/ip", get(show_ip))
-        .layer(ClientIpLayer::new(trusted()))
+    Router::new().route("/ip", get(show_ip)).layer(trusted())
 }
 
 fn ip_request(peer: &str, xff: Option<&str>) -> Request<Body> {
@@ -793,11 +805,12 @@ async fn client_ip_layer_ignores_spoofed_header_from_untrusted_peer() {
 
 #[tokio::test]
 async fn client_ip_layer_accepts_plain_socket_addr_and_needs_a_peer() {
-    let service = ServiceBuilder::new()
-        .layer(ClientIpLayer::new(trusted()))
-        .service_fn(|req: Request<()>| async move {
-            Ok::<_, Infallible>(req.extensions().get::<ClientIp>().copied())
-        });
+    let service =
+        ServiceBuilder::new()
+            .layer(trusted())
+            .service_fn(|req: Request<()>| async move {
+                Ok::<_, Infallible>(req.extensions().get::<ClientIp>().copied())
+            });
     let req = Request::builder()
         .extension("10.0.0.1:80".parse::<SocketAddr>().unwrap())
         .header("x-forwarded-for", "1.1.1.1")
@@ -825,7 +838,7 @@ async fn identity_and_client_ip_together() {
             }),
         )
         .layer(AuthenticateLayer::new(keys()))
-        .layer(ClientIpLayer::new(trusted()));
+        .layer(trusted());
     let req = Request::get("/both")
         .extension(ConnectInfo("10.0.0.1:1234".parse::<SocketAddr>().unwrap()))
         .header("authorization", "Bearer demo-pro")
@@ -845,9 +858,9 @@ fn net(s: &str) -> IpNet {
 }
 
 /// The [`ClientIp`] that [`ClientIpLayer`] inserts for a request from `peer`.
-async fn layer_client(proxies: TrustedProxies, peer: &str, xff: Option<&str>) -> ClientIp {
+async fn layer_client(proxies: ClientIpLayer, peer: &str, xff: Option<&str>) -> ClientIp {
     let service = ServiceBuilder::new()
-        .layer(ClientIpLayer::new(proxies))
+        .layer(proxies)
         .service_fn(|req: Request<()>| async move {
             Ok::<_, Infallible>(req.extensions().get::<ClientIp>().copied())
         });
@@ -937,7 +950,7 @@ fn invalid_key_prefix_is_config_error() {
     assert_eq!(err.field(), "ipv4_key_prefix");
     assert_eq!(err.reason(), "an IPv4 prefix is at most 32 bits, got 33");
     assert_eq!(
-        TrustedProxies::none()
+        ClientIpLayer::default()
             .with_ipv4_key_prefix(u8::MAX)
             .unwrap_err()
             .field(),
@@ -1000,8 +1013,8 @@ fn peer() -> impl Strategy<Value = IpAddr> {
     ]
 }
 
-fn proxies() -> TrustedProxies {
-    TrustedProxies::new(["10.0.0.0/8", "fd00::/8"]).unwrap()
+fn proxies() -> ClientIpLayer {
+    ClientIpLayer::new(["10.0.0.0/8", "fd00::/8"]).unwrap()
 }
 
 fn check(peer: IpAddr, header: ForwardedHeader, values: &[Vec<u8>]) -> Result<(), TestCaseError> {
@@ -1019,7 +1032,7 @@ fn check(peer: IpAddr, header: ForwardedHeader, values: &[Vec<u8>]) -> Result<()
         text.push_str(&String::from_utf8_lossy(v));
         text.push(',');
     }
-    let p = proxies().with_header(header);
+    let p = reading(proxies(), header);
     let got = p.client_ip(peer, &map);
     let peer = peer.to_canonical();
     prop_assert!(
@@ -1165,7 +1178,7 @@ proptest! {
         for header in [ForwardedHeader::XForwardedFor, ForwardedHeader::Forwarded] {
             let (peer, map) =
                 appended_chain(header, &lines, client, proxies_n, &forms, &new_line);
-            let got = proxies().with_header(header).client_ip(peer, &map);
+            let got = reading(proxies(), header).client_ip(peer, &map);
             prop_assert_eq!(got, client.to_canonical(), "{:?} from {}: {:?}", header, peer, map);
         }
     }
@@ -1207,14 +1220,14 @@ fn an_ipv6_range_shorter_than_96_bits_does_not_trust_ipv4_peers() {
     headers.insert("x-forwarded-for", "198.51.100.7".parse().unwrap());
     let mapped_peer = ip("::ffff:10.0.0.1");
 
-    let ipv6_only = TrustedProxies::new(["::/0"]).unwrap();
+    let ipv6_only = ClientIpLayer::new(["::/0"]).unwrap();
     assert_eq!(ipv6_only.client_ip(mapped_peer, &headers), ip("10.0.0.1"));
     assert_eq!(
         ipv6_only.client_ip(ip("2001:db8::1"), &headers),
         ip("198.51.100.7")
     );
     for every_ipv4 in ["0.0.0.0/0", "::ffff:0:0/96"] {
-        let proxies = TrustedProxies::new([every_ipv4]).unwrap();
+        let proxies = ClientIpLayer::new([every_ipv4]).unwrap();
         assert_eq!(
             proxies.client_ip(mapped_peer, &headers),
             ip("198.51.100.7"),

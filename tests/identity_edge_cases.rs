@@ -6,14 +6,14 @@
 use std::net::{IpAddr, SocketAddr};
 
 use http::{HeaderMap, HeaderValue};
-use tower_admission::identity::{ApiKeys, AuthError, ForwardedHeader, Identity, TrustedProxies};
+use tower_admission::identity::{ApiKeys, AuthError, ClientIpLayer, Identity};
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
-fn trusted() -> TrustedProxies {
-    TrustedProxies::new(["10.0.0.0/8"]).unwrap()
+fn trusted() -> ClientIpLayer {
+    ClientIpLayer::new(["10.0.0.0/8"]).unwrap()
 }
 
 fn raw(name: &'static str, values: &[&[u8]]) -> HeaderMap {
@@ -59,7 +59,7 @@ fn both_headers_in_one_request_the_configured_one_wins() {
     h2.append("x-forwarded-for", HeaderValue::from_static("203.0.113.7"));
     assert_eq!(trusted().client_ip(peer, &h2), ip("203.0.113.7"));
     // Proxies write Forwarded: the caller's X-Forwarded-For changes nothing.
-    let f = trusted().with_header(ForwardedHeader::Forwarded);
+    let f = trusted().with_forwarded();
     let mut h = raw("forwarded", &[b"for=203.0.113.7"]);
     h.append("x-forwarded-for", HeaderValue::from_static("6.6.6.6"));
     assert_eq!(f.client_ip(peer, &h), ip("203.0.113.7"));
@@ -70,7 +70,7 @@ fn both_headers_in_one_request_the_configured_one_wins() {
 
 #[test]
 fn forwarded_forms() {
-    let f = trusted().with_header(ForwardedHeader::Forwarded);
+    let f = trusted().with_forwarded();
     let peer = ip("10.0.0.1");
     let cases: [(&[u8], IpAddr); 16] = [
         (br#"for="[2001:db8::1]:4711""#, ip("2001:db8::1")),
@@ -141,14 +141,14 @@ fn ipv4_mapped_hops_from_an_ipv4_range() {
         );
     }
     // A mapped range is the IPv4 range.
-    let m = TrustedProxies::new(["::ffff:10.0.0.0/104"]).unwrap();
+    let m = ClientIpLayer::new(["::ffff:10.0.0.0/104"]).unwrap();
     let h = raw("x-forwarded-for", &[b"203.0.113.7, 10.0.0.2"]);
     assert_eq!(m.client_ip(peer, &h), ip("203.0.113.7"));
 }
 
 #[test]
 fn a_chain_longer_than_the_proxies() {
-    let p = TrustedProxies::new(["10.0.0.1", "10.0.0.2"]).unwrap();
+    let p = ClientIpLayer::new(["10.0.0.1", "10.0.0.2"]).unwrap();
     let peer = ip("10.0.0.1");
     // The caller prepends hops, trusted addresses among them: the first
     // untrusted hop from the right is the answer.
@@ -237,7 +237,7 @@ fn only_spaces_separate_the_scheme_from_the_token() {
 use axum::routing::get;
 use axum::Router;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tower_admission::identity::{AuthenticateLayer, ClientIp, ClientIpLayer};
+use tower_admission::identity::{AuthenticateLayer, ClientIp};
 
 async fn serve() -> SocketAddr {
     let app = Router::new()
@@ -248,9 +248,7 @@ async fn serve() -> SocketAddr {
             }),
         )
         .layer(AuthenticateLayer::new(keys()))
-        .layer(ClientIpLayer::new(
-            TrustedProxies::new(["127.0.0.0/8"]).unwrap(),
-        ));
+        .layer(ClientIpLayer::new(["127.0.0.0/8"]).unwrap());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {

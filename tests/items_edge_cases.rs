@@ -1,17 +1,21 @@
-//! Batch item counts at their edges, through `parse_batch` (counting into
+//! Batch item counts at their edges, through `BatchItemsLayer::parse` (counting into
 //! zero-sized items, as `BatchItemsLayer` does, and building them).
 
-use tower_admission::bounds::{parse_batch, BatchError};
+use tower_admission::bounds::BatchItemsLayer;
+use tower_admission::reject::{Rejection, SizeCap};
 
-/// The item count as `BatchItemsLayer` takes it: `parse_batch` into
+/// The item count as `BatchItemsLayer` takes it: `BatchItemsLayer::parse` into
 /// zero-sized `IgnoredAny` items.
-fn count_batch_items(json: &[u8], max: usize) -> Result<usize, BatchError> {
-    parse_batch::<serde::de::IgnoredAny>(json, max).map(|items| items.len())
+fn count_batch_items(json: &[u8], max: usize) -> Result<usize, Rejection> {
+    BatchItemsLayer::parse::<serde::de::IgnoredAny>(json, max).map(|items| items.len())
 }
 
 fn malformed(json: &str, max: usize) -> (String, String) {
     match count_batch_items(json.as_bytes(), max) {
-        Err(BatchError::Malformed(p)) => (p.name, p.reason),
+        Err(Rejection::InvalidParameters(mut ps)) if ps.len() == 1 => {
+            let p = ps.remove(0);
+            (p.name, p.reason)
+        }
         other => panic!("{json}: {other:?}"),
     }
 }
@@ -37,13 +41,19 @@ fn counts_at_and_over_the_cap() {
     ] {
         assert_eq!(
             count_batch_items(json.as_bytes(), 3),
-            Err(BatchError::TooManyItems { limit: 3 }),
+            Err(Rejection::PayloadTooLarge {
+                cap: SizeCap::Items,
+                limit: 3,
+            }),
             "{json}"
         );
     }
     assert_eq!(
-        parse_batch::<u8>(br#"{"items":[1,2,3,300]}"#, 3),
-        Err(BatchError::TooManyItems { limit: 3 })
+        BatchItemsLayer::parse::<u8>(br#"{"items":[1,2,3,300]}"#, 3),
+        Err(Rejection::PayloadTooLarge {
+            cap: SizeCap::Items,
+            limit: 3,
+        })
     );
 }
 
@@ -57,14 +67,23 @@ fn malformed_batches_name_the_body_or_the_item() {
     assert_eq!(malformed("", 3).0, "body");
     assert_eq!(malformed(r#"{"items":[1 2]}"#, 3).0, "items[1]");
     assert_eq!(malformed(r#"{"items":[1,2,3,}"#, 3).0, "items[3]");
-    let item = |r: Result<Vec<u64>, BatchError>| match r {
-        Err(BatchError::Malformed(p)) => p.name,
+    let item = |r: Result<Vec<u64>, Rejection>| match r {
+        Err(Rejection::InvalidParameters(mut ps)) if ps.len() == 1 => ps.remove(0).name,
         other => panic!("{other:?}"),
     };
     assert_eq!(
-        item(parse_batch(br#"{"items":[18446744073709551616]}"#, 3)),
+        item(BatchItemsLayer::parse(
+            br#"{"items":[18446744073709551616]}"#,
+            3
+        )),
         "items[0]"
     );
-    assert_eq!(item(parse_batch(br#"{"items":[1, -1]}"#, 3)), "items[1]");
-    assert_eq!(item(parse_batch(br#"{"items":[1, 1.5]}"#, 3)), "items[1]");
+    assert_eq!(
+        item(BatchItemsLayer::parse(br#"{"items":[1, -1]}"#, 3)),
+        "items[1]"
+    );
+    assert_eq!(
+        item(BatchItemsLayer::parse(br#"{"items":[1, 1.5]}"#, 3)),
+        "items[1]"
+    );
 }

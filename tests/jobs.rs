@@ -12,6 +12,21 @@ use tokio::sync::Semaphore;
 use tower_admission::jobs::{JobId, JobQueue, JobStatus, SubmitError};
 use tower_admission::reject::{OverloadScope, Rejection};
 
+/// The headers of a plain HTTP request.
+fn http_call() -> http::HeaderMap {
+    http::HeaderMap::new()
+}
+
+/// The headers of a gRPC request.
+fn grpc_call() -> http::HeaderMap {
+    let mut headers = http::HeaderMap::new();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        "application/grpc".parse().unwrap(),
+    );
+    headers
+}
+
 /// Lets every ready task run until all are idle (paused time: the clock
 /// only moves when nothing else can run).
 async fn settle() {
@@ -70,7 +85,7 @@ async fn full_queue_answers_503_and_accepted_jobs_all_run() {
     );
     assert_eq!(queue.status("alice", accepted[3]), Some(JobStatus::Queued));
 
-    let response = refused[0].into_response(false);
+    let response = refused[0].into_response(&http_call());
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(response.headers()[RETRY_AFTER], "30");
     assert_eq!(
@@ -78,7 +93,7 @@ async fn full_queue_answers_503_and_accepted_jobs_all_run() {
         "\"job-queue\";q=3;qu=\"concurrent-requests\""
     );
     assert_eq!(response.headers()["ratelimit"], "\"job-queue\";r=0;t=30");
-    let grpc = refused[0].into_response(true);
+    let grpc = refused[0].into_response(&grpc_call());
     assert_eq!(grpc.headers().get("ratelimit"), None);
     assert_eq!(
         response.extensions().get::<Rejection>(),
@@ -107,7 +122,7 @@ async fn full_queue_answers_503_and_accepted_jobs_all_run() {
             retry_after: Duration::from_secs(30)
         }
     );
-    assert_eq!(err.into_response(false).status(), 503);
+    assert_eq!(err.into_response(&http_call()).status(), 503);
 }
 
 #[tokio::test(start_paused = true)]
@@ -402,7 +417,7 @@ async fn one_owner_cannot_take_the_whole_queue() {
         })
     );
 
-    let response = busy.into_response(false);
+    let response = busy.into_response(&http_call());
     assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(response.headers()[RETRY_AFTER], "7");
     assert_eq!(
@@ -670,10 +685,13 @@ async fn retry_after_is_estimated_from_measured_durations_and_positions() {
             retry_after: Duration::from_secs(4)
         }
     );
-    let response = full.into_response(false);
+    let response = full.into_response(&http_call());
     assert_eq!(response.headers()[RETRY_AFTER], "4");
     assert_eq!(response.headers()["ratelimit"], "\"job-queue\";r=0;t=4");
-    let response = queue.submit("carol", 1).unwrap_err().into_response(false);
+    let response = queue
+        .submit("carol", 1)
+        .unwrap_err()
+        .into_response(&http_call());
     assert_eq!(response.headers()[RETRY_AFTER], "4"); // full first
                                                       // 2.5 s later, the running jobs are expected to end in 1.5 s.
     tokio::time::sleep_until(now + Duration::from_millis(4_500)).await;
@@ -685,7 +703,7 @@ async fn retry_after_is_estimated_from_measured_durations_and_positions() {
             retry_after: Duration::from_millis(1_500)
         }
     );
-    assert_eq!(full.into_response(false).headers()[RETRY_AFTER], "2");
+    assert_eq!(full.into_response(&http_call()).headers()[RETRY_AFTER], "2");
     // Past the mean, a running job may end at any moment: never 0.
     tokio::time::sleep_until(now + Duration::from_secs(12)).await;
     let overdue = queue.submit("frank", 1).unwrap_err();
@@ -696,7 +714,10 @@ async fn retry_after_is_estimated_from_measured_durations_and_positions() {
             retry_after: Duration::ZERO
         }
     );
-    assert_eq!(overdue.into_response(false).headers()[RETRY_AFTER], "1");
+    assert_eq!(
+        overdue.into_response(&http_call()).headers()[RETRY_AFTER],
+        "1"
+    );
 }
 
 #[tokio::test]
@@ -829,7 +850,7 @@ async fn an_owner_at_its_cap_behind_a_thousand_jobs_gets_the_same_429() {
     assert_eq!(queue.submitted_total(), 1_004);
 
     for (refused, seconds) in [(running_busy, "7"), (waiting_busy, "3514")] {
-        let response = refused.into_response(false);
+        let response = refused.into_response(&http_call());
         assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(response.headers()[RETRY_AFTER], seconds);
         assert_eq!(

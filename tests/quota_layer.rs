@@ -16,10 +16,10 @@ use http_body_util::BodyExt;
 use tower::ServiceExt;
 use tower_admission::bounds::{QueryRules, ValidateQueryLayer, ValidatedQuery};
 use tower_admission::clock::{ManualClock, Timestamp};
-use tower_admission::identity::{ClientIp, ClientIpLayer, Identity, TrustedProxies};
+use tower_admission::identity::{ClientIp, ClientIpLayer, Identity};
 use tower_admission::quota::{
-    Holds, MemoryConfig, MemoryStore, Policy, Quota, QuotaDecision, QuotaLayer, Scope, Settlement,
-    Store, StoreError,
+    Holds, MemoryConfig, MemoryStore, Policy, Quota, QuotaDecision, QuotaLayer, Settlement, Store,
+    StoreError,
 };
 use tower_admission::reject::Rejection;
 
@@ -132,22 +132,22 @@ async fn spoofed_identity_headers_do_not_change_the_key() {
 async fn ip_quota_ignores_forwarded_for_from_untrusted_peers() {
     let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
     let quota = Quota::new("per-ip", [Policy::fixed_window("m", 3, MINUTE).unwrap()]).unwrap();
-    let by_ip = Scope::Custom(Arc::new(|parts: &http::request::Parts| {
+    let by_ip = |parts: &http::request::Parts| {
         parts
             .extensions
             .get::<ClientIp>()
             .map(|ip| Arc::from(ip.key_network().to_string()))
-    }));
+    };
     let layer = QuotaLayer::builder(store(&clock))
         .quota(quota)
-        .scope(by_ip)
+        .key(by_ip)
         .build()
         .unwrap();
-    let proxies = TrustedProxies::new(["10.0.0.0/8"]).unwrap();
+    let proxies = ClientIpLayer::new(["10.0.0.0/8"]).unwrap();
     let app = Router::new()
         .route("/", get(|| async { "ok" }))
         .layer(layer)
-        .layer(ClientIpLayer::new(proxies));
+        .layer(proxies);
     let send = |peer: &str, xff: String| {
         let mut req = request(None, "/");
         req.extensions_mut()
@@ -330,7 +330,7 @@ async fn aggregate_scope_shares_one_key_and_plans_pick_limits() {
     let aggregate = Router::new().route("/", get(|| async { "ok" })).layer(
         QuotaLayer::builder(store(&clock))
             .quota(free)
-            .scope(Scope::Aggregate)
+            .aggregate()
             .build()
             .unwrap(),
     );
@@ -528,7 +528,7 @@ async fn a_request_refused_further_in_costs_its_caller_nothing() {
         let all = Quota::new("all", [Policy::fixed_window("m", 2, MINUTE).unwrap()]).unwrap();
         let aggregate = QuotaLayer::builder(memory.clone())
             .quota(all)
-            .scope(Scope::Aggregate)
+            .aggregate()
             .build()
             .unwrap();
         let route = Router::new().route("/", get(|| async { "ok" }));

@@ -191,10 +191,15 @@ fn an_endless_wait_saturates_retry_after() {
     let endless = Rejection::DependencyUnavailable {
         retry_after: Duration::MAX,
     };
-    let http = endless.clone().into_response(false);
+    let http = endless.clone().into_response(&HeaderMap::new());
     assert_eq!(http.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(http.headers()["retry-after"], u64::MAX.to_string().as_str());
-    let grpc = endless.into_response(true);
+    let mut grpc_call = HeaderMap::new();
+    grpc_call.insert(
+        http::header::CONTENT_TYPE,
+        "application/grpc".parse().unwrap(),
+    );
+    let grpc = endless.into_response(&grpc_call);
     assert_eq!(grpc.headers()["grpc-status"], "14");
     assert_eq!(
         grpc.headers()["grpc-retry-pushback-ms"],
@@ -208,9 +213,15 @@ fn an_endless_wait_saturates_retry_after() {
 /// gRPC-Web caller), never problem+json. Other types are HTTP.
 #[tokio::test]
 async fn every_grpc_content_type_gets_a_grpc_status_in_any_case() {
-    use tower_admission::reject::Protocol;
-    // Whether a request is gRPC, as the layers tell it.
-    let is_grpc = |headers: &HeaderMap| Protocol::of(headers).is_grpc();
+    use tower_admission::reject::Rejection;
+    // Whether a request is gRPC, as the layers tell it: its refusals are
+    // gRPC statuses.
+    let is_grpc = |headers: &HeaderMap| {
+        Rejection::Unauthenticated { reason: "probe" }
+            .into_response(headers)
+            .headers()
+            .contains_key("grpc-status")
+    };
 
     let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
     let app = app(MemoryStore::with_config(MemoryConfig::default(), clock));

@@ -236,7 +236,7 @@ async fn a_gate_takes_a_new_fixed_limit_and_an_adaptive_one_new_bounds() {
     };
     let layer = adaptive(50, 100).build().unwrap();
     let reload = layer.reload_handle();
-    let limit = || layer.stats().limit.map(|l| l.limit).unwrap();
+    let limit = || layer.stats().limit.unwrap();
     // Clamped into the new bounds at once, also while a probe runs.
     reload.apply(adaptive(2, 4)).unwrap();
     assert!((2..=4).contains(&limit()), "{}", limit());

@@ -1346,7 +1346,7 @@ async fn the_dependency_limit_is_adaptive_fixed_or_off() {
             .concurrency
             .limit()
             .unwrap()
-            .map(|limit| limit.stats().limit)
+            .and_then(|limit| limit.stats().limit)
     };
     assert_eq!(limit("mode = \"adaptive\""), Some(3));
     assert_eq!(limit("mode = \"fixed\""), Some(16));

@@ -33,10 +33,10 @@ use std::time::Duration;
 use axum::routing::get;
 use axum::Router;
 use tower::ServiceBuilder;
-use tower_admission::bounds::{BodyLimitsLayer, QueryRules, UnknownParams, ValidateQueryLayer};
+use tower_admission::bounds::{BodyLimitsLayer, QueryRules, ValidateQueryLayer};
 use tower_admission::concurrency::ConcurrencyLayer;
 use tower_admission::identity::{ApiKeys, AuthenticateLayer, Identity};
-use tower_admission::quota::{Policy, Quota, QuotaLayer, Scope, Store};
+use tower_admission::quota::{Policy, Quota, QuotaLayer, Store};
 use tower_admission::ConfigError;
 
 /// The API key every request presents, as `Authorization: Bearer bench`.
@@ -170,7 +170,7 @@ fn layers<St: Store + Clone>(store: St, fields: bool) -> Result<Layers<St>, Conf
         .build()?;
     let aggregate = QuotaLayer::builder(store)
         .quota(aggregate_quota()?)
-        .scope(Scope::Aggregate)
+        .aggregate()
         .build()?;
     let rules = QueryRules::builder()
         .page_size(
@@ -178,7 +178,7 @@ fn layers<St: Store + Clone>(store: St, fields: bool) -> Result<Layers<St>, Conf
             NonZeroU32::new(100).unwrap_or(NonZeroU32::MIN),
         )
         .max_span(Duration::from_secs(31 * 24 * 3600))
-        .unknown_params(UnknownParams::Reject)
+        .ignore_unknown_params(false)
         .build()?;
     let concurrency = ConcurrencyLayer::builder()
         .global(1024, 1024, Duration::from_secs(1))

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::Router;
 use http::Request;
-use tower_admission::quota::{MemoryStore, Quota, QuotaLayer, Scope};
+use tower_admission::quota::{MemoryStore, Quota, QuotaLayer};
 use tower_governor::governor::GovernorConfigBuilder;
 use tower_governor::key_extractor::GlobalKeyExtractor;
 use tower_governor::GovernorLayer;
@@ -86,7 +86,7 @@ fn unfinalised() -> [Stack; 4] {
             app: base().layer(
                 QuotaLayer::builder(MemoryStore::new())
                     .quota(quota)
-                    .scope(Scope::Aggregate)
+                    .aggregate()
                     .build()
                     .unwrap(),
             ),

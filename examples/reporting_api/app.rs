@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::{Path, Request, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -34,12 +34,11 @@ use serde_json::json;
 use time::OffsetDateTime;
 use tower::ServiceBuilder;
 use tower_admission::bounds::{
-    parse_batch, BatchItemsLayer, BodyLimitsLayer, ItemCount, QueryRules, UnknownParams,
-    ValidateQueryLayer, ValidatedQuery,
+    BatchItemsLayer, BodyLimitsLayer, QueryRules, ValidateQueryLayer, ValidatedQuery,
 };
 use tower_admission::identity::{AuthenticateLayer, Identity};
 use tower_admission::jobs::{JobId, JobQueue, JobStatus};
-use tower_admission::quota::{Quota, QuotaLayer, Quotas, Scope, Settlement, Store};
+use tower_admission::quota::{Quota, QuotaLayer, Quotas, Settlement, Store};
 use tower_admission::reject::{InvalidParameter, Rejection};
 use tower_admission::ConfigError;
 
@@ -130,7 +129,7 @@ pub(crate) fn app<St: Store>(
         .build()?;
     let aggregate = QuotaLayer::builder(store.clone())
         .quotas(quotas.aggregate)
-        .scope(Scope::Aggregate)
+        .aggregate()
         .refund_inner_refusals(true)
         .build()?;
     let rows = QuotaLayer::builder(store.clone())
@@ -142,12 +141,7 @@ pub(crate) fn app<St: Store>(
     // settles a refused batch's charge back to zero.
     let items = QuotaLayer::builder(store.clone())
         .quotas(quotas.work)
-        .cost(|parts| {
-            parts
-                .extensions
-                .get::<ItemCount>()
-                .map_or(0, |n| u64::try_from(n.0).unwrap_or(u64::MAX))
-        })
+        .cost(BatchItemsLayer::item_cost)
         .refund_inner_refusals(true)
         .build()?;
     let max_items = std::num::NonZeroUsize::new(config.batch.max_items)
@@ -156,7 +150,7 @@ pub(crate) fn app<St: Store>(
     let rules = QueryRules::builder()
         .page_size(default_page, max_page)
         .max_span(config.query.max_span.0)
-        .unknown_params(UnknownParams::Reject)
+        .ignore_unknown_params(false)
         .build()?;
     let limits = Arc::new(Limits {
         sync_items: config.batch.sync_items,
@@ -273,6 +267,7 @@ async fn list_reports(
     who: Identity,
     query: ValidatedQuery,
     Extension(settlement): Extension<Settlement>,
+    headers: HeaderMap,
 ) -> Response {
     let now = OffsetDateTime::now_utc();
     let to = query.to.unwrap_or(now);
@@ -284,7 +279,7 @@ async fn list_reports(
         Err(reason) => {
             let refused =
                 Rejection::InvalidParameters(vec![InvalidParameter::new("cursor", reason)])
-                    .into_response(false)
+                    .into_response(&headers)
                     .into_response();
             return refund(&settlement, refused).await;
         }
@@ -339,13 +334,14 @@ async fn batch(
     who: Identity,
     State(state): State<AppState>,
     Extension(settlement): Extension<Settlement>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Response {
     // The count passed; an item can still be malformed or out of range.
-    let items = match parse_batch::<BatchItem>(&body, state.limits.max_items) {
+    let items = match BatchItemsLayer::parse::<BatchItem>(&body, state.limits.max_items) {
         Ok(items) => check_items(&state.limits, items),
         Err(e) => {
-            let refused = e.into_rejection().into_response(false).into_response();
+            let refused = e.into_response(&headers).into_response();
             return refund(&settlement, refused).await;
         }
     };
@@ -353,7 +349,7 @@ async fn batch(
         Ok(items) => items,
         Err(invalid) => {
             let refused = Rejection::InvalidParameters(vec![invalid])
-                .into_response(false)
+                .into_response(&headers)
                 .into_response();
             return refund(&settlement, refused).await;
         }
@@ -374,7 +370,7 @@ async fn batch(
                 let mut doc = rejection.problem();
                 doc["detail"] = json!(e.to_string());
                 doc["dependency"] = json!(dependency);
-                let mut response = rejection.into_response(false);
+                let mut response = rejection.into_response(&headers);
                 *response.body_mut() = doc.to_string().into();
                 response.into_response()
             }
@@ -390,7 +386,7 @@ async fn batch(
         },
         // No room, in the service or for this user: nothing ran, so nothing
         // stays charged.
-        Err(refused) => refund(&settlement, refused.into_response(false).into_response()).await,
+        Err(refused) => refund(&settlement, refused.into_response(&headers).into_response()).await,
     }
 }
 

@@ -1,4 +1,4 @@
-//! Fuzzes the forwarding-header walk of `TrustedProxies::client_ip`.
+//! Fuzzes the forwarding-header walk of `ClientIpLayer::client_ip`.
 //!
 //! Run from the repository root:
 //!
@@ -25,7 +25,22 @@ use std::net::IpAddr;
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 use libfuzzer_sys::fuzz_target;
-use tower_admission::identity::{ForwardedHeader, TrustedProxies};
+use tower_admission::identity::ClientIpLayer;
+
+/// Which forwarding header a case writes, and the proxies read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ForwardedHeader {
+    XForwardedFor,
+    Forwarded,
+}
+
+/// `proxies` reading `header`.
+fn reading(proxies: ClientIpLayer, header: ForwardedHeader) -> ClientIpLayer {
+    match header {
+        ForwardedHeader::XForwardedFor => proxies,
+        ForwardedHeader::Forwarded => proxies.with_forwarded(),
+    }
+}
 
 const PEERS: [&str; 4] = ["10.0.0.1", "203.0.113.9", "::ffff:10.0.0.1", "fd00::1"];
 
@@ -97,9 +112,10 @@ fn arbitrary_lines(control: u8, lines: &[&[u8]]) {
         (ForwardedHeader::Forwarded, "forwarded")
     };
     let peer: IpAddr = PEERS[usize::from(control >> 1 & 3)].parse().unwrap();
-    let proxies = TrustedProxies::new(["10.0.0.0/8", "fd00::/8"])
-        .unwrap()
-        .with_header(header);
+    let proxies = reading(
+        ClientIpLayer::new(["10.0.0.0/8", "fd00::/8"]).unwrap(),
+        header,
+    );
 
     let mut headers = HeaderMap::new();
     let mut text = String::new();
@@ -165,9 +181,10 @@ fn client_prefix(control: u8, lines: &[&[u8]]) {
             headers.append(HeaderName::from_static(name), value);
         }
         let peer: IpAddr = PROXIES[proxies_n - 1].parse().unwrap();
-        let proxies = TrustedProxies::new(["10.0.0.0/8", "fd00::/8"])
-            .unwrap()
-            .with_header(header);
+        let proxies = reading(
+            ClientIpLayer::new(["10.0.0.0/8", "fd00::/8"]).unwrap(),
+            header,
+        );
         let got = proxies.client_ip(peer, &headers);
         assert_eq!(
             got, want,

@@ -19,7 +19,7 @@ use std::num::{NonZeroU32, NonZeroUsize};
 use std::time::Duration;
 
 use libfuzzer_sys::fuzz_target;
-use tower_admission::bounds::{QueryRules, UnknownParams};
+use tower_admission::bounds::QueryRules;
 
 const MAX_PAGE: u32 = 1000;
 const MAX_CURSOR: usize = 64;
@@ -33,11 +33,7 @@ fn rules(selector: u8) -> QueryRules {
         )
         .max_cursor_len(NonZeroUsize::new(MAX_CURSOR).expect("non-zero"))
         .allow("sort")
-        .unknown_params(if selector & 1 == 0 {
-            UnknownParams::Reject
-        } else {
-            UnknownParams::Ignore
-        });
+        .ignore_unknown_params(selector & 1 != 0);
     if selector & 2 == 0 {
         builder = builder.max_span(Duration::from_secs(SPAN_SECS));
     }

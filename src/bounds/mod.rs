@@ -9,8 +9,9 @@
 //! ```
 //!
 //! [`ValidateQueryLayer`] puts a [`ValidatedQuery`] (with the page size) and
-//! [`BatchItemsLayer`] an [`ItemCount`] into the request extensions, so a
-//! quota layer after them can charge them as cost. When only the handler
+//! [`BatchItemsLayer`] the item count into the request extensions, so a
+//! quota layer after them can charge them as cost
+//! ([`ValidatedQuery::page_cost`], [`BatchItemsLayer::item_cost`]). When only the handler
 //! needs the count, the `Batch` extractor (feature `axum`) alone is enough.
 //!
 //! * **Wire bytes first.** The wire cap bounds what the server reads from the
@@ -73,7 +74,7 @@
 //! use axum::routing::{get, post};
 //! use axum::Router;
 //! use tower_admission::bounds::{
-//!     Batch, BodyLimitsLayer, QueryRules, UnknownParams, ValidateQueryLayer, ValidatedQuery,
+//!     Batch, BodyLimitsLayer, QueryRules, ValidateQueryLayer, ValidatedQuery,
 //! };
 //!
 //! #[derive(serde::Deserialize)]
@@ -93,7 +94,7 @@
 //! let rules = QueryRules::builder()
 //!     .page_size(NonZeroU32::new(50).unwrap(), NonZeroU32::new(500).unwrap())
 //!     .max_span(Duration::from_secs(31 * 24 * 3600))
-//!     .unknown_params(UnknownParams::Reject)
+//!     .ignore_unknown_params(false)
 //!     .build()?;
 //!
 //! let app: Router = Router::new()
@@ -118,5 +119,5 @@ mod query;
 pub use body::{BodyCaps, BodyLimitsLayer, CappedBody};
 #[cfg(feature = "axum")]
 pub use items::Batch;
-pub use items::{parse_batch, BatchError, BatchItemsLayer, ItemCount};
-pub use query::{QueryRules, QueryRulesBuilder, UnknownParams, ValidateQueryLayer, ValidatedQuery};
+pub use items::BatchItemsLayer;
+pub use query::{QueryRules, QueryRulesBuilder, ValidateQueryLayer, ValidatedQuery};

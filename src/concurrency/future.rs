@@ -110,7 +110,7 @@ fn refusal_response<B: RefusalBody>(
         }
         _ => None,
     };
-    let mut response = refusal.rejection.into_layer_response(protocol);
+    let mut response = refusal.rejection.respond(protocol);
     if let Some((name, cap, wait)) = advertised {
         crate::quota::headers::insert_concurrency(response.headers_mut(), name, cap, wait);
     }

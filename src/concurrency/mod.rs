@@ -212,8 +212,8 @@ mod service;
 mod state;
 
 pub use adaptive::{
-    AdaptiveLimit, AdaptiveLimitLayer, AdaptiveLimitLayerBuilder, ClassStats, ClassifyOutcome,
-    Criticality, ErrorIsOverload, LimitError, LimitStats, Outcome, Overloaded,
+    AdaptiveLimit, AdaptiveLimitLayer, AdaptiveLimitLayerBuilder, Criticality, LimitError, Outcome,
+    Overloaded,
 };
 pub use body::PermitBody;
 pub use layer::{ConcurrencyLayer, ConcurrencyLayerBuilder};

@@ -2,7 +2,10 @@
 
 use std::fmt;
 
-use super::adaptive::LimitStats;
+use std::time::Duration;
+
+use super::adaptive::stats::{ClassCounts, GateStats};
+use super::Criticality;
 
 /// Why a concurrency cap refused a request.
 ///
@@ -48,17 +51,33 @@ impl fmt::Display for OverloadReason {
     }
 }
 
-/// A snapshot of a concurrency layer's counters, for tests and metrics.
+/// A snapshot of the counters of a [`ConcurrencyLayer`](super::ConcurrencyLayer)
+/// or an [`AdaptiveLimitLayer`](super::AdaptiveLimitLayer), for tests and
+/// metrics.
 ///
-/// The gauges (`*_in_flight`, `*_queued`, `tracked_identities`) are read
-/// together in one step; the refusal counters one after the other, not
-/// atomically with them.
+/// The gauges (`*_in_flight`, `*_queued`, `tracked_identities`, the limit
+/// and its latencies) are read together in one step; the refusal counters
+/// one after the other, not atomically with them. An `AdaptiveLimitLayer`
+/// reports its limit as the global cap, and has no identity cap.
+///
+/// ```
+/// use tower_admission::concurrency::{AdaptiveLimit, AdaptiveLimitLayer, Criticality};
+///
+/// let layer = AdaptiveLimitLayer::<()>::builder(AdaptiveLimit::default().initial(8))
+///     .build()
+///     .unwrap();
+/// let stats = layer.stats();
+/// // The first baseline probe runs at its own level (3) until it has samples.
+/// assert!(stats.probing);
+/// assert_eq!(stats.limit, Some(3));
+/// assert_eq!(stats.class_in_flight(Criticality::Critical), 0);
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ConcurrencyStats {
     /// Requests holding a global permit: running, or sending their body.
     pub global_in_flight: usize,
-    /// Requests waiting in the global queue.
+    /// Requests waiting in the global queue (every class).
     pub global_queued: usize,
     /// Identities with a request queued or in flight (the per-identity map's
     /// size).
@@ -74,8 +93,50 @@ pub struct ConcurrencyStats {
     pub refused_identity_deadline: u64,
     /// Refused because the per-identity map was full (503).
     pub refused_too_many_identities: u64,
-    /// The global limit with classes or fair queues (adaptive, or fixed
-    /// with a classifier or tenants): its limit, latencies and per-class
-    /// counts. `None` for a plain fixed cap or none.
-    pub limit: Option<LimitStats>,
+    /// The global limit in force: the fixed cap, or where the adaptive
+    /// limit stands. `None` without a global cap.
+    pub limit: Option<usize>,
+    /// The measured no-load latency (adaptive only; `None` before the first
+    /// probe ends).
+    pub baseline_latency: Option<Duration>,
+    /// The latency of the last sample window that moved the limit
+    /// (adaptive only).
+    pub latency: Option<Duration>,
+    /// True while a baseline probe runs.
+    pub probing: bool,
+    /// Per class, indexed sheddable, default, critical; all zero for a
+    /// plain fixed cap (no classes, no tenants), which keeps no class
+    /// counts.
+    pub(crate) classes: [ClassCounts; 3],
+}
+
+impl ConcurrencyStats {
+    /// Requests of `class` holding a global permit.
+    pub fn class_in_flight(&self, class: Criticality) -> usize {
+        self.classes[class.index()].in_flight
+    }
+
+    /// Requests of `class` waiting in its global queue.
+    pub fn class_queued(&self, class: Criticality) -> usize {
+        self.classes[class.index()].queued
+    }
+
+    /// Requests of `class` refused by the global limit so far (queue full,
+    /// fair share of the queue full, deadline passed).
+    pub fn class_shed(&self, class: Criticality) -> u64 {
+        self.classes[class.index()].shed
+    }
+
+    /// These counters with the global limit's: its limit, latencies, slots,
+    /// queues and per-class counts.
+    pub(crate) fn with_gate(mut self, gate: GateStats) -> Self {
+        self.global_in_flight = gate.in_flight;
+        self.global_queued = gate.queued;
+        self.limit = Some(gate.limit);
+        self.baseline_latency = gate.baseline_latency;
+        self.latency = gate.latency;
+        self.probing = gate.probing;
+        self.classes = gate.classes;
+        self
+    }
 }

@@ -731,16 +731,17 @@ impl Shared {
 
     pub(crate) fn stats(&self) -> ConcurrencyStats {
         let r = &self.refusals;
-        let (mut global_in_flight, mut global_queued, tracked_identities) = {
+        let (global_in_flight, global_queued, tracked_identities, limit) = {
             let locked = self.locked.lock();
-            (locked.global.held, locked.global.queued, locked.map.len())
+            let limit = self.global.as_ref().map(|_| locked.limits.global.limit);
+            (
+                locked.global.held,
+                locked.global.queued,
+                locked.map.len(),
+                limit,
+            )
         };
-        let limit = self.gate.as_ref().map(|g| g.gate.stats());
-        if let Some(limit) = &limit {
-            global_in_flight = limit.in_flight;
-            global_queued = limit.queued;
-        }
-        ConcurrencyStats {
+        let stats = ConcurrencyStats {
             global_in_flight,
             global_queued,
             tracked_identities,
@@ -750,6 +751,11 @@ impl Shared {
             refused_identity_deadline: r.identity_deadline.load(Ordering::Relaxed),
             refused_too_many_identities: r.too_many_identities.load(Ordering::Relaxed),
             limit,
+            ..ConcurrencyStats::default()
+        };
+        match &self.gate {
+            Some(g) => stats.with_gate(g.gate.stats()),
+            None => stats,
         }
     }
 }

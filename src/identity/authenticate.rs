@@ -308,7 +308,7 @@ where
                     tracing::debug!(reason, "request not authenticated");
                     this.state.set(State::Done);
                     let rejection = Rejection::Unauthenticated { reason };
-                    return Poll::Ready(Ok(rejection.into_layer_response(protocol)));
+                    return Poll::Ready(Ok(rejection.respond(protocol)));
                 }
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
             }

@@ -8,7 +8,7 @@ use http::request::Parts;
 use http::StatusCode;
 
 use super::{ClientIp, Identity};
-use crate::reject::{Protocol, Rejection};
+use crate::reject::Rejection;
 
 /// Reads the [`Identity`] inserted by
 /// [`AuthenticateLayer`](super::AuthenticateLayer).
@@ -25,7 +25,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Identity {
                 reason: "no authenticated identity",
             };
             rejection
-                .into_response(Protocol::of(&parts.headers))
+                .into_response(&parts.headers)
                 .map(axum::body::Body::new)
         })
     }

@@ -16,7 +16,7 @@
 //!   To leave some routes open (`/healthz`), put it on the protected routes
 //!   with axum's `route_layer`.
 //! * [`ClientIpLayer`] inserts the [`ClientIp`]: the TCP peer, or behind
-//!   [`TrustedProxies`] only, the rightmost untrusted hop of the forwarding
+//!   the proxies it trusts only, the rightmost untrusted hop of the forwarding
 //!   header.
 //! * With the `axum` feature, `Identity` and `ClientIp` are extractors.
 //!
@@ -50,6 +50,6 @@ mod types;
 
 pub use api_keys::ApiKeys;
 pub use authenticate::{AuthenticateLayer, Authenticator};
-pub use client_ip::{ClientIp, ClientIpLayer, ForwardedHeader, TrustedProxies};
+pub use client_ip::{ClientIp, ClientIpLayer};
 pub use error::AuthError;
 pub use types::Identity;

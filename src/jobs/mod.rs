@@ -102,7 +102,7 @@
 //! // In a handler, with the authenticated subject as owner:
 //! let response = match reports.submit("alice", 365) {
 //!     Ok(id) => id.accepted_response(&format!("/reports/jobs/{id}"))?,
-//!     Err(full) => full.into_response(false), // 503 + Retry-After
+//!     Err(full) => full.into_response(&http::HeaderMap::new()), // 503 + Retry-After
 //! };
 //! assert_eq!(response.status(), StatusCode::ACCEPTED);
 //! let location = response.headers()["location"].to_str()?;

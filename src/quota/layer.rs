@@ -13,26 +13,18 @@ use crate::quota::{headers, Limiter, Quota, Store};
 use crate::reload::{Live, ReloadHandle, Target};
 use crate::ConfigError;
 
-/// What a quota is keyed on.
-///
-/// A key of more than 64 bytes, or one that begins with `#`, is kept in the
-/// store as `#` and its SHA-256 in hex (65 bytes): a store holds a bounded
-/// number of bytes per key however long the subjects or the key function's
-/// answers, and no key can spell another's digest.
+/// What a quota is keyed on: see [`QuotaLayerBuilder::per_tenant`],
+/// [`aggregate`](QuotaLayerBuilder::aggregate) and
+/// [`key`](QuotaLayerBuilder::key); the subject by default.
 #[derive(Clone)]
-#[non_exhaustive]
-pub enum Scope {
+pub(crate) enum Scope {
     /// The authenticated subject: a per-user quota. The default.
     Subject,
     /// The authenticated tenant: one quota shared by a tenant's users.
     Tenant,
     /// One key for everyone: an aggregate quota.
     Aggregate,
-    /// A function of the request. Return `None` to skip the quota.
-    ///
-    /// Key only on authenticated context (request extensions set by
-    /// authentication, or the trusted [`ClientIp`](crate::identity)), never on a
-    /// header the caller can invent.
+    /// A function of the request; `None` skips the quota.
     Custom(KeyFn),
 }
 
@@ -49,13 +41,18 @@ impl fmt::Debug for Scope {
 
 type CostFn = Arc<dyn Fn(&Parts) -> u64 + Send + Sync>;
 
-/// A key function for [`Scope::Custom`].
+/// A key function of [`QuotaLayerBuilder::key`].
 type KeyFn = Arc<dyn Fn(&Parts) -> Option<Arc<str>> + Send + Sync>;
 
 /// Applies a [`Quota`] to every request, answering 429 with an exact
 /// `Retry-After` when it refuses.
 ///
-/// - **Key**: [`Scope`]: per subject (default), per tenant, aggregate, or a function.
+/// - **Key**: per subject (default), [per tenant](QuotaLayerBuilder::per_tenant),
+///   [aggregate](QuotaLayerBuilder::aggregate), or [a function](QuotaLayerBuilder::key).
+///   A key of more than 64 bytes, or one that begins with `#`, is kept in
+///   the store as `#` and its SHA-256 in hex (65 bytes): a store holds a
+///   bounded number of bytes per key however long the subjects or the key
+///   function's answers, and no key can spell another's digest.
 /// - **Limits**: one quota, or one per identity plan ([`QuotaLayerBuilder::plan`]).
 /// - **Cost**: a function of the request (default 1); handlers can settle the
 ///   real cost later through [`Settlement`](crate::quota::Settlement).
@@ -180,7 +177,8 @@ impl Quotas {
     }
 
     /// The quota for identities whose plan has none of its own, and for
-    /// requests without an identity under [`Scope::Aggregate`] or [`Scope::Custom`].
+    /// requests without an identity under [`aggregate`](QuotaLayerBuilder::aggregate)
+    /// or a [`key`](QuotaLayerBuilder::key) function.
     pub fn quota(mut self, quota: Quota) -> Self {
         self.default_quota = Some(Planned::new(quota));
         self
@@ -252,7 +250,8 @@ impl<St: Store> QuotaLayerBuilder<St> {
     }
 
     /// The quota for identities whose plan has none of its own, and for
-    /// requests without an identity under [`Scope::Aggregate`] or [`Scope::Custom`].
+    /// requests without an identity under [`aggregate`](QuotaLayerBuilder::aggregate)
+    /// or a [`key`](QuotaLayerBuilder::key) function.
     pub fn quota(mut self, quota: Quota) -> Self {
         self.quotas = self.quotas.quota(quota);
         self
@@ -270,9 +269,27 @@ impl<St: Store> QuotaLayerBuilder<St> {
         self
     }
 
-    /// What the quota is keyed on. Default [`Scope::Subject`].
-    pub fn scope(mut self, scope: Scope) -> Self {
-        self.scope = scope;
+    /// Keys the quota on the authenticated tenant: one quota shared by a
+    /// tenant's users. By default it is keyed on the subject, a per-user
+    /// quota.
+    pub fn per_tenant(mut self) -> Self {
+        self.scope = Scope::Tenant;
+        self
+    }
+
+    /// Keys the quota on one key for everyone: an aggregate quota.
+    pub fn aggregate(mut self) -> Self {
+        self.scope = Scope::Aggregate;
+        self
+    }
+
+    /// Keys the quota on a function of the request; `None` skips the quota.
+    ///
+    /// Key only on authenticated context (request extensions set by
+    /// authentication, or the trusted [`ClientIp`](crate::identity::ClientIp)),
+    /// never on a header the caller can invent.
+    pub fn key(mut self, key: impl Fn(&Parts) -> Option<Arc<str>> + Send + Sync + 'static) -> Self {
+        self.scope = Scope::Custom(Arc::new(key));
         self
     }
 
@@ -422,7 +439,7 @@ fn bounded(key: &Arc<str>) -> Arc<str> {
     digested.into()
 }
 
-/// The one key of [`Scope::Aggregate`], shared by every request without a
+/// The one key of [`QuotaLayerBuilder::aggregate`], shared by every request without a
 /// count of its users: requests on every core would contend on that count.
 fn aggregate_key() -> &'static Arc<str> {
     static KEY: std::sync::OnceLock<Arc<str>> = std::sync::OnceLock::new();

@@ -15,7 +15,7 @@ mod oracle_tests;
 
 pub(crate) use decision::Decisions;
 pub use decision::{Decision, Holds, QuotaDecision};
-pub use layer::{QuotaLayer, QuotaLayerBuilder, Quotas, Scope};
+pub use layer::{QuotaLayer, QuotaLayerBuilder, Quotas};
 pub use limiter::{Limiter, LimiterStats, Outcome, Verdict};
 pub use policy::{FailureMode, Policy, Quota};
 pub use settle::Settlement;

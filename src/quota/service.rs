@@ -164,7 +164,7 @@ where
                 let rejection = Rejection::Unauthenticated {
                     reason: "no authenticated identity",
                 };
-                return refused(rejection.into_layer_response(Protocol::of(req.headers())));
+                return refused(rejection.respond(Protocol::of(req.headers())));
             }
         };
         let limiter = &self.config.limiter;
@@ -293,7 +293,7 @@ fn admit<St: Store, ReqB, B: RefusalBody>(
         unreachable!("only an admission maps to no rejection");
     };
     tracing::debug!(quota = quota.name(), key = &**key, cost, %rejection, "quota refused");
-    let mut response = rejection.into_layer_response(Protocol::of(req.headers()));
+    let mut response = rejection.respond(Protocol::of(req.headers()));
     let values = headers::values(quota, verdict, planned.policy_field.as_ref());
     headers::append(response.headers_mut(), values);
     Admission::Refused(response)

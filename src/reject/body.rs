@@ -18,7 +18,7 @@ use http_body_util::{Either, Full};
 /// use http_body_util::{Either, Empty, Full};
 /// use std::convert::Infallible;
 /// use tower::{ServiceBuilder, ServiceExt};
-/// use tower_admission::quota::{MemoryStore, Policy, Quota, QuotaLayer, Scope};
+/// use tower_admission::quota::{MemoryStore, Policy, Quota, QuotaLayer};
 ///
 /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
 /// let quota = Quota::new("api", [Policy::fixed_window("per-second", 1, std::time::Duration::from_secs(1))?])?;
@@ -26,7 +26,7 @@ use http_body_util::{Either, Full};
 ///     Ok::<_, Infallible>(Response::new(Empty::<Bytes>::new()))
 /// });
 /// let service = ServiceBuilder::new()
-///     .layer(QuotaLayer::builder(MemoryStore::new()).quota(quota).scope(Scope::Aggregate).build()?)
+///     .layer(QuotaLayer::builder(MemoryStore::new()).quota(quota).aggregate().build()?)
 ///     .map_response(|r: Response<Empty<Bytes>>| r.map(Either::<_, Full<Bytes>>::Left))
 ///     .service(handler);
 /// let admitted = service.clone().oneshot(Request::new(())).await?;

@@ -15,7 +15,7 @@ pub use body::RefusalBody;
 use grpc::GRPC_RETRY_PUSHBACK_MS;
 #[cfg(test)]
 use problem::{PROBLEM_TYPE_BASE, QUOTA_EXCEEDED_TYPE, TEMPORARY_REDUCED_CAPACITY_TYPE};
-pub use protocol::Protocol;
+pub(crate) use protocol::Protocol;
 pub use rejection::{InvalidParameter, OverloadScope, Rejection, SizeCap};
 
 pub(crate) use base64::{base64, unbase64_group};

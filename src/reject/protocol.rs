@@ -13,22 +13,8 @@ fn starts_with_ignore_case(bytes: &[u8], prefix: &[u8]) -> bool {
 /// written: problem details for HTTP, a trailers-only gRPC status for gRPC
 /// (`content-type: application/grpc`), and the same status with the
 /// caller's own content type for gRPC-Web.
-///
-/// ```
-/// use http::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
-/// use tower_admission::reject::{Protocol, Rejection};
-///
-/// let mut headers = HeaderMap::new();
-/// headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc-web-text"));
-/// let protocol = Protocol::of(&headers);
-/// assert!(protocol.is_grpc_web());
-/// let refusal = Rejection::Unauthenticated { reason: "missing credential" };
-/// let response = refusal.into_response(protocol);
-/// assert_eq!(response.headers()["content-type"], "application/grpc-web-text");
-/// assert_eq!(response.headers()["grpc-status"], "16");
-/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Protocol(Wire);
+pub(crate) struct Protocol(Wire);
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Wire {
@@ -44,9 +30,9 @@ enum Wire {
 
 impl Protocol {
     /// HTTP: refusals are problem details.
-    pub const HTTP: Protocol = Protocol(Wire::Http);
+    pub(crate) const HTTP: Protocol = Protocol(Wire::Http);
     /// Plain gRPC: refusals are trailers-only with `content-type: application/grpc`.
-    pub const GRPC: Protocol = Protocol(Wire::Grpc);
+    pub(crate) const GRPC: Protocol = Protocol(Wire::Grpc);
 
     /// The protocol of a request with these headers. Its `content-type`,
     /// in any case, names it:
@@ -56,7 +42,7 @@ impl Protocol {
     ///   answered with that media type in lower case (parameters dropped);
     /// * any other that starts with `application/grpc`: gRPC;
     /// * anything else, or none: HTTP.
-    pub fn of(headers: &HeaderMap) -> Protocol {
+    pub(crate) fn of(headers: &HeaderMap) -> Protocol {
         let Some(value) = headers.get(CONTENT_TYPE) else {
             return Protocol::HTTP;
         };
@@ -82,12 +68,12 @@ impl Protocol {
     }
 
     /// True for gRPC and gRPC-Web: refusals are gRPC statuses.
-    pub fn is_grpc(&self) -> bool {
+    pub(crate) fn is_grpc(&self) -> bool {
         !matches!(self.0, Wire::Http)
     }
 
     /// True for gRPC-Web, binary or text.
-    pub fn is_grpc_web(&self) -> bool {
+    pub(crate) fn is_grpc_web(&self) -> bool {
         matches!(self.0, Wire::GrpcWeb { .. })
     }
 
@@ -111,8 +97,7 @@ impl Protocol {
     }
 }
 
-/// `true` is [`Protocol::GRPC`] and `false` [`Protocol::HTTP`]; use
-/// [`Protocol::of`] to answer gRPC-Web callers in their own content type.
+/// `true` is [`Protocol::GRPC`] and `false` [`Protocol::HTTP`].
 impl From<bool> for Protocol {
     fn from(grpc: bool) -> Self {
         if grpc {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
-use http::{Response, StatusCode};
+use http::{HeaderMap, Response, StatusCode};
 use http_body_util::Full;
 
 use super::{retry_after_secs, Protocol, RefusalBody};
@@ -259,16 +259,37 @@ impl Rejection {
         }
     }
 
-    /// The response for this rejection in the request's [`Protocol`]:
-    /// problem details for HTTP, a gRPC status for gRPC and gRPC-Web. A
-    /// `bool` is `true` for plain gRPC.
-    pub fn into_response(self, protocol: impl Into<Protocol>) -> Response<Full<Bytes>> {
-        self.into_layer_response(protocol)
+    /// The response to a request with `request_headers`, in the protocol
+    /// the request speaks, named by its `content-type`: problem details for
+    /// HTTP, a gRPC status for gRPC (`application/grpc*`) and for gRPC-Web
+    /// (`application/grpc-web*`, answered with the caller's own media type);
+    /// see [gRPC](crate::reject#grpc-statuses-with-details).
+    ///
+    /// ```
+    /// use http::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
+    /// use tower_admission::reject::Rejection;
+    ///
+    /// let refusal = Rejection::Unauthenticated { reason: "missing credential" };
+    /// let http = refusal.clone().into_response(&HeaderMap::new());
+    /// assert_eq!(http.status(), 401);
+    /// let mut headers = HeaderMap::new();
+    /// headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc-web-text"));
+    /// let web = refusal.into_response(&headers);
+    /// assert_eq!(web.headers()["content-type"], "application/grpc-web-text");
+    /// assert_eq!(web.headers()["grpc-status"], "16");
+    /// ```
+    pub fn into_response(self, request_headers: &HeaderMap) -> Response<Full<Bytes>> {
+        self.respond(Protocol::of(request_headers))
     }
 
     /// The rejection as a response of any layer of this crate, in the inner
     /// service's body type; see [`into_response`](Self::into_response).
-    pub fn into_layer_response<B: RefusalBody>(self, protocol: impl Into<Protocol>) -> Response<B> {
+    pub fn into_layer_response<B: RefusalBody>(self, request_headers: &HeaderMap) -> Response<B> {
+        self.respond(Protocol::of(request_headers))
+    }
+
+    /// The response in `protocol`, of a request already read.
+    pub(crate) fn respond<B: RefusalBody>(self, protocol: impl Into<Protocol>) -> Response<B> {
         let protocol = protocol.into();
         let mut response = if protocol.is_grpc() {
             let mut response = self.grpc_response();

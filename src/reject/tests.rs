@@ -33,7 +33,7 @@ async fn every_refusal_body_carries_the_same_bytes() {
             scope: OverloadScope::Global,
             retry_after: Duration::from_millis(1500),
         };
-        let response = rejection.into_layer_response::<B>(grpc);
+        let response = rejection.respond::<B>(grpc);
         let status = response.status();
         let retry_after = response.headers().get(RETRY_AFTER).cloned();
         let body = response.into_body().collect().await.unwrap().to_bytes();
@@ -91,7 +91,7 @@ fn quota_refusal_is_problem_json_with_retry_after() {
         policies: vec!["per-minute".into()],
         retry_after: Duration::from_millis(1500),
     };
-    let response = r.clone().into_response(false);
+    let response = r.clone().respond::<Full<Bytes>>(false);
     assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(response.headers()[RETRY_AFTER], "2");
     assert_eq!(response.headers()[CONTENT_TYPE], "application/problem+json");
@@ -114,7 +114,7 @@ fn limiter_outage_is_temporary_reduced_capacity_with_retry_after() {
     let r = Rejection::LimiterUnavailable {
         retry_after: Duration::from_millis(100),
     };
-    let response = r.clone().into_response(false);
+    let response = r.clone().respond::<Full<Bytes>>(false);
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(response.headers()[RETRY_AFTER], "1");
     let doc = r.problem();
@@ -135,7 +135,7 @@ fn an_uncallable_dependency_is_temporary_reduced_capacity_with_retry_after() {
     let r = Rejection::DependencyUnavailable {
         retry_after: Duration::from_millis(2_500),
     };
-    let response = r.clone().into_response(false);
+    let response = r.clone().respond::<Full<Bytes>>(false);
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(response.headers()[RETRY_AFTER], "3");
     assert_eq!(r.kind(), "dependency-unavailable");
@@ -149,7 +149,7 @@ fn an_uncallable_dependency_is_temporary_reduced_capacity_with_retry_after() {
             "retry_after": 3,
         })
     );
-    let grpc = r.into_response(true);
+    let grpc = r.respond::<Full<Bytes>>(true);
     assert_eq!(grpc.headers()["grpc-status"], "14");
     assert_eq!(grpc.headers()[GRPC_RETRY_PUSHBACK_MS], "3000");
 }
@@ -173,7 +173,7 @@ fn unregistered_refusals_keep_the_crate_types() {
         r.problem()["type"],
         format!("{PROBLEM_TYPE_BASE}#overloaded")
     );
-    assert_eq!(r.into_response(false).headers()[RETRY_AFTER], "2");
+    assert_eq!(r.respond::<Full<Bytes>>(false).headers()[RETRY_AFTER], "2");
 }
 
 #[test]
@@ -213,7 +213,7 @@ fn grpc_pushback_is_the_retry_after_in_ms_or_minus_one() {
         (Rejection::Unauthenticated { reason: "missing" }, "16", "-1"),
     ];
     for (r, code, pushback) in cases {
-        let response = r.clone().into_response(true);
+        let response = r.clone().respond::<Full<Bytes>>(true);
         assert_eq!(response.status(), StatusCode::OK, "{r:?}");
         assert_eq!(response.headers()["grpc-status"], code, "{r:?}");
         assert_eq!(
@@ -239,7 +239,7 @@ fn grpc_details_carry_retry_info_and_quota_failure() {
         policies: vec!["per-minute".into(), "burst".into()],
         retry_after: Duration::from_millis(600),
     };
-    let response = r.into_response(true);
+    let response = r.respond::<Full<Bytes>>(true);
     let status = tonic::Status::from_header_map(response.headers()).unwrap();
     assert_eq!(status.code(), tonic::Code::ResourceExhausted);
     let details = status.get_error_details();
@@ -255,14 +255,14 @@ fn grpc_details_carry_retry_info_and_quota_failure() {
     assert_eq!(names, [("per-minute", "per-minute"), ("burst", "burst")]);
 
     let r = Rejection::InvalidParameters(vec![InvalidParameter::new("page_size", "too big")]);
-    let status = tonic::Status::from_header_map(r.into_response(true).headers()).unwrap();
+    let status = tonic::Status::from_header_map(r.respond::<Full<Bytes>>(true).headers()).unwrap();
     assert_eq!(status.code(), tonic::Code::InvalidArgument);
     let bad = status.get_details_bad_request().unwrap();
     assert_eq!(bad.field_violations[0].field, "page_size");
     assert_eq!(bad.field_violations[0].description, "too big");
 
     let r = Rejection::Unauthenticated { reason: "missing" };
-    let response = r.into_response(true);
+    let response = r.respond::<Full<Bytes>>(true);
     assert!(!response.headers().contains_key("grpc-status-details-bin"));
 }
 
@@ -275,7 +275,52 @@ fn grpc_rejections_use_grpc_status() {
     );
     assert!(Protocol::of(&h).is_grpc());
     let r = Rejection::Unauthenticated { reason: "missing" };
-    let response = r.into_response(true);
+    let response = r.respond::<Full<Bytes>>(true);
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(response.headers()["grpc-status"], "16");
+}
+
+/// The one place that names a request's flavour: every `application/grpc*`
+/// request is gRPC, and gRPC-Web is told apart in any case (moved from the
+/// gRPC-Web integration tests when `Protocol` became crate-private).
+#[test]
+fn the_protocol_of_a_request_tells_grpc_web_from_grpc() {
+    fn headers(content_type: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_str(content_type).unwrap());
+        headers
+    }
+    for content_type in [
+        "application/grpc-web",
+        "application/grpc-web+proto",
+        "application/grpc-web+json",
+        "application/grpc-web-text",
+        "application/grpc-web-text+proto",
+        "Application/GRPC-Web-Text+Proto",
+        "APPLICATION/GRPC-WEB+PROTO; charset=utf-8",
+    ] {
+        let protocol = Protocol::of(&headers(content_type));
+        assert!(protocol.is_grpc(), "{content_type}");
+        assert!(protocol.is_grpc_web(), "{content_type}");
+        assert!(
+            Protocol::of(&headers(content_type)).is_grpc(),
+            "{content_type}"
+        );
+    }
+    for content_type in [
+        "application/grpc",
+        "application/grpc+proto",
+        "APPLICATION/GRPC+json",
+        "application/grpc-webby",
+    ] {
+        let protocol = Protocol::of(&headers(content_type));
+        assert_eq!(protocol, Protocol::GRPC, "{content_type}");
+        assert!(!protocol.is_grpc_web(), "{content_type}");
+    }
+    for content_type in ["application/json", "text/plain", ""] {
+        assert_eq!(Protocol::of(&headers(content_type)), Protocol::HTTP);
+    }
+    assert_eq!(Protocol::of(&HeaderMap::new()), Protocol::HTTP);
+    assert_eq!(Protocol::from(true), Protocol::GRPC);
+    assert_eq!(Protocol::from(false), Protocol::HTTP);
 }

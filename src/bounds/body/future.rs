@@ -53,8 +53,8 @@ impl Watch {
                     .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
                     .unwrap_or_default();
                 let accept = response.headers().get(ACCEPT_ENCODING).cloned();
-                let mut rejected = Rejection::UnsupportedEncoding { encoding }
-                    .into_layer_response(self.protocol.clone());
+                let mut rejected =
+                    Rejection::UnsupportedEncoding { encoding }.respond(self.protocol.clone());
                 if let Some(accept) = accept {
                     rejected.headers_mut().insert(ACCEPT_ENCODING, accept);
                 }
@@ -63,7 +63,7 @@ impl Watch {
             None => None,
         };
         match rejection {
-            Some(rejection) => rejection.into_layer_response(self.protocol.clone()),
+            Some(rejection) => rejection.respond(self.protocol.clone()),
             None => {
                 let trip = self.protocol.is_grpc().then(|| self.trip.clone());
                 // A gRPC-Web answer carries its trailers in the body, in the

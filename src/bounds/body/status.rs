@@ -150,7 +150,9 @@ fn poll_web<B: Body<Data = Bytes>>(
 /// `trailers` with their gRPC status replaced by the one of `rejection`, as
 /// [`Rejection::into_response`] writes it, in that order.
 fn refused_trailers(mut trailers: HeaderMap, rejection: Rejection) -> HeaderMap {
-    let (refusal, _) = rejection.into_response(true).into_parts();
+    let (refusal, _) = rejection
+        .respond::<http_body_util::Full<Bytes>>(true)
+        .into_parts();
     for name in ["grpc-status", "grpc-message", "grpc-status-details-bin"] {
         trailers.remove(name);
     }

@@ -8,10 +8,11 @@ use axum::extract::{FromRequest, Request};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
-use super::{parse_batch, BatchError};
+use super::parse::parse_batch;
+use crate::reject::Rejection;
 
 /// Axum extractor of a JSON batch `{"items": [...]}` of at most `MAX`
-/// items, read with [`parse_batch`].
+/// items, read as [`BatchItemsLayer::parse`](super::BatchItemsLayer::parse) reads them.
 ///
 /// The cap is a const generic so that it sits in the handler signature,
 /// checked at compile time to be at least 1:
@@ -58,8 +59,8 @@ impl<T, const MAX: usize> Deref for Batch<T, MAX> {
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum BatchRejection {
-    /// Too many items or malformed JSON.
-    Batch(BatchError),
+    /// Too many items (413, cap `items`) or malformed JSON (400).
+    Batch(Rejection),
     /// The body could not be read (for example a byte cap tripped).
     Body(BytesRejection),
 }
@@ -67,10 +68,7 @@ pub enum BatchRejection {
 impl IntoResponse for BatchRejection {
     fn into_response(self) -> Response {
         match self {
-            BatchRejection::Batch(err) => err
-                .into_rejection()
-                .into_response(false)
-                .map(axum::body::Body::new),
+            BatchRejection::Batch(err) => err.respond(false),
             BatchRejection::Body(err) => err.into_response(),
         }
     }

@@ -15,9 +15,9 @@ use http_body_util::Full;
 use pin_project_lite::pin_project;
 use tower::Service;
 
-use super::parse::{count_batch_items, BatchError};
+use super::parse::count_batch_items;
 use super::ItemCount;
-use crate::reject::{InvalidParameter, Protocol, RefusalBody};
+use crate::reject::{InvalidParameter, Protocol, RefusalBody, Rejection};
 
 pin_project! {
     /// Response future of [`BatchItems`].
@@ -96,10 +96,10 @@ where
                     };
                     let protocol = Protocol::of(&parts.headers);
                     let counted = match read {
-                        Err(err) => Err(BatchError::Malformed(InvalidParameter::new(
+                        Err(err) => Err(Rejection::InvalidParameters(vec![InvalidParameter::new(
                             "body",
                             format!("could not be read: {}", err.into()),
-                        ))),
+                        )])),
                         Ok(collected) => {
                             let bytes = collected.to_bytes();
                             count_batch_items(&bytes, max).map(|n| (n, bytes))
@@ -113,9 +113,7 @@ where
                         }
                         Err(err) => {
                             this.state.set(State::Done);
-                            return Poll::Ready(Ok(err
-                                .into_rejection()
-                                .into_layer_response(protocol)));
+                            return Poll::Ready(Ok(err.respond(protocol)));
                         }
                     }
                 }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use tower::Layer;
 
 use super::service::BatchItems;
+use crate::reject::Rejection;
 use crate::reload::{ReloadHandle, Target};
 use crate::ConfigError;
 
@@ -18,7 +19,8 @@ use crate::ConfigError;
 /// to charge it as quota cost: place it inside [`BodyLimitsLayer`](crate::bounds::BodyLimitsLayer)
 /// (which bounds the bytes it buffers) and outside the quota layers. It
 /// reads the whole (capped) body, counts items without building them
-/// ([`parse_batch`](crate::bounds::parse_batch) without building the items), inserts [`ItemCount`](crate::bounds::ItemCount) and hands the same bytes
+/// (as [`parse`](Self::parse) does, without building the items), records the count in the request extensions
+/// (for [`item_cost`](Self::item_cost)) and hands the same bytes
 /// on as a `Full<Bytes>` body; the handler then parses them again, for
 /// example with the `Batch` extractor. Apply it only to batch routes (axum's
 /// `route_layer` or a method router's `layer`): a request without a JSON
@@ -40,6 +42,65 @@ impl BatchItemsLayer {
         BatchItemsLayer {
             max: Arc::new(AtomicUsize::new(max.get())),
         }
+    }
+
+    /// Parses a batch `{"items": [...]}`, refusing it once the array has
+    /// more than `max` items: what a handler behind this layer reads the
+    /// items with (the `Batch` extractor does the same with a cap fixed at
+    /// compile time).
+    ///
+    /// The count is checked while the array is read: the parser stops at
+    /// the first item past the cap, so at most `max` values of `T` are ever
+    /// built, and a refused batch builds none that reach the caller. Other
+    /// members of the object are ignored; a second `items` member is
+    /// refused. The refusal is the one this layer answers with:
+    /// [`PayloadTooLarge`](crate::reject::Rejection::PayloadTooLarge) with
+    /// cap [`Items`](crate::reject::SizeCap::Items) (413), or
+    /// [`InvalidParameters`](crate::reject::Rejection::InvalidParameters)
+    /// naming `body`, or `items[i]` for a bad item (400).
+    ///
+    /// ```
+    /// use tower_admission::bounds::BatchItemsLayer;
+    /// use tower_admission::reject::{Rejection, SizeCap};
+    ///
+    /// let ok: Vec<u32> = BatchItemsLayer::parse(br#"{"items":[1,2,3]}"#, 3).unwrap();
+    /// assert_eq!(ok.len(), 3);
+    /// let over = BatchItemsLayer::parse::<u32>(br#"{"items":[1,2,3,4]}"#, 3);
+    /// assert_eq!(over, Err(Rejection::PayloadTooLarge { cap: SizeCap::Items, limit: 3 }));
+    /// ```
+    pub fn parse<T>(json: &[u8], max: usize) -> Result<Vec<T>, Rejection>
+    where
+        T: for<'de> serde::Deserialize<'de>,
+    {
+        super::parse::parse_batch(json, max)
+    }
+
+    /// The item count this layer's service recorded for the request: the
+    /// cost function of a quota layer inside it that charges per item
+    /// (0 for a request this layer did not count).
+    ///
+    /// ```
+    /// use std::num::NonZeroUsize;
+    /// use std::time::Duration;
+    /// use tower_admission::bounds::BatchItemsLayer;
+    /// use tower_admission::quota::{MemoryStore, Policy, Quota, QuotaLayer};
+    ///
+    /// let items = Quota::new("items", [Policy::token_bucket("items", 1000, 1000, Duration::from_secs(60))?])?;
+    /// let charge = QuotaLayer::builder(MemoryStore::new())
+    ///     .quota(items)
+    ///     .cost(BatchItemsLayer::item_cost)
+    ///     .build()?;
+    /// let count = BatchItemsLayer::new(NonZeroUsize::new(1000).unwrap());
+    /// // A request meets `count` first, then `charge`.
+    /// let stack = tower::ServiceBuilder::new().layer(count).layer(charge);
+    /// # let _ = stack;
+    /// # Ok::<(), tower_admission::ConfigError>(())
+    /// ```
+    pub fn item_cost(parts: &http::request::Parts) -> u64 {
+        parts
+            .extensions
+            .get::<super::ItemCount>()
+            .map_or(0, |n| u64::try_from(n.0).unwrap_or(u64::MAX))
     }
 
     /// Changes the most items of this layer, its clones and every service

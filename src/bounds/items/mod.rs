@@ -10,10 +10,8 @@ mod service;
 #[cfg(feature = "axum")]
 pub use extract::Batch;
 pub use layer::BatchItemsLayer;
-pub use parse::{parse_batch, BatchError};
 
 /// The item count of a batch request, inserted into the request extensions
-/// by [`BatchItemsLayer`]'s service so that later layers (a quota's cost function) and the
-/// handler can read it.
+/// by [`BatchItemsLayer`]'s service; read with [`BatchItemsLayer::item_cost`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct ItemCount(pub usize);
+pub(crate) struct ItemCount(pub(crate) usize);

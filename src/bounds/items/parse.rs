@@ -9,44 +9,6 @@ use serde::Deserialize;
 
 use crate::reject::{InvalidParameter, Rejection, SizeCap};
 
-/// Why a batch was refused.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum BatchError {
-    /// The `items` array holds more than `limit` items. 413.
-    TooManyItems {
-        /// The cap.
-        limit: usize,
-    },
-    /// The body is not a JSON object with one `items` array of valid items.
-    /// 400; `name` is `body`, or `items[i]` for a bad item.
-    Malformed(InvalidParameter),
-}
-
-impl BatchError {
-    /// The rejection to answer with: 413 with cap `items`, or 400.
-    pub fn into_rejection(self) -> Rejection {
-        match self {
-            BatchError::TooManyItems { limit } => Rejection::PayloadTooLarge {
-                cap: SizeCap::Items,
-                limit: u64::try_from(limit).unwrap_or(u64::MAX),
-            },
-            BatchError::Malformed(param) => Rejection::InvalidParameters(vec![param]),
-        }
-    }
-}
-
-impl fmt::Display for BatchError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            BatchError::TooManyItems { limit } => write!(f, "more than {limit} items"),
-            BatchError::Malformed(p) => write!(f, "{}: {}", p.name, p.reason),
-        }
-    }
-}
-
-impl std::error::Error for BatchError {}
-
 /// Where the parser was when it failed.
 #[derive(Debug, Clone, Copy)]
 enum At {
@@ -56,26 +18,8 @@ enum At {
 }
 
 /// Parses a batch `{"items": [...]}`, refusing it once the array has more
-/// than `max` items.
-///
-/// The count is checked while the array is read: the parser stops at the
-/// first item past the cap, so at most `max` values of `T` are ever built,
-/// and a refused batch builds none that reach the caller. Other members of
-/// the object are ignored; a second `items` member is refused.
-///
-/// Counting only, without building items: `parse_batch::<IgnoredAny>`
-/// (`serde::de::IgnoredAny`, a zero-sized type, so the returned `Vec` does
-/// not allocate), which is what [`BatchItemsLayer`](crate::bounds::BatchItemsLayer) does.
-///
-/// ```
-/// use tower_admission::bounds::{parse_batch, BatchError};
-///
-/// let ok: Vec<u32> = parse_batch(br#"{"items":[1,2,3]}"#, 3).unwrap();
-/// assert_eq!(ok.len(), 3);
-/// let over = parse_batch::<u32>(br#"{"items":[1,2,3,4]}"#, 3);
-/// assert_eq!(over, Err(BatchError::TooManyItems { limit: 3 }));
-/// ```
-pub fn parse_batch<T>(json: &[u8], max: usize) -> Result<Vec<T>, BatchError>
+/// than `max` items; see [`BatchItemsLayer::parse`](super::BatchItemsLayer::parse).
+pub(crate) fn parse_batch<T>(json: &[u8], max: usize) -> Result<Vec<T>, Rejection>
 where
     T: for<'de> Deserialize<'de>,
 {
@@ -91,18 +35,23 @@ where
         Ok(items)
     });
     result.map_err(|err| match at.get() {
-        At::OverCap => BatchError::TooManyItems { limit: max },
-        At::Item(i) => BatchError::Malformed(InvalidParameter::new(
+        At::OverCap => Rejection::PayloadTooLarge {
+            cap: SizeCap::Items,
+            limit: u64::try_from(max).unwrap_or(u64::MAX),
+        },
+        At::Item(i) => Rejection::InvalidParameters(vec![InvalidParameter::new(
             format!("items[{i}]"),
             err.to_string(),
-        )),
-        At::Outside => BatchError::Malformed(InvalidParameter::new("body", err.to_string())),
+        )]),
+        At::Outside => {
+            Rejection::InvalidParameters(vec![InvalidParameter::new("body", err.to_string())])
+        }
     })
 }
 
 /// The number of items of a batch, without building them; errors as
 /// [`parse_batch`].
-pub(crate) fn count_batch_items(json: &[u8], max: usize) -> Result<usize, BatchError> {
+pub(crate) fn count_batch_items(json: &[u8], max: usize) -> Result<usize, Rejection> {
     parse_batch::<IgnoredAny>(json, max).map(|items| items.len())
 }
 

@@ -26,8 +26,7 @@ const MAX_ECHOED_NAME: usize = 64;
 
 /// What to do with a parameter the rules do not know.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum UnknownParams {
+pub(crate) enum UnknownParams {
     /// Refuse the request with 400, naming each unknown parameter. The default:
     /// a misspelt `pagesize` silently falling back to the default page size
     /// hides client bugs.
@@ -86,7 +85,7 @@ impl ValidatedQuery {
 /// | `from`, `to` | RFC 3339 timestamps (`2024-05-01T00:00:00Z`; `T`, `t` or a space between date and time; a `+` offset must be sent as `%2B`, since `+` means space in a query); `from < to`, compared as instants whatever their offsets; `to - from <= max_span`; with a `max_span`, one without the other is refused |
 /// | `cursor` | 1 to `max_cursor_len` visible ASCII characters (`!` to `~`); opaque otherwise |
 /// | names added with [`allow`](QueryRulesBuilder::allow) | passed through unchecked |
-/// | anything else | refused or ignored, per [`UnknownParams`] |
+/// | anything else | refused, or ignored after [`ignore_unknown_params`](QueryRulesBuilder::ignore_unknown_params) |
 ///
 /// Timestamps are kept to the nanosecond, in the offset they were given in.
 /// Fraction digits past the ninth are dropped. A leap second (`23:59:60`,
@@ -163,9 +162,16 @@ impl QueryRulesBuilder {
         self
     }
 
-    /// What to do with unknown parameters. Default [`UnknownParams::Reject`].
-    pub fn unknown_params(mut self, policy: UnknownParams) -> Self {
-        self.unknown = policy;
+    /// Whether to ignore parameters the rules do not know, repeats
+    /// included. By default (`false`) a request with one is refused with
+    /// 400, naming each: a misspelt `pagesize` silently falling back to the
+    /// default page size hides client bugs.
+    pub fn ignore_unknown_params(mut self, yes: bool) -> Self {
+        self.unknown = if yes {
+            UnknownParams::Ignore
+        } else {
+            UnknownParams::Reject
+        };
         self
     }
 

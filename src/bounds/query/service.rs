@@ -51,8 +51,7 @@ where
             Err(errors) => ResponseFuture {
                 kind: Kind::Rejected {
                     response: Some(
-                        Rejection::InvalidParameters(errors)
-                            .into_layer_response(Protocol::of(req.headers())),
+                        Rejection::InvalidParameters(errors).respond(Protocol::of(req.headers())),
                     ),
                 },
             },

@@ -12,7 +12,9 @@ use super::class::{class_cap, Criticality};
 use super::config::AdaptiveLimit;
 use super::controller::{Controller, Outcome, Sample};
 use super::fair::{Admit, FairQueue, Full};
-use super::stats::{ClassStats, LimitStats};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::stats::{ClassCounts, GateStats};
 use super::telemetry::Telemetry;
 use crate::concurrency::OverloadReason;
 
@@ -52,6 +54,8 @@ pub(crate) struct Gate {
     pub(crate) config: GateConfig,
     state: Mutex<State>,
     telemetry: Telemetry,
+    /// Refused at once (queue or tenant's share full), and after the deadline.
+    refused: [AtomicU64; 2],
 }
 
 impl std::fmt::Debug for Gate {
@@ -136,6 +140,7 @@ impl Gate {
         let gate = Arc::new(Gate {
             state: Mutex::new(state),
             telemetry,
+            refused: Default::default(),
             config,
         });
         let limit = gate.state.lock().limit(&gate.config);
@@ -232,6 +237,8 @@ impl Gate {
 
     fn refused(&self, class: Criticality, reason: OverloadReason, limit: usize) -> GateRefusal {
         self.telemetry.shed(class, reason);
+        let counter = usize::from(reason == OverloadReason::DeadlinePassed);
+        self.refused[counter].fetch_add(1, Ordering::Relaxed);
         GateRefusal {
             reason,
             class,
@@ -313,22 +320,24 @@ impl Gate {
         self.telemetry.moved(class, 0, -1);
     }
 
-    pub(crate) fn stats(&self) -> LimitStats {
+    pub(crate) fn stats(&self) -> GateStats {
         let st = self.state.lock();
         let queued = st.queued();
         let c = st.controller.as_ref();
-        LimitStats {
+        GateStats {
             limit: st.limit(&self.config),
             baseline_latency: c.and_then(Controller::baseline),
             latency: c.and_then(Controller::latency),
             probing: c.is_some_and(Controller::probing),
             in_flight: st.in_flight,
             queued: queued.iter().sum(),
-            classes: [0, 1, 2].map(|i| ClassStats {
+            classes: [0, 1, 2].map(|i| ClassCounts {
                 in_flight: st.class_in_flight[i],
                 queued: queued[i],
                 shed: st.shed[i],
             }),
+            refused_queue_full: self.refused[0].load(Ordering::Relaxed),
+            refused_deadline: self.refused[1].load(Ordering::Relaxed),
         }
     }
 }

@@ -15,46 +15,23 @@ use super::class::{checked_shares, Criticality};
 use super::config::AdaptiveLimit;
 use super::controller::Outcome;
 use super::gate::{Gate, GateBegin, GateConfig, GateRefusal, Source};
-use super::stats::LimitStats;
-use crate::concurrency::OverloadReason;
+use crate::concurrency::{ConcurrencyStats, OverloadReason};
 use crate::ConfigError;
 
 type ClassFn<Req> = Arc<dyn Fn(&Req) -> Criticality + Send + Sync>;
 type TenantFn<Req> = Arc<dyn Fn(&Req) -> Option<Arc<str>> + Send + Sync>;
 
-/// Reads a call's result as an [`Outcome`] of the limit.
-///
-/// Implemented by [`ErrorIsOverload`] (the default) and by every
-/// `Fn(&Result<Res, E>) -> Outcome`: here a dependency's 429 and 503 back
-/// the limit off, its 404 says nothing of its load.
-///
-/// ```
-/// use tower_admission::concurrency::{AdaptiveLimit, AdaptiveLimitLayer, Outcome};
-///
-/// type Answer = Result<http::Response<String>, std::io::Error>;
-/// let limit = AdaptiveLimitLayer::<http::Request<String>>::builder(AdaptiveLimit::default())
-///     .outcome(|answer: &Answer| match answer {
-///         Ok(r) if r.status() == 429 || r.status() == 503 => Outcome::Overload,
-///         Ok(r) if r.status() == 404 => Outcome::Ignore,
-///         Ok(_) => Outcome::Success,
-///         Err(_) => Outcome::Overload,
-///     })
-///     .build()
-///     .unwrap();
-/// # let _ = limit;
-/// ```
-pub trait ClassifyOutcome<Res, E> {
+/// Reads a call's result as an [`Outcome`] of the limit: implemented by
+/// `()`, the default (a response is a [`Success`](Outcome::Success), an
+/// error an [`Overload`](Outcome::Overload): a timeout, a refused
+/// connection), and by every `Fn(&Result<Res, E>) -> Outcome` given to
+/// [`AdaptiveLimitLayerBuilder::outcome`].
+pub(crate) trait ClassifyOutcome<Res, E> {
     /// The outcome of `result`.
     fn outcome(&self, result: &Result<Res, E>) -> Outcome;
 }
 
-/// The default [`ClassifyOutcome`]: a response is a
-/// [`Success`](Outcome::Success), an error an
-/// [`Overload`](Outcome::Overload) (a timeout, a refused connection).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct ErrorIsOverload;
-
-impl<Res, E> ClassifyOutcome<Res, E> for ErrorIsOverload {
+impl<Res, E> ClassifyOutcome<Res, E> for () {
     fn outcome(&self, result: &Result<Res, E>) -> Outcome {
         match result {
             Ok(_) => Outcome::Success,
@@ -156,7 +133,9 @@ impl<E: StdError + 'static> StdError for LimitError<E> {
 /// Limits the requests in flight to a service with an adaptive limit (or a
 /// [`fixed`](Self::fixed) one), criticality classes and fair queues.
 ///
-/// `Req` is the request type, read by the class and tenant functions. A
+/// `Req` is the request type, read by the class and tenant functions; `O`
+/// is the function given to [`outcome`](AdaptiveLimitLayerBuilder::outcome),
+/// or `()` without one (a response is a success, an error an overload). A
 /// slot is held from admission until the inner future answers or is
 /// dropped. Clones share the limit.
 ///
@@ -179,10 +158,10 @@ impl<E: StdError + 'static> StdError for LimitError<E> {
 ///     Ok::<_, std::io::Error>(req.len())
 /// }));
 /// assert_eq!(client.oneshot("report 7".to_string()).await.unwrap(), 8);
-/// assert_eq!(limit.stats().in_flight, 0);
+/// assert_eq!(limit.stats().global_in_flight, 0);
 /// # }
 /// ```
-pub struct AdaptiveLimitLayer<Req, O = ErrorIsOverload> {
+pub struct AdaptiveLimitLayer<Req, O = ()> {
     gate: Arc<Gate>,
     class: Option<ClassFn<Req>>,
     tenant: Option<TenantFn<Req>>,
@@ -223,7 +202,7 @@ impl<Req> AdaptiveLimitLayer<Req> {
     /// use tower_admission::concurrency::AdaptiveLimitLayer;
     ///
     /// let cap = AdaptiveLimitLayer::<()>::fixed(16).build().unwrap();
-    /// assert_eq!(cap.stats().limit, 16);
+    /// assert_eq!(cap.stats().limit, Some(16));
     /// assert_eq!(AdaptiveLimitLayer::<()>::fixed(0).build().unwrap_err().field(), "limit");
     /// ```
     pub fn fixed(limit: usize) -> AdaptiveLimitLayerBuilder<Req> {
@@ -238,16 +217,16 @@ impl<Req> AdaptiveLimitLayer<Req> {
             shares: None,
             class: None,
             tenant: None,
-            outcome: ErrorIsOverload,
+            outcome: (),
             scope: "outbound".into(),
         }
     }
 }
 
 impl<Req, O> AdaptiveLimitLayer<Req, O> {
-    /// A snapshot of the limit and its counts.
-    pub fn stats(&self) -> LimitStats {
-        self.gate.stats()
+    /// A snapshot of the limit and its counts, as the global cap's.
+    pub fn stats(&self) -> ConcurrencyStats {
+        self.gate.stats().into_layer_stats()
     }
 }
 
@@ -263,7 +242,7 @@ impl<S, Req, O: Clone> Layer<S> for AdaptiveLimitLayer<Req, O> {
 }
 
 /// Builder of an [`AdaptiveLimitLayer`]; the layer's docs have an example.
-pub struct AdaptiveLimitLayerBuilder<Req, O = ErrorIsOverload> {
+pub struct AdaptiveLimitLayerBuilder<Req, O = ()> {
     source: Source,
     queue: usize,
     deadline: Duration,
@@ -324,7 +303,28 @@ impl<Req, O> AdaptiveLimitLayerBuilder<Req, O> {
         self
     }
 
-    /// How a call's result moves the limit (default [`ErrorIsOverload`]).
+    /// How a call's result moves the limit: `outcome` reads the inner
+    /// service's `&Result<Response, Error>` as an [`Outcome`]. By default
+    /// a response is a [`Success`](Outcome::Success) and an error an
+    /// [`Overload`](Outcome::Overload) (a timeout, a refused connection).
+    /// Here a dependency's 429 and 503 back the limit off, its 404 says
+    /// nothing of its load:
+    ///
+    /// ```
+    /// use tower_admission::concurrency::{AdaptiveLimit, AdaptiveLimitLayer, Outcome};
+    ///
+    /// type Answer = Result<http::Response<String>, std::io::Error>;
+    /// let limit = AdaptiveLimitLayer::<http::Request<String>>::builder(AdaptiveLimit::default())
+    ///     .outcome(|answer: &Answer| match answer {
+    ///         Ok(r) if r.status() == 429 || r.status() == 503 => Outcome::Overload,
+    ///         Ok(r) if r.status() == 404 => Outcome::Ignore,
+    ///         Ok(_) => Outcome::Success,
+    ///         Err(_) => Outcome::Overload,
+    ///     })
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = limit;
+    /// ```
     pub fn outcome<P>(self, outcome: P) -> AdaptiveLimitLayerBuilder<Req, P> {
         AdaptiveLimitLayerBuilder {
             source: self.source,
@@ -412,7 +412,7 @@ fn overloaded(gate: &Gate, refusal: GateRefusal) -> Overloaded {
 
 /// A service behind an [`AdaptiveLimitLayer`]; the layer's docs have an
 /// example.
-pub struct AdaptiveLimitService<S, Req, O = ErrorIsOverload> {
+pub struct AdaptiveLimitService<S, Req, O = ()> {
     inner: S,
     layer: AdaptiveLimitLayer<Req, O>,
 }

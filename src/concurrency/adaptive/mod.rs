@@ -7,16 +7,12 @@ mod controller;
 mod fair;
 pub(crate) mod gate;
 mod limit_layer;
-mod stats;
+pub(crate) mod stats;
 mod telemetry;
 
 pub use class::Criticality;
 pub use config::AdaptiveLimit;
 pub use controller::Outcome;
-pub use limit_layer::{
-    AdaptiveLimitLayer, AdaptiveLimitLayerBuilder, ClassifyOutcome, ErrorIsOverload, LimitError,
-    Overloaded,
-};
-pub use stats::{ClassStats, LimitStats};
+pub use limit_layer::{AdaptiveLimitLayer, AdaptiveLimitLayerBuilder, LimitError, Overloaded};
 
 pub(crate) use limit_layer::{check_queue, gate_shares};

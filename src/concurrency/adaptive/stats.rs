@@ -1,62 +1,49 @@
-//! Snapshots of a gate: its limit, latencies and per-class counts.
+//! A snapshot of a gate: its limit, latencies, per-class counts and
+//! refusals, read into a [`ConcurrencyStats`].
 
 use std::time::Duration;
 
-use super::class::Criticality;
+use crate::concurrency::ConcurrencyStats;
 
-/// One criticality class's counts; [`LimitStats`] has an example.
+/// One criticality class's counts.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct ClassStats {
+pub(crate) struct ClassCounts {
     /// Requests of the class holding a slot.
-    pub in_flight: usize,
+    pub(crate) in_flight: usize,
     /// Requests of the class waiting in its queue.
-    pub queued: usize,
-    /// Requests of the class refused so far (queue full, fair share of the
-    /// queue full, deadline passed).
-    pub shed: u64,
+    pub(crate) queued: usize,
+    /// Requests of the class refused so far.
+    pub(crate) shed: u64,
 }
 
-/// A snapshot of a limit (fixed or adaptive) with classes and fair queues,
-/// read in one step.
-///
-/// ```
-/// use tower_admission::concurrency::{AdaptiveLimit, AdaptiveLimitLayer, Criticality};
-///
-/// let layer = AdaptiveLimitLayer::<()>::builder(AdaptiveLimit::default().initial(8))
-///     .build()
-///     .unwrap();
-/// let stats = layer.stats();
-/// // The first baseline probe runs at its own level (3) until it has samples.
-/// assert!(stats.probing);
-/// assert_eq!(stats.limit, 3);
-/// assert_eq!(stats.class(Criticality::Critical).in_flight, 0);
-/// ```
+/// What a gate reports, read in one step (the refusal counters beside it).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct LimitStats {
-    /// The limit in force.
-    pub limit: usize,
-    /// The measured no-load latency (adaptive only; `None` before the first
-    /// probe ends).
-    pub baseline_latency: Option<Duration>,
-    /// The latency of the last sample window that moved the limit
-    /// (adaptive only).
-    pub latency: Option<Duration>,
-    /// True while a baseline probe runs.
-    pub probing: bool,
-    /// Requests holding a slot, every class.
-    pub in_flight: usize,
-    /// Requests waiting, every class.
-    pub queued: usize,
-    /// Per class, indexed sheddable, default, critical; see
-    /// [`class`](Self::class).
-    pub classes: [ClassStats; 3],
+pub(crate) struct GateStats {
+    pub(crate) limit: usize,
+    pub(crate) baseline_latency: Option<Duration>,
+    pub(crate) latency: Option<Duration>,
+    pub(crate) probing: bool,
+    pub(crate) in_flight: usize,
+    pub(crate) queued: usize,
+    /// Per class, by [`Criticality::index`](super::Criticality).
+    pub(crate) classes: [ClassCounts; 3],
+    /// Refused at once: the class's queue, or the tenant's share of it, full.
+    pub(crate) refused_queue_full: u64,
+    /// Refused after waiting the whole deadline.
+    pub(crate) refused_deadline: u64,
 }
 
-impl LimitStats {
-    /// The counts of `class`.
-    pub fn class(&self, class: Criticality) -> ClassStats {
-        self.classes[class.index()]
+impl GateStats {
+    /// The snapshot of an [`AdaptiveLimitLayer`](super::AdaptiveLimitLayer):
+    /// its slots and queues as the global cap's, no identity cap.
+    pub(crate) fn into_layer_stats(self) -> ConcurrencyStats {
+        ConcurrencyStats {
+            global_in_flight: self.in_flight,
+            global_queued: self.queued,
+            refused_global_queue_full: self.refused_queue_full,
+            refused_global_deadline: self.refused_deadline,
+            ..ConcurrencyStats::default()
+        }
+        .with_gate(self)
     }
 }

@@ -13,8 +13,7 @@ use http::{HeaderMap, HeaderName};
 /// Exactly one is read. Reading both would let a caller inject the header
 /// the proxy does not rewrite and have it passed through untouched.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum ForwardedHeader {
+pub(crate) enum ForwardedHeader {
     /// `X-Forwarded-For: client, proxy1, proxy2` (the default).
     #[default]
     XForwardedFor,
@@ -23,7 +22,7 @@ pub enum ForwardedHeader {
 }
 
 impl ForwardedHeader {
-    fn name(self) -> HeaderName {
+    pub(crate) fn name(self) -> HeaderName {
         match self {
             ForwardedHeader::XForwardedFor => HeaderName::from_static("x-forwarded-for"),
             ForwardedHeader::Forwarded => FORWARDED,

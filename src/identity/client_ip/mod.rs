@@ -11,10 +11,8 @@ mod layer;
 mod proxies;
 mod service;
 
-pub use forwarded::ForwardedHeader;
 pub use layer::ClientIpLayer;
 use proxies::KeyPrefixes;
-pub use proxies::TrustedProxies;
 
 /// Most forwarding hops read from the right of the chain. Hops further left
 /// are ignored, so a long or hostile header costs bounded work and memory.
@@ -25,7 +23,7 @@ pub(crate) const MAX_HOPS: usize = 32;
 ///
 /// Besides the address it carries the network that quotas should be keyed
 /// on, [`key_network`](Self::key_network): the address masked to a prefix,
-/// `/32` for IPv4 and `/64` for IPv6 unless [`TrustedProxies`] says
+/// `/32` for IPv4 and `/64` for IPv6 unless [`ClientIpLayer`] says
 /// otherwise. One IPv6 host is usually handed a whole `/64`, so keying on
 /// the full address would give it as many keys as it likes.
 ///

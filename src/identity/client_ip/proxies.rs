@@ -4,7 +4,7 @@
 use std::net::IpAddr;
 use std::str::FromStr;
 
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use super::forwarded::{hops_from_right, parse_hop, ForwardedHeader, Node};
@@ -39,9 +39,10 @@ impl KeyPrefixes {
     }
 }
 
-#[doc = include_str!("../../../docs/trusted_proxies.md")]
+/// The proxies whose forwarding headers are believed: the configuration of
+/// a [`ClientIpLayer`](super::ClientIpLayer), whose docs describe it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct TrustedProxies {
+pub(crate) struct TrustedProxies {
     nets: Vec<IpNet>,
     header: ForwardedHeader,
     pub(super) key_prefixes: KeyPrefixes,
@@ -49,19 +50,19 @@ pub struct TrustedProxies {
 
 impl TrustedProxies {
     /// No trusted proxies: the client is always the TCP peer.
-    pub fn none() -> Self {
+    pub(crate) fn none() -> Self {
         TrustedProxies::default()
     }
 
     /// Trusts the given ranges, each a CIDR (`10.0.0.0/8`, `fd00::/8`) or a
     /// single address (`192.0.2.1`). Reads `X-Forwarded-For` unless
-    /// [`with_header`](Self::with_header) says otherwise.
+    /// `with_forwarded` says otherwise.
     ///
     /// # Errors
     ///
     /// A [`ConfigError`] for the field `trusted_proxies` naming the first
     /// range that does not parse.
-    pub fn new<I>(ranges: I) -> Result<Self, ConfigError>
+    pub(crate) fn new<I>(ranges: I) -> Result<Self, ConfigError>
     where
         I: IntoIterator,
         I::Item: AsRef<str>,
@@ -85,15 +86,20 @@ impl TrustedProxies {
     /// Also trusts `net`. An IPv4-mapped IPv6 range of `/96` or longer
     /// (`::ffff:10.0.0.0/104`) is stored as its IPv4 range; any other IPv6
     /// range matches IPv6 addresses only (see
-    /// [IPv4 and IPv6 ranges](Self#ipv4-and-ipv6-ranges)).
-    pub fn with_net(mut self, net: IpNet) -> Self {
+    /// the layer's docs).
+    pub(crate) fn with_net(mut self, net: IpNet) -> Self {
         self.nets.push(canonical_net(net.trunc()));
         self
     }
 
-    /// Reads `header` instead of the default `X-Forwarded-For`.
-    pub fn with_header(mut self, header: ForwardedHeader) -> Self {
-        self.header = header;
+    /// Reads RFC 7239 `Forwarded: for=client, for=proxy1;proto=https`
+    /// instead of the default `X-Forwarded-For: client, proxy1, proxy2`.
+    ///
+    /// Exactly one header is read. Reading both would let a caller inject
+    /// the header the proxy does not rewrite and have it passed through
+    /// untouched.
+    pub(crate) fn with_forwarded(mut self) -> Self {
+        self.header = ForwardedHeader::Forwarded;
         self
     }
 
@@ -104,7 +110,7 @@ impl TrustedProxies {
     /// # Errors
     ///
     /// A [`ConfigError`] for the field `ipv6_key_prefix` when `len` is above 128.
-    pub fn with_ipv6_key_prefix(mut self, len: u8) -> Result<Self, ConfigError> {
+    pub(crate) fn with_ipv6_key_prefix(mut self, len: u8) -> Result<Self, ConfigError> {
         if len > 128 {
             return Err(ConfigError::new(
                 "ipv6_key_prefix",
@@ -121,7 +127,7 @@ impl TrustedProxies {
     /// # Errors
     ///
     /// A [`ConfigError`] for the field `ipv4_key_prefix` when `len` is above 32.
-    pub fn with_ipv4_key_prefix(mut self, len: u8) -> Result<Self, ConfigError> {
+    pub(crate) fn with_ipv4_key_prefix(mut self, len: u8) -> Result<Self, ConfigError> {
         if len > 32 {
             return Err(ConfigError::new(
                 "ipv4_key_prefix",
@@ -132,18 +138,19 @@ impl TrustedProxies {
         Ok(self)
     }
 
-    /// The forwarding header that is read.
-    pub fn header(&self) -> ForwardedHeader {
-        self.header
+    /// The forwarding header that is read: `x-forwarded-for`, or
+    /// `forwarded` after `with_forwarded`.
+    pub(crate) fn header(&self) -> HeaderName {
+        self.header.name()
     }
 
     /// The trusted ranges.
-    pub fn nets(&self) -> &[IpNet] {
+    pub(crate) fn nets(&self) -> &[IpNet] {
         &self.nets
     }
 
     /// True when `ip` is inside a trusted range.
-    pub fn is_trusted(&self, ip: IpAddr) -> bool {
+    pub(crate) fn is_trusted(&self, ip: IpAddr) -> bool {
         let ip = ip.to_canonical();
         self.nets.iter().any(|net| net.contains(&ip))
     }
@@ -152,7 +159,7 @@ impl TrustedProxies {
     /// the type docs for the walk. Pure and total: it never panics, and the
     /// answer is always `peer` (canonical) or an address written in the
     /// configured header.
-    pub fn client_ip(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+    pub(crate) fn client_ip(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
         let peer = peer.to_canonical();
         if !self.is_trusted(peer) {
             return peer;

@@ -17,14 +17,6 @@ pub struct ClientIpService<S> {
 }
 
 impl<S> ClientIpService<S> {
-    /// Wraps `inner`, believing forwarding headers only from `proxies`.
-    pub fn new(inner: S, proxies: TrustedProxies) -> Self {
-        ClientIpService {
-            inner,
-            proxies: Arc::new(proxies),
-        }
-    }
-
     crate::macros::inner_accessors!(inner: S);
 }
 

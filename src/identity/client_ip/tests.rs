@@ -1,4 +1,7 @@
-use super::forwarded::{forwarded_for, parse_hop, parse_node, trim_ows, ElementsFromRight, Node};
+use super::forwarded::{
+    forwarded_for, parse_hop, parse_node, trim_ows, ElementsFromRight, ForwardedHeader, Node,
+};
+use super::proxies::TrustedProxies;
 use super::*;
 
 fn ip(s: &str) -> IpAddr {

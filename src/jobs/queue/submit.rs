@@ -4,7 +4,7 @@ use std::fmt;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::Response;
+use http::{HeaderMap, Response};
 use http_body_util::Full;
 
 use crate::reject::{OverloadScope, Protocol, Rejection};
@@ -53,18 +53,22 @@ impl SubmitError {
         Rejection::Overloaded { scope, retry_after }
     }
 
-    /// The 503 or 429 response (problem+json, or gRPC `UNAVAILABLE` or
-    /// `RESOURCE_EXHAUSTED` for a gRPC or gRPC-Web `protocol`; `true` is
-    /// plain gRPC).
+    /// The 503 or 429 response to a request with `request_headers`:
+    /// problem+json, or gRPC `UNAVAILABLE` or `RESOURCE_EXHAUSTED` for a
+    /// gRPC or gRPC-Web request (see [`Rejection::into_response`]).
     ///
     /// Over HTTP a full queue is also advertised as the service's quota of
     /// concurrent work, used up: `RateLimit-Policy: "job-queue";q=<capacity>;
     /// qu="concurrent-requests"` and `RateLimit: "job-queue";r=0;t=<wait>`;
     /// an owner's cap likewise as `"jobs-per-owner"`.
-    pub fn into_response(self, protocol: impl Into<Protocol>) -> Response<Full<Bytes>> {
-        let protocol = protocol.into();
+    pub fn into_response(self, request_headers: &HeaderMap) -> Response<Full<Bytes>> {
+        self.respond(Protocol::of(request_headers))
+    }
+
+    /// The response in `protocol`.
+    pub(crate) fn respond(self, protocol: Protocol) -> Response<Full<Bytes>> {
         let grpc = protocol.is_grpc();
-        let mut response = self.rejection().into_response(protocol);
+        let mut response = self.rejection().respond(protocol);
         let advertised = match self {
             SubmitError::Full {
                 capacity,
@@ -104,6 +108,6 @@ impl std::error::Error for SubmitError {}
 #[cfg(feature = "axum")]
 impl axum::response::IntoResponse for SubmitError {
     fn into_response(self) -> axum::response::Response {
-        SubmitError::into_response(self, false).into_response()
+        self.respond(Protocol::HTTP).into_response()
     }
 }
