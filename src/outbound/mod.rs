@@ -80,7 +80,6 @@ pub use lease::{
 pub use leased::{LeasedBudget, LeasedRates};
 #[cfg(feature = "redis")]
 pub use regions::{
-    Initialized, PendingTransfer, Rebalancer, RegionError, RegionLease, RegionLeaseBuilder,
-    RegionView, RegionalBudget, RegionalBudgetBuilder, RepairReport, Snapshot, Step, TransferError,
-    TransferId, TransferOutcome,
+    PendingTransfer, Rebalancer, RegionError, RegionLease, RegionLeaseBuilder, RegionView,
+    RegionalBudget, RegionalBudgetBuilder, Snapshot, TransferId, TransferOutcome,
 };

@@ -8,7 +8,7 @@ use redis::Value;
 use super::ledger::{int, text, Credit, Record};
 use super::region::{malformed, Region, Unreachable};
 use super::transfer::refused_credit;
-use super::{RegionError, RegionalBudget, Step, TransferError, TransferId, TransferOutcome};
+use super::{RegionError, RegionalBudget, Step, TransferId, TransferOutcome};
 use crate::redis::Request;
 
 /// A region's allocation as its instances may spend it, read at one moment
@@ -89,7 +89,7 @@ impl RegionalBudget {
     /// # Ok(())
     /// # }
     /// ```
-    pub async fn next_number(&self, from: &str, to: &str) -> Result<u64, TransferError> {
+    pub async fn next_number(&self, from: &str, to: &str) -> Result<u64, RegionError> {
         let (donor, _) = self.pair(from, to)?;
         let mut cmd = redis::cmd("HMGET");
         cmd.arg(&donor.state_key)
@@ -102,9 +102,9 @@ impl RegionalBudget {
         let (alloc, last): (Option<u64>, Option<u64>) =
             redis::from_redis_value(reply).map_err(|_| malformed(donor, "unreadable state"))?;
         if alloc.is_none() {
-            return Err(TransferError::StateLost {
-                region: from.to_owned(),
-                step: Step::Lookup,
+            return Err(RegionError::StateLost {
+                regions: vec![from.to_owned()],
+                debited: false,
             });
         }
         let last = last.unwrap_or(0);
@@ -117,8 +117,8 @@ impl RegionalBudget {
     /// but with records that stay bounded however many transfers run.
     ///
     /// The pair's transfers are strictly ordered: `n` must be one above the
-    /// last ([`TransferError::OutOfOrder`]), and no new one is debited while
-    /// the last is unconfirmed ([`TransferError::InFlight`]): at most one
+    /// last ([`RegionError::OutOfOrder`]), and no new one is debited while
+    /// the last is unconfirmed ([`RegionError::InFlight`]): at most one
     /// amount per pair is ever in flight. Calling it again with the same `n`
     /// finishes it or does nothing ([`TransferOutcome::AlreadyApplied`]); a
     /// number below the last is answered
@@ -143,9 +143,9 @@ impl RegionalBudget {
         to: &str,
         n: u64,
         amount: u64,
-    ) -> Result<TransferOutcome, TransferError> {
+    ) -> Result<TransferOutcome, RegionError> {
         if amount == 0 {
-            return Err(TransferError::ZeroAmount);
+            return Err(RegionError::ZeroAmount);
         }
         let (donor, receiver) = self.pair(from, to)?;
         let id = TransferId::ordered(to, n);
@@ -173,7 +173,7 @@ impl RegionalBudget {
             }
             SendReply::Last { record, pending } => {
                 if record.amount != amount {
-                    return Err(TransferError::Conflict {
+                    return Err(RegionError::Conflict {
                         id,
                         from: from.to_owned(),
                         recorded_to: record.to,
@@ -187,20 +187,20 @@ impl RegionalBudget {
             }
             SendReply::Compacted => return Ok(TransferOutcome::AlreadyApplied),
             SendReply::Refused { available } => {
-                return Err(TransferError::Insufficient {
+                return Err(RegionError::Insufficient {
                     region: from.to_owned(),
                     available,
                     requested: amount,
                 })
             }
             SendReply::Missing => {
-                return Err(TransferError::StateLost {
-                    region: from.to_owned(),
-                    step: Step::Debit,
+                return Err(RegionError::StateLost {
+                    regions: vec![from.to_owned()],
+                    debited: false,
                 })
             }
             SendReply::OutOfOrder { last } => {
-                return Err(TransferError::OutOfOrder {
+                return Err(RegionError::OutOfOrder {
                     from: from.to_owned(),
                     to: to.to_owned(),
                     number: n,
@@ -208,7 +208,7 @@ impl RegionalBudget {
                 })
             }
             SendReply::InFlight { last } => {
-                return Err(TransferError::InFlight {
+                return Err(RegionError::InFlight {
                     from: from.to_owned(),
                     to: to.to_owned(),
                     number: last,
@@ -259,6 +259,7 @@ impl RegionalBudget {
         if items.first().and_then(int) == Some(-1) {
             return Err(RegionError::StateLost {
                 regions: vec![region.name.to_string()],
+                debited: false,
             });
         }
         let view = RegionView {
@@ -279,7 +280,7 @@ impl RegionalBudget {
         receiver: &Region,
         n: u64,
         record: &Record,
-    ) -> Result<Credit, TransferError> {
+    ) -> Result<Credit, RegionError> {
         let mut invocation = self.inner.receive.prepare_invoke();
         invocation
             .key(&receiver.state_key)
@@ -316,7 +317,7 @@ impl RegionalBudget {
         n: u64,
         amount: u64,
         to_epoch: &str,
-    ) -> Result<SendReply, TransferError> {
+    ) -> Result<SendReply, RegionError> {
         let mut invocation = self.inner.send.prepare_invoke();
         invocation
             .key(&donor.state_key)
@@ -366,14 +367,14 @@ impl RegionalBudget {
         })
     }
 
-    fn pair(&self, from: &str, to: &str) -> Result<(&Region, &Region), TransferError> {
-        let unknown = |region: &str| TransferError::UnknownRegion {
+    fn pair(&self, from: &str, to: &str) -> Result<(&Region, &Region), RegionError> {
+        let unknown = |region: &str| RegionError::UnknownRegion {
             region: region.to_owned(),
         };
         let donor = self.region(from).ok_or_else(|| unknown(from))?;
         let receiver = self.region(to).ok_or_else(|| unknown(to))?;
         if from == to {
-            return Err(TransferError::SameRegion {
+            return Err(RegionError::SameRegion {
                 region: from.to_owned(),
             });
         }

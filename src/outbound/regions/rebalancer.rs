@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::time::Duration;
 
-use super::{RegionalBudget, TransferError};
+use super::{RegionError, RegionalBudget};
 use crate::outbound::{LeaseStore, Rate};
 use crate::redis::Request;
 use crate::ConfigError;
@@ -110,7 +110,7 @@ impl Rebalancer {
     /// when it moved `amount` to region `to`, `None` when there was nothing
     /// to move (no surplus, no need above the dead band, or no reachable
     /// receiver).
-    pub async fn run_once(&self) -> Result<Option<(String, u64)>, TransferError> {
+    pub async fn run_once(&self) -> Result<Option<(String, u64)>, RegionError> {
         self.budget.repair_all().await;
         let mut demand: HashMap<String, Option<u64>> = HashMap::new();
         for (name, store) in &self.stores {
@@ -125,7 +125,7 @@ impl Rebalancer {
             self.budget
                 .spendable(&self.region)
                 .await
-                .map_err(|e| TransferError::Malformed {
+                .map_err(|e| RegionError::Malformed {
                     region: self.region.clone(),
                     message: e.to_string(),
                 })?;
@@ -173,7 +173,7 @@ impl Rebalancer {
                 Ok(_) => return Ok(Some((to.to_owned(), amount))),
                 // Unconfirmed toward this receiver, or it cannot be reached:
                 // try the next one.
-                Err(TransferError::InFlight { .. } | TransferError::Unreachable { .. }) => {}
+                Err(RegionError::InFlight { .. } | RegionError::Unreachable { .. }) => {}
                 Err(e) => return Err(e),
             }
         }
