@@ -11,7 +11,7 @@ use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 use tower_admission::clock::{Clock, ManualClock, Timestamp};
 use tower_admission::outbound::{
     Attempt, AttemptBudget, BudgetError, BudgetStats, DependencyBudget, DependencyBudgetLayer,
-    Pick, Refusal, RetryAttempts, Share,
+    Refusal, RetryAttempts, Share,
 };
 use tower_admission::quota::{MemoryConfig, MemoryStore, Policy};
 
@@ -222,7 +222,7 @@ fn partitioned(
     DependencyBudget::builder(store.clone(), "hot")
         .normal(Policy::fixed_window("normal", 100, Duration::from_secs(60)).unwrap())
         .retry(Policy::fixed_window("retry", 10, Duration::from_secs(60)).unwrap())
-        .partitions(n, pick)
+        .pick(n, pick)
         .build()
         .unwrap()
 }
@@ -294,7 +294,7 @@ fn bad_budgets_name_the_field() {
         DependencyBudget::builder(MemoryStore::new(), "b")
             .normal(Policy::token_bucket("n", 1, 1, SECOND).unwrap())
             .retry(Policy::token_bucket("r", 1, 1, SECOND).unwrap())
-            .partitions(n, Pick::Home(0))
+            .partitions_home(n, 0)
             .build()
             .map(|_| ())
     };
@@ -547,7 +547,7 @@ fn partitions_that_would_admit_more_than_the_whole_are_refused() {
         DependencyBudget::builder(MemoryStore::new(), "b")
             .normal(normal)
             .retry(retry)
-            .partitions(n, Pick::Random { probes: 1 })
+            .partitions_random(n, 1)
             .build()
             .map(|_| ())
     };
@@ -735,7 +735,7 @@ fn four_buckets(
     DependencyBudget::builder(store.clone(), "probed")
         .normal(Policy::token_bucket("normal", 4, 4, Duration::from_secs(40)).unwrap())
         .retry(Policy::token_bucket("retry", 4, 4, Duration::from_secs(40)).unwrap())
-        .partitions(4, pick)
+        .pick(4, pick)
         .build()
         .unwrap()
 }
@@ -926,7 +926,7 @@ fn random_attempts_and_retries_keep_every_share_and_the_total_within_bound() {
                 .normal(Policy::token_bucket("normal", 20, 200, SECOND).unwrap())
                 .retry(Policy::token_bucket("retry", 4, 40, SECOND).unwrap());
             if partitioned {
-                builder = builder.partitions(4, Pick::Random { probes: 3 });
+                builder = builder.partitions_random(4, 3);
             }
             let budget = builder.build().unwrap();
             let mut model = [ModelBucket::new(20, 200), ModelBucket::new(4, 40)];
@@ -1003,4 +1003,29 @@ async fn an_attempt_priced_at_zero_still_costs_one() {
     assert_eq!(arrivals.0.lock().unwrap().len(), 1);
     assert_eq!(refused, 9);
     assert_eq!((budget.stats().normal, budget.stats().refused), (1, 9));
+}
+
+/// How the tests pick a partition: one of the builder's two ways.
+#[derive(Debug, Clone, Copy)]
+enum Pick {
+    /// `partitions_home`.
+    Home(usize),
+    /// `partitions_random`.
+    Random { probes: usize },
+}
+
+/// The builder with `n` partitions picked by `pick`.
+trait PickExt: Sized {
+    fn pick(self, n: usize, pick: Pick) -> Self;
+}
+
+impl<St: tower_admission::quota::Store> PickExt
+    for tower_admission::outbound::DependencyBudgetBuilder<St>
+{
+    fn pick(self, n: usize, pick: Pick) -> Self {
+        match pick {
+            Pick::Home(home) => self.partitions_home(n, home),
+            Pick::Random { probes } => self.partitions_random(n, probes),
+        }
+    }
 }

@@ -555,7 +555,7 @@ async fn zero_and_huge_numbers_are_refused_or_held_exactly() {
     let huge = DependencyBudget::builder(store(), "huge")
         .normal(Policy::token_bucket("normal", u64::MAX, rate, SECOND).unwrap())
         .retry(Policy::token_bucket("retry", 1 << 42, 1, SECOND).unwrap())
-        .partitions(1024, tower_admission::outbound::Pick::Home(3))
+        .partitions_home(1024, 3)
         .build()
         .unwrap();
     // Each partition holds 1/1024 of the capacity: that much at once, and

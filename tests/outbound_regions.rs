@@ -27,9 +27,7 @@ use futures_util::FutureExt;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
-use tower_admission::outbound::{
-    RegionError, RegionalBudget, TransferId, TransferOutcome,
-};
+use tower_admission::outbound::{RegionError, RegionalBudget, TransferId, TransferOutcome};
 
 use support::{RedisServer, StallProxy};
 
@@ -57,10 +55,7 @@ async fn fleet() -> Fleet {
     let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
     let budget = budget_on(&urls, Duration::from_millis(500));
     assert_eq!(budget.initialize().await.unwrap(), true);
-    assert_eq!(
-        budget.initialize().await.unwrap(),
-        false
-    );
+    assert_eq!(budget.initialize().await.unwrap(), false);
     Fleet { servers, budget }
 }
 

@@ -10,9 +10,7 @@ mod support;
 
 use std::time::Duration;
 
-use tower_admission::outbound::{
-    RegionError, RegionalBudget, TransferId, TransferOutcome,
-};
+use tower_admission::outbound::{RegionError, RegionalBudget, TransferId, TransferOutcome};
 
 use support::RedisServer;
 

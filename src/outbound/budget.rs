@@ -17,37 +17,14 @@ pub enum Share {
     Retry,
 }
 
-/// How a budget that is split into partitions picks one for an attempt.
-///
-/// Each of `N` partitions holds `1/N` of every policy (limit and rate), so
-/// together they never admit more than the whole budget, whichever is picked.
-/// A part holds at least 1, so a budget whose smallest limit (a token
-/// bucket's capacity) is below `N` is refused at
-/// [`build`](DependencyBudgetBuilder::build). An attempt is charged to one
-/// partition, so a cost above one part's capacity is refused
-/// ([`Refusal::CostExceedsBudget`]) even when it is within the whole budget.
+/// How a budget that is split into partitions picks one for an attempt
+/// ([`DependencyBudgetBuilder::partitions_home`] and
+/// [`partitions_random`](DependencyBudgetBuilder::partitions_random)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Pick {
+pub(crate) enum Pick {
     /// Always this instance's own partition (its index modulo `N`).
-    ///
-    /// Strict and cheap: one decision per attempt. An instance can use only
-    /// its own `1/N`, so with uneven load across instances the budget is
-    /// under-used.
     Home(usize),
     /// A random partition, then up to `probes` others in turn when it refuses.
-    ///
-    /// Uses the whole budget under uneven load, at the cost of up to
-    /// `1 + probes` decisions for a refused attempt. Still never more than
-    /// the total, since every partition holds only its part.
-    ///
-    /// When every probed partition refuses, the refusal does not depend on
-    /// the order they were probed in: [`Refusal::Exhausted`] with the
-    /// shortest wait among the partitions that were exhausted, or, only when
-    /// every probed partition's store failed, [`Refusal::Unavailable`] with
-    /// the shortest wait among them. A cost above one partition's capacity
-    /// is refused at once ([`Refusal::CostExceedsBudget`]): no partition can
-    /// admit it.
     Random {
         /// Other partitions tried after a refusal.
         probes: usize,
@@ -235,8 +212,7 @@ pub trait AttemptBudget: Clone + Send + Sync + 'static {
     /// A snapshot of the counters.
     fn stats(&self) -> BudgetStats;
 
-    /// Records that the dependency pushed back on an attempt
-    /// ([`is_pushback`](crate::outbound::is_pushback)), as a
+    /// Records that the dependency pushed back on an attempt, as a
     /// [`PushbackLayer`](crate::outbound::PushbackLayer) reports it. The
     /// default ignores it: the budget stays as configured. `LeasedBudget`
     /// (feature `redis`) lowers the fleet's effective budget through its
@@ -600,11 +576,48 @@ impl<St: Store> DependencyBudgetBuilder<St> {
         self
     }
 
-    /// Splits the budget into `n` partitions of `1/n` each, picked by `pick`,
-    /// `n` at most the smallest limit of either share. Default: one partition.
-    pub fn partitions(mut self, n: usize, pick: Pick) -> Self {
+    /// Splits the budget into `n` partitions (at most the smallest limit of
+    /// either share; default one), and charges every attempt to this
+    /// instance's own partition, `home` modulo `n`.
+    ///
+    /// Each of the `n` partitions holds `1/n` of every policy (limit and
+    /// rate), so together they never admit more than the whole budget,
+    /// whichever is picked. A part holds at least 1, so a budget whose
+    /// smallest limit (a token bucket's capacity) is below `n` is refused at
+    /// [`build`](Self::build). An attempt is charged to one partition, so a
+    /// cost above one part's capacity is refused
+    /// ([`Refusal::CostExceedsBudget`]) even when it is within the whole
+    /// budget.
+    ///
+    /// Strict and cheap: one decision per attempt. An instance can use only
+    /// its own `1/n`, so with uneven load across instances the budget is
+    /// under-used; [`partitions_random`](Self::partitions_random) uses all
+    /// of it.
+    pub fn partitions_home(mut self, n: usize, home: usize) -> Self {
         self.partitions = n;
-        self.pick = pick;
+        self.pick = Pick::Home(home);
+        self
+    }
+
+    /// Splits the budget into `n` partitions as
+    /// [`partitions_home`](Self::partitions_home) does, and charges every
+    /// attempt to a random partition, then to up to `probes` others in turn
+    /// when it refuses.
+    ///
+    /// Uses the whole budget under uneven load, at the cost of up to
+    /// `1 + probes` decisions for a refused attempt. Still never more than
+    /// the total, since every partition holds only its part.
+    ///
+    /// When every probed partition refuses, the refusal does not depend on
+    /// the order they were probed in: [`Refusal::Exhausted`] with the
+    /// shortest wait among the partitions that were exhausted, or, only when
+    /// every probed partition's store failed, [`Refusal::Unavailable`] with
+    /// the shortest wait among them. A cost above one partition's capacity
+    /// is refused at once ([`Refusal::CostExceedsBudget`]): no partition can
+    /// admit it.
+    pub fn partitions_random(mut self, n: usize, probes: usize) -> Self {
+        self.partitions = n;
+        self.pick = Pick::Random { probes };
         self
     }
 
