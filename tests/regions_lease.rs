@@ -136,7 +136,7 @@ async fn grants_follow_the_allocation_and_never_sum_above_the_total() {
         "{eu_fell_after:?}"
     );
     assert_eq!(
-        f.budget.spendable("us").await.unwrap().spendable(),
+        f.budget.spendable("us").await.unwrap(),
         50,
         "after the hold"
     );

@@ -81,6 +81,6 @@ pub use lease::{
 pub use leased::{LeasedBudget, LeasedRates};
 #[cfg(feature = "redis")]
 pub use regions::{
-    PendingTransfer, Rebalancer, RegionError, RegionLease, RegionLeaseBuilder, RegionView,
-    RegionalBudget, RegionalBudgetBuilder, Snapshot, TransferId, TransferOutcome,
+    PendingTransfer, Rebalancer, RegionError, RegionLease, RegionLeaseBuilder, RegionalBudget,
+    RegionalBudgetBuilder, Snapshot, TransferId, TransferOutcome,
 };

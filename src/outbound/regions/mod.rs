@@ -33,7 +33,7 @@ mod transfer;
 pub use builder::RegionalBudgetBuilder;
 pub use error::RegionError;
 use error::Step;
-pub use ordered::RegionView;
+
 pub use rebalancer::Rebalancer;
 pub use region_lease::{RegionLease, RegionLeaseBuilder};
 pub use repair::PendingTransfer;

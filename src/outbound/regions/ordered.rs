@@ -11,61 +11,6 @@ use super::transfer::refused_credit;
 use super::{RegionError, RegionalBudget, Step, TransferId, TransferOutcome};
 use crate::redis::Request;
 
-/// A region's allocation as its instances may spend it, read at one moment
-/// of its Redis clock ([`RegionalBudget::spendable`]).
-///
-/// ```no_run
-/// # use tower_admission::outbound::RegionalBudget;
-/// # async fn run(budget: RegionalBudget) -> Result<(), Box<dyn std::error::Error>> {
-/// let view = budget.spendable("eu").await?;
-/// assert!(view.spendable() <= view.allocation());
-/// # Ok(())
-/// # }
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RegionView {
-    allocation: u64,
-    held: u64,
-}
-
-impl RegionView {
-    /// The region's allocation.
-    ///
-    /// ```no_run
-    /// # async fn run(budget: tower_admission::outbound::RegionalBudget) -> Result<(), Box<dyn std::error::Error>> {
-    /// println!("{}", budget.spendable("eu").await?.allocation());
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn allocation(&self) -> u64 {
-        self.allocation
-    }
-
-    /// What of it was received less than the credit hold ago.
-    ///
-    /// ```no_run
-    /// # async fn run(budget: tower_admission::outbound::RegionalBudget) -> Result<(), Box<dyn std::error::Error>> {
-    /// println!("{}", budget.spendable("eu").await?.held());
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn held(&self) -> u64 {
-        self.held
-    }
-
-    /// The allocation less what is held: what the region's leases may grant.
-    ///
-    /// ```no_run
-    /// # async fn run(budget: tower_admission::outbound::RegionalBudget) -> Result<(), Box<dyn std::error::Error>> {
-    /// println!("{}", budget.spendable("eu").await?.spendable());
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn spendable(&self) -> u64 {
-        self.allocation.saturating_sub(self.held)
-    }
-}
-
 /// What the donor answered about one number of a pair.
 enum SendReply {
     Now { seq: u64, epoch: String },
@@ -226,16 +171,17 @@ impl RegionalBudget {
     }
 
     /// Reads what `region`'s leases may grant now: its allocation less what
-    /// it received less than the credit hold ago (on its Redis clock).
+    /// it received less than the credit hold ago (on its Redis clock). The
+    /// rest of its [`allocation`](Self::allocation) is held.
     ///
     /// ```no_run
     /// # async fn run(budget: tower_admission::outbound::RegionalBudget) -> Result<(), Box<dyn std::error::Error>> {
-    /// let view = budget.spendable("eu").await?;
-    /// println!("eu may spend {} of {}", view.spendable(), view.allocation());
+    /// let spendable = budget.spendable("eu").await?;
+    /// println!("eu may spend {spendable}");
     /// # Ok(())
     /// # }
     /// ```
-    pub async fn spendable(&self, region: &str) -> Result<RegionView, RegionError> {
+    pub async fn spendable(&self, region: &str) -> Result<u64, RegionError> {
         let region = self.known_region(region)?;
         let mut invocation = self.inner.view.prepare_invoke();
         invocation.key(&region.state_key).arg(self.inner.hold_us);
@@ -262,14 +208,12 @@ impl RegionalBudget {
                 debited: false,
             });
         }
-        let view = RegionView {
-            allocation: number(0).ok_or_else(bad)?,
-            held: number(1).ok_or_else(bad)?,
-        };
+        let allocation = number(0).ok_or_else(bad)?;
+        let held = number(1).ok_or_else(bad)?;
         if let Some(epoch) = items.get(3).and_then(text) {
             region.remember_epoch(Some(&epoch));
         }
-        Ok(view)
+        Ok(allocation.saturating_sub(held))
     }
 
     /// Step 2 of an ordered transfer: credits `record` once, by the pair's

@@ -146,7 +146,7 @@ impl Rebalancer {
         };
         let own_demand = demand.get(&self.region).copied().flatten().unwrap_or(0);
         let keep = target(&self.region).max(own_demand).max(self.floor);
-        let surplus = view.spendable().saturating_sub(keep);
+        let surplus = view.saturating_sub(keep);
         if surplus <= self.dead_band {
             return Ok(None);
         }

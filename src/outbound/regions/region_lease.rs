@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use tokio::task::JoinHandle;
 
-use super::{RegionError, RegionView, RegionalBudget};
+use super::{RegionError, RegionalBudget};
 use crate::outbound::lease::Ceiling;
 use crate::outbound::{LeaseStore, Rate, RateLease};
 use crate::ConfigError;
@@ -78,7 +78,8 @@ struct Inner {
     lease: RateLease,
     ceiling: Ceiling,
     view_max_age: Duration,
-    view: Mutex<Option<RegionView>>,
+    /// The spendable allocation last read.
+    view: Mutex<Option<u64>>,
 }
 
 impl fmt::Debug for RegionLease {
@@ -139,23 +140,24 @@ impl RegionLease {
         &self.inner.region
     }
 
-    /// The view last read, if any.
-    pub fn view(&self) -> Option<RegionView> {
+    /// The region's spendable allocation as last read
+    /// ([`RegionalBudget::spendable`]), if any: the budget its lease reports
+    /// while that read is at most `view_max_age` old.
+    pub fn view(&self) -> Option<u64> {
         *self.inner.view.lock()
     }
 
-    /// Reads the region's view once and sets the lease's budget to its
-    /// spendable allocation, valid for `view_max_age` from the moment the
-    /// read was sent. On failure the budget stays as it was until then,
+    /// Reads the region's spendable allocation once and sets the lease's
+    /// budget to it, valid for `view_max_age` from the moment the read was
+    /// sent; returns it. On failure the budget stays as it was until then,
     /// and zero after.
-    pub async fn read_view(&self) -> Result<RegionView, RegionError> {
+    pub async fn read_view(&self) -> Result<u64, RegionError> {
         let inner = &*self.inner;
         let sent_at = Instant::now();
         let view = inner.budget.spendable(&inner.region).await?;
-        inner.ceiling.set(
-            Rate::per_second(view.spendable()),
-            sent_at + inner.view_max_age,
-        );
+        inner
+            .ceiling
+            .set(Rate::per_second(view), sent_at + inner.view_max_age);
         *inner.view.lock() = Some(view);
         Ok(view)
     }
