@@ -121,14 +121,7 @@ impl Rebalancer {
             });
             demand.insert(name.clone(), sum);
         }
-        let view =
-            self.budget
-                .spendable(&self.region)
-                .await
-                .map_err(|e| RegionError::Malformed {
-                    region: self.region.clone(),
-                    message: e.to_string(),
-                })?;
+        let view = self.budget.spendable(&self.region).await?;
         let allocations = self.budget.allocations().await.ok();
         let known: u64 = demand.values().flatten().sum();
         if known == 0 {
