@@ -131,7 +131,7 @@ mod lease {
 
     use tower_admission::clock::{ManualClock, Timestamp};
     use tower_admission::outbound::{
-        LeaseStore, LeasedBudget, LeasedRates, Rate, RateLease, Share,
+        BudgetShares, LeaseStore, LeasedBudget, Rate, RateLease, Share,
     };
 
     use crate::support::RedisServer;
@@ -182,21 +182,18 @@ mod lease {
 
         // Bad rates change nothing.
         let err = reload
-            .apply(LeasedRates::new(
-                Rate::per_second(120),
-                Rate::per_second(120),
-            ))
+            .apply(BudgetShares::new(Rate::ZERO, Rate::per_second(120)))
             .unwrap_err();
         assert_eq!(err.field(), "retry");
         let err = reload
-            .apply(LeasedRates::new(Rate::ZERO, Rate::ZERO))
+            .apply(BudgetShares::new(Rate::ZERO, Rate::ZERO))
             .unwrap_err();
         assert_eq!(err.field(), "rate");
         assert_eq!(a.rate(), Rate::per_second(240));
 
         reload
-            .apply(LeasedRates::new(
-                Rate::per_second(120),
+            .apply(BudgetShares::new(
+                Rate::per_second(100),
                 Rate::per_second(20),
             ))
             .unwrap();

@@ -470,17 +470,20 @@ fn share_index(share: Share) -> usize {
     }
 }
 
-/// The two shares of a [`DependencyBudget`]: what its
-/// [`reload_handle`](DependencyBudget::reload_handle) applies.
-#[derive(Debug, Clone)]
-pub struct BudgetShares {
-    normal: Policy,
-    retry: Policy,
+/// The two shares of a budget, first attempts and retries: what its
+/// reload handle applies. A [`DependencyBudget`]'s are policies
+/// ([`reload_handle`](DependencyBudget::reload_handle)); with feature
+/// `redis`, a `LeasedBudget`'s are rates, whose sum is its lease's
+/// fleet-wide rate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BudgetShares<T = Policy> {
+    pub(crate) normal: T,
+    pub(crate) retry: T,
 }
 
-impl BudgetShares {
+impl<T> BudgetShares<T> {
     /// `normal` for first attempts, `retry` for attempt 2 and later.
-    pub fn new(normal: Policy, retry: Policy) -> Self {
+    pub fn new(normal: T, retry: T) -> Self {
         BudgetShares { normal, retry }
     }
 }

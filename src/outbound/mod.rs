@@ -78,7 +78,7 @@ pub use lease::{
     RateLeaseBuilder,
 };
 #[cfg(feature = "redis")]
-pub use leased::{LeasedBudget, LeasedRates};
+pub use leased::LeasedBudget;
 #[cfg(feature = "redis")]
 pub use regions::{
     PendingTransfer, Rebalancer, RegionError, RegionLease, RegionLeaseBuilder, RegionalBudget,

@@ -9,7 +9,9 @@ use parking_lot::Mutex;
 use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::outbound::budget::Counters;
 use crate::outbound::lease::{cap_at_refresh, Asked};
-use crate::outbound::{AttemptBudget, BudgetStats, LeaseMode, Rate, RateLease, Refusal, Share};
+use crate::outbound::{
+    AttemptBudget, BudgetShares, BudgetStats, LeaseMode, Rate, RateLease, Refusal, Share,
+};
 use crate::reload::{ReloadHandle, Target};
 use crate::ConfigError;
 
@@ -194,12 +196,14 @@ impl<C: Clock> LeasedBudget<C> {
         Rate::from_milli(self.inner.retry.load(std::sync::atomic::Ordering::Relaxed))
     }
 
-    /// Changes the lease's rate `R` and the retry share while they run,
-    /// checked as [`RateLeaseBuilder::build`](crate::outbound::RateLeaseBuilder::build)
-    /// and [`new`](Self::new) check them. `R` reaches the fleet with the
-    /// lease's next refresh (see [`RateLease::reload_handle`]); the shares
-    /// take their new split from the next attempt on.
-    pub fn reload_handle(&self) -> ReloadHandle<LeasedRates> {
+    /// Changes the shares while they run: the lease's rate `R` becomes
+    /// their sum, and the retry share its part, checked as
+    /// [`RateLeaseBuilder::build`](crate::outbound::RateLeaseBuilder::build)
+    /// and [`new`](Self::new) check them (errors name the field `rate` or
+    /// `retry`). `R` reaches the fleet with the lease's next refresh (see
+    /// [`RateLease::reload_handle`]); the shares take their new split from
+    /// the next attempt on.
+    pub fn reload_handle(&self) -> ReloadHandle<BudgetShares<Rate>> {
         ReloadHandle::new(Arc::new(RatesTarget {
             budget: self.clone(),
             rate: self.inner.lease.reload_handle(),
@@ -343,21 +347,6 @@ impl<C: Clock> AttemptBudget for LeasedBudget<C> {
     }
 }
 
-/// What a [`LeasedBudget`]'s [`reload_handle`](LeasedBudget::reload_handle)
-/// applies: the lease's fleet-wide rate and the retry share within it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LeasedRates {
-    rate: Rate,
-    retry: Rate,
-}
-
-impl LeasedRates {
-    /// `rate` in all, `retry` of it for retries.
-    pub fn new(rate: Rate, retry: Rate) -> Self {
-        LeasedRates { rate, retry }
-    }
-}
-
 /// `retry` within `rate`: more than zero, less than the whole.
 fn check_retry(retry: Rate, rate: Rate) -> Result<(), ConfigError> {
     if retry.as_milli() == 0 || retry.as_milli() >= rate.as_milli() {
@@ -375,13 +364,14 @@ struct RatesTarget<C: Clock> {
     rate: ReloadHandle<Rate>,
 }
 
-impl<C: Clock> Target<LeasedRates> for RatesTarget<C> {
-    fn check(&self, new: &LeasedRates) -> Result<(), ConfigError> {
-        self.rate.check(&new.rate)?;
-        check_retry(new.retry, new.rate)
+impl<C: Clock> Target<BudgetShares<Rate>> for RatesTarget<C> {
+    fn check(&self, new: &BudgetShares<Rate>) -> Result<(), ConfigError> {
+        let rate = whole(new);
+        self.rate.check(&rate)?;
+        check_retry(new.retry, rate)
     }
 
-    fn swap(&self, new: LeasedRates) {
+    fn swap(&self, new: BudgetShares<Rate>) {
         // The retry share first when it shrinks, last when it grows: the
         // normal share, the rest of the rate, never reads a retry share
         // above the rate.
@@ -390,9 +380,19 @@ impl<C: Clock> Target<LeasedRates> for RatesTarget<C> {
         if smaller {
             retry.store(new.retry.as_milli(), std::sync::atomic::Ordering::Relaxed);
         }
-        let _ = self.rate.apply(new.rate);
+        let _ = self.rate.apply(whole(&new));
         if !smaller {
             retry.store(new.retry.as_milli(), std::sync::atomic::Ordering::Relaxed);
         }
     }
+}
+
+/// The lease's rate `R` of `shares`: their sum.
+fn whole(shares: &BudgetShares<Rate>) -> Rate {
+    Rate::from_milli(
+        shares
+            .normal
+            .as_milli()
+            .saturating_add(shares.retry.as_milli()),
+    )
 }
