@@ -81,6 +81,6 @@ pub use lease::{
 pub use leased::LeasedBudget;
 #[cfg(feature = "redis")]
 pub use regions::{
-    PendingTransfer, Rebalancer, RegionError, RegionLease, RegionLeaseBuilder, RegionalBudget,
-    RegionalBudgetBuilder, Snapshot, TransferId, TransferOutcome,
+    PendingTransfer, Rebalancer, RegionError, RegionLease, RegionalBudget, RegionalBudgetBuilder,
+    Snapshot, TransferId, TransferOutcome,
 };

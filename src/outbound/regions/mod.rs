@@ -35,7 +35,7 @@ pub use error::RegionError;
 use error::Step;
 
 pub use rebalancer::Rebalancer;
-pub use region_lease::{RegionLease, RegionLeaseBuilder};
+pub use region_lease::RegionLease;
 pub use repair::PendingTransfer;
 pub use snapshot::Snapshot;
 pub use transfer::{TransferId, TransferOutcome};
@@ -249,6 +249,8 @@ struct Inner {
     call_timeout: Duration,
     /// The credit hold H, in µs.
     hold_us: u64,
+    /// The settings of the region leases.
+    leases: builder::LeaseSettings,
     regions: Vec<Region>,
     debit: Script,
     credit: Script,
@@ -300,6 +302,7 @@ impl RegionalBudget {
             regions: Vec::new(),
             call_timeout: DEFAULT_CALL_TIMEOUT,
             credit_hold: DEFAULT_CREDIT_HOLD,
+            leases: builder::LeaseSettings::default(),
         }
     }
 
