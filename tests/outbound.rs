@@ -11,7 +11,7 @@ use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 use tower_admission::clock::{Clock, ManualClock, Timestamp};
 use tower_admission::outbound::{
     Attempt, AttemptBudget, BudgetError, BudgetStats, DependencyBudget, DependencyBudgetLayer,
-    Refusal, RetryAttempts, Share,
+    RetryAttempts, Share,
 };
 use tower_admission::quota::{MemoryConfig, MemoryStore, Policy};
 
@@ -164,10 +164,10 @@ async fn fail_fast_refuses_with_the_exact_wait() {
     // One token every 5 ms.
     assert!(matches!(
         refused,
-        BudgetError::Refused(Refusal::Exhausted {
+        BudgetError::Exhausted {
             share: Share::Normal,
             wait
-        }) if wait == Duration::from_millis(5)
+        } if wait == Duration::from_millis(5)
     ));
     assert_eq!(arrivals.0.lock().unwrap().len(), 20);
     assert_eq!(budget.stats().refused, 1);
@@ -400,7 +400,7 @@ struct SlowFirstRefusal<Bu> {
 }
 
 impl<Bu: AttemptBudget> AttemptBudget for SlowFirstRefusal<Bu> {
-    async fn charge(&self, share: Share, cost: u64) -> Result<(), Refusal> {
+    async fn charge(&self, share: Share, cost: u64) -> Result<(), BudgetError> {
         let result = self.inner.charge(share, cost).await;
         if result.is_err()
             && !self
@@ -526,10 +526,10 @@ async fn a_waiter_whose_deadline_passes_never_takes_the_heads_capacity() {
     assert!(
         matches!(
             refused,
-            BudgetError::Refused(Refusal::Exhausted {
+            BudgetError::Exhausted {
                 share: Share::Normal,
                 wait
-            }) if wait == Duration::from_millis(299)
+            } if wait == Duration::from_millis(299)
         ),
         "{refused:?}"
     );
@@ -763,7 +763,7 @@ async fn a_refusal_across_partitions_is_the_shortest_wait_whatever_the_order() {
     for _ in 0..200 {
         assert_eq!(
             random.try_acquire(Share::Normal, 1).await,
-            Err(Refusal::Exhausted {
+            Err(BudgetError::Exhausted {
                 share: Share::Normal,
                 wait: Duration::from_secs(10),
             })
@@ -780,7 +780,7 @@ async fn a_refusal_across_partitions_is_the_shortest_wait_whatever_the_order() {
     for _ in 0..20 {
         assert!(matches!(
             random.try_acquire(Share::Normal, 1).await,
-            Err(Refusal::Unavailable { .. })
+            Err(BudgetError::Unavailable { .. })
         ));
     }
     // A cost no partition can ever admit is refused as such, at once.
@@ -788,7 +788,7 @@ async fn a_refusal_across_partitions_is_the_shortest_wait_whatever_the_order() {
     for _ in 0..20 {
         assert_eq!(
             random.try_acquire(Share::Normal, 2).await,
-            Err(Refusal::CostExceedsBudget {
+            Err(BudgetError::CostExceedsBudget {
                 share: Share::Normal,
                 cost: 2,
             })
@@ -847,16 +847,16 @@ impl ModelBucket {
     }
 
     /// The refusal the share should give, or `None` after taking `cost`.
-    fn take(&mut self, share: Share, cost: u64) -> Option<Refusal> {
+    fn take(&mut self, share: Share, cost: u64) -> Option<BudgetError> {
         if cost > self.capacity {
-            return Some(Refusal::CostExceedsBudget { share, cost });
+            return Some(BudgetError::CostExceedsBudget { share, cost });
         }
         let need = cost * self.us_per_token;
         if self.level >= need {
             self.level -= need;
             return None;
         }
-        Some(Refusal::Exhausted {
+        Some(BudgetError::Exhausted {
             share,
             wait: Duration::from_micros(need - self.level),
         })
@@ -993,7 +993,7 @@ async fn an_attempt_priced_at_zero_still_costs_one() {
     for _ in 0..10 {
         match client.clone().oneshot(Request::new(String::new())).await {
             Ok(_) => {}
-            Err(BudgetError::Refused(Refusal::Exhausted { wait, .. })) => {
+            Err(BudgetError::Exhausted { wait, .. }) => {
                 assert_eq!(wait, SECOND);
                 refused += 1;
             }

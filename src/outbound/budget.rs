@@ -2,6 +2,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::outbound::BudgetError;
 use crate::quota::algorithm::Algorithm;
 use crate::quota::{Limiter, Outcome, Policy, Quota, Store};
 use crate::reload::{Live, ReloadHandle, Target};
@@ -189,7 +190,7 @@ pub trait AttemptBudget: Clone + Send + Sync + 'static {
         &self,
         share: Share,
         cost: u64,
-    ) -> impl std::future::Future<Output = Result<(), Refusal>> + Send;
+    ) -> impl std::future::Future<Output = Result<(), BudgetError>> + Send;
 
     /// [`charge`](Self::charge) for an attempt that already looked and was
     /// refused (a queue's head looking again after the wait it was told):
@@ -199,7 +200,7 @@ pub trait AttemptBudget: Clone + Send + Sync + 'static {
         &self,
         share: Share,
         cost: u64,
-    ) -> impl std::future::Future<Output = Result<(), Refusal>> + Send {
+    ) -> impl std::future::Future<Output = Result<(), BudgetError>> + Send {
         self.charge(share, cost)
     }
 
@@ -233,63 +234,6 @@ pub struct BudgetStats {
     /// Total time attempts spent waiting for the budget, in µs.
     pub waited_micros: u64,
 }
-
-/// Why an attempt was not admitted by a [`DependencyBudget`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Refusal {
-    /// The share is exhausted; it admits again after `wait`.
-    Exhausted {
-        /// The share that refused.
-        share: Share,
-        /// The exact wait until the attempt could be admitted.
-        wait: Duration,
-    },
-    /// The cost is more than the share can ever admit at once.
-    CostExceedsBudget {
-        /// The share.
-        share: Share,
-        /// The attempt's cost.
-        cost: u64,
-    },
-    /// The limiter store failed and its failure mode refuses.
-    Unavailable {
-        /// Suggested wait.
-        wait: Duration,
-    },
-}
-
-impl Refusal {
-    /// The wait after which the attempt can succeed, if one can.
-    pub fn wait(&self) -> Option<Duration> {
-        match self {
-            Refusal::Exhausted { wait, .. } | Refusal::Unavailable { wait } => Some(*wait),
-            Refusal::CostExceedsBudget { .. } => None,
-        }
-    }
-}
-
-impl std::fmt::Display for Refusal {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Refusal::Exhausted { share, wait } => {
-                write!(
-                    f,
-                    "dependency budget ({share:?} share) exhausted; retry in {wait:?}"
-                )
-            }
-            Refusal::CostExceedsBudget { share, cost } => write!(
-                f,
-                "an attempt of cost {cost} exceeds the dependency budget's {share:?} share"
-            ),
-            Refusal::Unavailable { wait } => {
-                write!(f, "dependency budget unavailable; retry in {wait:?}")
-            }
-        }
-    }
-}
-
-impl std::error::Error for Refusal {}
 
 /// Builds a [`DependencyBudget`]; [`build`](Self::build) checks it.
 #[derive(Debug)]
@@ -371,7 +315,7 @@ impl<St: Store> DependencyBudget<St> {
     /// Charges one attempt of `cost` to `share` now, or says why not. Never
     /// waits; see [`DependencyBudgetLayer`](crate::outbound::DependencyBudgetLayer)
     /// for waiting up to a deadline.
-    pub async fn try_acquire(&self, share: Share, cost: u64) -> Result<(), Refusal> {
+    pub async fn try_acquire(&self, share: Share, cost: u64) -> Result<(), BudgetError> {
         let result = self.charge_uncounted(share, cost).await;
         if result.is_err() {
             self.inner.stats.refused();
@@ -380,7 +324,7 @@ impl<St: Store> DependencyBudget<St> {
     }
 
     /// [`try_acquire`](Self::try_acquire) without counting a refusal.
-    async fn charge_uncounted(&self, share: Share, cost: u64) -> Result<(), Refusal> {
+    async fn charge_uncounted(&self, share: Share, cost: u64) -> Result<(), BudgetError> {
         let inner = &*self.inner;
         // Held across the store's answer: the attempt is decided wholly
         // under the shares in force when it began.
@@ -400,19 +344,19 @@ impl<St: Store> DependencyBudget<St> {
                     inner.stats.admitted(share);
                     return Ok(());
                 }
-                Outcome::Refused { wait, .. } => Refusal::Exhausted { share, wait: *wait },
+                Outcome::Refused { wait, .. } => BudgetError::Exhausted { share, wait: *wait },
                 // Every partition holds the same part: none can admit it.
                 Outcome::CostExceedsCapacity { .. } => {
-                    return Err(Refusal::CostExceedsBudget { share, cost })
+                    return Err(BudgetError::CostExceedsBudget { share, cost })
                 }
-                Outcome::Unavailable { wait } => Refusal::Unavailable { wait: *wait },
+                Outcome::Unavailable { wait } => BudgetError::Unavailable { wait: *wait },
             };
             refusal = Some(match refusal {
                 None => this,
                 Some(kept) => most_useful(kept, this),
             });
         }
-        Err(refusal.unwrap_or(Refusal::Unavailable {
+        Err(refusal.unwrap_or(BudgetError::Unavailable {
             wait: Duration::from_secs(1),
         }))
     }
@@ -422,20 +366,19 @@ impl<St: Store> DependencyBudget<St> {
 /// they were probed in: across partitions the attempt can go as soon as any
 /// one frees, so an `Exhausted` wait beats a store failure and the shorter
 /// wait of two of a kind wins.
-fn most_useful(a: Refusal, b: Refusal) -> Refusal {
+fn most_useful(a: BudgetError, b: BudgetError) -> BudgetError {
     match (a, b) {
-        (Refusal::Exhausted { share, wait: a }, Refusal::Exhausted { wait: b, .. }) => {
-            Refusal::Exhausted {
+        (BudgetError::Exhausted { share, wait: a }, BudgetError::Exhausted { wait: b, .. }) => {
+            BudgetError::Exhausted {
                 share,
                 wait: a.min(b),
             }
         }
-        (Refusal::Unavailable { wait: a }, Refusal::Unavailable { wait: b }) => {
-            Refusal::Unavailable { wait: a.min(b) }
+        (BudgetError::Unavailable { wait: a }, BudgetError::Unavailable { wait: b }) => {
+            BudgetError::Unavailable { wait: a.min(b) }
         }
-        (exhausted @ Refusal::Exhausted { .. }, _) | (_, exhausted @ Refusal::Exhausted { .. }) => {
-            exhausted
-        }
+        (exhausted @ BudgetError::Exhausted { .. }, _)
+        | (_, exhausted @ BudgetError::Exhausted { .. }) => exhausted,
         (a, _) => a,
     }
 }
@@ -445,7 +388,7 @@ impl<St: Store> AttemptBudget for DependencyBudget<St> {
         &self,
         share: Share,
         cost: u64,
-    ) -> impl std::future::Future<Output = Result<(), Refusal>> + Send {
+    ) -> impl std::future::Future<Output = Result<(), BudgetError>> + Send {
         self.charge_uncounted(share, cost)
     }
 
@@ -589,7 +532,7 @@ impl<St: Store> DependencyBudgetBuilder<St> {
     /// smallest limit (a token bucket's capacity) is below `n` is refused at
     /// [`build`](Self::build). An attempt is charged to one partition, so a
     /// cost above one part's capacity is refused
-    /// ([`Refusal::CostExceedsBudget`]) even when it is within the whole
+    /// ([`BudgetError::CostExceedsBudget`]) even when it is within the whole
     /// budget.
     ///
     /// Strict and cheap: one decision per attempt. An instance can use only
@@ -612,11 +555,11 @@ impl<St: Store> DependencyBudgetBuilder<St> {
     /// the total, since every partition holds only its part.
     ///
     /// When every probed partition refuses, the refusal does not depend on
-    /// the order they were probed in: [`Refusal::Exhausted`] with the
+    /// the order they were probed in: [`BudgetError::Exhausted`] with the
     /// shortest wait among the partitions that were exhausted, or, only when
-    /// every probed partition's store failed, [`Refusal::Unavailable`] with
+    /// every probed partition's store failed, [`BudgetError::Unavailable`] with
     /// the shortest wait among them. A cost above one partition's capacity
-    /// is refused at once ([`Refusal::CostExceedsBudget`]): no partition can
+    /// is refused at once ([`BudgetError::CostExceedsBudget`]): no partition can
     /// admit it.
     pub fn partitions_random(mut self, n: usize, probes: usize) -> Self {
         self.partitions = n;

@@ -58,8 +58,7 @@ mod pushback;
 
 pub use attempt::{Attempt, RetryAttempts};
 pub use budget::{
-    AttemptBudget, BudgetShares, BudgetStats, DependencyBudget, DependencyBudgetBuilder, Refusal,
-    Share,
+    AttemptBudget, BudgetShares, BudgetStats, DependencyBudget, DependencyBudgetBuilder, Share,
 };
 pub use layer::{BudgetError, DependencyBudgetLayer};
 pub use pushback::PushbackLayer;

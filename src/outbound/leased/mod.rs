@@ -10,7 +10,7 @@ use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::outbound::budget::Counters;
 use crate::outbound::lease::{cap_at_refresh, Asked};
 use crate::outbound::{
-    AttemptBudget, BudgetShares, BudgetStats, LeaseMode, Rate, RateLease, Refusal, Share,
+    AttemptBudget, BudgetError, BudgetShares, BudgetStats, LeaseMode, Rate, RateLease, Share,
 };
 use crate::reload::{ReloadHandle, Target};
 use crate::ConfigError;
@@ -35,7 +35,7 @@ fn share_index(share: Share) -> usize {
 }
 
 /// The refusal of a released lease: this budget never admits again.
-const RELEASED: Refusal = Refusal::Unavailable {
+const RELEASED: BudgetError = BudgetError::Unavailable {
     wait: Duration::MAX,
 };
 
@@ -67,7 +67,7 @@ const RELEASED: Refusal = Refusal::Unavailable {
 ///   idle, the time before the latest change fills nothing for that share.
 /// - **No rate** (before the first refresh, or a zero grant): the wait is
 ///   the lease's own, the time to its next refresh. A **released** lease
-///   refuses every attempt at once with [`Refusal::Unavailable`] and
+///   refuses every attempt at once with [`BudgetError::Unavailable`](crate::outbound::BudgetError::Unavailable) and
 ///   `Duration::MAX`: the budget never admits again.
 /// - **Fail-open** leases ([`RateLeaseBuilder::fail_open`](crate::outbound::RateLeaseBuilder::fail_open))
 ///   admit every attempt, share or not, while they are in the fallback.
@@ -211,13 +211,18 @@ impl<C: Clock> LeasedBudget<C> {
     }
 
     /// Charges one attempt of `cost` to `share` at the lease's local now.
-    pub fn try_acquire_now(&self, share: Share, cost: u64) -> Result<(), Refusal> {
+    pub fn try_acquire_now(&self, share: Share, cost: u64) -> Result<(), BudgetError> {
         self.try_acquire_at(share, cost, self.inner.lease.now())
     }
 
     /// Charges one attempt of `cost` to `share` at local time `now`: from
     /// the share's bucket and the lease's, both or neither. Synchronous.
-    pub fn try_acquire_at(&self, share: Share, cost: u64, now: Timestamp) -> Result<(), Refusal> {
+    pub fn try_acquire_at(
+        &self,
+        share: Share,
+        cost: u64,
+        now: Timestamp,
+    ) -> Result<(), BudgetError> {
         let result = self.charge_at(share, cost, now, Look::First);
         if result.is_err() {
             self.inner.stats.refused();
@@ -234,7 +239,7 @@ impl<C: Clock> LeasedBudget<C> {
         cost: u64,
         now: Timestamp,
         look: Look,
-    ) -> Result<(), Refusal> {
+    ) -> Result<(), BudgetError> {
         let inner = &*self.inner;
         let lease = &inner.lease;
         // 1. A released lease never admits again.
@@ -255,7 +260,7 @@ impl<C: Clock> LeasedBudget<C> {
         // 3. A cost no bucket holds: refused, counted as demand.
         if cost > lease.max_cost() {
             lease.note_demand(asked);
-            return Err(Refusal::CostExceedsBudget { share, cost });
+            return Err(BudgetError::CostExceedsBudget { share, cost });
         }
         // 4. A fail-open lease in its fallback admits every attempt, share
         //    or not.
@@ -266,7 +271,7 @@ impl<C: Clock> LeasedBudget<C> {
                     inner.stats.admitted(share);
                     Ok(())
                 }
-                Err(wait) => Err(Refusal::Unavailable { wait }),
+                Err(wait) => Err(BudgetError::Unavailable { wait }),
             };
         }
         // 5. The share's bucket fills on the lease's schedule up to now (read
@@ -297,7 +302,7 @@ impl<C: Clock> LeasedBudget<C> {
                 lease.note_held_back(asked, now, micros);
                 Duration::from_micros(micros)
             };
-            return Err(Refusal::Exhausted { share, wait });
+            return Err(BudgetError::Exhausted { share, wait });
         }
         // 7. The lease's own bucket: both are charged, or neither.
         match lease.acquire_counting(cost, asked, now) {
@@ -308,7 +313,7 @@ impl<C: Clock> LeasedBudget<C> {
             }
             // Released since the status was read.
             Err(Duration::MAX) => Err(RELEASED),
-            Err(wait) => Err(Refusal::Exhausted { share, wait }),
+            Err(wait) => Err(BudgetError::Exhausted { share, wait }),
         }
     }
 }
@@ -318,7 +323,7 @@ impl<C: Clock> AttemptBudget for LeasedBudget<C> {
         &self,
         share: Share,
         cost: u64,
-    ) -> impl std::future::Future<Output = Result<(), Refusal>> + Send {
+    ) -> impl std::future::Future<Output = Result<(), BudgetError>> + Send {
         std::future::ready(self.charge_at(share, cost, self.inner.lease.now(), Look::First))
     }
 
@@ -326,7 +331,7 @@ impl<C: Clock> AttemptBudget for LeasedBudget<C> {
         &self,
         share: Share,
         cost: u64,
-    ) -> impl std::future::Future<Output = Result<(), Refusal>> + Send {
+    ) -> impl std::future::Future<Output = Result<(), BudgetError>> + Send {
         std::future::ready(self.charge_at(share, cost, self.inner.lease.now(), Look::Again))
     }
 
