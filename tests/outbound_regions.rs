@@ -54,8 +54,8 @@ async fn fleet() -> Fleet {
     let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
     let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
     let budget = budget_on(&urls, Duration::from_millis(500));
-    assert_eq!(budget.initialize().await.unwrap(), true);
-    assert_eq!(budget.initialize().await.unwrap(), false);
+    assert!(budget.initialize().await.unwrap(), "seeded now");
+    assert!(!budget.initialize().await.unwrap(), "already initialized");
     Fleet { servers, budget }
 }
 
@@ -390,7 +390,7 @@ async fn a_stalled_credit_has_an_unknown_outcome_and_is_never_doubled() {
     let proxy = StallProxy::start(servers[US].port()).await;
     let urls = [servers[EU].url(), proxy.url(), servers[AP].url()];
     let b = budget_on(&urls, DEADLINE);
-    assert_eq!(b.initialize().await.unwrap(), true);
+    assert!(b.initialize().await.unwrap(), "seeded now");
     // A first credit to us, so the held call is a script us already knows.
     let warm = TransferId::new("ap-us-10").unwrap();
     assert_eq!(
@@ -456,7 +456,7 @@ async fn a_call_dropped_unanswered_replaces_a_hung_connection() {
     let proxy = StallProxy::start(servers[US].port()).await;
     let urls = [servers[EU].url(), proxy.url(), servers[AP].url()];
     let b = budget_on(&urls, Duration::from_secs(2));
-    assert_eq!(b.initialize().await.unwrap(), true);
+    assert!(b.initialize().await.unwrap(), "seeded now");
     assert_eq!(b.allocation("us").await, Ok(80));
 
     proxy.stall_open_connections();
@@ -1162,7 +1162,7 @@ async fn a_credit_from_a_donor_reseeded_after_its_debit_never_lands() {
     let proxy = StallProxy::start(servers[US].port()).await;
     let urls = [servers[EU].url(), proxy.url(), servers[AP].url()];
     let b = budget_on(&urls, DEADLINE);
-    assert_eq!(b.initialize().await.unwrap(), true);
+    assert!(b.initialize().await.unwrap(), "seeded now");
     // us knows the credit script, so the held call runs once delivered.
     let credit = include_str!("../src/outbound/regions/scripts/regions_credit.lua");
     servers[US].cli(&["SCRIPT", "LOAD", credit]);
