@@ -11,7 +11,7 @@ use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 use tower_admission::clock::{Clock, ManualClock, Timestamp};
 use tower_admission::outbound::{
     Attempt, AttemptBudget, BudgetError, BudgetStats, DependencyBudget, DependencyBudgetLayer,
-    Pick, Refusal, RetryAttempts, Share,
+    RetryAttempts, Share,
 };
 use tower_admission::quota::{MemoryConfig, MemoryStore, Policy};
 
@@ -164,10 +164,10 @@ async fn fail_fast_refuses_with_the_exact_wait() {
     // One token every 5 ms.
     assert!(matches!(
         refused,
-        BudgetError::Refused(Refusal::Exhausted {
+        BudgetError::Exhausted {
             share: Share::Normal,
             wait
-        }) if wait == Duration::from_millis(5)
+        } if wait == Duration::from_millis(5)
     ));
     assert_eq!(arrivals.0.lock().unwrap().len(), 20);
     assert_eq!(budget.stats().refused, 1);
@@ -222,7 +222,7 @@ fn partitioned(
     DependencyBudget::builder(store.clone(), "hot")
         .normal(Policy::fixed_window("normal", 100, Duration::from_secs(60)).unwrap())
         .retry(Policy::fixed_window("retry", 10, Duration::from_secs(60)).unwrap())
-        .partitions(n, pick)
+        .pick(n, pick)
         .build()
         .unwrap()
 }
@@ -294,7 +294,7 @@ fn bad_budgets_name_the_field() {
         DependencyBudget::builder(MemoryStore::new(), "b")
             .normal(Policy::token_bucket("n", 1, 1, SECOND).unwrap())
             .retry(Policy::token_bucket("r", 1, 1, SECOND).unwrap())
-            .partitions(n, Pick::Home(0))
+            .partitions_home(n, 0)
             .build()
             .map(|_| ())
     };
@@ -400,7 +400,7 @@ struct SlowFirstRefusal<Bu> {
 }
 
 impl<Bu: AttemptBudget> AttemptBudget for SlowFirstRefusal<Bu> {
-    async fn charge(&self, share: Share, cost: u64) -> Result<(), Refusal> {
+    async fn charge(&self, share: Share, cost: u64) -> Result<(), BudgetError> {
         let result = self.inner.charge(share, cost).await;
         if result.is_err()
             && !self
@@ -526,10 +526,10 @@ async fn a_waiter_whose_deadline_passes_never_takes_the_heads_capacity() {
     assert!(
         matches!(
             refused,
-            BudgetError::Refused(Refusal::Exhausted {
+            BudgetError::Exhausted {
                 share: Share::Normal,
                 wait
-            }) if wait == Duration::from_millis(299)
+            } if wait == Duration::from_millis(299)
         ),
         "{refused:?}"
     );
@@ -547,7 +547,7 @@ fn partitions_that_would_admit_more_than_the_whole_are_refused() {
         DependencyBudget::builder(MemoryStore::new(), "b")
             .normal(normal)
             .retry(retry)
-            .partitions(n, Pick::Random { probes: 1 })
+            .partitions_random(n, 1)
             .build()
             .map(|_| ())
     };
@@ -735,7 +735,7 @@ fn four_buckets(
     DependencyBudget::builder(store.clone(), "probed")
         .normal(Policy::token_bucket("normal", 4, 4, Duration::from_secs(40)).unwrap())
         .retry(Policy::token_bucket("retry", 4, 4, Duration::from_secs(40)).unwrap())
-        .partitions(4, pick)
+        .pick(4, pick)
         .build()
         .unwrap()
 }
@@ -763,7 +763,7 @@ async fn a_refusal_across_partitions_is_the_shortest_wait_whatever_the_order() {
     for _ in 0..200 {
         assert_eq!(
             random.try_acquire(Share::Normal, 1).await,
-            Err(Refusal::Exhausted {
+            Err(BudgetError::Exhausted {
                 share: Share::Normal,
                 wait: Duration::from_secs(10),
             })
@@ -780,7 +780,7 @@ async fn a_refusal_across_partitions_is_the_shortest_wait_whatever_the_order() {
     for _ in 0..20 {
         assert!(matches!(
             random.try_acquire(Share::Normal, 1).await,
-            Err(Refusal::Unavailable { .. })
+            Err(BudgetError::Unavailable { .. })
         ));
     }
     // A cost no partition can ever admit is refused as such, at once.
@@ -788,7 +788,7 @@ async fn a_refusal_across_partitions_is_the_shortest_wait_whatever_the_order() {
     for _ in 0..20 {
         assert_eq!(
             random.try_acquire(Share::Normal, 2).await,
-            Err(Refusal::CostExceedsBudget {
+            Err(BudgetError::CostExceedsBudget {
                 share: Share::Normal,
                 cost: 2,
             })
@@ -847,16 +847,16 @@ impl ModelBucket {
     }
 
     /// The refusal the share should give, or `None` after taking `cost`.
-    fn take(&mut self, share: Share, cost: u64) -> Option<Refusal> {
+    fn take(&mut self, share: Share, cost: u64) -> Option<BudgetError> {
         if cost > self.capacity {
-            return Some(Refusal::CostExceedsBudget { share, cost });
+            return Some(BudgetError::CostExceedsBudget { share, cost });
         }
         let need = cost * self.us_per_token;
         if self.level >= need {
             self.level -= need;
             return None;
         }
-        Some(Refusal::Exhausted {
+        Some(BudgetError::Exhausted {
             share,
             wait: Duration::from_micros(need - self.level),
         })
@@ -926,7 +926,7 @@ fn random_attempts_and_retries_keep_every_share_and_the_total_within_bound() {
                 .normal(Policy::token_bucket("normal", 20, 200, SECOND).unwrap())
                 .retry(Policy::token_bucket("retry", 4, 40, SECOND).unwrap());
             if partitioned {
-                builder = builder.partitions(4, Pick::Random { probes: 3 });
+                builder = builder.partitions_random(4, 3);
             }
             let budget = builder.build().unwrap();
             let mut model = [ModelBucket::new(20, 200), ModelBucket::new(4, 40)];
@@ -993,7 +993,7 @@ async fn an_attempt_priced_at_zero_still_costs_one() {
     for _ in 0..10 {
         match client.clone().oneshot(Request::new(String::new())).await {
             Ok(_) => {}
-            Err(BudgetError::Refused(Refusal::Exhausted { wait, .. })) => {
+            Err(BudgetError::Exhausted { wait, .. }) => {
                 assert_eq!(wait, SECOND);
                 refused += 1;
             }
@@ -1003,4 +1003,29 @@ async fn an_attempt_priced_at_zero_still_costs_one() {
     assert_eq!(arrivals.0.lock().unwrap().len(), 1);
     assert_eq!(refused, 9);
     assert_eq!((budget.stats().normal, budget.stats().refused), (1, 9));
+}
+
+/// How the tests pick a partition: one of the builder's two ways.
+#[derive(Debug, Clone, Copy)]
+enum Pick {
+    /// `partitions_home`.
+    Home(usize),
+    /// `partitions_random`.
+    Random { probes: usize },
+}
+
+/// The builder with `n` partitions picked by `pick`.
+trait PickExt: Sized {
+    fn pick(self, n: usize, pick: Pick) -> Self;
+}
+
+impl<St: tower_admission::quota::Store> PickExt
+    for tower_admission::outbound::DependencyBudgetBuilder<St>
+{
+    fn pick(self, n: usize, pick: Pick) -> Self {
+        match pick {
+            Pick::Home(home) => self.partitions_home(n, home),
+            Pick::Random { probes } => self.partitions_random(n, probes),
+        }
+    }
 }

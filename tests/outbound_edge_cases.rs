@@ -15,7 +15,7 @@ use http::{Request, Response, StatusCode};
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 use tower_admission::clock::{Clock, Timestamp};
 use tower_admission::outbound::{
-    Attempt, BudgetError, DependencyBudget, DependencyBudgetLayer, Refusal, RetryAttempts, Share,
+    Attempt, BudgetError, DependencyBudget, DependencyBudgetLayer, RetryAttempts, Share,
 };
 use tower_admission::quota::{MemoryConfig, MemoryStore, Policy};
 
@@ -176,10 +176,10 @@ async fn a_retry_refused_by_the_retry_share_carries_its_wait() {
     assert!(
         matches!(
             refused,
-            BudgetError::Refused(Refusal::Exhausted {
+            BudgetError::Exhausted {
                 share: Share::Retry,
                 wait
-            }) if wait == SECOND
+            } if wait == SECOND
         ),
         "{refused:?}"
     );
@@ -555,7 +555,7 @@ async fn zero_and_huge_numbers_are_refused_or_held_exactly() {
     let huge = DependencyBudget::builder(store(), "huge")
         .normal(Policy::token_bucket("normal", u64::MAX, rate, SECOND).unwrap())
         .retry(Policy::token_bucket("retry", 1 << 42, 1, SECOND).unwrap())
-        .partitions(1024, tower_admission::outbound::Pick::Home(3))
+        .partitions_home(1024, 3)
         .build()
         .unwrap();
     // Each partition holds 1/1024 of the capacity: that much at once, and
@@ -564,12 +564,12 @@ async fn zero_and_huge_numbers_are_refused_or_held_exactly() {
     assert_eq!(huge.try_acquire(Share::Normal, part).await, Ok(()));
     assert!(matches!(
         huge.try_acquire(Share::Normal, 1).await,
-        Err(Refusal::Exhausted { wait, .. }) if wait > Duration::ZERO
+        Err(BudgetError::Exhausted { wait, .. }) if wait > Duration::ZERO
     ));
     let retry_part = (1 << 42) / 1024;
     assert_eq!(
         huge.try_acquire(Share::Retry, retry_part + 1).await,
-        Err(Refusal::CostExceedsBudget {
+        Err(BudgetError::CostExceedsBudget {
             share: Share::Retry,
             cost: retry_part + 1
         })

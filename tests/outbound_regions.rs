@@ -27,9 +27,7 @@ use futures_util::FutureExt;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
-use tower_admission::outbound::{
-    Initialized, RegionError, RegionalBudget, Step, TransferError, TransferId, TransferOutcome,
-};
+use tower_admission::outbound::{RegionError, RegionalBudget, TransferId, TransferOutcome};
 
 use support::{RedisServer, StallProxy};
 
@@ -56,11 +54,8 @@ async fn fleet() -> Fleet {
     let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
     let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
     let budget = budget_on(&urls, Duration::from_millis(500));
-    assert_eq!(budget.initialize().await.unwrap(), Initialized::Seeded);
-    assert_eq!(
-        budget.initialize().await.unwrap(),
-        Initialized::AlreadyInitialized
-    );
+    assert!(budget.initialize().await.unwrap(), "seeded now");
+    assert!(!budget.initialize().await.unwrap(), "already initialized");
     Fleet { servers, budget }
 }
 
@@ -151,7 +146,7 @@ async fn random_redistributions_never_exceed_the_total() {
                         .await;
                     match &result {
                         Ok(TransferOutcome::Applied) => {}
-                        Err(TransferError::Insufficient {
+                        Err(RegionError::Insufficient {
                             region,
                             available,
                             requested,
@@ -176,9 +171,9 @@ async fn random_redistributions_never_exceed_the_total() {
     done.store(true, Ordering::Release);
     let (cuts, with_in_flight, naive_above) = observer.await.unwrap();
 
-    let report = budget.repair_all().await;
-    assert!(report.errors().is_empty(), "{:?}", report.errors());
-    assert!(report.completed().is_empty(), "nothing was interrupted");
+    let report = tally(&budget.repair_all().await);
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert_eq!(report.completed, 0, "nothing was interrupted");
 
     let applied = log.iter().filter(|t| t.3).count();
     let refused = log.len() - applied;
@@ -239,7 +234,7 @@ async fn the_same_id_three_times_moves_the_amount_once() {
     let err = b.transfer(&id, "eu", "us", 31).await.unwrap_err();
     assert_eq!(
         err,
-        TransferError::Conflict {
+        RegionError::Conflict {
             id: id.clone(),
             from: "eu".into(),
             recorded_to: "us".into(),
@@ -248,7 +243,7 @@ async fn the_same_id_three_times_moves_the_amount_once() {
     );
     assert!(matches!(
         b.transfer(&id, "eu", "ap", 30).await,
-        Err(TransferError::Conflict { .. })
+        Err(RegionError::Conflict { .. })
     ));
     assert_eq!(allocations(b).await, [70, 110, 60]);
 
@@ -276,7 +271,7 @@ async fn a_refused_transfer_changes_nothing() {
     let id = TransferId::new("big").unwrap();
     assert_eq!(
         b.transfer(&id, "ap", "eu", 61).await,
-        Err(TransferError::Insufficient {
+        Err(RegionError::Insufficient {
             region: "ap".into(),
             available: 60,
             requested: 61,
@@ -293,7 +288,7 @@ async fn a_refused_transfer_changes_nothing() {
     assert_eq!(allocations(b).await, [160, 80, 0]);
     assert!(matches!(
         b.transfer(&TransferId::random(), "ap", "us", 1).await,
-        Err(TransferError::Insufficient { available: 0, .. })
+        Err(RegionError::Insufficient { available: 0, .. })
     ));
     assert_eq!(b.snapshot().await.unwrap().sum(), TOTAL);
 }
@@ -312,9 +307,11 @@ async fn an_interrupted_transfer_is_repaired_exactly_once() {
 
     let err = f.budget.transfer(&id, "eu", "us", 25).await.unwrap_err();
     match &err {
-        TransferError::Unreachable { region, step, .. } => {
+        RegionError::Unreachable {
+            region, message, ..
+        } => {
             assert_eq!(region, "us");
-            assert_eq!(*step, Step::Credit);
+            assert!(at_step(message, "credit"), "{message}");
         }
         other => panic!("expected the credit step to fail, got {other:?}"),
     }
@@ -331,10 +328,11 @@ async fn an_interrupted_transfer_is_repaired_exactly_once() {
 
     assert!(matches!(
         f.budget.repair(&id).await,
-        Err(TransferError::Unreachable {
-            step: Step::Lookup,
+        Err(RegionError::Unreachable {
+            debited: false,
+            ref message,
             ..
-        })
+        }) if at_step(message, "lookup")
     ));
     assert_eq!(f.budget.allocation("eu").await, Ok(75));
 
@@ -368,9 +366,9 @@ async fn an_interrupted_transfer_is_repaired_exactly_once() {
         f.budget.repair(&id).await,
         Ok(TransferOutcome::AlreadyApplied)
     );
-    let report = f.budget.repair_all().await;
-    assert!(report.completed().is_empty() && report.errors().is_empty());
-    assert_eq!(report.already_complete(), 0);
+    let report = tally(&f.budget.repair_all().await);
+    assert!(report.completed == 0 && report.errors.is_empty());
+    assert_eq!(report.already_complete, 0);
     assert_eq!(
         f.budget.transfer(&id, "eu", "us", 25).await,
         Ok(TransferOutcome::AlreadyApplied)
@@ -392,7 +390,7 @@ async fn a_stalled_credit_has_an_unknown_outcome_and_is_never_doubled() {
     let proxy = StallProxy::start(servers[US].port()).await;
     let urls = [servers[EU].url(), proxy.url(), servers[AP].url()];
     let b = budget_on(&urls, DEADLINE);
-    assert_eq!(b.initialize().await.unwrap(), Initialized::Seeded);
+    assert!(b.initialize().await.unwrap(), "seeded now");
     // A first credit to us, so the held call is a script us already knows.
     let warm = TransferId::new("ap-us-10").unwrap();
     assert_eq!(
@@ -406,15 +404,20 @@ async fn a_stalled_credit_has_an_unknown_outcome_and_is_never_doubled() {
     let err = b.transfer(&id, "eu", "us", 30).await.unwrap_err();
     let elapsed = started.elapsed();
     match &err {
-        TransferError::Unreachable {
+        RegionError::Unreachable {
             region,
-            step,
+            debited,
             outcome_unknown,
-            ..
+            message,
         } => {
             assert_eq!(
-                (region.as_str(), *step, *outcome_unknown),
-                ("us", Step::Credit, true)
+                (
+                    region.as_str(),
+                    at_step(message, "credit"),
+                    *debited,
+                    *outcome_unknown
+                ),
+                ("us", true, true, true)
             );
         }
         other => panic!("expected an unknown credit, got {other:?}"),
@@ -453,7 +456,7 @@ async fn a_call_dropped_unanswered_replaces_a_hung_connection() {
     let proxy = StallProxy::start(servers[US].port()).await;
     let urls = [servers[EU].url(), proxy.url(), servers[AP].url()];
     let b = budget_on(&urls, Duration::from_secs(2));
-    assert_eq!(b.initialize().await.unwrap(), Initialized::Seeded);
+    assert!(b.initialize().await.unwrap(), "seeded now");
     assert_eq!(b.allocation("us").await, Ok(80));
 
     proxy.stall_open_connections();
@@ -490,29 +493,34 @@ async fn a_lost_region_never_raises_the_sum() {
     assert!(
         matches!(
             &err,
-            TransferError::StateLost { region, step: Step::Credit }
-                | TransferError::Unreachable { region, step: Step::Credit, .. } if region == "us"
+            RegionError::StateLost { regions, debited: true } if regions == &["us"]
+        ) || matches!(
+            &err,
+            RegionError::Unreachable { region, message, .. }
+                if region == "us" && at_step(message, "credit")
         ),
         "{err:?}"
     );
     assert_eq!(
         b.repair(&id).await,
-        Err(TransferError::StateLost {
-            region: "us".into(),
-            step: Step::Credit
+        Err(RegionError::StateLost {
+            regions: vec!["us".into()],
+            debited: true
         })
     );
     assert_eq!(b.allocation("eu").await, Ok(55));
     assert_eq!(
         b.allocation("us").await,
         Err(RegionError::StateLost {
-            regions: vec!["us".into()]
+            regions: vec!["us".into()],
+            debited: false
         })
     );
     assert_eq!(
         b.initialize().await,
         Err(RegionError::StateLost {
-            regions: vec!["us".into()]
+            regions: vec!["us".into()],
+            debited: false
         })
     );
     assert!(matches!(
@@ -530,7 +538,7 @@ async fn a_lost_region_never_raises_the_sum() {
     assert_eq!(b.allocation("us").await, Ok(0));
     // The debit was made against the lost state of us: never credited to
     // the new one, and dropped from the pending list.
-    let lost = TransferError::ReceiverRecreated {
+    let lost = RegionError::ReceiverRecreated {
         id: id.clone(),
         from: "eu".into(),
         to: "us".into(),
@@ -621,17 +629,17 @@ async fn bad_settings_and_requests_are_typed_errors() {
     let id = TransferId::random();
     assert_eq!(
         b.transfer(&id, "eu", "us", 0).await,
-        Err(TransferError::ZeroAmount)
+        Err(RegionError::ZeroAmount)
     );
     assert_eq!(
         b.transfer(&id, "eu", "mars", 1).await,
-        Err(TransferError::UnknownRegion {
+        Err(RegionError::UnknownRegion {
             region: "mars".into()
         })
     );
     assert_eq!(
         b.transfer(&id, "eu", "eu", 1).await,
-        Err(TransferError::SameRegion {
+        Err(RegionError::SameRegion {
             region: "eu".into()
         })
     );
@@ -649,11 +657,12 @@ async fn bad_settings_and_requests_are_typed_errors() {
     assert!(
         matches!(
             &err,
-            TransferError::Unreachable {
-                step: Step::Debit,
+            RegionError::Unreachable {
+                debited: false,
                 outcome_unknown: false,
+                message,
                 ..
-            }
+            } if at_step(message, "debit")
         ),
         "{err:?}"
     );
@@ -675,7 +684,7 @@ async fn a_region_added_later_never_raises_the_sum() {
         .region("eu", &eu.url(), 240)
         .build()
         .unwrap();
-    assert_eq!(v1.initialize().await, Ok(Initialized::Seeded));
+    assert_eq!(v1.initialize().await, Ok(true));
     let v2 = RegionalBudget::builder(TOTAL)
         .name("pay")
         .region("eu", &eu.url(), 120)
@@ -701,7 +710,7 @@ async fn a_region_added_later_never_raises_the_sum() {
         snap.allocations().collect::<Vec<_>>(),
         [("eu", 120), ("us", 120)]
     );
-    assert_eq!(v2.initialize().await, Ok(Initialized::AlreadyInitialized));
+    assert_eq!(v2.initialize().await, Ok(false));
 
     // The state the unchecked seeding left: eu 240 and us 120.
     eu.cli(&[
@@ -747,15 +756,15 @@ async fn a_receiver_recreated_after_a_debit_is_never_credited_it() {
     assert_eq!(b.recover_lost("us").await, Ok(true));
     assert_eq!(allocations(&b).await, [70, 0, 170]);
 
-    let lost = TransferError::ReceiverRecreated {
+    let lost = RegionError::ReceiverRecreated {
         id: t1.clone(),
         from: "eu".into(),
         to: "us".into(),
         amount: 30,
     };
-    let report = b.repair_all().await;
-    assert_eq!(report.errors(), std::slice::from_ref(&lost));
-    assert!(report.completed().is_empty());
+    let report = tally(&b.repair_all().await);
+    assert_eq!(report.errors, std::slice::from_ref(&lost));
+    assert_eq!(report.completed, 0);
     assert_eq!(
         b.pending().await,
         Ok(vec![]),
@@ -882,11 +891,11 @@ enum Expected {
     Insufficient(u64),
 }
 
-fn matches_expected(got: &Result<TransferOutcome, TransferError>, want: &Expected) -> bool {
+fn matches_expected(got: &Result<TransferOutcome, RegionError>, want: &Expected) -> bool {
     match (got, want) {
         (Ok(outcome), Expected::Ok(expected)) => outcome == expected,
-        (Err(TransferError::Conflict { .. }), Expected::Conflict) => true,
-        (Err(TransferError::Insufficient { available, .. }), Expected::Insufficient(a)) => {
+        (Err(RegionError::Conflict { .. }), Expected::Conflict) => true,
+        (Err(RegionError::Insufficient { available, .. }), Expected::Insufficient(a)) => {
             available == a
         }
         _ => false,
@@ -1014,11 +1023,11 @@ async fn interleaved_transfers_replays_interruptions_and_repairs_match_the_model
                     let id = TransferId::new(fresh("bad")).unwrap();
                     assert!(matches!(
                         f.budget.transfer(&id, names[from], names[from], 1).await,
-                        Err(TransferError::SameRegion { .. })
+                        Err(RegionError::SameRegion { .. })
                     ));
                     assert!(matches!(
                         f.budget.transfer(&id, names[from], "mars", 1).await,
-                        Err(TransferError::UnknownRegion { .. })
+                        Err(RegionError::UnknownRegion { .. })
                     ));
                     assert_eq!(
                         f.budget.repair(&id).await,
@@ -1050,7 +1059,7 @@ async fn interleaved_transfers_replays_interruptions_and_repairs_match_the_model
                                 let want = model.expect_transfer(&id, from, to, amount);
                                 assert_eq!(want, Expected::Ok(TransferOutcome::Applied));
                             }
-                            Err(TransferError::Insufficient { .. }) => {}
+                            Err(RegionError::Insufficient { .. }) => {}
                             other => panic!("{context}: {other:?}"),
                         }
                     }
@@ -1078,10 +1087,11 @@ async fn interleaved_transfers_replays_interruptions_and_repairs_match_the_model
                     assert!(
                         matches!(
                             &got,
-                            Err(TransferError::Unreachable {
-                                step: Step::Credit,
+                            Err(RegionError::Unreachable {
+                                debited: true,
+                                message,
                                 ..
-                            })
+                            }) if at_step(message, "credit")
                         ),
                         "{context}: {got:?}"
                     );
@@ -1119,9 +1129,9 @@ async fn interleaved_transfers_replays_interruptions_and_repairs_match_the_model
                         .filter(|(_, t)| !t.credited)
                         .map(|(k, _)| k.clone())
                         .collect();
-                    let report = f.budget.repair_all().await;
-                    assert!(report.errors().is_empty(), "{context}: {report:?}");
-                    assert_eq!(report.completed().len(), open.len(), "{context}");
+                    let report = tally(&f.budget.repair_all().await);
+                    assert!(report.errors.is_empty(), "{context}: {report:?}");
+                    assert_eq!(report.completed, open.len(), "{context}");
                     for key in &open {
                         model.credit(key);
                     }
@@ -1152,7 +1162,7 @@ async fn a_credit_from_a_donor_reseeded_after_its_debit_never_lands() {
     let proxy = StallProxy::start(servers[US].port()).await;
     let urls = [servers[EU].url(), proxy.url(), servers[AP].url()];
     let b = budget_on(&urls, DEADLINE);
-    assert_eq!(b.initialize().await.unwrap(), Initialized::Seeded);
+    assert!(b.initialize().await.unwrap(), "seeded now");
     // us knows the credit script, so the held call runs once delivered.
     let credit = include_str!("../src/outbound/regions/scripts/regions_credit.lua");
     servers[US].cli(&["SCRIPT", "LOAD", credit]);
@@ -1163,11 +1173,12 @@ async fn a_credit_from_a_donor_reseeded_after_its_debit_never_lands() {
     assert!(
         matches!(
             &err,
-            TransferError::Unreachable {
-                step: Step::Credit,
+            RegionError::Unreachable {
+                debited: true,
                 outcome_unknown: true,
+                message,
                 ..
-            }
+            } if at_step(message, "credit")
         ),
         "{err:?}"
     );
@@ -1194,7 +1205,7 @@ async fn a_credit_from_a_donor_reseeded_after_its_debit_never_lands() {
         "{initialized:?}: eu {eu:?}, us {us:?}, sum {sum}"
     );
     assert_eq!(us.trim(), "80", "{initialized:?}");
-    assert_eq!(initialized, Ok(Initialized::Seeded));
+    assert_eq!(initialized, Ok(true));
     assert_eq!(allocations(&b).await, [100, 80, 60]);
     let snap = b.snapshot().await.unwrap();
     assert_eq!((snap.sum(), snap.in_flight()), (TOTAL, 0));
@@ -1241,7 +1252,7 @@ async fn processes_initializing_at_once_leave_every_region_sending() {
             results.iter().all(Result::is_ok),
             "round {round}: {results:?}"
         );
-        assert!(results.contains(&Ok(Initialized::Seeded)), "round {round}");
+        assert!(results.contains(&Ok(true)), "round {round}");
         let b = &processes[round % processes.len()];
         assert_eq!(allocations(b).await, [100, 80, 60], "round {round}");
         for (from, _) in REGIONS {
@@ -1255,5 +1266,30 @@ async fn processes_initializing_at_once_leave_every_region_sending() {
             }
         }
         assert_eq!(allocations(b).await, [100, 80, 60], "round {round}");
+    }
+}
+
+/// True if an unreachable region's `message` names the transfer step `step`.
+fn at_step(message: &str, step: &str) -> bool {
+    message.starts_with(&format!("at the {step} step:"))
+}
+
+/// What `repair_all` answered, counted.
+#[derive(Debug)]
+struct Tally {
+    /// Transfers credited by that call.
+    completed: usize,
+    /// Pending entries that were complete already.
+    already_complete: usize,
+    /// The failures.
+    errors: Vec<RegionError>,
+}
+
+fn tally(results: &[Result<TransferOutcome, RegionError>]) -> Tally {
+    let count = |outcome| results.iter().filter(|r| **r == Ok(outcome)).count();
+    Tally {
+        completed: count(TransferOutcome::Completed),
+        already_complete: count(TransferOutcome::AlreadyApplied),
+        errors: results.iter().filter_map(|r| r.clone().err()).collect(),
     }
 }

@@ -56,7 +56,11 @@ async fn regions_follow_demand_within_the_total_through_an_outage() {
     let mut servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
     let mut builder = RegionalBudget::builder(TOTAL)
         .credit_hold(Duration::from_millis(1600))
-        .call_timeout(Duration::from_millis(100));
+        .call_timeout(Duration::from_millis(100))
+        .lease_length(Duration::from_secs(1))
+        .refresh_every(Duration::from_millis(600))
+        .view_max_age(Duration::from_millis(300))
+        .max_skew(Duration::from_millis(50));
     for (name, server) in NAMES.iter().zip(&servers) {
         builder = builder.region(name, &server.url(), TOTAL / 3);
     }
@@ -85,18 +89,13 @@ async fn regions_follow_demand_within_the_total_through_an_outage() {
     let mut tasks = Vec::new();
     for (r, (name, store)) in stores.iter().enumerate() {
         for i in 0..INSTANCES {
-            let lease = RegionLease::builder(
+            let lease = RegionLease::new(
                 budget.clone(),
                 name,
                 store.clone(),
                 NonZeroU32::new(INSTANCES as u32).unwrap(),
+                Some(&format!("{name}-{i}")),
             )
-            .instance_id(&format!("{name}-{i}"))
-            .lease(Duration::from_secs(1))
-            .refresh_every(Duration::from_millis(600))
-            .view_max_age(Duration::from_millis(300))
-            .max_skew(Duration::from_millis(50))
-            .build()
             .unwrap();
             tasks.push(lease.spawn());
             let (heavy, sends, per_region) = (heavy.clone(), sends.clone(), per_region.clone());

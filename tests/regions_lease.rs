@@ -29,7 +29,11 @@ async fn fleet(split: [(&str, u64); 2]) -> Fleet {
     let servers: Vec<RedisServer> = (0..2).map(|_| RedisServer::start()).collect();
     let mut builder = RegionalBudget::builder(TOTAL)
         .credit_hold(HOLD)
-        .call_timeout(Duration::from_millis(100));
+        .call_timeout(Duration::from_millis(100))
+        .lease_length(Duration::from_millis(500))
+        .refresh_every(Duration::from_millis(300))
+        .view_max_age(Duration::from_millis(200))
+        .max_skew(Duration::from_millis(50));
     for ((name, initial), server) in split.iter().zip(&servers) {
         builder = builder.region(name, &server.url(), *initial);
     }
@@ -55,13 +59,7 @@ async fn fleet(split: [(&str, u64); 2]) -> Fleet {
 
 fn region_lease(f: &Fleet, i: usize) -> RegionLease {
     let (name, store) = &f.stores[i];
-    RegionLease::builder(f.budget.clone(), name, store.clone(), NonZeroU32::MIN)
-        .lease(Duration::from_millis(500))
-        .refresh_every(Duration::from_millis(300))
-        .view_max_age(Duration::from_millis(200))
-        .max_skew(Duration::from_millis(50))
-        .build()
-        .unwrap()
+    RegionLease::new(f.budget.clone(), name, store.clone(), NonZeroU32::MIN, None).unwrap()
 }
 
 /// Keeps asking for sends, so the lease measures a demand above its grant.
@@ -136,7 +134,7 @@ async fn grants_follow_the_allocation_and_never_sum_above_the_total() {
         "{eu_fell_after:?}"
     );
     assert_eq!(
-        f.budget.spendable("us").await.unwrap().spendable(),
+        f.budget.spendable("us").await.unwrap(),
         50,
         "after the hold"
     );
@@ -205,8 +203,6 @@ fn a_credit_hold_below_the_bound_is_refused() {
         .build()
         .unwrap();
     let store = LeaseStore::builder("redis://127.0.0.1:1/").build().unwrap();
-    let err = RegionLease::builder(budget, "eu", store, NonZeroU32::MIN)
-        .build()
-        .unwrap_err();
+    let err = RegionLease::new(budget, "eu", store, NonZeroU32::MIN, None).unwrap_err();
     assert_eq!(err.field(), "credit_hold");
 }

@@ -9,7 +9,7 @@ mod support;
 use std::time::Duration;
 
 use tower_admission::clock::{ManualClock, Timestamp};
-use tower_admission::outbound::{BudgetShares, DependencyBudget, Pick, Share};
+use tower_admission::outbound::{BudgetShares, DependencyBudget, Share};
 use tower_admission::quota::{MemoryConfig, MemoryStore, Policy};
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -95,7 +95,7 @@ async fn a_lowered_budget_keeps_a_full_bucket_within_its_new_burst() {
 fn a_bad_budget_is_refused_whole_with_the_error_build_gives() {
     let budget = DependencyBudget::builder(MemoryStore::new(), "reports-db")
         .shares(shares(240))
-        .partitions(4, Pick::Home(0))
+        .partitions_home(4, 0)
         .build()
         .unwrap();
     let reload = budget.reload_handle();
@@ -106,7 +106,7 @@ fn a_bad_budget_is_refused_whole_with_the_error_build_gives() {
     );
     let built = DependencyBudget::builder(MemoryStore::new(), "reports-db")
         .shares(tiny.clone())
-        .partitions(4, Pick::Home(0))
+        .partitions_home(4, 0)
         .build()
         .unwrap_err();
     assert_eq!(reload.apply(tiny), Err(built.clone()));
@@ -131,7 +131,7 @@ mod lease {
 
     use tower_admission::clock::{ManualClock, Timestamp};
     use tower_admission::outbound::{
-        LeaseStore, LeasedBudget, LeasedRates, Rate, RateLease, Share,
+        BudgetShares, LeaseStore, LeasedBudget, Rate, RateLease, Share,
     };
 
     use crate::support::RedisServer;
@@ -182,21 +182,18 @@ mod lease {
 
         // Bad rates change nothing.
         let err = reload
-            .apply(LeasedRates::new(
-                Rate::per_second(120),
-                Rate::per_second(120),
-            ))
+            .apply(BudgetShares::new(Rate::ZERO, Rate::per_second(120)))
             .unwrap_err();
         assert_eq!(err.field(), "retry");
         let err = reload
-            .apply(LeasedRates::new(Rate::ZERO, Rate::ZERO))
+            .apply(BudgetShares::new(Rate::ZERO, Rate::ZERO))
             .unwrap_err();
         assert_eq!(err.field(), "rate");
         assert_eq!(a.rate(), Rate::per_second(240));
 
         reload
-            .apply(LeasedRates::new(
-                Rate::per_second(120),
+            .apply(BudgetShares::new(
+                Rate::per_second(100),
                 Rate::per_second(20),
             ))
             .unwrap();

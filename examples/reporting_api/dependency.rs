@@ -247,7 +247,7 @@ impl Dependency {
                 response.status(),
                 RetryAttempts::requested_wait(response.headers()),
             )),
-            Err(LimitError::Inner(BudgetError::Refused(refusal))) => {
+            Err(LimitError::Inner(refusal)) if refusal.is_refusal() => {
                 Err(CallError::Budget(refusal.wait()))
             }
             Err(LimitError::Overloaded(refused)) => Err(CallError::Shed(refused)),

@@ -102,11 +102,7 @@ pub(crate) fn region_lease(
         .find(|(r, _)| r == name)
         .map(|(_, s)| s.clone())
         .ok_or_else(|| tower_admission::ConfigError::new("region", "not among the regions"))?;
-    let mut lease = RegionLease::builder(budget.clone(), name, own, expected_instances);
-    if let Some(id) = instance_id {
-        lease = lease.instance_id(id);
-    }
-    let lease = lease.build()?;
+    let lease = RegionLease::new(budget.clone(), name, own, expected_instances, instance_id)?;
     // Each region keeps a quarter of an even split for demand that appears.
     let floor = total / (4 * regions.redis.len() as u64).max(1);
     let rebalancer = Rebalancer::new(budget.clone(), name, stores, 20, 4)?.keep_at_least(floor);

@@ -39,7 +39,7 @@ use tower_admission::bounds::BodyCaps;
 use tower_admission::concurrency::ConcurrencyLayerBuilder;
 use tower_admission::outbound::BudgetShares;
 #[cfg(feature = "redis")]
-use tower_admission::outbound::{LeasedRates, Rate};
+use tower_admission::outbound::Rate;
 use tower_admission::quota::Quotas;
 use tower_admission::reload::ReloadHandle;
 use tower_admission::ConfigError;
@@ -66,9 +66,9 @@ pub(crate) struct Handles {
 pub(crate) enum Budget {
     /// One instance's, in memory.
     Memory(ReloadHandle<BudgetShares>),
-    /// The fleet's lease on Redis: its rate `R` and the retry share.
+    /// The fleet's lease on Redis: its normal and retry rates (`R` is their sum).
     #[cfg(feature = "redis")]
-    Leased(ReloadHandle<LeasedRates>),
+    Leased(ReloadHandle<BudgetShares<Rate>>),
 }
 
 /// Every layer's new numbers, built from a config.
@@ -77,7 +77,7 @@ struct Next {
     concurrency: ConcurrencyLayerBuilder,
     budget: BudgetShares,
     #[cfg(feature = "redis")]
-    rates: LeasedRates,
+    rates: BudgetShares<Rate>,
 }
 
 impl Handles {
@@ -98,10 +98,8 @@ impl Handles {
                 )?,
             ),
             #[cfg(feature = "redis")]
-            rates: LeasedRates::new(
-                Rate::per_second(
-                    config.dependency.normal_per_second + config.dependency.retry_per_second,
-                ),
+            rates: BudgetShares::new(
+                Rate::per_second(config.dependency.normal_per_second),
                 Rate::per_second(config.dependency.retry_per_second),
             ),
         };

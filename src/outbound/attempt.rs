@@ -67,7 +67,7 @@ impl Attempt {
 /// end the retries: the response goes back to the caller as it is. A
 /// `Retry-After` that does not parse is ignored.
 ///
-/// A refusal by the budget itself ([`BudgetError::Refused`]) is not retried:
+/// A refusal by the budget itself ([`BudgetError::is_refusal`]) is not retried:
 /// it already waited as long as it was allowed to. Nor is a refusal by a
 /// concurrency limit under the budget (an error whose chain of
 /// [`source`](std::error::Error::source)s holds an

@@ -2,6 +2,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::outbound::BudgetError;
 use crate::quota::algorithm::Algorithm;
 use crate::quota::{Limiter, Outcome, Policy, Quota, Store};
 use crate::reload::{Live, ReloadHandle, Target};
@@ -17,37 +18,14 @@ pub enum Share {
     Retry,
 }
 
-/// How a budget that is split into partitions picks one for an attempt.
-///
-/// Each of `N` partitions holds `1/N` of every policy (limit and rate), so
-/// together they never admit more than the whole budget, whichever is picked.
-/// A part holds at least 1, so a budget whose smallest limit (a token
-/// bucket's capacity) is below `N` is refused at
-/// [`build`](DependencyBudgetBuilder::build). An attempt is charged to one
-/// partition, so a cost above one part's capacity is refused
-/// ([`Refusal::CostExceedsBudget`]) even when it is within the whole budget.
+/// How a budget that is split into partitions picks one for an attempt
+/// ([`DependencyBudgetBuilder::partitions_home`] and
+/// [`partitions_random`](DependencyBudgetBuilder::partitions_random)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Pick {
+pub(crate) enum Pick {
     /// Always this instance's own partition (its index modulo `N`).
-    ///
-    /// Strict and cheap: one decision per attempt. An instance can use only
-    /// its own `1/N`, so with uneven load across instances the budget is
-    /// under-used.
     Home(usize),
     /// A random partition, then up to `probes` others in turn when it refuses.
-    ///
-    /// Uses the whole budget under uneven load, at the cost of up to
-    /// `1 + probes` decisions for a refused attempt. Still never more than
-    /// the total, since every partition holds only its part.
-    ///
-    /// When every probed partition refuses, the refusal does not depend on
-    /// the order they were probed in: [`Refusal::Exhausted`] with the
-    /// shortest wait among the partitions that were exhausted, or, only when
-    /// every probed partition's store failed, [`Refusal::Unavailable`] with
-    /// the shortest wait among them. A cost above one partition's capacity
-    /// is refused at once ([`Refusal::CostExceedsBudget`]): no partition can
-    /// admit it.
     Random {
         /// Other partitions tried after a refusal.
         probes: usize,
@@ -212,7 +190,7 @@ pub trait AttemptBudget: Clone + Send + Sync + 'static {
         &self,
         share: Share,
         cost: u64,
-    ) -> impl std::future::Future<Output = Result<(), Refusal>> + Send;
+    ) -> impl std::future::Future<Output = Result<(), BudgetError>> + Send;
 
     /// [`charge`](Self::charge) for an attempt that already looked and was
     /// refused (a queue's head looking again after the wait it was told):
@@ -222,7 +200,7 @@ pub trait AttemptBudget: Clone + Send + Sync + 'static {
         &self,
         share: Share,
         cost: u64,
-    ) -> impl std::future::Future<Output = Result<(), Refusal>> + Send {
+    ) -> impl std::future::Future<Output = Result<(), BudgetError>> + Send {
         self.charge(share, cost)
     }
 
@@ -247,8 +225,7 @@ pub trait AttemptBudget: Clone + Send + Sync + 'static {
     /// A snapshot of the counters.
     fn stats(&self) -> BudgetStats;
 
-    /// Records that the dependency pushed back on an attempt
-    /// ([`is_pushback`](crate::outbound::is_pushback)), as a
+    /// Records that the dependency pushed back on an attempt, as a
     /// [`PushbackLayer`](crate::outbound::PushbackLayer) reports it. The
     /// default ignores it: the budget stays as configured. `LeasedBudget`
     /// (feature `redis`) lowers the fleet's effective budget through its
@@ -269,63 +246,6 @@ pub struct BudgetStats {
     /// Total time attempts spent waiting for the budget, in µs.
     pub waited_micros: u64,
 }
-
-/// Why an attempt was not admitted by a [`DependencyBudget`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Refusal {
-    /// The share is exhausted; it admits again after `wait`.
-    Exhausted {
-        /// The share that refused.
-        share: Share,
-        /// The exact wait until the attempt could be admitted.
-        wait: Duration,
-    },
-    /// The cost is more than the share can ever admit at once.
-    CostExceedsBudget {
-        /// The share.
-        share: Share,
-        /// The attempt's cost.
-        cost: u64,
-    },
-    /// The limiter store failed and its failure mode refuses.
-    Unavailable {
-        /// Suggested wait.
-        wait: Duration,
-    },
-}
-
-impl Refusal {
-    /// The wait after which the attempt can succeed, if one can.
-    pub fn wait(&self) -> Option<Duration> {
-        match self {
-            Refusal::Exhausted { wait, .. } | Refusal::Unavailable { wait } => Some(*wait),
-            Refusal::CostExceedsBudget { .. } => None,
-        }
-    }
-}
-
-impl std::fmt::Display for Refusal {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Refusal::Exhausted { share, wait } => {
-                write!(
-                    f,
-                    "dependency budget ({share:?} share) exhausted; retry in {wait:?}"
-                )
-            }
-            Refusal::CostExceedsBudget { share, cost } => write!(
-                f,
-                "an attempt of cost {cost} exceeds the dependency budget's {share:?} share"
-            ),
-            Refusal::Unavailable { wait } => {
-                write!(f, "dependency budget unavailable; retry in {wait:?}")
-            }
-        }
-    }
-}
-
-impl std::error::Error for Refusal {}
 
 /// Builds a [`DependencyBudget`]; [`build`](Self::build) checks it.
 #[derive(Debug)]
@@ -407,7 +327,7 @@ impl<St: Store> DependencyBudget<St> {
     /// Charges one attempt of `cost` to `share` now, or says why not. Never
     /// waits; see [`DependencyBudgetLayer`](crate::outbound::DependencyBudgetLayer)
     /// for waiting up to a deadline.
-    pub async fn try_acquire(&self, share: Share, cost: u64) -> Result<(), Refusal> {
+    pub async fn try_acquire(&self, share: Share, cost: u64) -> Result<(), BudgetError> {
         let result = self.charge_uncounted(share, cost).await;
         if result.is_err() {
             self.inner.stats.refused();
@@ -416,7 +336,7 @@ impl<St: Store> DependencyBudget<St> {
     }
 
     /// [`try_acquire`](Self::try_acquire) without counting a refusal.
-    async fn charge_uncounted(&self, share: Share, cost: u64) -> Result<(), Refusal> {
+    async fn charge_uncounted(&self, share: Share, cost: u64) -> Result<(), BudgetError> {
         let inner = &*self.inner;
         // Held across the store's answer: the attempt is decided wholly
         // under the shares in force when it began.
@@ -436,19 +356,19 @@ impl<St: Store> DependencyBudget<St> {
                     inner.stats.admitted(share);
                     return Ok(());
                 }
-                Outcome::Refused { wait, .. } => Refusal::Exhausted { share, wait: *wait },
+                Outcome::Refused { wait, .. } => BudgetError::Exhausted { share, wait: *wait },
                 // Every partition holds the same part: none can admit it.
                 Outcome::CostExceedsCapacity { .. } => {
-                    return Err(Refusal::CostExceedsBudget { share, cost })
+                    return Err(BudgetError::CostExceedsBudget { share, cost })
                 }
-                Outcome::Unavailable { wait } => Refusal::Unavailable { wait: *wait },
+                Outcome::Unavailable { wait } => BudgetError::Unavailable { wait: *wait },
             };
             refusal = Some(match refusal {
                 None => this,
                 Some(kept) => most_useful(kept, this),
             });
         }
-        Err(refusal.unwrap_or(Refusal::Unavailable {
+        Err(refusal.unwrap_or(BudgetError::Unavailable {
             wait: Duration::from_secs(1),
         }))
     }
@@ -458,20 +378,19 @@ impl<St: Store> DependencyBudget<St> {
 /// they were probed in: across partitions the attempt can go as soon as any
 /// one frees, so an `Exhausted` wait beats a store failure and the shorter
 /// wait of two of a kind wins.
-fn most_useful(a: Refusal, b: Refusal) -> Refusal {
+fn most_useful(a: BudgetError, b: BudgetError) -> BudgetError {
     match (a, b) {
-        (Refusal::Exhausted { share, wait: a }, Refusal::Exhausted { wait: b, .. }) => {
-            Refusal::Exhausted {
+        (BudgetError::Exhausted { share, wait: a }, BudgetError::Exhausted { wait: b, .. }) => {
+            BudgetError::Exhausted {
                 share,
                 wait: a.min(b),
             }
         }
-        (Refusal::Unavailable { wait: a }, Refusal::Unavailable { wait: b }) => {
-            Refusal::Unavailable { wait: a.min(b) }
+        (BudgetError::Unavailable { wait: a }, BudgetError::Unavailable { wait: b }) => {
+            BudgetError::Unavailable { wait: a.min(b) }
         }
-        (exhausted @ Refusal::Exhausted { .. }, _) | (_, exhausted @ Refusal::Exhausted { .. }) => {
-            exhausted
-        }
+        (exhausted @ BudgetError::Exhausted { .. }, _)
+        | (_, exhausted @ BudgetError::Exhausted { .. }) => exhausted,
         (a, _) => a,
     }
 }
@@ -481,7 +400,7 @@ impl<St: Store> AttemptBudget for DependencyBudget<St> {
         &self,
         share: Share,
         cost: u64,
-    ) -> impl std::future::Future<Output = Result<(), Refusal>> + Send {
+    ) -> impl std::future::Future<Output = Result<(), BudgetError>> + Send {
         self.charge_uncounted(share, cost)
     }
 
@@ -506,17 +425,20 @@ fn share_index(share: Share) -> usize {
     }
 }
 
-/// The two shares of a [`DependencyBudget`]: what its
-/// [`reload_handle`](DependencyBudget::reload_handle) applies.
-#[derive(Debug, Clone)]
-pub struct BudgetShares {
-    normal: Policy,
-    retry: Policy,
+/// The two shares of a budget, first attempts and retries: what its
+/// reload handle applies. A [`DependencyBudget`]'s are policies
+/// ([`reload_handle`](DependencyBudget::reload_handle)); with feature
+/// `redis`, a `LeasedBudget`'s are rates, whose sum is its lease's
+/// fleet-wide rate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BudgetShares<T = Policy> {
+    pub(crate) normal: T,
+    pub(crate) retry: T,
 }
 
-impl BudgetShares {
+impl<T> BudgetShares<T> {
     /// `normal` for first attempts, `retry` for attempt 2 and later.
-    pub fn new(normal: Policy, retry: Policy) -> Self {
+    pub fn new(normal: T, retry: T) -> Self {
         BudgetShares { normal, retry }
     }
 }
@@ -612,11 +534,48 @@ impl<St: Store> DependencyBudgetBuilder<St> {
         self
     }
 
-    /// Splits the budget into `n` partitions of `1/n` each, picked by `pick`,
-    /// `n` at most the smallest limit of either share. Default: one partition.
-    pub fn partitions(mut self, n: usize, pick: Pick) -> Self {
+    /// Splits the budget into `n` partitions (at most the smallest limit of
+    /// either share; default one), and charges every attempt to this
+    /// instance's own partition, `home` modulo `n`.
+    ///
+    /// Each of the `n` partitions holds `1/n` of every policy (limit and
+    /// rate), so together they never admit more than the whole budget,
+    /// whichever is picked. A part holds at least 1, so a budget whose
+    /// smallest limit (a token bucket's capacity) is below `n` is refused at
+    /// [`build`](Self::build). An attempt is charged to one partition, so a
+    /// cost above one part's capacity is refused
+    /// ([`BudgetError::CostExceedsBudget`]) even when it is within the whole
+    /// budget.
+    ///
+    /// Strict and cheap: one decision per attempt. An instance can use only
+    /// its own `1/n`, so with uneven load across instances the budget is
+    /// under-used; [`partitions_random`](Self::partitions_random) uses all
+    /// of it.
+    pub fn partitions_home(mut self, n: usize, home: usize) -> Self {
         self.partitions = n;
-        self.pick = pick;
+        self.pick = Pick::Home(home);
+        self
+    }
+
+    /// Splits the budget into `n` partitions as
+    /// [`partitions_home`](Self::partitions_home) does, and charges every
+    /// attempt to a random partition, then to up to `probes` others in turn
+    /// when it refuses.
+    ///
+    /// Uses the whole budget under uneven load, at the cost of up to
+    /// `1 + probes` decisions for a refused attempt. Still never more than
+    /// the total, since every partition holds only its part.
+    ///
+    /// When every probed partition refuses, the refusal does not depend on
+    /// the order they were probed in: [`BudgetError::Exhausted`] with the
+    /// shortest wait among the partitions that were exhausted, or, only when
+    /// every probed partition's store failed, [`BudgetError::Unavailable`] with
+    /// the shortest wait among them. A cost above one partition's capacity
+    /// is refused at once ([`BudgetError::CostExceedsBudget`]): no partition can
+    /// admit it.
+    pub fn partitions_random(mut self, n: usize, probes: usize) -> Self {
+        self.partitions = n;
+        self.pick = Pick::Random { probes };
         self
     }
 

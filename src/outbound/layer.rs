@@ -9,7 +9,7 @@ use http::Request;
 use tokio::time::Instant;
 use tower::{Layer, Service};
 
-use crate::outbound::{Attempt, AttemptBudget, Refusal, Share};
+use crate::outbound::{Attempt, AttemptBudget, Share};
 
 type CostFn<B> = Arc<dyn Fn(&Request<B>) -> u64 + Send + Sync>;
 
@@ -35,7 +35,7 @@ type CostFn<B> = Arc<dyn Fn(&Request<B>) -> u64 + Send + Sync>;
 ///   deadline passes while it waits behind another never looks: it is
 ///   refused with the refusal the one ahead last got and the wait that one
 ///   still has (at least 1 ms), a lower bound on its own. Either way the caller gets
-///   [`BudgetError::Refused`] carrying the wait, never a response. To keep
+///   a refusal ([`BudgetError::Exhausted`], say) carrying the wait, never a response. To keep
 ///   that order, a share's attempts look at the budget one at a time: with
 ///   a budget that answers over the network (a `DependencyBudget` over a
 ///   Redis store) one layer sends at most one attempt per round trip of
@@ -133,28 +133,28 @@ pub struct DependencyBudgetLayer<Bu, B> {
 struct Queue {
     head: tokio::sync::Mutex<()>,
     /// The refusal the head is sleeping on and the instant its wait ends.
-    head_wait: parking_lot::Mutex<Option<(Refusal, Instant)>>,
+    head_wait: parking_lot::Mutex<Option<(BudgetError, Instant)>>,
 }
 
 impl Queue {
     /// The refusal of an attempt whose deadline passed behind the head:
     /// the head's last refusal with the wait it still has, at least 1 ms.
-    fn refusal_behind_head(&self, share: Share) -> Refusal {
+    fn refusal_behind_head(&self, share: Share) -> BudgetError {
         let remaining = |until: Instant| {
             until
                 .saturating_duration_since(Instant::now())
                 .max(Duration::from_millis(1))
         };
         match self.head_wait.lock().clone() {
-            Some((Refusal::Unavailable { .. }, until)) => Refusal::Unavailable {
+            Some((BudgetError::Unavailable { .. }, until)) => BudgetError::Unavailable {
                 wait: remaining(until),
             },
-            Some((_, until)) => Refusal::Exhausted {
+            Some((_, until)) => BudgetError::Exhausted {
                 share,
                 wait: remaining(until),
             },
             // The head has not been refused yet.
-            None => Refusal::Exhausted {
+            None => BudgetError::Exhausted {
                 share,
                 wait: Duration::from_millis(1),
             },
@@ -186,7 +186,7 @@ async fn acquire<Bu: AttemptBudget>(
     share: Share,
     cost: u64,
     deadline: Option<Instant>,
-) -> Result<(), Refusal> {
+) -> Result<(), BudgetError> {
     let queue = &queues[match share {
         Share::Normal => 0,
         Share::Retry => 1,
@@ -327,23 +327,70 @@ impl<S: fmt::Debug, Bu, B> fmt::Debug for DependencyBudgetService<S, Bu, B> {
     }
 }
 
-/// The error of the service a [`DependencyBudgetLayer`] builds: the budget refused the
-/// attempt, or the inner service failed.
-#[derive(Debug)]
+/// Why an attempt failed at a dependency budget: the budget refused it
+/// (nothing was sent), or, in the service a [`DependencyBudgetLayer`]
+/// builds, the inner service failed ([`Inner`](Self::Inner)).
+///
+/// A budget's own answer ([`AttemptBudget::charge`],
+/// [`DependencyBudget::try_acquire`](crate::outbound::DependencyBudget::try_acquire))
+/// is a `BudgetError` with no inner error (`E` is
+/// [`Infallible`](std::convert::Infallible)): one of the three refusals.
+#[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum BudgetError<E> {
-    /// The budget refused the attempt; nothing was sent.
-    Refused(Refusal),
+pub enum BudgetError<E = std::convert::Infallible> {
+    /// The share is exhausted; it admits again after `wait`. Nothing was
+    /// sent.
+    Exhausted {
+        /// The share that refused.
+        share: Share,
+        /// The exact wait until the attempt could be admitted.
+        wait: Duration,
+    },
+    /// The cost is more than the share can ever admit at once. Nothing was
+    /// sent.
+    CostExceedsBudget {
+        /// The share.
+        share: Share,
+        /// The attempt's cost.
+        cost: u64,
+    },
+    /// The limiter store failed and its failure mode refuses. Nothing was
+    /// sent.
+    Unavailable {
+        /// Suggested wait.
+        wait: Duration,
+    },
     /// The inner service's error.
     Inner(E),
 }
 
 impl<E> BudgetError<E> {
-    /// The wait that the refusal carries, if the budget refused.
+    /// The wait after which a refused attempt can succeed, if one can;
+    /// `None` for a cost above the share and for an inner error.
     pub fn wait(&self) -> Option<Duration> {
         match self {
-            BudgetError::Refused(r) => r.wait(),
-            BudgetError::Inner(_) => None,
+            BudgetError::Exhausted { wait, .. } | BudgetError::Unavailable { wait } => Some(*wait),
+            BudgetError::CostExceedsBudget { .. } | BudgetError::Inner(_) => None,
+        }
+    }
+
+    /// True if the budget refused the attempt (nothing was sent), false for
+    /// an inner error.
+    pub fn is_refusal(&self) -> bool {
+        !matches!(self, BudgetError::Inner(_))
+    }
+}
+
+impl BudgetError {
+    /// This refusal as the error of a service whose inner error is `E`.
+    pub(crate) fn widen<E>(self) -> BudgetError<E> {
+        match self {
+            BudgetError::Exhausted { share, wait } => BudgetError::Exhausted { share, wait },
+            BudgetError::CostExceedsBudget { share, cost } => {
+                BudgetError::CostExceedsBudget { share, cost }
+            }
+            BudgetError::Unavailable { wait } => BudgetError::Unavailable { wait },
+            BudgetError::Inner(never) => match never {},
         }
     }
 }
@@ -351,7 +398,19 @@ impl<E> BudgetError<E> {
 impl<E: fmt::Display> fmt::Display for BudgetError<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            BudgetError::Refused(r) => r.fmt(f),
+            BudgetError::Exhausted { share, wait } => {
+                write!(
+                    f,
+                    "dependency budget ({share:?} share) exhausted; retry in {wait:?}"
+                )
+            }
+            BudgetError::CostExceedsBudget { share, cost } => write!(
+                f,
+                "an attempt of cost {cost} exceeds the dependency budget's {share:?} share"
+            ),
+            BudgetError::Unavailable { wait } => {
+                write!(f, "dependency budget unavailable; retry in {wait:?}")
+            }
             BudgetError::Inner(e) => e.fmt(f),
         }
     }
@@ -360,8 +419,8 @@ impl<E: fmt::Display> fmt::Display for BudgetError<E> {
 impl<E: std::error::Error + 'static> std::error::Error for BudgetError<E> {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            BudgetError::Refused(r) => Some(r),
             BudgetError::Inner(e) => Some(e),
+            _ => None,
         }
     }
 }
@@ -403,7 +462,7 @@ where
             if let Err(refusal) = acquire(&budget, &queues, share, cost, deadline).await {
                 budget.record_refusal();
                 tracing::debug!(%refusal, "dependency budget refused an attempt");
-                return Err(BudgetError::Refused(refusal));
+                return Err(refusal.widen());
             }
             budget.record_wait(started.elapsed());
             inner.call(req).await.map_err(BudgetError::Inner)

@@ -14,7 +14,8 @@
 //! - [`DependencyBudget`]: the budget, a normal share for first attempts and
 //!   a retry share for retries (for example 200/s + 40/s within 240/s), over
 //!   any [`Store`](crate::quota::Store), optionally split into partitions
-//!   ([`Pick`]) to spread a hot key, each holding `1/N` of the budget.
+//!   ([`DependencyBudgetBuilder::partitions_random`]) to spread a hot key,
+//!   each holding `1/N` of the budget.
 //! - [`DependencyBudgetLayer`]: charges it per attempt, waiting up to a
 //!   deadline (the default) or failing at once, with a typed
 //!   [`BudgetError`] that carries the wait.
@@ -24,7 +25,7 @@
 //!   policy of your own, or a hedge, marks its extra sends with
 //!   [`Attempt::next`] to draw on the retry share.
 //! - [`PushbackLayer`]: tells the budget when the dependency pushes back
-//!   ([`is_pushback`]: 429, 503 with `Retry-After`, nothing remaining), so
+//!   (429, 503 with `Retry-After`, nothing remaining), so
 //!   that a leased budget lowers the whole fleet's spend and grows back when
 //!   the pushback stops.
 //! - `RateLease` (feature `redis`): an instance's lease on a rate of a
@@ -57,11 +58,10 @@ mod pushback;
 
 pub use attempt::{Attempt, RetryAttempts};
 pub use budget::{
-    AttemptBudget, BudgetShares, BudgetStats, DependencyBudget, DependencyBudgetBuilder, Pick,
-    Refusal, Share,
+    AttemptBudget, BudgetShares, BudgetStats, DependencyBudget, DependencyBudgetBuilder, Share,
 };
 pub use layer::{BudgetError, DependencyBudgetLayer};
-pub use pushback::{is_pushback, PushbackLayer};
+pub use pushback::PushbackLayer;
 
 #[cfg(feature = "redis")]
 mod bucket;
@@ -77,10 +77,9 @@ pub use lease::{
     RateLeaseBuilder,
 };
 #[cfg(feature = "redis")]
-pub use leased::{LeasedBudget, LeasedRates};
+pub use leased::LeasedBudget;
 #[cfg(feature = "redis")]
 pub use regions::{
-    Initialized, PendingTransfer, Rebalancer, RegionError, RegionLease, RegionLeaseBuilder,
-    RegionView, RegionalBudget, RegionalBudgetBuilder, RepairReport, Snapshot, Step, TransferError,
-    TransferId, TransferOutcome,
+    PendingTransfer, Rebalancer, RegionError, RegionLease, RegionalBudget, RegionalBudgetBuilder,
+    Snapshot, TransferId, TransferOutcome,
 };

@@ -16,35 +16,9 @@ const GRPC_RESOURCE_EXHAUSTED: &str = "8";
 /// gRPC's `UNAVAILABLE`.
 const GRPC_UNAVAILABLE: &str = "14";
 
-/// Whether a dependency's answer pushes back: it asks the fleet to send
-/// less, not merely to retry this one attempt later.
-///
-/// - `429 Too Many Requests`;
-/// - `503 Service Unavailable` with `Retry-After` (a 503 without it is an
-///   outage or a failure, which the retry policy handles);
-/// - a `RateLimit` field with nothing remaining (`r=0`, or `remaining=0`
-///   in the older form), or `RateLimit-Remaining: 0`, on any status: the
-///   dependency says the next attempt would be refused;
-/// - gRPC `RESOURCE_EXHAUSTED`, or `UNAVAILABLE` with
-///   `grpc-retry-pushback-ms`, in the headers (a trailers-only answer).
-///
-/// ```
-/// use http::{Response, StatusCode};
-/// use tower_admission::outbound::is_pushback;
-///
-/// let mut refused = Response::new(());
-/// *refused.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-/// assert!(is_pushback(&refused));
-///
-/// let mut last = Response::new(());
-/// last.headers_mut().insert("ratelimit", r#""default";r=0;t=1"#.parse().unwrap());
-/// assert!(is_pushback(&last));
-///
-/// let mut down = Response::new(());
-/// *down.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
-/// assert!(!is_pushback(&down));
-/// ```
-pub fn is_pushback<B>(response: &Response<B>) -> bool {
+/// Whether a dependency's answer pushes back (the rule is on
+/// [`PushbackLayer`]).
+fn is_pushback<B>(response: &Response<B>) -> bool {
     let headers = response.headers();
     match response.status() {
         StatusCode::TOO_MANY_REQUESTS => return true,
@@ -84,10 +58,21 @@ fn grpc_pushback(headers: &HeaderMap) -> bool {
     }
 }
 
-/// Tells an [`AttemptBudget`] when the dependency pushes back
-/// ([`is_pushback`]), so that the budget can lower what it spends
-/// ([`AttemptBudget::record_pushback`]: a `LeasedBudget` lowers the whole
-/// fleet's, feature `redis`).
+/// Tells an [`AttemptBudget`] when the dependency pushes back, so that the
+/// budget can lower what it spends ([`AttemptBudget::record_pushback`]: a
+/// `LeasedBudget` lowers the whole fleet's, feature `redis`).
+///
+/// An answer pushes back when it asks the fleet to send less, not merely to
+/// retry this one attempt later:
+///
+/// - `429 Too Many Requests`;
+/// - `503 Service Unavailable` with `Retry-After` (a 503 without it is an
+///   outage or a failure, which the retry policy handles);
+/// - a `RateLimit` field with nothing remaining (`r=0`, or `remaining=0`
+///   in the older form), or `RateLimit-Remaining: 0`, on any status: the
+///   dependency says the next attempt would be refused;
+/// - gRPC `RESOURCE_EXHAUSTED`, or `UNAVAILABLE` with
+///   `grpc-retry-pushback-ms`, in the headers (a trailers-only answer).
 ///
 /// Put it **inside** the budget layer, right on the client, so that it sees
 /// the answer to every attempt, retries included:

@@ -38,7 +38,7 @@ use tower::{Layer, Service, ServiceExt};
 use tower_admission::clock::{Clock, ManualClock, Timestamp};
 use tower_admission::outbound::{
     Attempt, BudgetError, DependencyBudgetLayer, LeaseError, LeaseMode, LeaseStatus, LeaseStore,
-    LeasedBudget, Rate, RateLease, RateLeaseBuilder, Refusal, RetryAttempts, Share,
+    LeasedBudget, Rate, RateLease, RateLeaseBuilder, RetryAttempts, Share,
 };
 use tracing_subscriber::layer::SubscriberExt;
 
@@ -1770,7 +1770,7 @@ async fn a_leased_budget_holds_each_share_to_its_part_of_the_grant() {
     assert_eq!((stats.normal, stats.retry), (605, 120));
     assert_eq!(
         budget.try_acquire_now(Share::Retry, 2),
-        Err(Refusal::CostExceedsBudget {
+        Err(BudgetError::CostExceedsBudget {
             share: Share::Retry,
             cost: 2
         }),
@@ -1810,10 +1810,10 @@ async fn a_leased_budget_through_the_layer_refuses_an_exhausted_retry_share_with
         assert!(service.ready().await.unwrap().call(retry()).await.is_ok());
     }
     match service.ready().await.unwrap().call(retry()).await {
-        Err(BudgetError::Refused(Refusal::Exhausted {
+        Err(BudgetError::Exhausted {
             share: Share::Retry,
             wait,
-        })) => {
+        }) => {
             assert_eq!(wait, Duration::from_millis(25), "1/40 s");
         }
         other => panic!("expected the retry share's refusal, got {other:?}"),
@@ -1898,7 +1898,7 @@ async fn a_leased_budget_over_a_released_lease_refuses_at_once_for_good() {
     // Both share buckets fill for 1 s, then the lease is released.
     local.advance(Duration::from_secs(1));
     lease.release().await.unwrap();
-    let released = Err(Refusal::Unavailable {
+    let released = Err(BudgetError::Unavailable {
         wait: Duration::MAX,
     });
     for share in [Share::Normal, Share::Retry] {
@@ -1918,7 +1918,7 @@ async fn a_leased_budget_over_a_released_lease_refuses_at_once_for_good() {
         .unwrap_err();
     assert_eq!(started.elapsed(), Duration::ZERO);
     assert!(
-        matches!(refused, BudgetError::Refused(Refusal::Unavailable { wait }) if wait == Duration::MAX),
+        matches!(refused, BudgetError::Unavailable { wait } if wait == Duration::MAX),
         "{refused:?}"
     );
     assert_eq!((budget.stats().normal, budget.stats().refused), (0, 5));
@@ -1939,7 +1939,7 @@ async fn a_leased_budget_with_no_rate_yet_waits_as_its_lease_says() {
     for share in [Share::Normal, Share::Retry] {
         assert_eq!(
             budget.try_acquire_now(share, 1),
-            Err(Refusal::Exhausted {
+            Err(BudgetError::Exhausted {
                 share,
                 wait: retry_every
             })

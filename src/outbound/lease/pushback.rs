@@ -8,7 +8,7 @@ use crate::clock::{Clock, Timestamp};
 impl<C: Clock> RateLease<C> {
     /// Records that the dependency pushed back on an attempt (a 429, a 503
     /// with `Retry-After`, a rate-limit field with nothing remaining; see
-    /// [`is_pushback`](crate::outbound::is_pushback)). Synchronous: one lock.
+    /// [`PushbackLayer`](crate::outbound::PushbackLayer)). Synchronous: one lock.
     ///
     /// The next refresh reports it, and the script lowers the **effective
     /// budget** `E` that every instance's target is a share of: halved (at

@@ -63,6 +63,9 @@ pub struct LeaseStoreBuilder {
     pub(super) url: String,
     pub(super) prefix: String,
     pub(super) deadline: Duration,
+    /// A test's clock, whose time a separate test script reads instead of
+    /// Redis `TIME` (the lease unit tests set it; never in production,
+    /// where every instance would trust its own clock).
     pub(super) clock: Option<ManualClock>,
 }
 
@@ -272,10 +275,10 @@ impl LeaseStoreBuilder {
         self
     }
 
-    /// **Test only.** Injects the time of `clock` into a separate test
-    /// script instead of Redis `TIME`. Never use it in production: every
-    /// instance would trust its own clock.
-    #[doc(hidden)]
+    /// Injects the time of `clock` into a separate test script instead of
+    /// Redis `TIME` (feature `test-hooks`). Never use it in production:
+    /// every instance would trust its own clock.
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn test_clock(mut self, clock: ManualClock) -> Self {
         self.clock = Some(clock);
         self

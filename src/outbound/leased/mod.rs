@@ -9,7 +9,9 @@ use parking_lot::Mutex;
 use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::outbound::budget::Counters;
 use crate::outbound::lease::{cap_at_refresh, Asked};
-use crate::outbound::{AttemptBudget, BudgetStats, LeaseMode, Rate, RateLease, Refusal, Share};
+use crate::outbound::{
+    AttemptBudget, BudgetError, BudgetShares, BudgetStats, LeaseMode, Rate, RateLease, Share,
+};
 use crate::reload::{ReloadHandle, Target};
 use crate::ConfigError;
 
@@ -33,7 +35,7 @@ fn share_index(share: Share) -> usize {
 }
 
 /// The refusal of a released lease: this budget never admits again.
-const RELEASED: Refusal = Refusal::Unavailable {
+const RELEASED: BudgetError = BudgetError::Unavailable {
     wait: Duration::MAX,
 };
 
@@ -65,7 +67,7 @@ const RELEASED: Refusal = Refusal::Unavailable {
 ///   idle, the time before the latest change fills nothing for that share.
 /// - **No rate** (before the first refresh, or a zero grant): the wait is
 ///   the lease's own, the time to its next refresh. A **released** lease
-///   refuses every attempt at once with [`Refusal::Unavailable`] and
+///   refuses every attempt at once with [`BudgetError::Unavailable`](crate::outbound::BudgetError::Unavailable) and
 ///   `Duration::MAX`: the budget never admits again.
 /// - **Fail-open** leases ([`RateLeaseBuilder::fail_open`](crate::outbound::RateLeaseBuilder::fail_open))
 ///   admit every attempt, share or not, while they are in the fallback.
@@ -196,12 +198,14 @@ impl<C: Clock> LeasedBudget<C> {
         Rate::from_milli(self.inner.retry.load(std::sync::atomic::Ordering::Relaxed))
     }
 
-    /// Changes the lease's rate `R` and the retry share while they run,
-    /// checked as [`RateLeaseBuilder::build`](crate::outbound::RateLeaseBuilder::build)
-    /// and [`new`](Self::new) check them. `R` reaches the fleet with the
-    /// lease's next refresh (see [`RateLease::reload_handle`]); the shares
-    /// take their new split from the next attempt on.
-    pub fn reload_handle(&self) -> ReloadHandle<LeasedRates> {
+    /// Changes the shares while they run: the lease's rate `R` becomes
+    /// their sum, and the retry share its part, checked as
+    /// [`RateLeaseBuilder::build`](crate::outbound::RateLeaseBuilder::build)
+    /// and [`new`](Self::new) check them (errors name the field `rate` or
+    /// `retry`). `R` reaches the fleet with the lease's next refresh (see
+    /// [`RateLease::reload_handle`]); the shares take their new split from
+    /// the next attempt on.
+    pub fn reload_handle(&self) -> ReloadHandle<BudgetShares<Rate>> {
         ReloadHandle::new(Arc::new(RatesTarget {
             budget: self.clone(),
             rate: self.inner.lease.reload_handle(),
@@ -209,13 +213,18 @@ impl<C: Clock> LeasedBudget<C> {
     }
 
     /// Charges one attempt of `cost` to `share` at the lease's local now.
-    pub fn try_acquire_now(&self, share: Share, cost: u64) -> Result<(), Refusal> {
+    pub fn try_acquire_now(&self, share: Share, cost: u64) -> Result<(), BudgetError> {
         self.try_acquire_at(share, cost, self.inner.lease.now())
     }
 
     /// Charges one attempt of `cost` to `share` at local time `now`: from
     /// the share's bucket and the lease's, both or neither. Synchronous.
-    pub fn try_acquire_at(&self, share: Share, cost: u64, now: Timestamp) -> Result<(), Refusal> {
+    pub fn try_acquire_at(
+        &self,
+        share: Share,
+        cost: u64,
+        now: Timestamp,
+    ) -> Result<(), BudgetError> {
         let result = self.charge_at(share, cost, now, Look::First);
         if result.is_err() {
             self.inner.stats.refused();
@@ -232,7 +241,7 @@ impl<C: Clock> LeasedBudget<C> {
         cost: u64,
         now: Timestamp,
         look: Look,
-    ) -> Result<(), Refusal> {
+    ) -> Result<(), BudgetError> {
         let inner = &*self.inner;
         let lease = &inner.lease;
         // 1. A released lease never admits again.
@@ -253,7 +262,7 @@ impl<C: Clock> LeasedBudget<C> {
         // 3. A cost no bucket holds: refused, counted as demand.
         if cost > lease.max_cost() {
             lease.note_demand(asked);
-            return Err(Refusal::CostExceedsBudget { share, cost });
+            return Err(BudgetError::CostExceedsBudget { share, cost });
         }
         // 4. A fail-open lease in its fallback admits every attempt, share
         //    or not.
@@ -264,7 +273,7 @@ impl<C: Clock> LeasedBudget<C> {
                     inner.stats.admitted(share);
                     Ok(())
                 }
-                Err(wait) => Err(Refusal::Unavailable { wait }),
+                Err(wait) => Err(BudgetError::Unavailable { wait }),
             };
         }
         // 5. The share's bucket fills on the lease's schedule up to now (read
@@ -295,7 +304,7 @@ impl<C: Clock> LeasedBudget<C> {
                 lease.note_held_back(asked, now, micros);
                 Duration::from_micros(micros)
             };
-            return Err(Refusal::Exhausted { share, wait });
+            return Err(BudgetError::Exhausted { share, wait });
         }
         // 7. The lease's own bucket: both are charged, or neither.
         match lease.acquire_counting(cost, asked, now) {
@@ -306,7 +315,7 @@ impl<C: Clock> LeasedBudget<C> {
             }
             // Released since the status was read.
             Err(Duration::MAX) => Err(RELEASED),
-            Err(wait) => Err(Refusal::Exhausted { share, wait }),
+            Err(wait) => Err(BudgetError::Exhausted { share, wait }),
         }
     }
 }
@@ -316,7 +325,7 @@ impl<C: Clock> AttemptBudget for LeasedBudget<C> {
         &self,
         share: Share,
         cost: u64,
-    ) -> impl std::future::Future<Output = Result<(), Refusal>> + Send {
+    ) -> impl std::future::Future<Output = Result<(), BudgetError>> + Send {
         std::future::ready(self.charge_at(share, cost, self.inner.lease.now(), Look::First))
     }
 
@@ -324,7 +333,7 @@ impl<C: Clock> AttemptBudget for LeasedBudget<C> {
         &self,
         share: Share,
         cost: u64,
-    ) -> impl std::future::Future<Output = Result<(), Refusal>> + Send {
+    ) -> impl std::future::Future<Output = Result<(), BudgetError>> + Send {
         std::future::ready(self.charge_at(share, cost, self.inner.lease.now(), Look::Again))
     }
 
@@ -352,21 +361,6 @@ impl<C: Clock> AttemptBudget for LeasedBudget<C> {
     }
 }
 
-/// What a [`LeasedBudget`]'s [`reload_handle`](LeasedBudget::reload_handle)
-/// applies: the lease's fleet-wide rate and the retry share within it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LeasedRates {
-    rate: Rate,
-    retry: Rate,
-}
-
-impl LeasedRates {
-    /// `rate` in all, `retry` of it for retries.
-    pub fn new(rate: Rate, retry: Rate) -> Self {
-        LeasedRates { rate, retry }
-    }
-}
-
 /// `retry` within `rate`: more than zero, less than the whole.
 fn check_retry(retry: Rate, rate: Rate) -> Result<(), ConfigError> {
     if retry.as_milli() == 0 || retry.as_milli() >= rate.as_milli() {
@@ -384,13 +378,14 @@ struct RatesTarget<C: Clock> {
     rate: ReloadHandle<Rate>,
 }
 
-impl<C: Clock> Target<LeasedRates> for RatesTarget<C> {
-    fn check(&self, new: &LeasedRates) -> Result<(), ConfigError> {
-        self.rate.check(&new.rate)?;
-        check_retry(new.retry, new.rate)
+impl<C: Clock> Target<BudgetShares<Rate>> for RatesTarget<C> {
+    fn check(&self, new: &BudgetShares<Rate>) -> Result<(), ConfigError> {
+        let rate = whole(new);
+        self.rate.check(&rate)?;
+        check_retry(new.retry, rate)
     }
 
-    fn swap(&self, new: LeasedRates) {
+    fn swap(&self, new: BudgetShares<Rate>) {
         // The retry share first when it shrinks, last when it grows: the
         // normal share, the rest of the rate, never reads a retry share
         // above the rate.
@@ -399,9 +394,19 @@ impl<C: Clock> Target<LeasedRates> for RatesTarget<C> {
         if smaller {
             retry.store(new.retry.as_milli(), std::sync::atomic::Ordering::Relaxed);
         }
-        let _ = self.rate.apply(new.rate);
+        let _ = self.rate.apply(whole(&new));
         if !smaller {
             retry.store(new.retry.as_milli(), std::sync::atomic::Ordering::Relaxed);
         }
     }
+}
+
+/// The lease's rate `R` of `shares`: their sum.
+fn whole(shares: &BudgetShares<Rate>) -> Rate {
+    Rate::from_milli(
+        shares
+            .normal
+            .as_milli()
+            .saturating_add(shares.retry.as_milli()),
+    )
 }

@@ -32,6 +32,33 @@ pub struct RegionalBudgetBuilder {
     pub(super) regions: Vec<(String, String, u64)>,
     pub(super) call_timeout: Duration,
     pub(super) credit_hold: Duration,
+    pub(super) leases: LeaseSettings,
+}
+
+/// The settings every [`RegionLease`](crate::outbound::RegionLease) of a
+/// budget shares: the invariant's proof takes one lease length, view age and
+/// clock skew for all regions.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct LeaseSettings {
+    /// The lease length `L`.
+    pub(super) lease: Duration,
+    /// The leases' refresh period.
+    pub(super) refresh_every: Duration,
+    /// The view's maximum age `Q`.
+    pub(super) view_max_age: Duration,
+    /// The largest clock skew `S` between two regions' Redis servers.
+    pub(super) max_skew: Duration,
+}
+
+impl Default for LeaseSettings {
+    fn default() -> Self {
+        LeaseSettings {
+            lease: Duration::from_secs(5),
+            refresh_every: Duration::from_secs(4),
+            view_max_age: Duration::from_secs(1),
+            max_skew: Duration::from_millis(250),
+        }
+    }
 }
 
 impl RegionalBudgetBuilder {
@@ -94,7 +121,7 @@ impl RegionalBudgetBuilder {
     /// may be given on, only `H` after its credit (on the receiver's Redis
     /// clock). Above zero, at most one hour. A
     /// [`RegionLease`](crate::outbound::RegionLease) checks that `H` covers
-    /// its lease length, clock skew, view age and deadlines.
+    /// the lease length, clock skew, view age and deadlines.
     ///
     /// ```
     /// # use tower_admission::outbound::RegionalBudget;
@@ -111,12 +138,54 @@ impl RegionalBudgetBuilder {
         self
     }
 
+    /// The lease length `L` of the regions' rate leases
+    /// ([`RegionLease`](crate::outbound::RegionLease)), default 5 s.
+    ///
+    /// ```
+    /// # use tower_admission::outbound::RegionalBudget;
+    /// # use std::time::Duration;
+    /// let budget = RegionalBudget::builder(10)
+    ///     .region("eu", "redis://127.0.0.1/", 10)
+    ///     .lease_length(Duration::from_secs(2))
+    ///     .refresh_every(Duration::from_millis(1500))
+    ///     .credit_hold(Duration::from_secs(5))
+    ///     .build()?;
+    /// # Ok::<(), tower_admission::ConfigError>(())
+    /// ```
+    pub fn lease_length(mut self, lease: Duration) -> Self {
+        self.leases.lease = lease;
+        self
+    }
+
+    /// The refresh period of the regions' rate leases, default 4 s.
+    pub fn refresh_every(mut self, every: Duration) -> Self {
+        self.leases.refresh_every = every;
+        self
+    }
+
+    /// The view's maximum age `Q`, default 1 s: a region lease's refresh
+    /// reports the spendable allocation of a view read at most `Q` before,
+    /// else zero. Above zero.
+    pub fn view_max_age(mut self, age: Duration) -> Self {
+        self.leases.view_max_age = age;
+        self
+    }
+
+    /// The largest clock skew `S` between two regions' Redis servers,
+    /// default 250 ms.
+    pub fn max_skew(mut self, skew: Duration) -> Self {
+        self.leases.max_skew = skew;
+        self
+    }
+
     /// Checks the settings and builds the budget. Nothing connects yet.
     ///
     /// The error names the field: `name`, `total` (zero, or not below
     /// 2^53), `regions` (none, or the split does not sum to the total),
-    /// `region` (a bad or repeated name), `url`, `call_timeout` or
-    /// `credit_hold`.
+    /// `region` (a bad or repeated name), `url`, `call_timeout`,
+    /// `credit_hold` or `view_max_age` (zero). The region leases check the
+    /// lease length and the credit hold against each other
+    /// ([`RegionLease::new`](crate::outbound::RegionLease::new)).
     ///
     /// ```
     /// # use tower_admission::outbound::RegionalBudget;
@@ -143,6 +212,9 @@ impl RegionalBudgetBuilder {
                 "credit_hold",
                 "the credit hold must be above zero and at most one hour",
             ));
+        }
+        if self.leases.view_max_age.is_zero() {
+            return Err(ConfigError::new("view_max_age", "must be above zero"));
         }
         let mut sum: u128 = 0;
         let mut regions: Vec<Region> = Vec::with_capacity(self.regions.len());
@@ -184,6 +256,7 @@ impl RegionalBudgetBuilder {
                 total: self.total,
                 call_timeout: self.call_timeout,
                 hold_us: crate::clock::duration_to_micros(self.credit_hold),
+                leases: self.leases,
                 regions,
                 debit: Script::new(DEBIT),
                 credit: Script::new(&format!("{COMMON}{CREDIT}")),

@@ -1,20 +1,17 @@
-//! [`Step`], [`TransferError`] and [`RegionError`].
+//! [`RegionError`], the one error of the regions, and the transfer step
+//! it is reported at.
 
 use std::fmt;
 
 use super::TransferId;
 
-/// The step of a transfer at which an error happened.
-///
-/// ```
-/// use tower_admission::outbound::Step;
-/// assert_eq!(Step::Credit.to_string(), "credit");
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Step {
-    /// Step 1, on the donor's Redis. Nothing is in flight unless the error
-    /// says the outcome is unknown.
+/// The step of a transfer at which a Redis call failed: named in
+/// [`RegionError::Unreachable`]'s message, and telling whether the donor is
+/// debited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Step {
+    /// Step 1, on the donor's Redis. Nothing is in flight unless the
+    /// outcome is unknown.
     Debit,
     /// Step 2, on the receiver's Redis. The donor **has been debited**: the
     /// amount is in flight until a repair credits it.
@@ -28,6 +25,18 @@ pub enum Step {
     Refund,
 }
 
+impl Step {
+    /// True if a failure at this step leaves the donor debited, or possibly
+    /// debited when the call's outcome is unknown.
+    pub(super) fn debited(self, outcome_unknown: bool) -> bool {
+        match self {
+            Step::Credit | Step::Refund => true,
+            Step::Debit => outcome_unknown,
+            Step::Lookup => false,
+        }
+    }
+}
+
 impl fmt::Display for Step {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
@@ -39,26 +48,35 @@ impl fmt::Display for Step {
     }
 }
 
-/// Why a transfer or repair failed.
+/// Why an operation on a [`RegionalBudget`](super::RegionalBudget) failed:
+/// a transfer, a repair, a read, initializing or recovering regions.
+///
+/// Each error names the region. A transfer's error also says whether the
+/// amount is, or may be, in flight: [`needs_repair`](Self::needs_repair).
 ///
 /// ```no_run
-/// # use tower_admission::outbound::{RegionalBudget, Step, TransferError, TransferId};
+/// # use tower_admission::outbound::{RegionError, RegionalBudget, TransferId};
 /// # async fn run(budget: RegionalBudget) -> Result<(), Box<dyn std::error::Error>> {
 /// let id = TransferId::random();
 /// match budget.transfer(&id, "eu", "us", 500).await {
-///     Err(TransferError::Insufficient { available, .. }) => println!("eu has {available}"),
-///     Err(TransferError::Unreachable { step: Step::Credit, .. }) => {
-///         budget.repair(&id).await?; // the debit happened; finish it later
+///     Err(RegionError::Insufficient { available, .. }) => println!("eu has {available}"),
+///     Err(e) if e.needs_repair() => {
+///         budget.repair(&id).await?; // the debit happened, or may have; finish it later
 ///     }
 ///     other => println!("{other:?}"),
+/// }
+/// match budget.allocation("eu").await {
+///     Ok(a) => println!("eu: {a}"),
+///     Err(RegionError::Unreachable { message, .. }) => eprintln!("eu is down: {message}"),
+///     Err(e) => eprintln!("{e}"),
 /// }
 /// # Ok(())
 /// # }
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum TransferError {
-    /// The amount was 0. Nothing was sent.
+pub enum RegionError {
+    /// A transfer's amount was 0. Nothing was sent.
     ZeroAmount,
     /// The donor and the receiver are the same region. Nothing was sent.
     SameRegion {
@@ -84,24 +102,28 @@ pub enum TransferError {
     Unreachable {
         /// The region whose Redis failed.
         region: String,
-        /// The step that failed; at [`Step::Credit`] the donor has been
-        /// debited.
-        step: Step,
+        /// True if a transfer's donor has been debited (the credit, or the
+        /// giving back of a debit, failed), or may have been (the debit's
+        /// outcome is unknown): the amount is, or may be, in flight until a
+        /// repair.
+        debited: bool,
         /// True if the call may have been applied (it was sent, then timed
         /// out or lost its connection); false if it certainly was not.
         outcome_unknown: bool,
-        /// What failed.
+        /// What failed, and for a transfer at which step (`debit`,
+        /// `credit`, `lookup` or `refund`).
         message: String,
     },
-    /// A region has no allocation stored: it was never initialized, or its
-    /// Redis lost its data. Nothing changed in that region; see
+    /// These regions have no allocation stored: never initialized, or their
+    /// Redis lost its data. Nothing changed in them; see
     /// [`RegionalBudget::recover_lost`](super::RegionalBudget::recover_lost).
     StateLost {
-        /// The region.
-        region: String,
-        /// The step that found it; at [`Step::Credit`] the donor has been
-        /// debited.
-        step: Step,
+        /// The regions.
+        regions: Vec<String>,
+        /// True if a transfer's donor has been debited: the receiver was
+        /// found without state at the credit step, and the amount is in
+        /// flight until a repair.
+        debited: bool,
     },
     /// The id was already used for a different transfer out of this donor
     /// (another receiver or amount); nothing changed.
@@ -172,160 +194,6 @@ pub enum TransferError {
         /// The unconfirmed number.
         number: u64,
     },
-    /// A Redis reply that the scripts never send (the keys were changed by
-    /// something else).
-    Malformed {
-        /// The region.
-        region: String,
-        /// What was wrong.
-        message: String,
-    },
-}
-
-impl TransferError {
-    /// True if the amount is, or may be, in flight after this error: the donor
-    /// was debited (the credit or a refund failed), or the debit's outcome is
-    /// unknown. [`RegionalBudget::repair`](super::RegionalBudget::repair) with
-    /// the same id finishes it.
-    ///
-    /// ```
-    /// use tower_admission::outbound::TransferError;
-    /// assert!(!TransferError::ZeroAmount.needs_repair());
-    /// ```
-    pub fn needs_repair(&self) -> bool {
-        match self {
-            TransferError::Unreachable {
-                step,
-                outcome_unknown,
-                ..
-            } => {
-                matches!(step, Step::Credit | Step::Refund)
-                    || (*step == Step::Debit && *outcome_unknown)
-            }
-            TransferError::StateLost { step, .. } => *step == Step::Credit,
-            _ => false,
-        }
-    }
-}
-
-impl fmt::Display for TransferError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            TransferError::ZeroAmount => f.write_str("a transfer amount must be at least 1"),
-            TransferError::SameRegion { region } => {
-                write!(f, "cannot transfer from region `{region}` to itself")
-            }
-            TransferError::UnknownRegion { region } => write!(f, "unknown region `{region}`"),
-            TransferError::Insufficient {
-                region,
-                available,
-                requested,
-            } => write!(
-                f,
-                "region `{region}` holds {available}, less than the {requested} requested"
-            ),
-            TransferError::Unreachable {
-                region,
-                step,
-                outcome_unknown,
-                message,
-            } => {
-                write!(f, "region `{region}` unreachable at the {step} step")?;
-                if *outcome_unknown {
-                    f.write_str(" (outcome unknown)")?;
-                }
-                if matches!(step, Step::Credit | Step::Refund) {
-                    f.write_str("; the donor is debited, repair the transfer")?;
-                }
-                write!(f, ": {message}")
-            }
-            TransferError::StateLost { region, step } => write!(
-                f,
-                "region `{region}` has no allocation stored (never initialized, or its data was lost), at the {step} step"
-            ),
-            TransferError::Conflict {
-                id,
-                from,
-                recorded_to,
-                recorded_amount,
-            } => write!(
-                f,
-                "transfer id `{id}` from `{from}` was already used for {recorded_amount} to `{recorded_to}`"
-            ),
-            TransferError::ReceiverRecreated {
-                id,
-                from,
-                to,
-                amount,
-            } => write!(
-                f,
-                "transfer `{id}` of {amount} from `{from}` can never be credited: `{to}` was re-created after the debit; the amount is lost"
-            ),
-            TransferError::DonorReseeded {
-                id,
-                from,
-                to,
-                amount,
-            } => write!(
-                f,
-                "transfer `{id}` of {amount} to `{to}` can never be credited: `{from}` was re-seeded after losing the state that debited it"
-            ),
-            TransferError::OutOfOrder {
-                from,
-                to,
-                number,
-                last,
-            } => write!(
-                f,
-                "transfer {number} from `{from}` to `{to}` is out of order: the last one was {last}"
-            ),
-            TransferError::InFlight { from, to, number } => write!(
-                f,
-                "transfer {number} from `{from}` to `{to}` is not yet confirmed; repair it first"
-            ),
-            TransferError::Malformed { region, message } => {
-                write!(f, "unexpected data in region `{region}`: {message}")
-            }
-        }
-    }
-}
-
-impl std::error::Error for TransferError {}
-
-/// Why reading, initializing or recovering regions failed.
-///
-/// ```no_run
-/// # use tower_admission::outbound::{RegionError, RegionalBudget};
-/// # async fn run(budget: RegionalBudget) {
-/// match budget.allocation("eu").await {
-///     Ok(a) => println!("eu: {a}"),
-///     Err(RegionError::Unreachable { message, .. }) => eprintln!("eu is down: {message}"),
-///     Err(e) => eprintln!("{e}"),
-/// }
-/// # }
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum RegionError {
-    /// The region is not in the budget.
-    UnknownRegion {
-        /// The name given.
-        region: String,
-    },
-    /// The region's Redis did not answer within the call deadline, or the
-    /// connection failed.
-    Unreachable {
-        /// The region.
-        region: String,
-        /// What failed.
-        message: String,
-    },
-    /// These regions have no allocation stored: never initialized, or their
-    /// Redis lost its data.
-    StateLost {
-        /// The regions.
-        regions: Vec<String>,
-    },
     /// [`RegionalBudget::snapshot`](super::RegionalBudget::snapshot) found no
     /// consistent cut in this many reads (transfers kept completing between
     /// them).
@@ -344,7 +212,8 @@ pub enum RegionError {
         /// The budget's total.
         total: u64,
     },
-    /// A Redis reply that the scripts never produce.
+    /// A Redis reply that the scripts never send (the keys were changed by
+    /// something else).
     Malformed {
         /// The region.
         region: String,
@@ -353,29 +222,119 @@ pub enum RegionError {
     },
 }
 
+impl RegionError {
+    /// True if the amount of a transfer is, or may be, in flight after this
+    /// error: the donor was debited (the credit or a refund failed), or the
+    /// debit's outcome is unknown. [`RegionalBudget::repair`](super::RegionalBudget::repair)
+    /// with the same id finishes it.
+    ///
+    /// ```
+    /// use tower_admission::outbound::RegionError;
+    /// assert!(!RegionError::ZeroAmount.needs_repair());
+    /// ```
+    pub fn needs_repair(&self) -> bool {
+        match self {
+            RegionError::Unreachable { debited, .. } | RegionError::StateLost { debited, .. } => {
+                *debited
+            }
+            _ => false,
+        }
+    }
+}
+
 impl fmt::Display for RegionError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            RegionError::UnknownRegion { region } => write!(f, "unknown region `{region}`"),
-            RegionError::Unreachable { region, message } => {
-                write!(f, "region `{region}` unreachable: {message}")
+            RegionError::ZeroAmount => f.write_str("a transfer amount must be at least 1"),
+            RegionError::SameRegion { region } => {
+                write!(f, "cannot transfer from region `{region}` to itself")
             }
-            RegionError::StateLost { regions } => write!(
+            RegionError::UnknownRegion { region } => write!(f, "unknown region `{region}`"),
+            RegionError::Insufficient {
+                region,
+                available,
+                requested,
+            } => write!(
                 f,
-                "no allocation stored in {} (never initialized, or the data was lost)",
-                regions.join(", ")
+                "region `{region}` holds {available}, less than the {requested} requested"
+            ),
+            RegionError::Unreachable {
+                region,
+                debited,
+                outcome_unknown,
+                message,
+            } => {
+                write!(f, "region `{region}` unreachable")?;
+                if *outcome_unknown {
+                    f.write_str(" (outcome unknown)")?;
+                }
+                if *debited {
+                    f.write_str("; the donor is or may be debited, repair the transfer")?;
+                }
+                write!(f, ": {message}")
+            }
+            RegionError::StateLost { regions, debited } => {
+                write!(
+                    f,
+                    "no allocation stored in {} (never initialized, or the data was lost)",
+                    regions.join(", ")
+                )?;
+                if *debited {
+                    f.write_str(" at the credit step; the donor is debited, repair the transfer")?;
+                }
+                Ok(())
+            }
+            RegionError::Conflict {
+                id,
+                from,
+                recorded_to,
+                recorded_amount,
+            } => write!(
+                f,
+                "transfer id `{id}` from `{from}` was already used for {recorded_amount} to `{recorded_to}`"
+            ),
+            RegionError::ReceiverRecreated {
+                id,
+                from,
+                to,
+                amount,
+            } => write!(
+                f,
+                "transfer `{id}` of {amount} from `{from}` can never be credited: `{to}` was re-created after the debit; the amount is lost"
+            ),
+            RegionError::DonorReseeded {
+                id,
+                from,
+                to,
+                amount,
+            } => write!(
+                f,
+                "transfer `{id}` of {amount} to `{to}` can never be credited: `{from}` was re-seeded after losing the state that debited it"
+            ),
+            RegionError::OutOfOrder {
+                from,
+                to,
+                number,
+                last,
+            } => write!(
+                f,
+                "transfer {number} from `{from}` to `{to}` is out of order: the last one was {last}"
+            ),
+            RegionError::InFlight { from, to, number } => write!(
+                f,
+                "transfer {number} from `{from}` to `{to}` is not yet confirmed; repair it first"
             ),
             RegionError::NotConsistent { attempts } => write!(
                 f,
                 "no consistent cut of the regions in {attempts} reads; transfers kept completing between them"
             ),
-            RegionError::Malformed { region, message } => {
-                write!(f, "unexpected data in region `{region}`: {message}")
-            }
             RegionError::AboveTotal { sum, total } => write!(
                 f,
                 "the allocations sum to {sum}, above the total {total}, counting any region still to be seeded at its initial share"
             ),
+            RegionError::Malformed { region, message } => {
+                write!(f, "unexpected data in region `{region}`: {message}")
+            }
         }
     }
 }

@@ -7,7 +7,9 @@ use crate::redis::Request;
 
 impl RegionalBudget {
     /// Seeds every region with its initial allocation, if needed; safe to
-    /// call from every process at start.
+    /// call from every process at start. Returns true if it seeded at least
+    /// one region now, false if every region already had its state (nothing
+    /// changed).
     ///
     /// Regions that already hold state are never changed. Missing regions
     /// are seeded only while every existing region is untouched since it
@@ -31,23 +33,21 @@ impl RegionalBudget {
     /// credit is still on the way. Before seeding it, each surviving region is
     /// pinned, atomically with its untouched check, to take credits from the
     /// new state only (a late credit fails with
-    /// [`TransferError::DonorReseeded`](super::TransferError::DonorReseeded)).
+    /// [`RegionError::DonorReseeded`](super::RegionError::DonorReseeded)).
     /// When another process seeded the region first, the pins move to its
     /// state; a transfer from it that runs before they have moved is refused
     /// the same way.
     ///
     /// ```no_run
-    /// # use tower_admission::outbound::{Initialized, RegionalBudget};
+    /// # use tower_admission::outbound::RegionalBudget;
     /// # async fn run(budget: RegionalBudget) -> Result<(), Box<dyn std::error::Error>> {
-    /// match budget.initialize().await? {
-    ///     Initialized::Seeded => println!("first start"),
-    ///     Initialized::AlreadyInitialized => {}
-    ///     _ => {} // the enum may grow
+    /// if budget.initialize().await? {
+    ///     println!("first start");
     /// }
     /// # Ok(())
     /// # }
     /// ```
-    pub async fn initialize(&self) -> Result<Initialized, RegionError> {
+    pub async fn initialize(&self) -> Result<bool, RegionError> {
         let states = self.read_states().await?;
         let missing: Vec<&Region> = self
             .inner
@@ -58,7 +58,7 @@ impl RegionalBudget {
             .map(|(r, _)| r)
             .collect();
         if missing.is_empty() {
-            return Ok(Initialized::AlreadyInitialized);
+            return Ok(false);
         }
         let touched = states
             .iter()
@@ -67,6 +67,7 @@ impl RegionalBudget {
         if touched {
             return Err(RegionError::StateLost {
                 regions: missing.iter().map(|r| r.name.to_string()).collect(),
+                debited: false,
             });
         }
         let surviving = states.iter().flatten().map(|s| s.allocation);
@@ -92,6 +93,7 @@ impl RegionalBudget {
                 };
                 return Err(RegionError::StateLost {
                     regions: vec![lost.name.to_string()],
+                    debited: false,
                 });
             }
             if !self.seed(region, region.initial, &epoch).await? {
@@ -103,7 +105,7 @@ impl RegionalBudget {
                 }
             }
         }
-        Ok(Initialized::Seeded)
+        Ok(true)
     }
 
     /// Re-creates a region whose state is missing (lost, or added to a
@@ -117,7 +119,7 @@ impl RegionalBudget {
     /// state has a new epoch: transfers to it debited before the recovery are
     /// never credited to it, and [`repair`](Self::repair),
     /// [`repair_all`](Self::repair_all) and retries report them as
-    /// [`TransferError::ReceiverRecreated`](super::TransferError::ReceiverRecreated),
+    /// [`RegionError::ReceiverRecreated`](super::RegionError::ReceiverRecreated),
     /// their amounts lost from the sum. Debits it had made are forgotten with
     /// its data (a retry of one is given back, see [`RegionalBudget`]). After a
     /// recovery the identity `sum + in_flight == total` of a
@@ -127,7 +129,7 @@ impl RegionalBudget {
     /// ```no_run
     /// # use tower_admission::outbound::{RegionError, RegionalBudget};
     /// # async fn run(budget: RegionalBudget) -> Result<(), Box<dyn std::error::Error>> {
-    /// if let Err(RegionError::StateLost { regions }) = budget.initialize().await {
+    /// if let Err(RegionError::StateLost { regions, .. }) = budget.initialize().await {
     ///     for region in &regions {
     ///         budget.recover_lost(region).await?;
     ///     }
@@ -201,21 +203,6 @@ impl RegionalBudget {
             message: "unexpected reply to the pin script".to_owned(),
         })
     }
-}
-
-/// What [`RegionalBudget::initialize`] did.
-///
-/// ```
-/// use tower_admission::outbound::Initialized;
-/// assert_ne!(Initialized::Seeded, Initialized::AlreadyInitialized);
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Initialized {
-    /// At least one region was seeded with its initial allocation now.
-    Seeded,
-    /// Every region already had its state; nothing changed.
-    AlreadyInitialized,
 }
 
 /// When [`RegionalBudget::pin`] writes its pin.

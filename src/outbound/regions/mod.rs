@@ -31,12 +31,12 @@ mod snapshot;
 mod transfer;
 
 pub use builder::RegionalBudgetBuilder;
-pub use error::{RegionError, Step, TransferError};
-pub use init::Initialized;
-pub use ordered::RegionView;
+pub use error::RegionError;
+use error::Step;
+
 pub use rebalancer::Rebalancer;
-pub use region_lease::{RegionLease, RegionLeaseBuilder};
-pub use repair::{PendingTransfer, RepairReport};
+pub use region_lease::RegionLease;
+pub use repair::PendingTransfer;
 pub use snapshot::Snapshot;
 pub use transfer::{TransferId, TransferOutcome};
 
@@ -101,7 +101,7 @@ const MAX_ID: usize = 128;
 /// it: calling [`transfer`](Self::transfer) again with the same id never
 /// debits or credits twice; it finishes whatever is missing and reports
 /// what it did ([`TransferOutcome`]). Reusing an id for a different receiver
-/// or amount is refused with [`TransferError::Conflict`].
+/// or amount is refused with [`RegionError::Conflict`].
 ///
 /// A transfer interrupted after its debit (the receiver's Redis down, a
 /// deadline passed, the process died between the two steps, or the caller
@@ -109,7 +109,7 @@ const MAX_ID: usize = 128;
 /// amount in flight: the sum stays below the total until
 /// [`repair`](Self::repair) or [`repair_all`](Self::repair_all) sends the
 /// credit, which the receiver applies at most once. Any error for which
-/// [`TransferError::needs_repair`] is true may have left a debit behind.
+/// [`RegionError::needs_repair`] is true may have left a debit behind.
 /// A refused transfer records nothing, so its id may be used again later.
 ///
 /// A donor that lost its data has forgotten its debits. A retry of a
@@ -117,8 +117,8 @@ const MAX_ID: usize = 128;
 /// each credit, the donor epoch it came from: it refuses the new debit
 /// because it already holds the id from the donor's earlier state, and the
 /// donor is given the amount back (`regions_refund.lua`, recorded on the
-/// debit, step [`Step::Refund`]). The retry answers
-/// [`TransferOutcome::AlreadyApplied`], or [`TransferError::Conflict`] if
+/// debit, the refund step). The retry answers
+/// [`TransferOutcome::AlreadyApplied`], or [`RegionError::Conflict`] if
 /// the earlier credit was of another amount; nothing has moved twice. A
 /// retry naming another receiver than the first time cannot be recognised
 /// this way and is a new transfer.
@@ -127,9 +127,11 @@ const MAX_ID: usize = 128;
 ///
 /// Every Redis call (connecting included) has a deadline,
 /// [`RegionalBudgetBuilder::call_timeout`], 500 ms by default. No error
-/// panics; each names the region and, for transfers, the [`Step`]. A call
-/// that timed out or lost its connection after it was sent has an unknown
-/// outcome (`outcome_unknown: true`): the step may have been applied. Retry
+/// panics; each names the region and, for transfers, the step (debit,
+/// credit, lookup or refund) in its message, and says whether the donor is,
+/// or may be, debited (`debited: true`). A call that timed out or lost its
+/// connection after it was sent has an unknown outcome (`outcome_unknown:
+/// true`): the step may have been applied. Retry
 /// the transfer with the same id, or repair it; either is safe. After a
 /// timeout, or a call dropped by its caller before the answer (an outer
 /// timeout, a cancelled request), the next call on that region reconnects.
@@ -153,7 +155,7 @@ const MAX_ID: usize = 128;
 /// restarts without its data has lost its allocation and its idempotence
 /// records. The scripts never re-create a missing allocation on their own
 /// (a credit to a missing state is refused with
-/// [`TransferError::StateLost`]), because re-creating a region at its
+/// [`RegionError::StateLost`]), because re-creating a region at its
 /// initial share after the others have changed could raise the sum above
 /// the total. [`initialize`](Self::initialize) re-seeds missing regions
 /// only while every surviving region is untouched since seeding and their
@@ -167,7 +169,7 @@ const MAX_ID: usize = 128;
 /// lost state is ever credited to it: the lost state may have received that
 /// amount already and passed it on, so crediting it again could raise the
 /// sum above the total. Such a transfer, retried or repaired, fails with
-/// [`TransferError::ReceiverRecreated`] and is dropped from the pending
+/// [`RegionError::ReceiverRecreated`] and is dropped from the pending
 /// list; its amount is lost from the sum, which stays at most the total. So
 /// is a new transfer debited against the lost state by a process that had
 /// not seen the recovery yet.
@@ -175,7 +177,7 @@ const MAX_ID: usize = 128;
 /// A donor re-seeded at its initial share by
 /// [`initialize`](Self::initialize) never has a credit of its lost state
 /// land after it: that share holds the amount again
-/// ([`TransferError::DonorReseeded`]).
+/// ([`RegionError::DonorReseeded`]).
 ///
 /// # Keys
 ///
@@ -211,7 +213,7 @@ const MAX_ID: usize = 128;
 /// # Example
 ///
 /// ```no_run
-/// use tower_admission::outbound::{RegionalBudget, TransferError, TransferId};
+/// use tower_admission::outbound::{RegionalBudget, RegionError, TransferId};
 ///
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// let budget = RegionalBudget::builder(240)
@@ -225,7 +227,7 @@ const MAX_ID: usize = 128;
 /// let id = TransferId::random();
 /// match budget.transfer(&id, "ap", "eu", 20).await {
 ///     Ok(outcome) => println!("moved: {outcome:?}"),
-///     Err(TransferError::Insufficient { available, .. }) => println!("ap holds only {available}"),
+///     Err(RegionError::Insufficient { available, .. }) => println!("ap holds only {available}"),
 ///     Err(e) if e.needs_repair() => {
 ///         // Safe at any time, as often as needed.
 ///         budget.repair(&id).await?;
@@ -247,6 +249,8 @@ struct Inner {
     call_timeout: Duration,
     /// The credit hold H, in µs.
     hold_us: u64,
+    /// The settings of the region leases.
+    leases: builder::LeaseSettings,
     regions: Vec<Region>,
     debit: Script,
     credit: Script,
@@ -298,6 +302,7 @@ impl RegionalBudget {
             regions: Vec::new(),
             call_timeout: DEFAULT_CALL_TIMEOUT,
             credit_hold: DEFAULT_CREDIT_HOLD,
+            leases: builder::LeaseSettings::default(),
         }
     }
 

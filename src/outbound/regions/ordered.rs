@@ -8,63 +8,8 @@ use redis::Value;
 use super::ledger::{int, text, Credit, Record};
 use super::region::{malformed, Region, Unreachable};
 use super::transfer::refused_credit;
-use super::{RegionError, RegionalBudget, Step, TransferError, TransferId, TransferOutcome};
+use super::{RegionError, RegionalBudget, Step, TransferId, TransferOutcome};
 use crate::redis::Request;
-
-/// A region's allocation as its instances may spend it, read at one moment
-/// of its Redis clock ([`RegionalBudget::spendable`]).
-///
-/// ```no_run
-/// # use tower_admission::outbound::RegionalBudget;
-/// # async fn run(budget: RegionalBudget) -> Result<(), Box<dyn std::error::Error>> {
-/// let view = budget.spendable("eu").await?;
-/// assert!(view.spendable() <= view.allocation());
-/// # Ok(())
-/// # }
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RegionView {
-    allocation: u64,
-    held: u64,
-}
-
-impl RegionView {
-    /// The region's allocation.
-    ///
-    /// ```no_run
-    /// # async fn run(budget: tower_admission::outbound::RegionalBudget) -> Result<(), Box<dyn std::error::Error>> {
-    /// println!("{}", budget.spendable("eu").await?.allocation());
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn allocation(&self) -> u64 {
-        self.allocation
-    }
-
-    /// What of it was received less than the credit hold ago.
-    ///
-    /// ```no_run
-    /// # async fn run(budget: tower_admission::outbound::RegionalBudget) -> Result<(), Box<dyn std::error::Error>> {
-    /// println!("{}", budget.spendable("eu").await?.held());
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn held(&self) -> u64 {
-        self.held
-    }
-
-    /// The allocation less what is held: what the region's leases may grant.
-    ///
-    /// ```no_run
-    /// # async fn run(budget: tower_admission::outbound::RegionalBudget) -> Result<(), Box<dyn std::error::Error>> {
-    /// println!("{}", budget.spendable("eu").await?.spendable());
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn spendable(&self) -> u64 {
-        self.allocation.saturating_sub(self.held)
-    }
-}
 
 /// What the donor answered about one number of a pair.
 enum SendReply {
@@ -89,7 +34,7 @@ impl RegionalBudget {
     /// # Ok(())
     /// # }
     /// ```
-    pub async fn next_number(&self, from: &str, to: &str) -> Result<u64, TransferError> {
+    pub async fn next_number(&self, from: &str, to: &str) -> Result<u64, RegionError> {
         let (donor, _) = self.pair(from, to)?;
         let mut cmd = redis::cmd("HMGET");
         cmd.arg(&donor.state_key)
@@ -102,9 +47,9 @@ impl RegionalBudget {
         let (alloc, last): (Option<u64>, Option<u64>) =
             redis::from_redis_value(reply).map_err(|_| malformed(donor, "unreadable state"))?;
         if alloc.is_none() {
-            return Err(TransferError::StateLost {
-                region: from.to_owned(),
-                step: Step::Lookup,
+            return Err(RegionError::StateLost {
+                regions: vec![from.to_owned()],
+                debited: false,
             });
         }
         let last = last.unwrap_or(0);
@@ -117,8 +62,8 @@ impl RegionalBudget {
     /// but with records that stay bounded however many transfers run.
     ///
     /// The pair's transfers are strictly ordered: `n` must be one above the
-    /// last ([`TransferError::OutOfOrder`]), and no new one is debited while
-    /// the last is unconfirmed ([`TransferError::InFlight`]): at most one
+    /// last ([`RegionError::OutOfOrder`]), and no new one is debited while
+    /// the last is unconfirmed ([`RegionError::InFlight`]): at most one
     /// amount per pair is ever in flight. Calling it again with the same `n`
     /// finishes it or does nothing ([`TransferOutcome::AlreadyApplied`]); a
     /// number below the last is answered
@@ -143,9 +88,9 @@ impl RegionalBudget {
         to: &str,
         n: u64,
         amount: u64,
-    ) -> Result<TransferOutcome, TransferError> {
+    ) -> Result<TransferOutcome, RegionError> {
         if amount == 0 {
-            return Err(TransferError::ZeroAmount);
+            return Err(RegionError::ZeroAmount);
         }
         let (donor, receiver) = self.pair(from, to)?;
         let id = TransferId::ordered(to, n);
@@ -173,7 +118,7 @@ impl RegionalBudget {
             }
             SendReply::Last { record, pending } => {
                 if record.amount != amount {
-                    return Err(TransferError::Conflict {
+                    return Err(RegionError::Conflict {
                         id,
                         from: from.to_owned(),
                         recorded_to: record.to,
@@ -187,20 +132,20 @@ impl RegionalBudget {
             }
             SendReply::Compacted => return Ok(TransferOutcome::AlreadyApplied),
             SendReply::Refused { available } => {
-                return Err(TransferError::Insufficient {
+                return Err(RegionError::Insufficient {
                     region: from.to_owned(),
                     available,
                     requested: amount,
                 })
             }
             SendReply::Missing => {
-                return Err(TransferError::StateLost {
-                    region: from.to_owned(),
-                    step: Step::Debit,
+                return Err(RegionError::StateLost {
+                    regions: vec![from.to_owned()],
+                    debited: false,
                 })
             }
             SendReply::OutOfOrder { last } => {
-                return Err(TransferError::OutOfOrder {
+                return Err(RegionError::OutOfOrder {
                     from: from.to_owned(),
                     to: to.to_owned(),
                     number: n,
@@ -208,7 +153,7 @@ impl RegionalBudget {
                 })
             }
             SendReply::InFlight { last } => {
-                return Err(TransferError::InFlight {
+                return Err(RegionError::InFlight {
                     from: from.to_owned(),
                     to: to.to_owned(),
                     number: last,
@@ -226,16 +171,17 @@ impl RegionalBudget {
     }
 
     /// Reads what `region`'s leases may grant now: its allocation less what
-    /// it received less than the credit hold ago (on its Redis clock).
+    /// it received less than the credit hold ago (on its Redis clock). The
+    /// rest of its [`allocation`](Self::allocation) is held.
     ///
     /// ```no_run
     /// # async fn run(budget: tower_admission::outbound::RegionalBudget) -> Result<(), Box<dyn std::error::Error>> {
-    /// let view = budget.spendable("eu").await?;
-    /// println!("eu may spend {} of {}", view.spendable(), view.allocation());
+    /// let spendable = budget.spendable("eu").await?;
+    /// println!("eu may spend {spendable}");
     /// # Ok(())
     /// # }
     /// ```
-    pub async fn spendable(&self, region: &str) -> Result<RegionView, RegionError> {
+    pub async fn spendable(&self, region: &str) -> Result<u64, RegionError> {
         let region = self.known_region(region)?;
         let mut invocation = self.inner.view.prepare_invoke();
         invocation.key(&region.state_key).arg(self.inner.hold_us);
@@ -259,16 +205,15 @@ impl RegionalBudget {
         if items.first().and_then(int) == Some(-1) {
             return Err(RegionError::StateLost {
                 regions: vec![region.name.to_string()],
+                debited: false,
             });
         }
-        let view = RegionView {
-            allocation: number(0).ok_or_else(bad)?,
-            held: number(1).ok_or_else(bad)?,
-        };
+        let allocation = number(0).ok_or_else(bad)?;
+        let held = number(1).ok_or_else(bad)?;
         if let Some(epoch) = items.get(3).and_then(text) {
             region.remember_epoch(Some(&epoch));
         }
-        Ok(view)
+        Ok(allocation.saturating_sub(held))
     }
 
     /// Step 2 of an ordered transfer: credits `record` once, by the pair's
@@ -279,7 +224,7 @@ impl RegionalBudget {
         receiver: &Region,
         n: u64,
         record: &Record,
-    ) -> Result<Credit, TransferError> {
+    ) -> Result<Credit, RegionError> {
         let mut invocation = self.inner.receive.prepare_invoke();
         invocation
             .key(&receiver.state_key)
@@ -316,7 +261,7 @@ impl RegionalBudget {
         n: u64,
         amount: u64,
         to_epoch: &str,
-    ) -> Result<SendReply, TransferError> {
+    ) -> Result<SendReply, RegionError> {
         let mut invocation = self.inner.send.prepare_invoke();
         invocation
             .key(&donor.state_key)
@@ -366,14 +311,14 @@ impl RegionalBudget {
         })
     }
 
-    fn pair(&self, from: &str, to: &str) -> Result<(&Region, &Region), TransferError> {
-        let unknown = |region: &str| TransferError::UnknownRegion {
+    fn pair(&self, from: &str, to: &str) -> Result<(&Region, &Region), RegionError> {
+        let unknown = |region: &str| RegionError::UnknownRegion {
             region: region.to_owned(),
         };
         let donor = self.region(from).ok_or_else(|| unknown(from))?;
         let receiver = self.region(to).ok_or_else(|| unknown(to))?;
         if from == to {
-            return Err(TransferError::SameRegion {
+            return Err(RegionError::SameRegion {
                 region: from.to_owned(),
             });
         }

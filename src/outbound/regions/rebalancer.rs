@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::time::Duration;
 
-use super::{RegionalBudget, TransferError};
+use super::{RegionError, RegionalBudget};
 use crate::outbound::{LeaseStore, Rate};
 use crate::redis::Request;
 use crate::ConfigError;
@@ -110,7 +110,7 @@ impl Rebalancer {
     /// when it moved `amount` to region `to`, `None` when there was nothing
     /// to move (no surplus, no need above the dead band, or no reachable
     /// receiver).
-    pub async fn run_once(&self) -> Result<Option<(String, u64)>, TransferError> {
+    pub async fn run_once(&self) -> Result<Option<(String, u64)>, RegionError> {
         self.budget.repair_all().await;
         let mut demand: HashMap<String, Option<u64>> = HashMap::new();
         for (name, store) in &self.stores {
@@ -121,14 +121,7 @@ impl Rebalancer {
             });
             demand.insert(name.clone(), sum);
         }
-        let view =
-            self.budget
-                .spendable(&self.region)
-                .await
-                .map_err(|e| TransferError::Malformed {
-                    region: self.region.clone(),
-                    message: e.to_string(),
-                })?;
+        let view = self.budget.spendable(&self.region).await?;
         let allocations = self.budget.allocations().await.ok();
         let known: u64 = demand.values().flatten().sum();
         if known == 0 {
@@ -146,7 +139,7 @@ impl Rebalancer {
         };
         let own_demand = demand.get(&self.region).copied().flatten().unwrap_or(0);
         let keep = target(&self.region).max(own_demand).max(self.floor);
-        let surplus = view.spendable().saturating_sub(keep);
+        let surplus = view.saturating_sub(keep);
         if surplus <= self.dead_band {
             return Ok(None);
         }
@@ -173,7 +166,7 @@ impl Rebalancer {
                 Ok(_) => return Ok(Some((to.to_owned(), amount))),
                 // Unconfirmed toward this receiver, or it cannot be reached:
                 // try the next one.
-                Err(TransferError::InFlight { .. } | TransferError::Unreachable { .. }) => {}
+                Err(RegionError::InFlight { .. } | RegionError::Unreachable { .. }) => {}
                 Err(e) => return Err(e),
             }
         }

@@ -5,7 +5,7 @@
 use redis::Value;
 
 use super::ledger::{int, text};
-use super::{RegionError, RegionalBudget, Step, TransferError};
+use super::{RegionError, RegionalBudget, Step};
 use crate::redis::{CallError, Connector, Request};
 
 /// One region: its Redis, its keys and its connection slot.
@@ -36,30 +36,33 @@ impl Region {
 
 /// A failed call as the error of a transfer step or of a region.
 pub(super) trait Unreachable {
-    fn into_transfer(self, region: &Region, step: Step) -> TransferError;
+    fn into_transfer(self, region: &Region, step: Step) -> RegionError;
     fn into_region(self, region: &Region) -> RegionError;
 }
 
 impl Unreachable for CallError {
-    fn into_transfer(self, region: &Region, step: Step) -> TransferError {
-        TransferError::Unreachable {
+    fn into_transfer(self, region: &Region, step: Step) -> RegionError {
+        let outcome_unknown = self.outcome_unknown();
+        RegionError::Unreachable {
             region: region.name.to_string(),
-            step,
-            outcome_unknown: self.outcome_unknown(),
-            message: self.to_string(),
+            debited: step.debited(outcome_unknown),
+            outcome_unknown,
+            message: format!("at the {step} step: {self}"),
         }
     }
 
     fn into_region(self, region: &Region) -> RegionError {
         RegionError::Unreachable {
             region: region.name.to_string(),
+            debited: false,
+            outcome_unknown: self.outcome_unknown(),
             message: self.to_string(),
         }
     }
 }
 
-pub(super) fn malformed(region: &Region, message: &str) -> TransferError {
-    TransferError::Malformed {
+pub(super) fn malformed(region: &Region, message: &str) -> RegionError {
+    RegionError::Malformed {
         region: region.name.to_string(),
         message: message.to_owned(),
     }
@@ -91,6 +94,7 @@ impl RegionalBudget {
         match reply {
             Value::Nil => Err(RegionError::StateLost {
                 regions: vec![region.name.to_string()],
+                debited: false,
             }),
             value => Ok(value),
         }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use tokio::task::JoinHandle;
 
-use super::{RegionError, RegionView, RegionalBudget};
+use super::{RegionError, RegionalBudget};
 use crate::outbound::lease::Ceiling;
 use crate::outbound::{LeaseStore, Rate, RateLease};
 use crate::ConfigError;
@@ -34,7 +34,7 @@ const DRIFT_PERCENT: u32 = 1;
 /// ordered transfers ([`RegionalBudget::send`]) and the credit hold `H`
 /// covers `1.01 × (L + S + Q + 2D)`: the lease length `L`, the clock skew
 /// `S` between the regions' Redis servers, the view's maximum age `Q` and
-/// the Redis deadline `D`. [`build`](RegionLeaseBuilder::build) checks it.
+/// the Redis deadline `D`. [`new`](Self::new) checks it.
 /// In short: a region's grants never sum above the spendable allocation
 /// reported by a view at most `Q` old (the lease script keeps its grants
 /// under the lowest budget reported); a donor's lowered allocation binds
@@ -61,7 +61,7 @@ const DRIFT_PERCENT: u32 = 1;
 ///     .region("us", "redis://redis.us.internal:6379/", 120)
 ///     .build()?;
 /// let store = LeaseStore::builder("redis://redis.eu.internal:6379/").build()?;
-/// let lease = RegionLease::builder(budget, "eu", store, NonZeroU32::new(10).unwrap()).build()?;
+/// let lease = RegionLease::new(budget, "eu", store, NonZeroU32::new(10).unwrap(), None)?;
 /// let _task = lease.spawn();
 /// if lease.lease().try_acquire(1).is_ok() { /* send */ }
 /// # Ok(())
@@ -78,7 +78,8 @@ struct Inner {
     lease: RateLease,
     ceiling: Ceiling,
     view_max_age: Duration,
-    view: Mutex<Option<RegionView>>,
+    /// The spendable allocation last read.
+    view: Mutex<Option<u64>>,
 }
 
 impl fmt::Debug for RegionLease {
@@ -91,42 +92,86 @@ impl fmt::Debug for RegionLease {
     }
 }
 
-/// Settings for a [`RegionLease`]; [`build`](Self::build) checks them.
-#[derive(Debug)]
-pub struct RegionLeaseBuilder {
-    budget: RegionalBudget,
-    region: String,
-    store: LeaseStore,
-    expected: NonZeroU32,
-    instance_id: Option<String>,
-    lease: Duration,
-    refresh_every: Duration,
-    view_max_age: Duration,
-    max_skew: Duration,
-}
-
 impl RegionLease {
-    /// Settings for one instance of `region` of `budget`, leasing from
-    /// `store` (the region's own Redis, as a rule), in a region of about
+    /// One instance's lease on `region` of `budget`, leasing from `store`
+    /// (the region's own Redis, as a rule), in a region of about
     /// `expected_instances` instances: a new instance's first demand guess
     /// is the total divided by it, and an idle one reports a tenth of that.
-    pub fn builder(
+    /// `instance_id` is this instance's id in the region's lease (random
+    /// when `None`). The lease length, refresh period, view age and clock
+    /// skew are the budget's ([`RegionalBudgetBuilder::lease_length`](super::RegionalBudgetBuilder::lease_length)
+    /// and the settings after it), the same for every region. Its budget is
+    /// zero until the first view is read.
+    ///
+    /// Errors name the field: `region` (not in the budget), `credit_hold`
+    /// (below `1.01 × (L + S + Q + 2D)`, `D` the larger of the lease store's
+    /// deadline and the budget's call timeout), and the lease's own fields.
+    pub fn new(
         budget: RegionalBudget,
         region: &str,
         store: LeaseStore,
         expected_instances: NonZeroU32,
-    ) -> RegionLeaseBuilder {
-        RegionLeaseBuilder {
-            budget,
-            region: region.to_owned(),
-            store,
-            expected: expected_instances,
-            instance_id: None,
-            lease: Duration::from_secs(5),
-            refresh_every: Duration::from_secs(4),
-            view_max_age: Duration::from_secs(1),
-            max_skew: Duration::from_millis(250),
+        instance_id: Option<&str>,
+    ) -> Result<Self, ConfigError> {
+        if budget.regions().all(|(name, _)| name != region) {
+            return Err(ConfigError::new(
+                "region",
+                format!("`{region}` is not a region of the budget"),
+            ));
         }
+        let settings = budget.inner.leases;
+        let deadline = store.deadline().max(budget.call_timeout());
+        let needed = (settings.lease + settings.max_skew + settings.view_max_age + 2 * deadline)
+            * (100 + DRIFT_PERCENT)
+            / 100;
+        if budget.credit_hold() < needed {
+            return Err(ConfigError::new(
+                "credit_hold",
+                format!(
+                    "the credit hold {:?} is below 1.01 × (L + S + Q + 2D) = {needed:?}",
+                    budget.credit_hold()
+                ),
+            ));
+        }
+        let total = budget.total();
+        let ceiling = Ceiling::closed();
+        let guess = (total / u64::from(expected_instances.get())).max(1);
+        let mut lease = RateLease::builder(
+            store,
+            &format!("region-{region}"),
+            Rate::per_second(total),
+            // A fallback of zero: an instance whose grant ran out spends
+            // nothing (the quotient is below one milli-unit per second).
+            NonZeroU32::MAX,
+        )
+        .lease(settings.lease)
+        .refresh_every(settings.refresh_every)
+        .initial_demand(Rate::per_second(guess))
+        // An idle instance still reports a tenth of its even share: a held
+        // back one doubles its grant per refresh, so a grant near zero would
+        // take many refresh periods to reach its share once callers come.
+        .min_demand(Rate::from_milli(guess * 100))
+        .ceiling(ceiling.clone());
+        if let Some(id) = instance_id {
+            lease = lease.instance_id(id);
+        }
+        let lease = lease.build()?;
+        if lease.fallback_rate() != Rate::ZERO {
+            return Err(ConfigError::new(
+                "total",
+                "a region lease needs a total below 4,294,967 per second",
+            ));
+        }
+        Ok(RegionLease {
+            inner: Arc::new(Inner {
+                budget,
+                region: region.into(),
+                lease,
+                ceiling,
+                view_max_age: settings.view_max_age,
+                view: Mutex::new(None),
+            }),
+        })
     }
 
     /// The rate lease to spend through.
@@ -139,23 +184,24 @@ impl RegionLease {
         &self.inner.region
     }
 
-    /// The view last read, if any.
-    pub fn view(&self) -> Option<RegionView> {
+    /// The region's spendable allocation as last read
+    /// ([`RegionalBudget::spendable`]), if any: the budget its lease reports
+    /// while that read is at most `view_max_age` old.
+    pub fn view(&self) -> Option<u64> {
         *self.inner.view.lock()
     }
 
-    /// Reads the region's view once and sets the lease's budget to its
-    /// spendable allocation, valid for `view_max_age` from the moment the
-    /// read was sent. On failure the budget stays as it was until then,
+    /// Reads the region's spendable allocation once and sets the lease's
+    /// budget to it, valid for `view_max_age` from the moment the read was
+    /// sent; returns it. On failure the budget stays as it was until then,
     /// and zero after.
-    pub async fn read_view(&self) -> Result<RegionView, RegionError> {
+    pub async fn read_view(&self) -> Result<u64, RegionError> {
         let inner = &*self.inner;
         let sent_at = Instant::now();
         let view = inner.budget.spendable(&inner.region).await?;
-        inner.ceiling.set(
-            Rate::per_second(view.spendable()),
-            sent_at + inner.view_max_age,
-        );
+        inner
+            .ceiling
+            .set(Rate::per_second(view), sent_at + inner.view_max_age);
         *inner.view.lock() = Some(view);
         Ok(view)
     }
@@ -190,110 +236,5 @@ struct AbortOnDrop<T>(JoinHandle<T>);
 impl<T> Drop for AbortOnDrop<T> {
     fn drop(&mut self) {
         self.0.abort();
-    }
-}
-
-impl RegionLeaseBuilder {
-    /// This instance's id in the region's lease (default random).
-    pub fn instance_id(mut self, id: &str) -> Self {
-        self.instance_id = Some(id.to_owned());
-        self
-    }
-
-    /// The lease length `L`, default 5 s.
-    pub fn lease(mut self, lease: Duration) -> Self {
-        self.lease = lease;
-        self
-    }
-
-    /// The lease's refresh period, default 4 s.
-    pub fn refresh_every(mut self, every: Duration) -> Self {
-        self.refresh_every = every;
-        self
-    }
-
-    /// The view's maximum age `Q`, default 1 s: a refresh reports the
-    /// spendable allocation of a view read at most `Q` before, else zero.
-    pub fn view_max_age(mut self, age: Duration) -> Self {
-        self.view_max_age = age;
-        self
-    }
-
-    /// The largest clock skew `S` between two regions' Redis servers,
-    /// default 250 ms.
-    pub fn max_skew(mut self, skew: Duration) -> Self {
-        self.max_skew = skew;
-        self
-    }
-
-    /// Checks the settings and builds the lease, its budget at zero until
-    /// the first view is read.
-    ///
-    /// Errors name the field: `region` (not in the budget), `view_max_age`
-    /// (zero), `credit_hold` (below `1.01 × (L + S + Q + 2D)`, `D` the
-    /// larger of the lease store's deadline and the budget's call timeout),
-    /// and the lease's own fields.
-    pub fn build(self) -> Result<RegionLease, ConfigError> {
-        if self.budget.regions().all(|(name, _)| name != self.region) {
-            return Err(ConfigError::new(
-                "region",
-                format!("`{}` is not a region of the budget", self.region),
-            ));
-        }
-        if self.view_max_age.is_zero() {
-            return Err(ConfigError::new("view_max_age", "must be above zero"));
-        }
-        let deadline = self.store.deadline().max(self.budget.call_timeout());
-        let needed = (self.lease + self.max_skew + self.view_max_age + 2 * deadline)
-            * (100 + DRIFT_PERCENT)
-            / 100;
-        if self.budget.credit_hold() < needed {
-            return Err(ConfigError::new(
-                "credit_hold",
-                format!(
-                    "the credit hold {:?} is below 1.01 × (L + S + Q + 2D) = {needed:?}",
-                    self.budget.credit_hold()
-                ),
-            ));
-        }
-        let total = self.budget.total();
-        let ceiling = Ceiling::closed();
-        let guess = (total / u64::from(self.expected.get())).max(1);
-        let mut lease = RateLease::builder(
-            self.store,
-            &format!("region-{}", self.region),
-            Rate::per_second(total),
-            // A fallback of zero: an instance whose grant ran out spends
-            // nothing (the quotient is below one milli-unit per second).
-            NonZeroU32::MAX,
-        )
-        .lease(self.lease)
-        .refresh_every(self.refresh_every)
-        .initial_demand(Rate::per_second(guess))
-        // An idle instance still reports a tenth of its even share: a held
-        // back one doubles its grant per refresh, so a grant near zero would
-        // take many refresh periods to reach its share once callers come.
-        .min_demand(Rate::from_milli(guess * 100))
-        .ceiling(ceiling.clone());
-        if let Some(id) = &self.instance_id {
-            lease = lease.instance_id(id);
-        }
-        let lease = lease.build()?;
-        if lease.fallback_rate() != Rate::ZERO {
-            return Err(ConfigError::new(
-                "total",
-                "a region lease needs a total below 4,294,967 per second",
-            ));
-        }
-        Ok(RegionLease {
-            inner: Arc::new(Inner {
-                budget: self.budget,
-                region: self.region.into(),
-                lease,
-                ceiling,
-                view_max_age: self.view_max_age,
-                view: Mutex::new(None),
-            }),
-        })
     }
 }

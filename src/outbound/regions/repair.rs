@@ -7,7 +7,7 @@ use redis::Value;
 
 use super::ledger::{text, Credit, Record};
 use super::region::{malformed, Region, Unreachable};
-use super::{RegionError, RegionalBudget, Step, TransferError, TransferId, TransferOutcome};
+use super::{RegionError, RegionalBudget, Step, TransferId, TransferOutcome};
 use crate::redis::{CallError, Request};
 
 impl RegionalBudget {
@@ -47,7 +47,7 @@ impl RegionalBudget {
     /// transfer per donor; if several donors recorded the same id, each is
     /// finished). Every region must answer the lookup. A transfer whose
     /// receiver was re-created after its debit is never credited: this
-    /// returns [`TransferError::ReceiverRecreated`] and drops it from the
+    /// returns [`RegionError::ReceiverRecreated`] and drops it from the
     /// pending list.
     ///
     /// The answer is [`TransferOutcome::Completed`] (this call credited
@@ -66,7 +66,7 @@ impl RegionalBudget {
     /// # Ok(())
     /// # }
     /// ```
-    pub async fn repair(&self, id: &TransferId) -> Result<TransferOutcome, TransferError> {
+    pub async fn repair(&self, id: &TransferId) -> Result<TransferOutcome, RegionError> {
         let lookups = join_all(self.inner.regions.iter().map(|donor| async move {
             let mut cmd = redis::cmd("HGET");
             cmd.arg(&donor.debits_key).arg(id.as_str());
@@ -92,7 +92,7 @@ impl RegionalBudget {
         for (donor, record) in found {
             let receiver = self
                 .region(&record.to)
-                .ok_or_else(|| TransferError::UnknownRegion {
+                .ok_or_else(|| RegionError::UnknownRegion {
                     region: record.to.clone(),
                 })?;
             completed |= matches!(
@@ -109,43 +109,57 @@ impl RegionalBudget {
 
     /// Repairs every pending transfer of every region (see
     /// [`pending`](Self::pending) and [`repair`](Self::repair)); never
-    /// credits twice. It goes on past failures and reports them, a transfer
-    /// whose receiver was re-created after its debit as
-    /// [`TransferError::ReceiverRecreated`] (once: it is dropped from the
-    /// pending list).
+    /// credits twice. It goes on past failures and answers one result per
+    /// pending transfer, in each donor's order of debits:
+    /// [`TransferOutcome::Completed`] (credited by this call),
+    /// [`TransferOutcome::AlreadyApplied`] (credited before, so only its
+    /// pending mark was cleared, or debited again after the donor's state
+    /// loss and given back), or the error; plus an error for each region
+    /// whose pending list could not be read. A failed transfer stays pending
+    /// for a later repair, except one whose receiver was re-created after its
+    /// debit: [`RegionError::ReceiverRecreated`], reported once, since it is
+    /// dropped from the pending list.
     ///
     /// ```no_run
-    /// # use tower_admission::outbound::RegionalBudget;
+    /// # use tower_admission::outbound::{RegionalBudget, TransferOutcome};
     /// # async fn run(budget: RegionalBudget) {
-    /// let report = budget.repair_all().await;
-    /// println!("{} completed, {} errors", report.completed().len(), report.errors().len());
+    /// let results = budget.repair_all().await;
+    /// let completed = results.iter().filter(|r| **r == Ok(TransferOutcome::Completed)).count();
+    /// println!("{completed} completed");
+    /// for e in results.iter().filter_map(|r| r.as_ref().err()) {
+    ///     eprintln!("{e}");
+    /// }
     /// # }
     /// ```
-    pub async fn repair_all(&self) -> RepairReport {
-        let mut report = RepairReport::default();
+    pub async fn repair_all(&self) -> Vec<Result<TransferOutcome, RegionError>> {
+        let mut results = Vec::new();
         for donor in &self.inner.regions {
             let records = match self.pending_of(donor).await {
                 Ok(records) => records,
                 Err(e) => {
-                    report.errors.push(e.into_transfer(donor, Step::Lookup));
+                    results.push(Err(e.into_transfer(donor, Step::Lookup)));
                     continue;
                 }
             };
             for (pending, record) in records {
                 let Some(receiver) = self.region(&record.to) else {
-                    report.errors.push(TransferError::UnknownRegion {
+                    results.push(Err(RegionError::UnknownRegion {
                         region: record.to.clone(),
-                    });
+                    }));
                     continue;
                 };
-                match self.finish(donor, receiver, &pending.id, &record).await {
-                    Ok(Credit::Now) => report.completed.push(pending),
-                    Ok(Credit::Before | Credit::Refunded { .. }) => report.already_complete += 1,
-                    Err(e) => report.errors.push(e),
-                }
+                results.push(
+                    match self.finish(donor, receiver, &pending.id, &record).await {
+                        Ok(Credit::Now) => Ok(TransferOutcome::Completed),
+                        Ok(Credit::Before | Credit::Refunded { .. }) => {
+                            Ok(TransferOutcome::AlreadyApplied)
+                        }
+                        Err(e) => Err(e),
+                    },
+                );
             }
         }
-        report
+        results
     }
 
     pub(super) async fn pending_of(
@@ -251,58 +265,5 @@ impl PendingTransfer {
     /// ```
     pub fn amount(&self) -> u64 {
         self.amount
-    }
-}
-
-/// What [`RegionalBudget::repair_all`] did.
-///
-/// ```no_run
-/// # async fn run(budget: tower_admission::outbound::RegionalBudget) {
-/// let report = budget.repair_all().await;
-/// assert!(report.errors().is_empty());
-/// # }
-/// ```
-#[derive(Debug, Default)]
-pub struct RepairReport {
-    completed: Vec<PendingTransfer>,
-    already_complete: usize,
-    errors: Vec<TransferError>,
-}
-
-impl RepairReport {
-    /// The transfers credited by this repair.
-    ///
-    /// ```no_run
-    /// # async fn run(budget: tower_admission::outbound::RegionalBudget) {
-    /// for p in budget.repair_all().await.completed() { println!("finished {}", p.id()); }
-    /// # }
-    /// ```
-    pub fn completed(&self) -> &[PendingTransfer] {
-        &self.completed
-    }
-
-    /// How many pending entries were already complete: credited (only their
-    /// pending mark was cleared), or debited again after the donor's state
-    /// loss and given back.
-    ///
-    /// ```no_run
-    /// # async fn run(budget: tower_admission::outbound::RegionalBudget) {
-    /// println!("{} stale marks cleared", budget.repair_all().await.already_complete());
-    /// # }
-    /// ```
-    pub fn already_complete(&self) -> usize {
-        self.already_complete
-    }
-
-    /// The failures; those transfers stay pending for a later repair, except
-    /// [`TransferError::ReceiverRecreated`], which can never be credited.
-    ///
-    /// ```no_run
-    /// # async fn run(budget: tower_admission::outbound::RegionalBudget) {
-    /// for e in budget.repair_all().await.errors() { eprintln!("{e}"); }
-    /// # }
-    /// ```
-    pub fn errors(&self) -> &[TransferError] {
-        &self.errors
     }
 }

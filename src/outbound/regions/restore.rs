@@ -33,7 +33,7 @@ impl RegionalBudget {
     ///
     /// A transfer whose debit was bound to the lost state before the
     /// recovery, and which only then reaches it, is refused for good
-    /// ([`TransferError::ReceiverRecreated`](super::TransferError::ReceiverRecreated))
+    /// ([`RegionError::ReceiverRecreated`](super::RegionError::ReceiverRecreated))
     /// after this reading: call it again once the transfers running at the
     /// recovery are done (a rebalancing period); it returns what is still
     /// missing, or 0.
@@ -78,6 +78,7 @@ impl RegionalBudget {
                     })?
                     .ok_or_else(|| RegionError::StateLost {
                         regions: vec![region.name.to_string()],
+                        debited: false,
                     })?;
                 states.push(state);
             }

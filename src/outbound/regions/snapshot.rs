@@ -93,7 +93,10 @@ impl RegionalBudget {
                 .map(|(r, _)| r.name.to_string())
                 .collect();
             if !missing.is_empty() {
-                return Err(RegionError::StateLost { regions: missing });
+                return Err(RegionError::StateLost {
+                    regions: missing,
+                    debited: false,
+                });
             }
             let states: Vec<RegionState> = states.into_iter().flatten().collect();
             if self.is_consistent(&states) {

@@ -7,7 +7,7 @@ use redis::Value;
 
 use super::ledger::{int, parse_debit, text, Credit, DebitReply, Record};
 use super::region::{malformed, Region, Unreachable};
-use super::{RegionalBudget, Step, TransferError, MAX_ID};
+use super::{RegionError, RegionalBudget, Step, MAX_ID};
 
 const ORDERED_MARK: char = '~';
 use crate::redis::Request;
@@ -23,17 +23,18 @@ impl RegionalBudget {
     /// amount twice: it completes a half-done transfer, or does nothing.
     /// If the receiver was re-created after the debit
     /// ([`recover_lost`](Self::recover_lost)), it cannot be completed: the
-    /// call fails with [`TransferError::ReceiverRecreated`], and the amount
+    /// call fails with [`RegionError::ReceiverRecreated`], and the amount
     /// is lost from the sum.
     ///
-    /// Errors: [`TransferError::ZeroAmount`], [`UnknownRegion`](TransferError::UnknownRegion)
-    /// and [`SameRegion`](TransferError::SameRegion) before any Redis call;
-    /// [`Insufficient`](TransferError::Insufficient) and
-    /// [`Conflict`](TransferError::Conflict) from the donor, with nothing
-    /// changed; [`Unreachable`](TransferError::Unreachable) and
-    /// [`StateLost`](TransferError::StateLost) naming the [`Step`] (at
-    /// [`Step::Lookup`], the receiver could not be read before a new debit,
-    /// and nothing changed); [`ReceiverRecreated`](TransferError::ReceiverRecreated).
+    /// Errors: [`RegionError::ZeroAmount`], [`UnknownRegion`](RegionError::UnknownRegion)
+    /// and [`SameRegion`](RegionError::SameRegion) before any Redis call;
+    /// [`Insufficient`](RegionError::Insufficient) and
+    /// [`Conflict`](RegionError::Conflict) from the donor, with nothing
+    /// changed; [`Unreachable`](RegionError::Unreachable) and
+    /// [`StateLost`](RegionError::StateLost), `debited: true` when the
+    /// donor is, or may be, debited (at the `lookup` step named in the
+    /// message, the receiver could not be read before a new debit, and
+    /// nothing changed); [`ReceiverRecreated`](RegionError::ReceiverRecreated).
     /// After a
     /// failed credit the amount is in flight until [`repair`](Self::repair).
     /// So it is when the future is dropped between the two steps (under an
@@ -56,17 +57,17 @@ impl RegionalBudget {
         from: &str,
         to: &str,
         amount: u64,
-    ) -> Result<TransferOutcome, TransferError> {
+    ) -> Result<TransferOutcome, RegionError> {
         if amount == 0 {
-            return Err(TransferError::ZeroAmount);
+            return Err(RegionError::ZeroAmount);
         }
-        let unknown = |region: &str| TransferError::UnknownRegion {
+        let unknown = |region: &str| RegionError::UnknownRegion {
             region: region.to_owned(),
         };
         let donor = self.region(from).ok_or_else(|| unknown(from))?;
         let receiver = self.region(to).ok_or_else(|| unknown(to))?;
         if from == to {
-            return Err(TransferError::SameRegion {
+            return Err(RegionError::SameRegion {
                 region: from.to_owned(),
             });
         }
@@ -95,7 +96,7 @@ impl RegionalBudget {
             }
             Some(DebitReply::Before(record)) => {
                 if record.amount != amount || record.to != to {
-                    return Err(TransferError::Conflict {
+                    return Err(RegionError::Conflict {
                         id: id.clone(),
                         from: from.to_owned(),
                         recorded_to: record.to,
@@ -105,16 +106,16 @@ impl RegionalBudget {
                 (record, false)
             }
             Some(DebitReply::Refused { available }) => {
-                return Err(TransferError::Insufficient {
+                return Err(RegionError::Insufficient {
                     region: from.to_owned(),
                     available,
                     requested: amount,
                 })
             }
             Some(DebitReply::Missing) => {
-                return Err(TransferError::StateLost {
-                    region: from.to_owned(),
-                    step: Step::Debit,
+                return Err(RegionError::StateLost {
+                    regions: vec![from.to_owned()],
+                    debited: false,
                 })
             }
             Some(DebitReply::EpochNeeded) | None => {
@@ -131,7 +132,7 @@ impl RegionalBudget {
                 TransferOutcome::AlreadyApplied
             }
             Credit::Refunded { credited_earlier } => {
-                return Err(TransferError::Conflict {
+                return Err(RegionError::Conflict {
                     id: id.clone(),
                     from: from.to_owned(),
                     recorded_to: to.to_owned(),
@@ -149,7 +150,7 @@ impl RegionalBudget {
         amount: u64,
         to: &str,
         to_epoch: &str,
-    ) -> Result<Option<DebitReply>, TransferError> {
+    ) -> Result<Option<DebitReply>, RegionError> {
         let mut invocation = self.inner.debit.prepare_invoke();
         invocation
             .key(&donor.state_key)
@@ -168,7 +169,7 @@ impl RegionalBudget {
 
     /// Reads the epoch of `region`'s state. A new debit to a receiver whose
     /// state cannot be read is not made.
-    pub(super) async fn read_epoch(&self, region: &Region) -> Result<String, TransferError> {
+    pub(super) async fn read_epoch(&self, region: &Region) -> Result<String, RegionError> {
         let mut cmd = redis::cmd("HGET");
         cmd.arg(&region.state_key).arg("epoch");
         let reply = self
@@ -178,9 +179,9 @@ impl RegionalBudget {
         match reply {
             Value::Nil => {
                 region.remember_epoch(None);
-                Err(TransferError::StateLost {
-                    region: region.name.to_string(),
-                    step: Step::Lookup,
+                Err(RegionError::StateLost {
+                    regions: vec![region.name.to_string()],
+                    debited: false,
                 })
             }
             value => {
@@ -200,7 +201,7 @@ impl RegionalBudget {
         receiver: &Region,
         id: &TransferId,
         record: &Record,
-    ) -> Result<Credit, TransferError> {
+    ) -> Result<Credit, RegionError> {
         if record.refunded {
             return Ok(Credit::Refunded {
                 credited_earlier: record.amount,
@@ -211,7 +212,7 @@ impl RegionalBudget {
                 self.refund(donor, id, record).await?;
                 return Ok(Credit::Refunded { credited_earlier });
             }
-            Err(e @ TransferError::DonorReseeded { .. }) => {
+            Err(e @ RegionError::DonorReseeded { .. }) => {
                 tracing::warn!(
                     from = &*donor.name,
                     to = &*receiver.name,
@@ -221,7 +222,7 @@ impl RegionalBudget {
                 );
                 Err(e)
             }
-            Err(e @ TransferError::ReceiverRecreated { .. }) => {
+            Err(e @ RegionError::ReceiverRecreated { .. }) => {
                 tracing::warn!(
                     from = &*donor.name,
                     to = &*receiver.name,
@@ -248,7 +249,7 @@ impl RegionalBudget {
         receiver: &Region,
         id: &TransferId,
         record: &Record,
-    ) -> Result<Credit, TransferError> {
+    ) -> Result<Credit, RegionError> {
         if let Some((_, n)) = id.as_ordered() {
             return self.receive(donor, receiver, n, record).await;
         }
@@ -281,7 +282,7 @@ impl RegionalBudget {
         match code {
             1 => Ok(Credit::Now),
             2 if amount()? == record.amount => Ok(Credit::Before),
-            2 => Err(TransferError::Conflict {
+            2 => Err(RegionError::Conflict {
                 id: id.clone(),
                 from: donor.name.to_string(),
                 recorded_to: receiver.name.to_string(),
@@ -303,7 +304,7 @@ impl RegionalBudget {
         donor: &Region,
         id: &TransferId,
         record: &Record,
-    ) -> Result<(), TransferError> {
+    ) -> Result<(), RegionError> {
         let mut invocation = self.inner.refund.prepare_invoke();
         invocation
             .key(&donor.state_key)
@@ -346,26 +347,26 @@ pub(super) fn refused_credit(
     receiver: &Region,
     id: &TransferId,
     record: &Record,
-) -> Option<TransferError> {
+) -> Option<RegionError> {
     match code {
         -1 => {
             receiver.remember_epoch(None);
-            Some(TransferError::StateLost {
-                region: receiver.name.to_string(),
-                step: Step::Credit,
+            Some(RegionError::StateLost {
+                regions: vec![receiver.name.to_string()],
+                debited: true,
             })
         }
         -2 => {
             let epoch = items.get(1).and_then(text)?;
             receiver.remember_epoch(Some(&epoch));
-            Some(TransferError::ReceiverRecreated {
+            Some(RegionError::ReceiverRecreated {
                 id: id.clone(),
                 from: donor.name.to_string(),
                 to: receiver.name.to_string(),
                 amount: record.amount,
             })
         }
-        -3 => Some(TransferError::DonorReseeded {
+        -3 => Some(RegionError::DonorReseeded {
             id: id.clone(),
             from: donor.name.to_string(),
             to: receiver.name.to_string(),

@@ -69,8 +69,8 @@ fn script_source(injected_clock: bool) -> String {
 /// `{q:k}`, so Redis Cluster puts them on one slot and never answers
 /// `CROSSSLOT`. The algorithm code in the name keeps a changed algorithm
 /// from reading the old one's state. A quota with a sliding log or weighted
-/// window also keeps its key's expiry in `prefix:{q:k}:x` (see
-/// [`expiry_key`](RedisStore::expiry_key)); a single-policy quota of the
+/// window also keeps its key's expiry in `prefix:{q:k}:x` (the latest time
+/// a policy's state becomes fresh); a single-policy quota of the
 /// other two touches exactly one key. A decision sets each key's expiry
 /// (`PEXPIRE`, rounded up to the millisecond) to the moment its state
 /// becomes equivalent to fresh, and deletes a state that already is; a
@@ -234,24 +234,44 @@ impl RedisStore {
     }
 
     /// The production decision script (reading Redis `TIME`), for loading
-    /// it by hand or benchmarking it with `redis-benchmark`. Its arguments
-    /// are documented in `scripts/driver.lua`.
+    /// it by hand or benchmarking it with `redis-benchmark` (feature
+    /// `test-hooks`). Its arguments are documented in `scripts/driver.lua`.
+    #[cfg(feature = "test-hooks")]
     pub fn script_source() -> String {
         script_source(false)
     }
 
     /// The script's arguments (ARGV) for a decision of `cost` under `quota`,
     /// as the store sends them with the production clock: for loading the
-    /// script by hand or running it under `redis-benchmark`.
+    /// script by hand or running it under `redis-benchmark` (feature
+    /// `test-hooks`).
+    #[cfg(feature = "test-hooks")]
     pub fn decision_args(quota: &Quota, cost: u64) -> Vec<String> {
         script_argv(quota, "d", cost.to_string(), "-".to_owned(), None)
     }
 
     /// The Redis keys holding `quota`'s state for `key`, in policy order,
+    /// named by each policy's position and algorithm, in one hash tag
+    /// (feature `test-hooks`).
+    #[cfg(feature = "test-hooks")]
+    pub fn keys(&self, quota: &Quota, key: &str) -> Vec<String> {
+        self.state_keys(quota, key)
+    }
+
+    /// The Redis key holding the expiry of `quota`'s state for `key`, in the
+    /// same hash tag, when the quota has a sliding log or weighted window
+    /// (feature `test-hooks`).
+    #[cfg(feature = "test-hooks")]
+    pub fn expiry_key(&self, quota: &Quota, key: &str) -> Option<String> {
+        self.state_expiry_key(quota, key)
+    }
+
+    /// The Redis keys holding `quota`'s state for `key`, in policy order,
     /// named by each policy's position and algorithm.
     /// They share one hash tag, so they live on one cluster slot. The script
-    /// takes them, then the [`expiry_key`](Self::expiry_key) if there is one.
-    pub fn keys(&self, quota: &Quota, key: &str) -> Vec<String> {
+    /// takes them, then the [`state_expiry_key`](Self::state_expiry_key) if
+    /// there is one.
+    pub(crate) fn state_keys(&self, quota: &Quota, key: &str) -> Vec<String> {
         quota
             .policies()
             .iter()
@@ -276,7 +296,7 @@ impl RedisStore {
     /// once it has passed, since their freshness depends on the window and
     /// a settle's numbers may be older than those that decided the state
     /// since (the memory store keeps the same expiry for its slot).
-    pub fn expiry_key(&self, quota: &Quota, key: &str) -> Option<String> {
+    pub(crate) fn state_expiry_key(&self, quota: &Quota, key: &str) -> Option<String> {
         let windowed = quota
             .policies()
             .iter()
@@ -300,9 +320,9 @@ impl RedisStore {
         };
         let mut invocation = self.inner.script.prepare_invoke();
         for k in self
-            .keys(quota, key)
+            .state_keys(quota, key)
             .into_iter()
-            .chain(self.expiry_key(quota, key))
+            .chain(self.state_expiry_key(quota, key))
         {
             invocation.key(k);
         }
@@ -393,11 +413,11 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// **Test only.** Reads the time from `clock` and injects it into a
-    /// separate test script instead of using Redis `TIME`, so tests can set
-    /// the time exactly. Never use it in production: every instance would
-    /// trust its own clock.
-    #[doc(hidden)]
+    /// Reads the time from `clock` and injects it into a separate test
+    /// script instead of using Redis `TIME`, so tests can set the time
+    /// exactly (feature `test-hooks`). Never use it in production: every
+    /// instance would trust its own clock.
+    #[cfg(feature = "test-hooks")]
     pub fn test_clock(mut self, clock: ManualClock) -> Self {
         self.clock = Some(clock);
         self
@@ -675,7 +695,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            store.keys(&quota, "alice"),
+            store.state_keys(&quota, "alice"),
             ["app:{free:alice}:0:sl", "app:{free:alice}:1:tb"]
         );
     }
