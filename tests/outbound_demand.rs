@@ -43,6 +43,29 @@ fn lease(store: &LeaseStore, clock: &ManualClock, id: &str) -> RateLease<ManualC
     .unwrap()
 }
 
+/// Instance `id`'s lease on `R` whose first refresh asks `initial` and
+/// whose demand is never reported below `least`.
+fn guessing(
+    store: &LeaseStore,
+    clock: &ManualClock,
+    id: &str,
+    initial: Rate,
+    least: Rate,
+) -> RateLease<ManualClock> {
+    RateLease::builder(
+        store.clone(),
+        "dep",
+        Rate::per_second(R),
+        NonZeroU32::new(10).unwrap(),
+    )
+    .instance_id(id)
+    .initial_demand(initial)
+    .min_demand(least)
+    .clock(clock.clone())
+    .build()
+    .unwrap()
+}
+
 fn advance(clock: &ManualClock, micros: u64) {
     clock.advance(Duration::from_micros(micros));
 }
@@ -56,18 +79,13 @@ async fn an_attempt_that_looks_again_after_its_wait_counts_once_toward_the_deman
     // normal share (200 of 240) sends 20/s.
     let server = RedisServer::start();
     let clock = ManualClock::new(Timestamp::from_micros(START));
-    let lease = RateLease::builder(
-        store(&server, &clock),
-        "dep",
-        Rate::per_second(R),
-        NonZeroU32::new(10).unwrap(),
-    )
-    .instance_id("pairs")
-    .initial_demand(Rate::per_second(24))
-    .min_demand(Rate::per_second(1))
-    .clock(clock.clone())
-    .build()
-    .unwrap();
+    let lease = guessing(
+        &store(&server, &clock),
+        &clock,
+        "pairs",
+        Rate::per_second(24),
+        Rate::per_second(1),
+    );
     let budget = LeasedBudget::new(lease.clone(), Rate::per_second(40)).unwrap();
     assert_eq!(lease.refresh().await.unwrap().grant, Rate::per_second(24));
     let (mut sent, mut looks) = (0, 0);
@@ -115,22 +133,18 @@ async fn the_budget_layer_counts_an_attempt_toward_the_demand_when_it_joins_the_
     // Ten attempts at once through the layer on a grant of 1/s: one is the
     // head, nine queue behind it and never look within the window. Counted
     // on a first look, the window saw one attempt (1.2/s of the lease) and
-    // reported twice the grant, 2/s; counted as they join the queue, it saw all ten: 12/s of the lease,
-    // the grant whose normal share (200 of 240) sends 10/s.
+    // reported twice the grant, 2/s; counted as they join the queue, it
+    // saw all ten: 12/s of the lease, the grant whose normal share (200 of
+    // 240) sends 10/s.
     let server = RedisServer::start();
     let clock = ManualClock::new(Timestamp::from_micros(START));
-    let lease = RateLease::builder(
-        store(&server, &clock),
-        "dep",
-        Rate::per_second(R),
-        NonZeroU32::new(10).unwrap(),
-    )
-    .instance_id("layer")
-    .initial_demand(Rate::per_second(1))
-    .min_demand(Rate::from_milli(100))
-    .clock(clock.clone())
-    .build()
-    .unwrap();
+    let lease = guessing(
+        &store(&server, &clock),
+        &clock,
+        "layer",
+        Rate::per_second(1),
+        Rate::from_milli(100),
+    );
     assert_eq!(lease.refresh().await.unwrap().grant, Rate::per_second(1));
     let budget = LeasedBudget::new(lease.clone(), Rate::per_second(40)).unwrap();
     let service = DependencyBudgetLayer::new(budget)
