@@ -86,16 +86,14 @@ impl State {
                 self.window_start = x;
                 self.held_back_us = ahead;
                 self.guessing = false;
-                let waited =
-                    held_back.saturating_mul(HELD_BACK.1) >= elapsed.saturating_mul(HELD_BACK.0);
+                let waited = at_least(held_back, elapsed, HELD_BACK);
                 // Waits while asking less than the grant are a queue
                 // draining or bursts, not a grant too small (a window
                 // without attempts, one wait spanning it, says nothing).
                 let waited = waited
                     && (self.grant.0 == 0
                         || measured.0 == 0
-                        || u128::from(measured.0) * u128::from(ASKED_OF_GRANT.1)
-                            >= u128::from(self.grant.0) * u128::from(ASKED_OF_GRANT.0));
+                        || at_least(measured.0, self.grant.0, ASKED_OF_GRANT));
                 if waited && self.grant.0 == 0 {
                     // Held back by a zero grant (a newcomer while the
                     // others' older grants run out): its callers waited for
@@ -149,6 +147,11 @@ impl State {
 /// needed.
 const USED_AFTER_DOUBLING: (u64, u64) = (3, 4);
 
+/// Whether `part` is at least `n/d` of `whole`, for `(n, d)`.
+fn at_least(part: u64, whole: u64, (n, d): (u64, u64)) -> bool {
+    u128::from(part) * u128::from(d) >= u128::from(whole) * u128::from(n)
+}
+
 /// More attempts than this share above a rate are growth.
 const GROWTH: (u64, u64) = (11, 10);
 
@@ -168,10 +171,9 @@ impl Trial {
         // attempts on either side judges nothing: its callers were told to
         // wait for a refresh.
         if let Some((from_grant, from_measured)) = self.doubled_from.take() {
-            let granted = u128::from(grant.0) * 2 >= u128::from(from_grant.0) * 3;
+            let granted = at_least(grant.0, from_grant.0, (3, 2));
             let counted = from_measured.0 > 0 && measured.0 > 0;
-            let used = u128::from(measured.0) * u128::from(USED_AFTER_DOUBLING.1)
-                >= u128::from(grant.0) * u128::from(USED_AFTER_DOUBLING.0);
+            let used = at_least(measured.0, grant.0, USED_AFTER_DOUBLING);
             if granted && counted && !used {
                 self.bursty_at = Some(from_measured.max(measured));
             }
