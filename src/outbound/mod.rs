@@ -73,7 +73,7 @@ mod leased;
 mod regions;
 #[cfg(feature = "redis")]
 pub use lease::{
-    LeaseError, LeaseMode, LeaseStatus, LeaseStore, LeaseStoreBuilder, Rate, RateLease,
+    LeaseError, LeaseStatus, LeaseStore, LeaseStoreBuilder, Rate, RateLease,
     RateLeaseBuilder,
 };
 #[cfg(feature = "redis")]

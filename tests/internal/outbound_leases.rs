@@ -37,7 +37,7 @@ use support::{RedisServer, StallProxy};
 use tower::{Layer, Service, ServiceExt};
 use tower_admission::clock::{Clock, ManualClock, Timestamp};
 use tower_admission::outbound::{
-    Attempt, BudgetError, DependencyBudgetLayer, LeaseError, LeaseMode, LeaseStatus, LeaseStore,
+    Attempt, BudgetError, DependencyBudgetLayer, LeaseError, LeaseStatus, LeaseStore,
     LeasedBudget, Rate, RateLease, RateLeaseBuilder, RetryAttempts, Share,
 };
 use tracing_subscriber::layer::SubscriberExt;
@@ -308,7 +308,7 @@ impl Fleet {
             if !node.alive
                 || node.pending.is_some()
                 || self.t < node.quiet_until
-                || status.mode == LeaseMode::Released
+                || status.is_released()
                 || node.fleet(status.next_refresh) > now
             {
                 continue;
@@ -339,9 +339,10 @@ impl Fleet {
         let mut fallback = 0;
         for node in self.nodes.iter().filter(|n| n.alive) {
             let s = node.status();
-            match s.mode {
-                LeaseMode::Fallback => fallback += s.rate.as_milli(),
-                _ => granted += s.rate.as_milli(),
+            if s.is_fallback() {
+                fallback += s.rate.as_milli();
+            } else {
+                granted += s.rate.as_milli();
             }
         }
         assert!(
@@ -1022,7 +1023,7 @@ async fn tick_noting_fallbacks(fleet: &mut Fleet, fell_back: &mut Vec<String>) {
         fleet
             .nodes
             .iter()
-            .filter(|n| n.alive && n.status().mode == LeaseMode::Fallback)
+            .filter(|n| n.alive && n.status().is_fallback())
             .map(|n| n.id.clone()),
     );
 }
@@ -1239,14 +1240,14 @@ async fn the_local_bucket_is_exact_and_the_expiry_ignores_clock_offset() {
     // A local clock 42 s behind Redis.
     let local = ManualClock::new(Timestamp(START - 42 * SEC));
     let lease = solo(shared, &local);
-    assert_eq!(lease.status().mode, LeaseMode::Starting);
+    assert!(lease.status().is_starting());
     assert!(
         lease.try_acquire(1).is_err(),
         "nothing is spent before the first grant"
     );
     let sent = local.now();
     let s = lease.refresh().await.unwrap();
-    assert_eq!(s.mode, LeaseMode::Granted);
+    assert!(s.is_granted());
     assert_eq!(
         s.expires_at.0,
         sent.0 + L - MARGIN,
@@ -1280,7 +1281,7 @@ async fn the_local_bucket_is_exact_and_the_expiry_ignores_clock_offset() {
         (1192..=1193).contains(&admitted),
         "admitted {admitted}, expected floor(240 × 4.970) = 1192 (+1)"
     );
-    assert_eq!(lease.status().mode, LeaseMode::Fallback);
+    assert!(lease.status().is_fallback());
     let mut fallback = 0;
     for _ in 0..10_000 {
         local.advance(Duration::from_millis(1));
@@ -1436,7 +1437,7 @@ async fn redis_killed_grants_last_until_expiry_then_the_fallback_applies_then_re
             "{}: fallback 12/s after expiry: {fallback} sends, expected {expect} (+1 burst)",
             node.id
         );
-        assert_eq!(node.status().mode, LeaseMode::Fallback);
+        assert!(node.status().is_fallback());
     }
     let fallback_sends: Vec<u64> = fleet
         .all_sends()
@@ -1472,9 +1473,8 @@ async fn redis_killed_grants_last_until_expiry_then_the_fallback_applies_then_re
     fleet.refresh_errors = 0;
     fleet.run_until(restarted + 500 * MS, tick).await;
     for node in &fleet.nodes {
-        assert_eq!(
-            node.status().mode,
-            LeaseMode::Granted,
+        assert!(
+            node.status().is_granted(),
             "{} renewed within two retries",
             node.id
         );
@@ -1548,16 +1548,16 @@ async fn a_refresh_dropped_unanswered_replaces_a_hung_connection() {
         .unwrap();
     let lease = solo(store, &ManualClock::new(Timestamp(START)));
     assert_eq!(
-        lease.refresh().await.map(|s| s.mode),
-        Ok(LeaseMode::Granted)
+        lease.refresh().await.map(|s| s.is_granted()),
+        Ok(true)
     );
 
     proxy.stall_open_connections();
     // Sent on the hung connection, then dropped unanswered.
     drop(send_only(&lease));
     assert_eq!(
-        lease.refresh().await.map(|s| s.mode),
-        Ok(LeaseMode::Granted),
+        lease.refresh().await.map(|s| s.is_granted()),
+        Ok(true),
         "a new connection, not a Timeout on the hung one"
     );
 }
@@ -1590,8 +1590,8 @@ async fn the_refresher_grants_in_the_background_and_stops_on_release_or_drop() {
         .expect("first refresh");
     let s = lease.status();
     assert_eq!(
-        (s.mode, s.grant),
-        (LeaseMode::Granted, Rate::per_second(120)),
+        (s.is_granted(), s.grant),
+        (true, Rate::per_second(120)),
         "initial demand R / 2"
     );
     lease.release().await.unwrap();
@@ -1635,9 +1635,9 @@ async fn a_dropped_first_refresh_finishes_as_a_failed_one() {
     );
     let s = lease.status();
     assert_eq!(
-        (s.mode, s.grant, s.rate, s.failures, s.next_refresh),
+        (s.is_fallback(), s.grant, s.rate, s.failures, s.next_refresh),
         (
-            LeaseMode::Fallback,
+            true,
             Rate::ZERO,
             Rate::per_second(R / 40),
             1,
@@ -1645,8 +1645,8 @@ async fn a_dropped_first_refresh_finishes_as_a_failed_one() {
         )
     );
     assert_eq!(
-        lease.refresh().await.map(|s| s.mode),
-        Ok(LeaseMode::Granted)
+        lease.refresh().await.map(|s| s.is_granted()),
+        Ok(true)
     );
 }
 
@@ -1859,7 +1859,7 @@ async fn an_unreachable_limiter_gives_the_fallback_unless_fail_open_was_chosen()
         }
         let lease = builder.build().unwrap();
         assert!(lease.refresh().await.is_err(), "Redis is down");
-        assert_eq!(lease.status().mode, LeaseMode::Fallback);
+        assert!(lease.status().is_fallback());
         let budget = LeasedBudget::new(lease, Rate::per_second(40)).unwrap();
         if fail_open {
             // No limit at all: 10,000 attempts at one instant pass.
@@ -1933,7 +1933,7 @@ async fn a_leased_budget_with_no_rate_yet_waits_as_its_lease_says() {
     let local = ManualClock::new(Timestamp(START));
     let lease = solo(store(&server, None), &local);
     let budget = LeasedBudget::new(lease.clone(), Rate::per_second(40)).unwrap();
-    assert_eq!(lease.status().mode, LeaseMode::Starting);
+    assert!(lease.status().is_starting());
     let retry_every = Duration::from_millis(250);
     assert_eq!(lease.try_acquire(1), Err(retry_every));
     for share in [Share::Normal, Share::Retry] {
@@ -2018,7 +2018,7 @@ async fn a_refresh_reaching_redis_after_the_release_changes_nothing() {
     tokio::time::sleep(Duration::from_millis(20)).await;
     assert_eq!(x.release().await, Ok(()));
     assert_eq!(
-        held.await.unwrap().map(|s| s.mode),
+        held.await.unwrap().map(|s| s.is_granted()),
         Err(LeaseError::Released)
     );
     let calls = support::command_calls(&server, &["evalsha"]);
@@ -2103,7 +2103,7 @@ async fn a_share_idle_across_the_fallback_keeps_only_what_the_fallback_fills() {
             _ => {}
         }
         let status = lease.status();
-        modes.push(status.mode);
+        modes.push(status);
         // A share's bucket: its part of the lease's, at least two attempts.
         capacity.push((u128::from(status.capacity) * part / total).max(2));
         rate.push(u128::from(status.rate.as_milli()) * part / total);
@@ -2116,9 +2116,9 @@ async fn a_share_idle_across_the_fallback_keeps_only_what_the_fallback_fills() {
         }
         sends.push(sent);
     }
-    assert_eq!(modes[4_990], LeaseMode::Granted);
-    assert_eq!(modes[5_000], LeaseMode::Fallback);
-    assert_eq!(modes[8_000], LeaseMode::Granted);
+    assert!(modes[4_990].is_granted());
+    assert!(modes[5_000].is_fallback());
+    assert!(modes[8_000].is_granted());
 
     let mut worst = (0i128, 0, 0, 0, 0);
     for span in [1usize, 10, 50, 100, 250, 1_000, 3_000] {
@@ -2242,7 +2242,7 @@ async fn a_stale_now_fills_up_to_the_lease_change_on_the_old_schedule() {
     let shares = LeasedBudget::new(lease.clone(), Rate::per_second(40)).unwrap();
     local.set(Timestamp(start + 6 * SEC));
     redis.advance(Duration::from_secs(6));
-    assert_eq!(lease.status().mode, LeaseMode::Fallback);
+    assert!(lease.status().is_fallback());
     assert_eq!(lease.refresh().await.unwrap().grant, Rate::per_second(R));
     // Read before the reply landed.
     let stale = Timestamp(start + 5 * SEC + 500 * MS);
@@ -2335,7 +2335,7 @@ async fn random_share_run(server: &RedisServer, seed: u64) -> Result<(u64, u64),
         let status = me.status();
         Read {
             from: t,
-            active: !matches!(status.mode, LeaseMode::Starting | LeaseMode::Released),
+            active: status.is_granted() || status.is_fallback(),
             grant: status.grant.as_milli(),
             until: status.expires_at.0,
             kept: status.kept.as_milli(),
@@ -2663,11 +2663,11 @@ async fn two_live_processes_with_one_instance_id_send_at_most_one_grant_plus_one
     assert!(most <= 253, "{most} sends in a 1 s window, bound 253");
     let (sa, sb) = (a.status(), b.status());
     assert_eq!(
-        (sa.mode, sa.grant, sb.mode, sb.rate),
+        (sa.is_granted(), sa.grant, sb.is_fallback(), sb.rate),
         (
-            LeaseMode::Granted,
+            true,
             Rate::per_second(R),
-            LeaseMode::Fallback,
+            true,
             Rate::per_second(R / 40)
         )
     );
@@ -2681,7 +2681,7 @@ async fn two_live_processes_with_one_instance_id_send_at_most_one_grant_plus_one
     // The answer names the id and when it is free: the holder's grant of
     // 9 s lasts until 14 s.
     assert_eq!(
-        fleet.nodes[twin].lease.refresh().await.map(|s| s.mode),
+        fleet.nodes[twin].lease.refresh().await.map(|s| s.is_granted()),
         Err(LeaseError::InstanceIdInUse {
             id: "pod".to_owned(),
             free_in: Duration::from_secs(2)
@@ -2729,13 +2729,13 @@ async fn a_restarted_process_waits_only_for_its_previous_runs_grant_to_expire() 
     let s = fleet.nodes[new].status();
     assert_eq!(
         (
-            s.mode,
+            s.is_fallback(),
             s.rate,
             s.id_in_use,
             fleet.nodes[new].fleet(s.next_refresh)
         ),
         (
-            LeaseMode::Fallback,
+            true,
             Rate::per_second(R / 40),
             1,
             START + 14 * SEC
@@ -2743,12 +2743,12 @@ async fn a_restarted_process_waits_only_for_its_previous_runs_grant_to_expire() 
         "refused, in the fallback, and due again when the old grant expires"
     );
     fleet.run_until(14 * SEC - MS, MS).await;
-    assert_eq!(fleet.nodes[new].status().mode, LeaseMode::Fallback);
+    assert!(fleet.nodes[new].status().is_fallback());
     fleet.tick(MS).await;
     let s = fleet.nodes[new].status();
     assert_eq!(
-        (s.mode, s.grant, s.id_in_use),
-        (LeaseMode::Granted, Rate::per_second(R), 1)
+        (s.is_granted(), s.grant, s.id_in_use),
+        (true, Rate::per_second(R), 1)
     );
     fleet.run_until(20 * SEC, MS).await;
     let node = &fleet.nodes[new];

@@ -200,9 +200,9 @@ impl<C: Clock> RateLeaseBuilder<C> {
         self
     }
 
-    /// Checks the settings and creates the lease in
-    /// [`LeaseMode::Starting`](super::LeaseMode::Starting); nothing is sent
-    /// until the first refresh.
+    /// Checks the settings and creates the lease,
+    /// [starting](super::LeaseStatus::is_starting): nothing is sent until
+    /// the first refresh.
     pub fn build(self) -> Result<RateLease<C>, ConfigError> {
         if !valid_key_part(&self.budget, 64) {
             return Err(ConfigError::new(

@@ -2,7 +2,7 @@
 //! guess when nothing is measured, and a window held back by its grant.
 
 use super::state::{Settings, State, Trial};
-use super::{LeaseMode, Rate};
+use super::{Mode, Rate};
 use crate::clock::Timestamp;
 use crate::outbound::bucket::nano;
 
@@ -73,7 +73,7 @@ impl State {
     /// the whole budget (a guess) or as twice itself (held back).
     pub(super) fn take_demand(&mut self, x: Timestamp, cfg: &Settings) -> (Rate, u8) {
         let mut held = false;
-        let measured = if self.mode_at(x) != LeaseMode::Granted {
+        let measured = if self.mode_at(x) != Mode::Granted {
             self.guessing = true;
             cfg.initial_demand
         } else {

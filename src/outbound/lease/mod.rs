@@ -47,7 +47,8 @@ pub use error::LeaseError;
 pub use rate::Rate;
 pub use rate_lease::RateLease;
 pub(crate) use schedule::{cap_at_refresh, Schedule};
-pub use status::{LeaseMode, LeaseStatus};
+pub use status::LeaseStatus;
+use status::Mode;
 pub use store::{LeaseStore, LeaseStoreBuilder};
 pub(crate) use table::GrantTable;
 

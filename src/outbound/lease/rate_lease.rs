@@ -9,7 +9,7 @@ use parking_lot::Mutex;
 use super::builder::check_rate;
 use super::schedule::cap_at_refresh;
 use super::state::{Phase, Settings, State};
-use super::{Asked, LeaseMode, LeaseStatus, LeaseStore, Rate};
+use super::{Asked, LeaseStatus, LeaseStore, Mode, Rate};
 use crate::clock::{duration_to_micros, Clock, SystemClock, Timestamp};
 use crate::reload::{Live, ReloadHandle, Target};
 use crate::ConfigError;
@@ -245,7 +245,7 @@ impl<C: Clock> RateLease<C> {
         }
         s.advance(now, cfg);
         s.note_fallback(now, cfg, &self.inner.budget, &self.inner.id);
-        if cfg.fail_open && !s.id_taken && s.mode_at(now) == LeaseMode::Fallback {
+        if cfg.fail_open && !s.id_taken && s.mode_at(now) == Mode::Fallback {
             return Ok(());
         }
         if s.bucket.missing(cost) == 0 {

@@ -216,7 +216,7 @@ impl<C: Clock> RateLease<C> {
 
     /// Waits until the first refresh has finished, successful or not (one
     /// dropped before its reply has failed), or the lease was released: it has
-    /// left [`LeaseMode::Starting`](super::LeaseMode::Starting) (for a
+    /// stopped [starting](super::LeaseStatus::is_starting) (for a
     /// readiness check).
     pub async fn ready(&self) {
         let mut ready = self.inner.ready.subscribe();

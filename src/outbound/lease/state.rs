@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::{LeaseMode, LeaseStatus, Rate};
+use super::{LeaseStatus, Mode, Rate};
 use crate::clock::Timestamp;
 use crate::outbound::bucket::{nano, whole, Bucket};
 
@@ -147,12 +147,12 @@ impl State {
         }
     }
 
-    pub(super) fn mode_at(&self, x: Timestamp) -> LeaseMode {
+    pub(super) fn mode_at(&self, x: Timestamp) -> Mode {
         match self.phase {
-            Phase::Starting => LeaseMode::Starting,
-            Phase::Released => LeaseMode::Released,
-            Phase::Active if x < self.until => LeaseMode::Granted,
-            Phase::Active => LeaseMode::Fallback,
+            Phase::Starting => Mode::Starting,
+            Phase::Released => Mode::Released,
+            Phase::Active if x < self.until => Mode::Granted,
+            Phase::Active => Mode::Fallback,
         }
     }
 

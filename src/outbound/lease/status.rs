@@ -1,31 +1,36 @@
-//! [`LeaseMode`] and [`LeaseStatus`]: what a lease is spending.
+//! [`LeaseStatus`]: what a lease is spending.
 
 use super::Rate;
 use crate::clock::Timestamp;
 
-/// What a [`RateLease`](super::RateLease) is spending.
+/// What a lease is spending; read through [`LeaseStatus`]'s `is_*` methods.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum LeaseMode {
-    /// No refresh has finished yet: nothing is spent.
+pub(super) enum Mode {
     Starting,
-    /// A grant from the script, until its local expiry.
     Granted,
-    /// The grant expired without renewal (Redis unreachable): the fallback
-    /// capacity `R / expected_instances`, or no limit at all after
-    /// [`fail_open`](super::RateLeaseBuilder::fail_open).
     Fallback,
-    /// Released: nothing is spent, ever again.
     Released,
 }
 
 /// A snapshot of a [`RateLease`](super::RateLease), from
-/// [`RateLease::status`](super::RateLease::status).
+/// [`RateLease::status`](super::RateLease::status). It is in exactly one of
+/// four modes, read by [`is_starting`](Self::is_starting),
+/// [`is_granted`](Self::is_granted), [`is_fallback`](Self::is_fallback) and
+/// [`is_released`](Self::is_released).
+///
+/// ```no_run
+/// # fn run(lease: tower_admission::outbound::RateLease) {
+/// let status = lease.status();
+/// if status.is_fallback() {
+///     eprintln!("no grant since {:?}: spending {} from the fallback", status.expires_at, status.rate);
+/// }
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LeaseStatus {
     /// The mode at the time asked.
-    pub mode: LeaseMode,
+    pub(super) mode: Mode,
     /// The rate the local bucket fills at now.
     pub rate: Rate,
     /// The latest grant (zero before the first).
@@ -58,4 +63,28 @@ pub struct LeaseStatus {
     pub effective: Rate,
     /// Pushbacks recorded by this lease since it was built.
     pub pushbacks: u64,
+}
+
+impl LeaseStatus {
+    /// No refresh has finished yet: nothing is spent.
+    pub fn is_starting(&self) -> bool {
+        self.mode == Mode::Starting
+    }
+
+    /// Spending a grant from the script, until its local expiry.
+    pub fn is_granted(&self) -> bool {
+        self.mode == Mode::Granted
+    }
+
+    /// The grant expired without renewal (Redis unreachable): spending the
+    /// fallback capacity `R / expected_instances`, or with no limit at all
+    /// after [`fail_open`](super::RateLeaseBuilder::fail_open).
+    pub fn is_fallback(&self) -> bool {
+        self.mode == Mode::Fallback
+    }
+
+    /// Released: nothing is spent, ever again.
+    pub fn is_released(&self) -> bool {
+        self.mode == Mode::Released
+    }
 }

@@ -10,7 +10,7 @@ use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::outbound::budget::Counters;
 use crate::outbound::lease::{cap_at_refresh, Asked};
 use crate::outbound::{
-    AttemptBudget, BudgetError, BudgetShares, BudgetStats, LeaseMode, Rate, RateLease, Share,
+    AttemptBudget, BudgetError, BudgetShares, BudgetStats, Rate, RateLease, Share,
 };
 use crate::reload::{ReloadHandle, Target};
 use crate::ConfigError;
@@ -246,7 +246,7 @@ impl<C: Clock> LeasedBudget<C> {
         let lease = &inner.lease;
         // 1. A released lease never admits again.
         let status = lease.status_at(now);
-        if status.mode == LeaseMode::Released {
+        if status.is_released() {
             return Err(RELEASED);
         }
         // 2. The attempt's demand, counted by whichever lease call comes
@@ -266,7 +266,7 @@ impl<C: Clock> LeasedBudget<C> {
         }
         // 4. A fail-open lease in its fallback admits every attempt, share
         //    or not.
-        if lease.fails_open() && status.mode == LeaseMode::Fallback {
+        if lease.fails_open() && status.is_fallback() {
             let result = lease.acquire_counting(cost, asked, now);
             return match result {
                 Ok(()) => {
