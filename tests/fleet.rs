@@ -573,9 +573,7 @@ async fn grant_summary(budget: &RedisServer) -> String {
         else {
             continue;
         };
-        let store = LeaseStore::builder(budget.url())
-            .prefix(prefix)
-            .build()
+        let store = LeaseStore::new(&budget.url(), prefix, Duration::from_millis(100))
             .expect("lease store");
         match (store.committed(name).await, store.peak(name).await) {
             (Ok(now), Ok(peak)) => out.push(format!("{key}: committed {now}, peak {peak}")),

@@ -21,11 +21,7 @@ const START: u64 = 1_700_000_000_000_000;
 const MS: u64 = 1_000;
 
 fn store(server: &RedisServer, clock: &ManualClock) -> LeaseStore {
-    LeaseStore::builder(server.url())
-        .prefix("dm")
-        .deadline(Duration::from_secs(5))
-        .test_clock(clock.clone())
-        .build()
+    LeaseStore::with_test_clock(&server.url(), "dm", Duration::from_secs(5), clock.clone())
         .expect("store settings")
 }
 

@@ -22,12 +22,13 @@ const SEC: u64 = 1_000_000;
 const MS: u64 = 1_000;
 
 fn store(server: &RedisServer, redis_time: &ManualClock) -> LeaseStore {
-    LeaseStore::builder(server.url())
-        .prefix("pb")
-        .deadline(Duration::from_secs(5))
-        .test_clock(redis_time.clone())
-        .build()
-        .expect("store settings")
+    LeaseStore::with_test_clock(
+        &server.url(),
+        "pb",
+        Duration::from_secs(5),
+        redis_time.clone(),
+    )
+    .expect("store settings")
 }
 
 /// Instance `id`, asking for `demand` per second, on the fleet's one clock.

@@ -70,10 +70,8 @@ async fn regions_follow_demand_within_the_total_through_an_outage() {
         .iter()
         .zip(&servers)
         .map(|(name, server)| {
-            let store = LeaseStore::builder(server.url())
-                .deadline(Duration::from_millis(100))
-                .build()
-                .unwrap();
+            let store =
+                LeaseStore::new(&server.url(), "admission", Duration::from_millis(100)).unwrap();
             (name.to_string(), store)
         })
         .collect();

@@ -43,10 +43,8 @@ async fn fleet(split: [(&str, u64); 2]) -> Fleet {
         .iter()
         .zip(&servers)
         .map(|((name, _), server)| {
-            let store = LeaseStore::builder(server.url())
-                .deadline(Duration::from_millis(100))
-                .build()
-                .unwrap();
+            let store =
+                LeaseStore::new(&server.url(), "admission", Duration::from_millis(100)).unwrap();
             (name.to_string(), store)
         })
         .collect();
@@ -202,7 +200,12 @@ fn a_credit_hold_below_the_bound_is_refused() {
         .credit_hold(Duration::from_secs(1))
         .build()
         .unwrap();
-    let store = LeaseStore::builder("redis://127.0.0.1:1/").build().unwrap();
+    let store = LeaseStore::new(
+        "redis://127.0.0.1:1/",
+        "admission",
+        Duration::from_millis(100),
+    )
+    .unwrap();
     let err = RegionLease::new(budget, "eu", store, NonZeroU32::MIN, None).unwrap_err();
     assert_eq!(err.field(), "credit_hold");
 }

@@ -163,12 +163,9 @@ mod lease {
     async fn an_r_lowered_on_one_instance_halves_the_fleet_within_one_lease_length() {
         let server = RedisServer::start();
         let clock = ManualClock::new(Timestamp::from_micros(START));
-        let store = LeaseStore::builder(server.url())
-            .prefix("t")
-            .deadline(Duration::from_secs(5))
-            .test_clock(clock.clone())
-            .build()
-            .unwrap();
+        let store =
+            LeaseStore::with_test_clock(&server.url(), "t", Duration::from_secs(5), clock.clone())
+                .unwrap();
         let (a, b) = (lease(&store, &clock, "a"), lease(&store, &clock, "b"));
         let budget = LeasedBudget::new(a.clone(), Rate::per_second(40)).unwrap();
         let reload = budget.reload_handle();

@@ -327,9 +327,11 @@ fn redis_app(
     let store = tower_admission::quota::RedisStore::builder(url)
         .prefix("reporting-api")
         .build()?;
-    let leases = LeaseStore::builder(args.budget_redis.as_deref().unwrap_or(url))
-        .prefix("reporting-api")
-        .build()?;
+    let leases = LeaseStore::new(
+        args.budget_redis.as_deref().unwrap_or(url),
+        "reporting-api",
+        std::time::Duration::from_millis(100),
+    )?;
     let settings = &config.dependency;
     let total = settings.normal_per_second + settings.retry_per_second;
     let lease = if let Some(region) = &args.regions.name {

@@ -94,7 +94,7 @@ pub(crate) fn region_lease(
     let budget = builder.build()?;
     let mut stores = Vec::new();
     for (region, url) in &regions.redis {
-        let store = LeaseStore::builder(url).prefix("reporting-api").build()?;
+        let store = LeaseStore::new(url, "reporting-api", std::time::Duration::from_millis(100))?;
         stores.push((region.clone(), store));
     }
     let own = stores

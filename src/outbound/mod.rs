@@ -72,10 +72,7 @@ mod leased;
 #[cfg(feature = "redis")]
 mod regions;
 #[cfg(feature = "redis")]
-pub use lease::{
-    LeaseError, LeaseStatus, LeaseStore, LeaseStoreBuilder, Rate, RateLease,
-    RateLeaseBuilder,
-};
+pub use lease::{LeaseError, LeaseStatus, LeaseStore, Rate, RateLease, RateLeaseBuilder};
 #[cfg(feature = "redis")]
 pub use leased::LeasedBudget;
 #[cfg(feature = "redis")]

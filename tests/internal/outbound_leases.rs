@@ -37,8 +37,8 @@ use support::{RedisServer, StallProxy};
 use tower::{Layer, Service, ServiceExt};
 use tower_admission::clock::{Clock, ManualClock, Timestamp};
 use tower_admission::outbound::{
-    Attempt, BudgetError, DependencyBudgetLayer, LeaseError, LeaseStatus, LeaseStore,
-    LeasedBudget, Rate, RateLease, RateLeaseBuilder, RetryAttempts, Share,
+    Attempt, BudgetError, DependencyBudgetLayer, LeaseError, LeaseStatus, LeaseStore, LeasedBudget,
+    Rate, RateLease, RateLeaseBuilder, RetryAttempts, Share,
 };
 use tracing_subscriber::layer::SubscriberExt;
 
@@ -58,13 +58,12 @@ const L: u64 = 5 * SEC;
 const MARGIN: u64 = 5 * MS;
 
 fn store(server: &RedisServer, redis_time: Option<&ManualClock>) -> LeaseStore {
-    let mut builder = LeaseStore::builder(server.url())
-        .prefix("t")
-        .deadline(Duration::from_secs(5));
-    if let Some(clock) = redis_time {
-        builder = builder.test_clock(clock.clone());
+    let deadline = Duration::from_secs(5);
+    match redis_time {
+        Some(clock) => LeaseStore::with_test_clock(&server.url(), "t", deadline, clock.clone()),
+        None => LeaseStore::new(&server.url(), "t", deadline),
     }
-    builder.build().expect("store settings")
+    .expect("store settings")
 }
 
 type Builder = RateLeaseBuilder<ManualClock>;
@@ -829,12 +828,9 @@ async fn a_lowered_grant_whose_reply_is_lost_stays_counted_until_the_old_expiry(
     let mut fleet = Fleet::new(redis.clone(), shared.clone(), 40);
     // a reaches Redis through a proxy that can cut a reply.
     let proxy = support::ReplyCutProxy::start(server.port()).await;
-    let via_proxy = LeaseStore::builder(proxy.url())
-        .prefix("t")
-        .deadline(Duration::from_secs(5))
-        .test_clock(redis.clone())
-        .build()
-        .unwrap();
+    let via_proxy =
+        LeaseStore::with_test_clock(&proxy.url(), "t", Duration::from_secs(5), redis.clone())
+            .unwrap();
     let all = |b: Builder| b.initial_demand(Rate::per_second(R));
     let a = fleet.join(&via_proxy, "a", 1_000, 0, all);
     fleet.tick(0).await;
@@ -1383,12 +1379,13 @@ async fn redis_killed_grants_last_until_expiry_then_the_fallback_applies_then_re
         tracing::subscriber::set_default(tracing_subscriber::registry().with(events.clone()));
     let mut server = RedisServer::start();
     let redis = ManualClock::new(Timestamp(START));
-    let shared = LeaseStore::builder(server.url())
-        .prefix("t")
-        .deadline(Duration::from_millis(500))
-        .test_clock(redis.clone())
-        .build()
-        .unwrap();
+    let shared = LeaseStore::with_test_clock(
+        &server.url(),
+        "t",
+        Duration::from_millis(500),
+        redis.clone(),
+    )
+    .unwrap();
     // 10 instances, fallback R / 20 = 12/s each.
     let mut fleet = Fleet::new(redis.clone(), shared.clone(), 20);
     for i in 0..10 {
@@ -1540,17 +1537,10 @@ async fn a_refresh_dropped_unanswered_replaces_a_hung_connection() {
     let server = RedisServer::start();
     let proxy = StallProxy::start(server.port()).await;
     let redis = ManualClock::new(Timestamp(START));
-    let store = LeaseStore::builder(proxy.url())
-        .prefix("t")
-        .deadline(Duration::from_secs(2))
-        .test_clock(redis)
-        .build()
-        .unwrap();
+    let store =
+        LeaseStore::with_test_clock(&proxy.url(), "t", Duration::from_secs(2), redis).unwrap();
     let lease = solo(store, &ManualClock::new(Timestamp(START)));
-    assert_eq!(
-        lease.refresh().await.map(|s| s.is_granted()),
-        Ok(true)
-    );
+    assert_eq!(lease.refresh().await.map(|s| s.is_granted()), Ok(true));
 
     proxy.stall_open_connections();
     // Sent on the hung connection, then dropped unanswered.
@@ -1644,15 +1634,17 @@ async fn a_dropped_first_refresh_finishes_as_a_failed_one() {
             Timestamp(START + 250 * MS)
         )
     );
-    assert_eq!(
-        lease.refresh().await.map(|s| s.is_granted()),
-        Ok(true)
-    );
+    assert_eq!(lease.refresh().await.map(|s| s.is_granted()), Ok(true));
 }
 
 #[test]
 fn bad_settings_name_their_field() {
-    let shared = LeaseStore::builder("redis://127.0.0.1:1/").build().unwrap();
+    let shared = LeaseStore::new(
+        "redis://127.0.0.1:1/",
+        "admission",
+        Duration::from_millis(100),
+    )
+    .unwrap();
     let one = NonZeroU32::MIN;
     let err = |b: RateLeaseBuilder| b.build().unwrap_err().field();
     let lease = |budget: &str, rate: u64| {
@@ -1674,22 +1666,20 @@ fn bad_settings_name_their_field() {
         );
     }
     assert_eq!(
-        LeaseStore::builder("redis://127.0.0.1:1/")
-            .prefix("x y")
-            .build()
+        LeaseStore::new("redis://127.0.0.1:1/", "x y", Duration::from_millis(100))
             .unwrap_err()
             .field(),
         "prefix"
     );
     assert_eq!(
-        LeaseStore::builder("nope").build().unwrap_err().field(),
+        LeaseStore::new("nope", "admission", Duration::from_millis(100))
+            .unwrap_err()
+            .field(),
         "url"
     );
     for deadline in [Duration::ZERO, Duration::from_secs(61)] {
         assert_eq!(
-            LeaseStore::builder("redis://127.0.0.1:1/")
-                .deadline(deadline)
-                .build()
+            LeaseStore::new("redis://127.0.0.1:1/", "admission", deadline)
                 .unwrap_err()
                 .field(),
             "deadline"
@@ -1843,10 +1833,7 @@ async fn an_unreachable_limiter_gives_the_fallback_unless_fail_open_was_chosen()
     server.kill();
     for fail_open in [false, true] {
         let local = ManualClock::new(Timestamp(START));
-        let store = LeaseStore::builder(url.clone())
-            .deadline(Duration::from_millis(200))
-            .build()
-            .unwrap();
+        let store = LeaseStore::new(&url, "admission", Duration::from_millis(200)).unwrap();
         let mut builder = RateLease::builder(
             store,
             BUDGET,
@@ -1993,12 +1980,7 @@ async fn a_refresh_reaching_redis_after_the_release_changes_nothing() {
         ManualClock::new(Timestamp(START)),
     );
     let lease_store = |url: String| {
-        LeaseStore::builder(url)
-            .prefix("t")
-            .deadline(Duration::from_millis(200))
-            .test_clock(redis.clone())
-            .build()
-            .unwrap()
+        LeaseStore::with_test_clock(&url, "t", Duration::from_millis(200), redis.clone()).unwrap()
     };
     let (via_proxy, direct) = (lease_store(proxy.url()), lease_store(server.url()));
     let lease = |store: &LeaseStore, id: &str, demand: u64| {
@@ -2058,12 +2040,13 @@ async fn a_share_idle_across_the_fallback_keeps_only_what_the_fallback_fills() {
     let mut server = RedisServer::start();
     let redis = ManualClock::new(Timestamp(START));
     let local = ManualClock::new(Timestamp(START + 7 * SEC));
-    let store = LeaseStore::builder(server.url())
-        .prefix("t")
-        .deadline(Duration::from_millis(500))
-        .test_clock(redis.clone())
-        .build()
-        .unwrap();
+    let store = LeaseStore::with_test_clock(
+        &server.url(),
+        "t",
+        Duration::from_millis(500),
+        redis.clone(),
+    )
+    .unwrap();
     // 4 expected instances: the fallback is 60/s, its bucket 60 (1 s).
     let lease = RateLease::builder(
         store,
@@ -2664,12 +2647,7 @@ async fn two_live_processes_with_one_instance_id_send_at_most_one_grant_plus_one
     let (sa, sb) = (a.status(), b.status());
     assert_eq!(
         (sa.is_granted(), sa.grant, sb.is_fallback(), sb.rate),
-        (
-            true,
-            Rate::per_second(R),
-            true,
-            Rate::per_second(R / 40)
-        )
+        (true, Rate::per_second(R), true, Rate::per_second(R / 40))
     );
     // Refused at 0, 5 and 10 s, each time until the holder's latest expiry
     // (its refreshes at 0, 1, 5 and 9 s), never every `retry_every`.
@@ -2681,7 +2659,11 @@ async fn two_live_processes_with_one_instance_id_send_at_most_one_grant_plus_one
     // The answer names the id and when it is free: the holder's grant of
     // 9 s lasts until 14 s.
     assert_eq!(
-        fleet.nodes[twin].lease.refresh().await.map(|s| s.is_granted()),
+        fleet.nodes[twin]
+            .lease
+            .refresh()
+            .await
+            .map(|s| s.is_granted()),
         Err(LeaseError::InstanceIdInUse {
             id: "pod".to_owned(),
             free_in: Duration::from_secs(2)
@@ -2734,12 +2716,7 @@ async fn a_restarted_process_waits_only_for_its_previous_runs_grant_to_expire() 
             s.id_in_use,
             fleet.nodes[new].fleet(s.next_refresh)
         ),
-        (
-            true,
-            Rate::per_second(R / 40),
-            1,
-            START + 14 * SEC
-        ),
+        (true, Rate::per_second(R / 40), 1, START + 14 * SEC),
         "refused, in the fallback, and due again when the old grant expires"
     );
     fleet.run_until(14 * SEC - MS, MS).await;

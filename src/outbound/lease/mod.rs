@@ -49,7 +49,7 @@ pub use rate_lease::RateLease;
 pub(crate) use schedule::{cap_at_refresh, Schedule};
 pub use status::LeaseStatus;
 use status::Mode;
-pub use store::{LeaseStore, LeaseStoreBuilder};
+pub use store::LeaseStore;
 pub(crate) use table::GrantTable;
 
 /// The lease tests read the grant table back, which is crate-private: they

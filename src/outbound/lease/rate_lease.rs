@@ -139,10 +139,11 @@ use crate::ConfigError;
 ///
 /// ```no_run
 /// use std::num::NonZeroU32;
+/// use std::time::Duration;
 /// use tower_admission::outbound::{LeaseStore, Rate, RateLease};
 ///
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-/// let store = LeaseStore::builder("redis://127.0.0.1:6379/").prefix("myapp").build()?;
+/// let store = LeaseStore::new("redis://127.0.0.1:6379/", "myapp", Duration::from_millis(100))?;
 /// let lease = RateLease::builder(store, "billing-api", Rate::per_second(240), NonZeroU32::new(40).unwrap())
 ///     .build()?;
 /// let _refresher = lease.spawn_refresher();

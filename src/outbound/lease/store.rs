@@ -57,18 +57,6 @@ impl fmt::Debug for LeaseStore {
     }
 }
 
-/// Settings for a [`LeaseStore`]; [`build`](Self::build) checks them.
-#[derive(Debug, Clone)]
-pub struct LeaseStoreBuilder {
-    pub(super) url: String,
-    pub(super) prefix: String,
-    pub(super) deadline: Duration,
-    /// A test's clock, whose time a separate test script reads instead of
-    /// Redis `TIME` (the lease unit tests set it; never in production,
-    /// where every instance would trust its own clock).
-    pub(super) clock: Option<ManualClock>,
-}
-
 /// The arguments of a script call (ARGV 1 and 3 to 8).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Args {
@@ -119,14 +107,63 @@ pub(super) struct GrantReply {
 }
 
 impl LeaseStore {
-    /// Settings for a store on one Redis server, e.g. `redis://127.0.0.1:6379/`.
-    pub fn builder(url: impl Into<String>) -> LeaseStoreBuilder {
-        LeaseStoreBuilder {
-            url: url.into(),
-            prefix: "admission".to_owned(),
-            deadline: Duration::from_millis(100),
-            clock: None,
-        }
+    /// A store on one Redis server, e.g. `redis://127.0.0.1:6379/`; no
+    /// connection is made here.
+    ///
+    /// - `prefix`, of every key: 1 to 64 characters of `[A-Za-z0-9._:-]` (no
+    ///   braces, which would change the hash tag).
+    /// - `deadline`, of each call (connecting included): more than zero, at
+    ///   most 60 s; 100 ms suits a Redis nearby. Calls run in the
+    ///   background, never on the send path.
+    ///
+    /// Errors name the field: `url`, `prefix` or `deadline`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_admission::outbound::LeaseStore;
+    ///
+    /// let store = LeaseStore::new("redis://127.0.0.1:6379/", "myapp", Duration::from_millis(100))?;
+    /// assert_eq!(store.deadline(), Duration::from_millis(100));
+    /// let err = LeaseStore::new("redis://127.0.0.1:6379/", "my app", Duration::from_millis(100));
+    /// assert_eq!(err.unwrap_err().field(), "prefix");
+    /// # Ok::<(), tower_admission::ConfigError>(())
+    /// ```
+    pub fn new(url: &str, prefix: &str, deadline: Duration) -> Result<Self, ConfigError> {
+        Self::with_clock(url, prefix, deadline, None)
+    }
+
+    /// [`new`](Self::new), with the time of `clock` injected into a separate
+    /// test script instead of Redis `TIME` (feature `test-hooks`). Never
+    /// use it in production: every instance would trust its own clock.
+    #[cfg(any(test, feature = "test-hooks"))]
+    pub fn with_test_clock(
+        url: &str,
+        prefix: &str,
+        deadline: Duration,
+        clock: ManualClock,
+    ) -> Result<Self, ConfigError> {
+        Self::with_clock(url, prefix, deadline, Some(clock))
+    }
+
+    fn with_clock(
+        url: &str,
+        prefix: &str,
+        deadline: Duration,
+        clock: Option<ManualClock>,
+    ) -> Result<Self, ConfigError> {
+        check_prefix(prefix)?;
+        crate::error::redis_deadline("deadline", deadline)?;
+        let target = Target::single(url).map_err(|e| ConfigError::new("url", e.to_string()))?;
+        let injected = clock.is_some().then_some(CLOCK_ARG);
+        Ok(LeaseStore {
+            inner: Arc::new(StoreInner {
+                prefix: prefix.into(),
+                deadline,
+                connector: Connector::new(target, Timing::per_call(deadline)),
+                script: Script::new(&script(injected)),
+                clock,
+            }),
+        })
     }
 
     /// The Redis key of `budget`: `prefix:{lease:budget}`.
@@ -257,49 +294,6 @@ impl LeaseStore {
             .call(Request::Script(&invocation))
             .await?;
         Ok(reply)
-    }
-}
-
-impl LeaseStoreBuilder {
-    /// The key prefix, default `admission`: 1 to 64 characters of
-    /// `[A-Za-z0-9._:-]` (no braces, which would change the hash tag).
-    pub fn prefix(mut self, prefix: &str) -> Self {
-        prefix.clone_into(&mut self.prefix);
-        self
-    }
-
-    /// The deadline of each call (connecting included), default 100 ms, at
-    /// most 60 s. Calls run in the background, never on the send path.
-    pub fn deadline(mut self, deadline: Duration) -> Self {
-        self.deadline = deadline;
-        self
-    }
-
-    /// Injects the time of `clock` into a separate test script instead of
-    /// Redis `TIME` (feature `test-hooks`). Never use it in production:
-    /// every instance would trust its own clock.
-    #[cfg(any(test, feature = "test-hooks"))]
-    pub fn test_clock(mut self, clock: ManualClock) -> Self {
-        self.clock = Some(clock);
-        self
-    }
-
-    /// Checks the settings and creates the store; no connection is made here.
-    pub fn build(self) -> Result<LeaseStore, ConfigError> {
-        check_prefix(&self.prefix)?;
-        crate::error::redis_deadline("deadline", self.deadline)?;
-        let target =
-            Target::single(&self.url).map_err(|e| ConfigError::new("url", e.to_string()))?;
-        let injected = self.clock.is_some().then_some(CLOCK_ARG);
-        Ok(LeaseStore {
-            inner: Arc::new(StoreInner {
-                prefix: self.prefix.into(),
-                deadline: self.deadline,
-                connector: Connector::new(target, Timing::per_call(self.deadline)),
-                script: Script::new(&script(injected)),
-                clock: self.clock,
-            }),
-        })
     }
 }
 

@@ -90,10 +90,11 @@ const RELEASED: BudgetError = BudgetError::Unavailable {
 ///
 /// ```no_run
 /// use std::num::NonZeroU32;
+/// use std::time::Duration;
 /// use tower_admission::outbound::{LeaseStore, LeasedBudget, Rate, RateLease};
 ///
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-/// let store = LeaseStore::builder("redis://127.0.0.1:6379/").prefix("myapp").build()?;
+/// let store = LeaseStore::new("redis://127.0.0.1:6379/", "myapp", Duration::from_millis(100))?;
 /// let expected_instances = NonZeroU32::new(40).unwrap();
 /// let lease = RateLease::builder(store, "reports-db", Rate::per_second(240), expected_instances)
 ///     .build()?;

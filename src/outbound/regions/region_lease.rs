@@ -53,6 +53,7 @@ const DRIFT_PERCENT: u32 = 1;
 ///
 /// ```no_run
 /// use std::num::NonZeroU32;
+/// use std::time::Duration;
 /// use tower_admission::outbound::{LeaseStore, RegionLease, RegionalBudget};
 ///
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -60,7 +61,7 @@ const DRIFT_PERCENT: u32 = 1;
 ///     .region("eu", "redis://redis.eu.internal:6379/", 120)
 ///     .region("us", "redis://redis.us.internal:6379/", 120)
 ///     .build()?;
-/// let store = LeaseStore::builder("redis://redis.eu.internal:6379/").build()?;
+/// let store = LeaseStore::new("redis://redis.eu.internal:6379/", "payments", Duration::from_millis(100))?;
 /// let lease = RegionLease::new(budget, "eu", store, NonZeroU32::new(10).unwrap(), None)?;
 /// let _task = lease.spawn();
 /// if lease.lease().try_acquire(1).is_ok() { /* send */ }
