@@ -27,7 +27,7 @@ use futures_util::FutureExt;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
-use tower_admission::outbound::{RegionError, RegionalBudget, TransferId, TransferOutcome};
+use tower_admission::outbound::{RegionError, RegionalBudget, TransferOutcome};
 
 use support::{RedisServer, StallProxy};
 
@@ -140,7 +140,7 @@ async fn random_redistributions_never_exceed_the_total() {
                     } else {
                         rng.random_range(1..=90)
                     };
-                    let id = TransferId::new(format!("t{task}-{n}")).unwrap();
+                    let id = String::from(format!("t{task}-{n}"));
                     let result = budget
                         .transfer(&id, REGIONS[from].0, REGIONS[to].0, amount)
                         .await;
@@ -216,7 +216,7 @@ async fn random_redistributions_never_exceed_the_total() {
 async fn the_same_id_three_times_moves_the_amount_once() {
     let f = fleet().await;
     let b = &f.budget;
-    let id = TransferId::new("eu-us-30").unwrap();
+    let id = String::from("eu-us-30");
     assert_eq!(
         b.transfer(&id, "eu", "us", 30).await,
         Ok(TransferOutcome::Applied)
@@ -247,7 +247,7 @@ async fn the_same_id_three_times_moves_the_amount_once() {
     ));
     assert_eq!(allocations(b).await, [70, 110, 60]);
 
-    let id = TransferId::new("ap-eu-45").unwrap();
+    let id = String::from("ap-eu-45");
     let results =
         futures_util::future::join_all((0..3).map(|_| b.transfer(&id, "ap", "eu", 45))).await;
     let applied = results
@@ -268,7 +268,7 @@ async fn the_same_id_three_times_moves_the_amount_once() {
 async fn a_refused_transfer_changes_nothing() {
     let f = fleet().await;
     let b = &f.budget;
-    let id = TransferId::new("big").unwrap();
+    let id = String::from("big");
     assert_eq!(
         b.transfer(&id, "ap", "eu", 61).await,
         Err(RegionError::Insufficient {
@@ -287,7 +287,7 @@ async fn a_refused_transfer_changes_nothing() {
     );
     assert_eq!(allocations(b).await, [160, 80, 0]);
     assert!(matches!(
-        b.transfer(&TransferId::random(), "ap", "us", 1).await,
+        b.transfer("ap-us-1", "ap", "us", 1).await,
         Err(RegionError::Insufficient { available: 0, .. })
     ));
     assert_eq!(b.snapshot().await.unwrap().sum(), TOTAL);
@@ -301,7 +301,7 @@ async fn a_refused_transfer_changes_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_interrupted_transfer_is_repaired_exactly_once() {
     let mut f = fleet().await;
-    let id = TransferId::new("eu-us-25").unwrap();
+    let id = String::from("eu-us-25");
     assert_eq!(f.servers[US].cli(&["SAVE"]).trim(), "OK");
     f.servers[US].kill();
 
@@ -354,7 +354,7 @@ async fn an_interrupted_transfer_is_repaired_exactly_once() {
             pending[0].to(),
             pending[0].amount()
         ),
-        (&id, "eu", "us", 25)
+        (id.as_str(), "eu", "us", 25)
     );
 
     assert_eq!(f.budget.repair(&id).await, Ok(TransferOutcome::Completed));
@@ -392,14 +392,14 @@ async fn a_stalled_credit_has_an_unknown_outcome_and_is_never_doubled() {
     let b = budget_on(&urls, DEADLINE);
     assert!(b.initialize().await.unwrap(), "seeded now");
     // A first credit to us, so the held call is a script us already knows.
-    let warm = TransferId::new("ap-us-10").unwrap();
+    let warm = String::from("ap-us-10");
     assert_eq!(
         b.transfer(&warm, "ap", "us", 10).await,
         Ok(TransferOutcome::Applied)
     );
 
     proxy.stall();
-    let id = TransferId::new("eu-us-30").unwrap();
+    let id = String::from("eu-us-30");
     let started = Instant::now();
     let err = b.transfer(&id, "eu", "us", 30).await.unwrap_err();
     let elapsed = started.elapsed();
@@ -478,7 +478,7 @@ async fn a_call_dropped_unanswered_replaces_a_hung_connection() {
 async fn a_lost_region_never_raises_the_sum() {
     let mut f = fleet().await;
     let b = f.budget.clone();
-    let first = TransferId::new("eu-us-20").unwrap();
+    let first = String::from("eu-us-20");
     assert_eq!(
         b.transfer(&first, "eu", "us", 20).await,
         Ok(TransferOutcome::Applied)
@@ -487,7 +487,7 @@ async fn a_lost_region_never_raises_the_sum() {
 
     f.servers[US].restart(); // no SAVE: us comes back empty
 
-    let id = TransferId::new("eu-us-25").unwrap();
+    let id = String::from("eu-us-25");
     let err = b.transfer(&id, "eu", "us", 25).await.unwrap_err();
     // The first call may still find the old connection dead.
     assert!(
@@ -552,7 +552,7 @@ async fn a_lost_region_never_raises_the_sum() {
     assert_eq!(snap.sum(), 115);
     assert!(snap.sum() <= TOTAL);
     assert_eq!(
-        b.transfer(&TransferId::random(), "ap", "us", 5).await,
+        b.transfer("ap-us-5", "ap", "us", 5).await,
         Ok(TransferOutcome::Applied)
     );
     assert_eq!(allocations(&b).await, [55, 5, 55]);
@@ -620,13 +620,27 @@ async fn bad_settings_and_requests_are_typed_errors() {
             "call_timeout"
         );
     }
-    assert_eq!(TransferId::new("").unwrap_err().field(), "transfer_id");
-    assert!(TransferId::new("x".repeat(129)).is_err());
-    assert!(TransferId::new("tab\there").is_err());
-
     let urls = [url.clone(), url.clone(), url];
     let b = budget_on(&urls, Duration::from_millis(100));
-    let id = TransferId::random();
+    // Ids are checked before any Redis call; `~` names ordered transfers.
+    for bad in [
+        String::new(),
+        "x".repeat(129),
+        "tab\there".into(),
+        "~us~1".into(),
+    ] {
+        assert_eq!(
+            b.transfer(&bad, "eu", "us", 1).await,
+            Err(RegionError::InvalidId { id: bad.clone() })
+        );
+    }
+    assert_eq!(
+        b.repair("has space").await,
+        Err(RegionError::InvalidId {
+            id: "has space".into()
+        })
+    );
+    let id = "x".repeat(128);
     assert_eq!(
         b.transfer(&id, "eu", "us", 0).await,
         Err(RegionError::ZeroAmount)
@@ -702,7 +716,7 @@ async fn a_region_added_later_never_raises_the_sum() {
     assert_eq!(us.cli(&["EXISTS", us_state]).trim(), "0");
     assert_eq!(v2.recover_lost("us").await, Ok(true));
     assert_eq!(
-        v2.transfer(&TransferId::random(), "eu", "us", 120).await,
+        v2.transfer("eu-us-120", "eu", "us", 120).await,
         Ok(TransferOutcome::Applied)
     );
     let snap = v2.snapshot().await.unwrap();
@@ -737,12 +751,12 @@ async fn a_region_added_later_never_raises_the_sum() {
 async fn a_receiver_recreated_after_a_debit_is_never_credited_it() {
     let mut f = fleet().await;
     let b = f.budget.clone();
-    let t1 = TransferId::new("t1-eu-us-30").unwrap();
+    let t1 = String::from("t1-eu-us-30");
     assert_eq!(
         b.transfer(&t1, "eu", "us", 30).await,
         Ok(TransferOutcome::Applied)
     );
-    let t2 = TransferId::new("t2-us-ap-110").unwrap();
+    let t2 = String::from("t2-us-ap-110");
     assert_eq!(
         b.transfer(&t2, "us", "ap", 110).await,
         Ok(TransferOutcome::Applied)
@@ -778,7 +792,7 @@ async fn a_receiver_recreated_after_a_debit_is_never_credited_it() {
 
     // New transfers to the recovered region are bound to its new state.
     assert_eq!(
-        b.transfer(&TransferId::random(), "ap", "us", 20).await,
+        b.transfer("ap-us-20", "ap", "us", 20).await,
         Ok(TransferOutcome::Applied)
     );
     assert_eq!(allocations(&b).await, [70, 20, 150]);
@@ -793,7 +807,7 @@ async fn a_receiver_recreated_after_a_debit_is_never_credited_it() {
 async fn a_retry_after_the_donor_lost_its_data_moves_nothing() {
     let mut f = fleet().await;
     let b = f.budget.clone();
-    let t1 = TransferId::new("t1").unwrap();
+    let t1 = String::from("t1");
     assert_eq!(
         b.transfer(&t1, "eu", "us", 30).await,
         Ok(TransferOutcome::Applied)
@@ -802,8 +816,7 @@ async fn a_retry_after_the_donor_lost_its_data_moves_nothing() {
     let _ = b.allocation("eu").await;
     assert_eq!(b.recover_lost("eu").await, Ok(true));
     assert_eq!(
-        b.transfer(&TransferId::new("t3").unwrap(), "ap", "eu", 50)
-            .await,
+        b.transfer(&String::from("t3"), "ap", "eu", 50).await,
         Ok(TransferOutcome::Applied)
     );
     assert_eq!(allocations(&b).await, [50, 110, 10]);
@@ -977,15 +990,7 @@ async fn interleaved_transfers_replays_interruptions_and_repairs_match_the_model
                     let amount = rng.random_range(1..=120);
                     let id = fresh("t");
                     let want = model.expect_transfer(&id, from, to, amount);
-                    let got = f
-                        .budget
-                        .transfer(
-                            &TransferId::new(&id).unwrap(),
-                            names[from],
-                            names[to],
-                            amount,
-                        )
-                        .await;
+                    let got = f.budget.transfer(&id, names[from], names[to], amount).await;
                     assert!(
                         matches_expected(&got, &want),
                         "{context}: {got:?} != {want:?}"
@@ -1004,12 +1009,7 @@ async fn interleaved_transfers_replays_interruptions_and_repairs_match_the_model
                     let want = model.expect_transfer(&id, from, t.to, amount);
                     let got = f
                         .budget
-                        .transfer(
-                            &TransferId::new(&id).unwrap(),
-                            names[from],
-                            names[t.to],
-                            amount,
-                        )
+                        .transfer(&id, names[from], names[t.to], amount)
                         .await;
                     assert!(
                         matches_expected(&got, &want),
@@ -1020,7 +1020,7 @@ async fn interleaved_transfers_replays_interruptions_and_repairs_match_the_model
                 // To and from the same region, or to an unknown region.
                 4 => {
                     let from = rng.random_range(0..3);
-                    let id = TransferId::new(fresh("bad")).unwrap();
+                    let id = String::from(fresh("bad"));
                     assert!(matches!(
                         f.budget.transfer(&id, names[from], names[from], 1).await,
                         Err(RegionError::SameRegion { .. })
@@ -1039,10 +1039,7 @@ async fn interleaved_transfers_replays_interruptions_and_repairs_match_the_model
                     let ((a_from, a_to), (b_from, b_to)) = (pair(&mut rng), pair(&mut rng));
                     let (a_amount, b_amount) = (rng.random_range(1..=80), rng.random_range(1..=80));
                     let (a_id, b_id) = (fresh("a"), fresh("b"));
-                    let (a_key, b_key) = (
-                        TransferId::new(&a_id).unwrap(),
-                        TransferId::new(&b_id).unwrap(),
-                    );
+                    let (a_key, b_key) = (String::from(&a_id), String::from(&b_id));
                     let (a, b) = tokio::join!(
                         f.budget
                             .transfer(&a_key, names[a_from], names[a_to], a_amount),
@@ -1075,15 +1072,7 @@ async fn interleaved_transfers_replays_interruptions_and_repairs_match_the_model
                     let id = fresh("cut");
                     assert_eq!(f.servers[to].cli(&["SAVE"]).trim(), "OK");
                     f.servers[to].kill();
-                    let got = f
-                        .budget
-                        .transfer(
-                            &TransferId::new(&id).unwrap(),
-                            names[from],
-                            names[to],
-                            amount,
-                        )
-                        .await;
+                    let got = f.budget.transfer(&id, names[from], names[to], amount).await;
                     assert!(
                         matches!(
                             &got,
@@ -1118,7 +1107,7 @@ async fn interleaved_transfers_replays_interruptions_and_repairs_match_the_model
                         model.credit(&key);
                         TransferOutcome::Completed
                     };
-                    let id = TransferId::new(&key.1).unwrap();
+                    let id = String::from(&key.1);
                     assert_eq!(f.budget.repair(&id).await, Ok(want), "{context}");
                 }
                 // Everything pending, repaired at once.
@@ -1168,7 +1157,7 @@ async fn a_credit_from_a_donor_reseeded_after_its_debit_never_lands() {
     servers[US].cli(&["SCRIPT", "LOAD", credit]);
 
     proxy.stall_open_connections();
-    let id = TransferId::new("eu-us-30").unwrap();
+    let id = String::from("eu-us-30");
     let err = b.transfer(&id, "eu", "us", 30).await.unwrap_err();
     assert!(
         matches!(
@@ -1211,7 +1200,7 @@ async fn a_credit_from_a_donor_reseeded_after_its_debit_never_lands() {
     assert_eq!((snap.sum(), snap.in_flight()), (TOTAL, 0));
 
     // The re-seeded eu sends as before.
-    let next = TransferId::new("eu-us-10").unwrap();
+    let next = String::from("eu-us-10");
     assert_eq!(
         b.transfer(&next, "eu", "us", 10).await,
         Ok(TransferOutcome::Applied)
@@ -1226,7 +1215,7 @@ async fn a_credit_from_a_donor_reseeded_after_its_debit_never_lands() {
     assert_eq!(b.recover_lost("eu").await, Ok(true));
     for (id, from, to) in [("ap-eu-5", "ap", "eu"), ("eu-us-5", "eu", "us")] {
         assert_eq!(
-            b.transfer(&TransferId::new(id).unwrap(), from, to, 5).await,
+            b.transfer(id, from, to, 5).await,
             Ok(TransferOutcome::Applied),
             "{id}"
         );
@@ -1257,7 +1246,7 @@ async fn processes_initializing_at_once_leave_every_region_sending() {
         assert_eq!(allocations(b).await, [100, 80, 60], "round {round}");
         for (from, _) in REGIONS {
             for (to, _) in REGIONS.iter().filter(|(to, _)| *to != from) {
-                let id = TransferId::new(format!("{from}-{to}")).unwrap();
+                let id = String::from(format!("{from}-{to}"));
                 assert_eq!(
                     b.transfer(&id, from, to, 1).await,
                     Ok(TransferOutcome::Applied),

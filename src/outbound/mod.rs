@@ -78,5 +78,5 @@ pub use leased::LeasedBudget;
 #[cfg(feature = "redis")]
 pub use regions::{
     PendingTransfer, Rebalancer, RegionError, RegionLease, RegionalBudget, RegionalBudgetBuilder,
-    Snapshot, TransferId, TransferOutcome,
+    Snapshot, TransferOutcome,
 };

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use super::TransferId;
+use super::MAX_ID;
 
 /// The step of a transfer at which a Redis call failed: named in
 /// [`RegionError::Unreachable`]'s message, and telling whether the donor is
@@ -55,13 +55,13 @@ impl fmt::Display for Step {
 /// amount is, or may be, in flight: [`needs_repair`](Self::needs_repair).
 ///
 /// ```no_run
-/// # use tower_admission::outbound::{RegionError, RegionalBudget, TransferId};
+/// # use tower_admission::outbound::{RegionError, RegionalBudget};
 /// # async fn run(budget: RegionalBudget) -> Result<(), Box<dyn std::error::Error>> {
-/// let id = TransferId::random();
-/// match budget.transfer(&id, "eu", "us", 500).await {
+/// let id = "rebalance-7-eu-us";
+/// match budget.transfer(id, "eu", "us", 500).await {
 ///     Err(RegionError::Insufficient { available, .. }) => println!("eu has {available}"),
 ///     Err(e) if e.needs_repair() => {
-///         budget.repair(&id).await?; // the debit happened, or may have; finish it later
+///         budget.repair(id).await?; // the debit happened, or may have; finish it later
 ///     }
 ///     other => println!("{other:?}"),
 /// }
@@ -78,6 +78,14 @@ impl fmt::Display for Step {
 pub enum RegionError {
     /// A transfer's amount was 0. Nothing was sent.
     ZeroAmount,
+    /// A transfer id is not 1 to 128 printable ASCII characters without
+    /// spaces, or starts with `~`, which names ordered transfers
+    /// ([`RegionalBudget::send`](super::RegionalBudget::send)). Nothing was
+    /// sent.
+    InvalidId {
+        /// The id given.
+        id: String,
+    },
     /// The donor and the receiver are the same region. Nothing was sent.
     SameRegion {
         /// The region.
@@ -129,7 +137,7 @@ pub enum RegionError {
     /// (another receiver or amount); nothing changed.
     Conflict {
         /// The id.
-        id: TransferId,
+        id: String,
         /// The donor.
         from: String,
         /// The receiver recorded for the id.
@@ -146,7 +154,7 @@ pub enum RegionError {
     /// transfer is dropped from the pending list.
     ReceiverRecreated {
         /// The id.
-        id: TransferId,
+        id: String,
         /// The donor, debited.
         from: String,
         /// The receiver, never credited.
@@ -161,7 +169,7 @@ pub enum RegionError {
     /// retry or repair: the re-seeded share holds the amount again.
     DonorReseeded {
         /// The id.
-        id: TransferId,
+        id: String,
         /// The donor, re-seeded.
         from: String,
         /// The receiver, never credited.
@@ -246,6 +254,10 @@ impl fmt::Display for RegionError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             RegionError::ZeroAmount => f.write_str("a transfer amount must be at least 1"),
+            RegionError::InvalidId { id } => write!(
+                f,
+                "transfer id {id:?} must be 1 to {MAX_ID} printable ASCII characters without spaces, not starting with `~`"
+            ),
             RegionError::SameRegion { region } => {
                 write!(f, "cannot transfer from region `{region}` to itself")
             }

@@ -38,7 +38,8 @@ pub use rebalancer::Rebalancer;
 pub use region_lease::RegionLease;
 pub use repair::PendingTransfer;
 pub use snapshot::Snapshot;
-pub use transfer::{TransferId, TransferOutcome};
+use transfer::TransferId;
+pub use transfer::TransferOutcome;
 
 use region::Region;
 
@@ -97,7 +98,7 @@ const MAX_ID: usize = 128;
 ///
 /// # Idempotence and repair
 ///
-/// A [`TransferId`] names one transfer out of one donor. Both scripts check
+/// A transfer id names one transfer out of one donor. Both scripts check
 /// it: calling [`transfer`](Self::transfer) again with the same id never
 /// debits or credits twice; it finishes whatever is missing and reports
 /// what it did ([`TransferOutcome`]). Reusing an id for a different receiver
@@ -213,7 +214,7 @@ const MAX_ID: usize = 128;
 /// # Example
 ///
 /// ```no_run
-/// use tower_admission::outbound::{RegionalBudget, RegionError, TransferId};
+/// use tower_admission::outbound::{RegionalBudget, RegionError};
 ///
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// let budget = RegionalBudget::builder(240)
@@ -224,13 +225,13 @@ const MAX_ID: usize = 128;
 ///     .build()?;
 /// budget.initialize().await?;
 ///
-/// let id = TransferId::random();
-/// match budget.transfer(&id, "ap", "eu", 20).await {
+/// let id = "rebalance-42-ap-eu";
+/// match budget.transfer(id, "ap", "eu", 20).await {
 ///     Ok(outcome) => println!("moved: {outcome:?}"),
 ///     Err(RegionError::Insufficient { available, .. }) => println!("ap holds only {available}"),
 ///     Err(e) if e.needs_repair() => {
 ///         // Safe at any time, as often as needed.
-///         budget.repair(&id).await?;
+///         budget.repair(id).await?;
 ///     }
 ///     Err(e) => return Err(e.into()),
 /// }

@@ -119,7 +119,7 @@ impl RegionalBudget {
             SendReply::Last { record, pending } => {
                 if record.amount != amount {
                     return Err(RegionError::Conflict {
-                        id,
+                        id: id.as_str().to_owned(),
                         from: from.to_owned(),
                         recorded_to: record.to,
                         recorded_amount: record.amount,

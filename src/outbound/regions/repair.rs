@@ -52,12 +52,13 @@ impl RegionalBudget {
     ///
     /// The answer is [`TransferOutcome::Completed`] (this call credited
     /// it), [`TransferOutcome::AlreadyApplied`] (debited and credited
-    /// already; nothing changed) or [`TransferOutcome::NothingDebited`].
+    /// already; nothing changed) or [`TransferOutcome::NothingDebited`]; an
+    /// id no pending list could hold is [`RegionError::InvalidId`].
     ///
     /// ```no_run
-    /// # use tower_admission::outbound::{RegionalBudget, TransferId, TransferOutcome};
-    /// # async fn run(budget: RegionalBudget, id: TransferId) -> Result<(), Box<dyn std::error::Error>> {
-    /// match budget.repair(&id).await? {
+    /// # use tower_admission::outbound::{RegionalBudget, TransferOutcome};
+    /// # async fn run(budget: RegionalBudget, id: &str) -> Result<(), Box<dyn std::error::Error>> {
+    /// match budget.repair(id).await? {
     ///     TransferOutcome::Completed => println!("credited now"),
     ///     TransferOutcome::AlreadyApplied => println!("nothing was missing"),
     ///     TransferOutcome::NothingDebited => println!("no region debited {id}"),
@@ -66,7 +67,10 @@ impl RegionalBudget {
     /// # Ok(())
     /// # }
     /// ```
-    pub async fn repair(&self, id: &TransferId) -> Result<TransferOutcome, RegionError> {
+    pub async fn repair(&self, id: &str) -> Result<TransferOutcome, RegionError> {
+        // Any id a pending list holds, ordered ones included.
+        let id =
+            &TransferId::stored(id).ok_or_else(|| RegionError::InvalidId { id: id.to_owned() })?;
         let lookups = join_all(self.inner.regions.iter().map(|donor| async move {
             let mut cmd = redis::cmd("HGET");
             cmd.arg(&donor.debits_key).arg(id.as_str());
@@ -227,8 +231,8 @@ impl PendingTransfer {
     /// # Ok(())
     /// # }
     /// ```
-    pub fn id(&self) -> &TransferId {
-        &self.id
+    pub fn id(&self) -> &str {
+        self.id.as_str()
     }
 
     /// The donor region, already debited.

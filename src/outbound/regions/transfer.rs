@@ -1,7 +1,5 @@
 //! A transfer: debit the donor, then credit the receiver, then clear the
-//! donor's pending mark, each step idempotent by [`TransferId`].
-
-use std::fmt;
+//! donor's pending mark, each step idempotent by its id.
 
 use redis::Value;
 
@@ -11,7 +9,6 @@ use super::{RegionError, RegionalBudget, Step, MAX_ID};
 
 const ORDERED_MARK: char = '~';
 use crate::redis::Request;
-use crate::ConfigError;
 
 impl RegionalBudget {
     /// Moves `amount` of allocation from region `from` to region `to`.
@@ -21,12 +18,19 @@ impl RegionalBudget {
     /// confirmed, so the sum of the allocations never exceeds the total.
     /// Calling it again with the same `id` is safe and never moves the
     /// amount twice: it completes a half-done transfer, or does nothing.
+    ///
+    /// The `id` names this transfer out of `from`: 1 to 128 printable ASCII
+    /// characters without spaces, not starting with `~` (reserved for
+    /// [ordered transfers](Self::send)). Choose ids that mean something (a
+    /// rebalancing round and its pair of regions), or random ones (a UUID)
+    /// kept until the transfer is known complete.
     /// If the receiver was re-created after the debit
     /// ([`recover_lost`](Self::recover_lost)), it cannot be completed: the
     /// call fails with [`RegionError::ReceiverRecreated`], and the amount
     /// is lost from the sum.
     ///
-    /// Errors: [`RegionError::ZeroAmount`], [`UnknownRegion`](RegionError::UnknownRegion)
+    /// Errors: [`RegionError::InvalidId`], [`ZeroAmount`](RegionError::ZeroAmount),
+    /// [`UnknownRegion`](RegionError::UnknownRegion)
     /// and [`SameRegion`](RegionError::SameRegion) before any Redis call;
     /// [`Insufficient`](RegionError::Insufficient) and
     /// [`Conflict`](RegionError::Conflict) from the donor, with nothing
@@ -42,22 +46,24 @@ impl RegionalBudget {
     /// [`repair_all`](Self::repair_all) finish it.
     ///
     /// ```no_run
-    /// # use tower_admission::outbound::{RegionalBudget, TransferId, TransferOutcome};
+    /// # use tower_admission::outbound::{RegionalBudget, TransferOutcome};
     /// # async fn run(budget: RegionalBudget) -> Result<(), Box<dyn std::error::Error>> {
-    /// let id = TransferId::new("rebalance-2024-06-01T10:00Z-ap-eu")?;
-    /// assert_eq!(budget.transfer(&id, "ap", "eu", 20).await?, TransferOutcome::Applied);
+    /// let id = "rebalance-2024-06-01T10:00Z-ap-eu";
+    /// assert_eq!(budget.transfer(id, "ap", "eu", 20).await?, TransferOutcome::Applied);
     /// // A retry (say, after a timeout) moves nothing more.
-    /// assert_eq!(budget.transfer(&id, "ap", "eu", 20).await?, TransferOutcome::AlreadyApplied);
+    /// assert_eq!(budget.transfer(id, "ap", "eu", 20).await?, TransferOutcome::AlreadyApplied);
+    /// assert!(budget.transfer("has space", "ap", "eu", 20).await.is_err());
     /// # Ok(())
     /// # }
     /// ```
     pub async fn transfer(
         &self,
-        id: &TransferId,
+        id: &str,
         from: &str,
         to: &str,
         amount: u64,
     ) -> Result<TransferOutcome, RegionError> {
+        let id = &TransferId::parse(id)?;
         if amount == 0 {
             return Err(RegionError::ZeroAmount);
         }
@@ -97,7 +103,7 @@ impl RegionalBudget {
             Some(DebitReply::Before(record)) => {
                 if record.amount != amount || record.to != to {
                     return Err(RegionError::Conflict {
-                        id: id.clone(),
+                        id: id.as_str().to_owned(),
                         from: from.to_owned(),
                         recorded_to: record.to,
                         recorded_amount: record.amount,
@@ -133,7 +139,7 @@ impl RegionalBudget {
             }
             Credit::Refunded { credited_earlier } => {
                 return Err(RegionError::Conflict {
-                    id: id.clone(),
+                    id: id.as_str().to_owned(),
                     from: from.to_owned(),
                     recorded_to: to.to_owned(),
                     recorded_amount: credited_earlier,
@@ -283,7 +289,7 @@ impl RegionalBudget {
             1 => Ok(Credit::Now),
             2 if amount()? == record.amount => Ok(Credit::Before),
             2 => Err(RegionError::Conflict {
-                id: id.clone(),
+                id: id.as_str().to_owned(),
                 from: donor.name.to_string(),
                 recorded_to: receiver.name.to_string(),
                 recorded_amount: amount()?,
@@ -360,14 +366,14 @@ pub(super) fn refused_credit(
             let epoch = items.get(1).and_then(text)?;
             receiver.remember_epoch(Some(&epoch));
             Some(RegionError::ReceiverRecreated {
-                id: id.clone(),
+                id: id.as_str().to_owned(),
                 from: donor.name.to_string(),
                 to: receiver.name.to_string(),
                 amount: record.amount,
             })
         }
         -3 => Some(RegionError::DonorReseeded {
-            id: id.clone(),
+            id: id.as_str().to_owned(),
             from: donor.name.to_string(),
             to: receiver.name.to_string(),
             amount: record.amount,
@@ -376,51 +382,21 @@ pub(super) fn refused_credit(
     }
 }
 
-/// The name of one transfer out of one donor region, which makes the
-/// transfer idempotent: both steps record it, and a repeated call with the
-/// same id never moves the amount twice.
-///
-/// Ids starting with `~` are reserved: they name ordered transfers
-/// ([`RegionalBudget::send`]) in a donor's pending list.
-///
-/// Choose ids that mean something (a rebalancing round and its pair of
-/// regions), or [`random`](Self::random) ones kept until the transfer is
-/// known complete.
-///
-/// ```
-/// use tower_admission::outbound::TransferId;
-///
-/// let id = TransferId::new("rebalance-42-ap-eu")?;
-/// assert_eq!(id.as_str(), "rebalance-42-ap-eu");
-/// assert!(TransferId::new("has space").is_err());
-/// assert_ne!(TransferId::random(), TransferId::random());
-/// # Ok::<(), tower_admission::ConfigError>(())
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct TransferId(Box<str>);
+/// A transfer id, checked: the name of one transfer out of one donor
+/// region, which both steps record (see [`RegionalBudget::transfer`]).
+/// Ordered transfers ([`RegionalBudget::send`]) are named `~to~n` in a
+/// donor's pending list, so a caller's id never starts with `~`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(super) struct TransferId(Box<str>);
 
 impl TransferId {
-    /// An id of 1 to 128 printable ASCII characters (no spaces).
-    ///
-    /// ```
-    /// # use tower_admission::outbound::TransferId;
-    /// assert_eq!(TransferId::new("").unwrap_err().field(), "transfer_id");
-    /// ```
-    pub fn new(id: impl Into<String>) -> Result<Self, ConfigError> {
-        let id = id.into();
-        if id.is_empty() || id.len() > MAX_ID || !id.bytes().all(|b| b.is_ascii_graphic()) {
-            return Err(ConfigError::new(
-                "transfer_id",
-                format!("must be 1 to {MAX_ID} printable ASCII characters without spaces"),
-            ));
+    /// A caller's id: 1 to 128 printable ASCII characters (no spaces), not
+    /// starting with `~`.
+    pub(super) fn parse(id: &str) -> Result<Self, RegionError> {
+        match TransferId::stored(id) {
+            Some(id) if !id.0.starts_with(ORDERED_MARK) => Ok(id),
+            _ => Err(RegionError::InvalidId { id: id.to_owned() }),
         }
-        if id.starts_with(ORDERED_MARK) {
-            return Err(ConfigError::new(
-                "transfer_id",
-                "a leading `~` is reserved for ordered transfers",
-            ));
-        }
-        Ok(TransferId(id.into()))
     }
 
     /// The id of the `n`-th ordered transfer toward `to` (one donor's
@@ -442,31 +418,8 @@ impl TransferId {
         (!id.is_empty() && plain).then(|| TransferId(id.into()))
     }
 
-    /// A random 128-bit id, as 32 hex digits.
-    ///
-    /// ```
-    /// # use tower_admission::outbound::TransferId;
-    /// assert_eq!(TransferId::random().as_str().len(), 32);
-    /// ```
-    pub fn random() -> Self {
-        TransferId(format!("{:032x}", rand::random::<u128>()).into())
-    }
-
-    /// The id as a string.
-    ///
-    /// ```
-    /// # use tower_admission::outbound::TransferId;
-    /// assert_eq!(TransferId::new("t-1")?.as_str(), "t-1");
-    /// # Ok::<(), tower_admission::ConfigError>(())
-    /// ```
-    pub fn as_str(&self) -> &str {
+    pub(super) fn as_str(&self) -> &str {
         &self.0
-    }
-}
-
-impl fmt::Display for TransferId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
     }
 }
 
