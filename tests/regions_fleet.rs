@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tower_admission::outbound::{LeaseStore, Rebalancer, RegionLease, RegionalBudget};
+use tower_admission::outbound::{LeaseStore, RegionLease, RegionalBudget};
 
 use support::RedisServer;
 
@@ -60,21 +60,18 @@ async fn regions_follow_demand_within_the_total_through_an_outage() {
         .lease_length(Duration::from_secs(1))
         .refresh_every(Duration::from_millis(600))
         .view_max_age(Duration::from_millis(300))
-        .max_skew(Duration::from_millis(50));
+        .max_skew(Duration::from_millis(50))
+        .rebalance_step(MAX_STEP)
+        .dead_band(4);
     for (name, server) in NAMES.iter().zip(&servers) {
-        builder = builder.region(name, &server.url(), TOTAL / 3);
+        let store =
+            LeaseStore::new(&server.url(), "admission", Duration::from_millis(100)).unwrap();
+        builder = builder
+            .region(name, &server.url(), TOTAL / 3)
+            .lease_store(name, store);
     }
     let budget = builder.build().unwrap();
     budget.initialize().await.unwrap();
-    let stores: Vec<(String, LeaseStore)> = NAMES
-        .iter()
-        .zip(&servers)
-        .map(|(name, server)| {
-            let store =
-                LeaseStore::new(&server.url(), "admission", Duration::from_millis(100)).unwrap();
-            (name.to_string(), store)
-        })
-        .collect();
 
     // Which regions' callers want far more than they hold.
     let heavy: Arc<[AtomicBool; 3]> = Arc::new([
@@ -85,12 +82,11 @@ async fn regions_follow_demand_within_the_total_through_an_outage() {
     let sends: Arc<Mutex<Vec<Instant>>> = Arc::default();
     let per_region: Arc<[AtomicU64; 3]> = Arc::default();
     let mut tasks = Vec::new();
-    for (r, (name, store)) in stores.iter().enumerate() {
+    for (r, name) in NAMES.iter().enumerate() {
         for i in 0..INSTANCES {
             let lease = RegionLease::new(
                 budget.clone(),
                 name,
-                store.clone(),
                 NonZeroU32::new(INSTANCES as u32).unwrap(),
                 Some(&format!("{name}-{i}")),
             )
@@ -117,9 +113,11 @@ async fn regions_follow_demand_within_the_total_through_an_outage() {
                 }
             }));
         }
-        let rebalancer =
-            Rebalancer::new(budget.clone(), name, stores.clone(), MAX_STEP, 4).unwrap();
-        tasks.push(rebalancer.spawn(Duration::from_millis(500)));
+        tasks.push(
+            budget
+                .spawn_rebalancer(name, Duration::from_millis(500))
+                .unwrap(),
+        );
     }
 
     // Consistent snapshots, every 50 ms, whenever every region answers.

@@ -12,7 +12,7 @@ use std::num::NonZeroU32;
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tower_admission::outbound::{LeaseStore, Rate, Rebalancer, RegionLease, RegionalBudget};
+use tower_admission::outbound::{LeaseStore, Rate, RegionLease, RegionalBudget};
 
 use support::RedisServer;
 
@@ -33,13 +33,10 @@ async fn fleet(split: [(&str, u64); 2]) -> Fleet {
         .lease_length(Duration::from_millis(500))
         .refresh_every(Duration::from_millis(300))
         .view_max_age(Duration::from_millis(200))
-        .max_skew(Duration::from_millis(50));
-    for ((name, initial), server) in split.iter().zip(&servers) {
-        builder = builder.region(name, &server.url(), *initial);
-    }
-    let budget = builder.build().unwrap();
-    budget.initialize().await.unwrap();
-    let stores = split
+        .max_skew(Duration::from_millis(50))
+        .rebalance_step(10)
+        .dead_band(2);
+    let stores: Vec<(String, LeaseStore)> = split
         .iter()
         .zip(&servers)
         .map(|((name, _), server)| {
@@ -48,6 +45,13 @@ async fn fleet(split: [(&str, u64); 2]) -> Fleet {
             (name.to_string(), store)
         })
         .collect();
+    for (((name, initial), server), (_, store)) in split.iter().zip(&servers).zip(&stores) {
+        builder = builder
+            .region(name, &server.url(), *initial)
+            .lease_store(name, store.clone());
+    }
+    let budget = builder.build().unwrap();
+    budget.initialize().await.unwrap();
     Fleet {
         _servers: servers,
         budget,
@@ -56,8 +60,7 @@ async fn fleet(split: [(&str, u64); 2]) -> Fleet {
 }
 
 fn region_lease(f: &Fleet, i: usize) -> RegionLease {
-    let (name, store) = &f.stores[i];
-    RegionLease::new(f.budget.clone(), name, store.clone(), NonZeroU32::MIN, None).unwrap()
+    RegionLease::new(f.budget.clone(), &f.stores[i].0, NonZeroU32::MIN, None).unwrap()
 }
 
 /// Keeps asking for sends, so the lease measures a demand above its grant.
@@ -172,12 +175,11 @@ async fn the_rebalancer_moves_a_surplus_toward_demand() {
     let leases = [region_lease(&f, 0), region_lease(&f, 1)];
     let tasks: Vec<_> = leases.iter().map(RegionLease::spawn).collect();
     let load = saturate(&leases[1]);
-    let rebalancer = Rebalancer::new(f.budget.clone(), "eu", f.stores.clone(), 10, 2).unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut moved = 0;
     while moved < 50 {
         assert!(Instant::now() < deadline, "moved {moved}");
-        if let Some((to, amount)) = rebalancer.run_once().await.unwrap() {
+        if let Some((to, amount)) = f.budget.rebalance_once("eu").await.unwrap() {
             assert_eq!(to, "us");
             assert!(amount <= 10);
             moved += amount;
@@ -200,12 +202,65 @@ fn a_credit_hold_below_the_bound_is_refused() {
         .credit_hold(Duration::from_secs(1))
         .build()
         .unwrap();
+    let err = RegionLease::new(budget, "eu", NonZeroU32::MIN, None).unwrap_err();
+    assert_eq!(err.field(), "lease_store");
     let store = LeaseStore::new(
         "redis://127.0.0.1:1/",
         "admission",
         Duration::from_millis(100),
-    )
-    .unwrap();
-    let err = RegionLease::new(budget, "eu", store, NonZeroU32::MIN, None).unwrap_err();
+    );
+    let budget = RegionalBudget::builder(10)
+        .region("eu", "redis://127.0.0.1:1/", 10)
+        .lease_store("eu", store.unwrap())
+        .credit_hold(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let err = RegionLease::new(budget, "eu", NonZeroU32::MIN, None).unwrap_err();
     assert_eq!(err.field(), "credit_hold");
+}
+
+#[test]
+fn lease_stores_and_rebalancing_settings_are_checked() {
+    let store = || {
+        LeaseStore::new(
+            "redis://127.0.0.1:1/",
+            "admission",
+            Duration::from_millis(100),
+        )
+    };
+    let base = || RegionalBudget::builder(10).region("eu", "redis://127.0.0.1:1/", 10);
+    let field =
+        |b: tower_admission::outbound::RegionalBudgetBuilder| b.build().unwrap_err().field();
+    assert_eq!(
+        field(base().lease_store("mars", store().unwrap())),
+        "lease_store"
+    );
+    assert_eq!(
+        field(
+            base()
+                .lease_store("eu", store().unwrap())
+                .lease_store("eu", store().unwrap())
+        ),
+        "lease_store"
+    );
+    assert_eq!(field(base().rebalance_step(0)), "rebalance_step");
+}
+
+#[tokio::test]
+async fn rebalancing_an_unknown_region_is_refused() {
+    let budget = RegionalBudget::builder(10)
+        .region("eu", "redis://127.0.0.1:1/", 10)
+        .build()
+        .unwrap();
+    let unknown = tower_admission::outbound::RegionError::UnknownRegion {
+        region: "mars".into(),
+    };
+    assert_eq!(budget.rebalance_once("mars").await, Err(unknown.clone()));
+    assert_eq!(
+        budget
+            .spawn_rebalancer("mars", Duration::from_secs(1))
+            .map(|_| ())
+            .unwrap_err(),
+        unknown
+    );
 }

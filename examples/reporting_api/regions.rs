@@ -80,33 +80,30 @@ pub(crate) fn region_lease(
     instance_id: Option<&str>,
     expected_instances: std::num::NonZeroU32,
 ) -> Result<tower_admission::outbound::RateLease, tower_admission::ConfigError> {
-    use tower_admission::outbound::{LeaseStore, Rebalancer, RegionLease, RegionalBudget};
+    use std::time::Duration;
+    use tower_admission::outbound::{LeaseStore, RegionLease, RegionalBudget};
 
-    let mut builder = RegionalBudget::builder(total).name("reporting-api");
+    // Each region keeps a quarter of an even split for demand that appears.
+    let floor = total / (4 * regions.redis.len() as u64).max(1);
+    let mut builder = RegionalBudget::builder(total)
+        .name("reporting-api")
+        .rebalance_step(20)
+        .dead_band(4)
+        .keep_at_least(floor);
     for (region, url) in &regions.redis {
         let share = regions
             .shares
             .iter()
             .find(|(r, _)| r == region)
             .map_or(0, |(_, s)| *s);
-        builder = builder.region(region, url, share);
+        let store = LeaseStore::new(url, "reporting-api", Duration::from_millis(100))?;
+        builder = builder
+            .region(region, url, share)
+            .lease_store(region, store);
     }
     let budget = builder.build()?;
-    let mut stores = Vec::new();
-    for (region, url) in &regions.redis {
-        let store = LeaseStore::new(url, "reporting-api", std::time::Duration::from_millis(100))?;
-        stores.push((region.clone(), store));
-    }
-    let own = stores
-        .iter()
-        .find(|(r, _)| r == name)
-        .map(|(_, s)| s.clone())
-        .ok_or_else(|| tower_admission::ConfigError::new("region", "not among the regions"))?;
-    let lease = RegionLease::new(budget.clone(), name, own, expected_instances, instance_id)?;
-    // Each region keeps a quarter of an even split for demand that appears.
-    let floor = total / (4 * regions.redis.len() as u64).max(1);
-    let rebalancer = Rebalancer::new(budget.clone(), name, stores, 20, 4)?.keep_at_least(floor);
-    let running = lease.clone();
+    let lease = RegionLease::new(budget.clone(), name, expected_instances, instance_id)?;
+    let (running, region) = (lease.clone(), name.to_owned());
     // Runs for the life of the process: seeds the regions once (a no-op
     // when they exist), then reads the view, refreshes and rebalances.
     drop(tokio::spawn(async move {
@@ -114,7 +111,10 @@ pub(crate) fn region_lease(
             tracing::warn!(error = %e, "regions not initialized; spending nothing until they are");
         }
         drop(running.spawn());
-        drop(rebalancer.spawn(std::time::Duration::from_secs(1)));
+        // The region is the lease's, known to the budget.
+        if let Err(e) = budget.spawn_rebalancer(&region, Duration::from_secs(1)) {
+            tracing::warn!(error = %e, "no rebalancing");
+        }
     }));
     Ok(lease.lease().clone())
 }

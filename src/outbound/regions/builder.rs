@@ -10,6 +10,7 @@ use super::{
     Inner, RegionalBudget, COMMON, CREDIT, DEBIT, MAX_NAME, MAX_TOTAL, PIN, RECEIVE, REFUND,
     RESTORE, SEED, SEND, VIEW,
 };
+use crate::outbound::LeaseStore;
 use crate::redis::{Connector, Target, Timing};
 use crate::ConfigError;
 
@@ -33,6 +34,20 @@ pub struct RegionalBudgetBuilder {
     pub(super) call_timeout: Duration,
     pub(super) credit_hold: Duration,
     pub(super) leases: LeaseSettings,
+    pub(super) lease_stores: Vec<(String, LeaseStore)>,
+    pub(super) rebalance: Rebalance,
+}
+
+/// How each region's rebalancer moves its surplus (see
+/// [`RegionalBudget::rebalance_once`]).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Rebalance {
+    /// The most moved per period; `None`: 5 % of the total.
+    pub(super) max_step: Option<u64>,
+    /// Nothing is moved at or below it; `None`: 1 % of the total.
+    pub(super) dead_band: Option<u64>,
+    /// Never given away below it.
+    pub(super) floor: u64,
 }
 
 /// The settings every [`RegionLease`](crate::outbound::RegionLease) of a
@@ -178,12 +193,58 @@ impl RegionalBudgetBuilder {
         self
     }
 
+    /// The store that `region`'s leases lease from (its own Redis, as a
+    /// rule): every [`RegionLease`](crate::outbound::RegionLease) of the
+    /// region leases from it, and the rebalancers read each region's demand
+    /// from it ([`RegionalBudget::rebalance_once`]). A region without one has
+    /// no leases, and its demand counts as unknown.
+    ///
+    /// ```
+    /// # use tower_admission::outbound::{LeaseStore, RegionalBudget};
+    /// # use std::time::Duration;
+    /// let url = "redis://127.0.0.1:6380/";
+    /// let budget = RegionalBudget::builder(10)
+    ///     .region("eu", url, 10)
+    ///     .lease_store("eu", LeaseStore::new(url, "payments", Duration::from_millis(100))?)
+    ///     .build()?;
+    /// # Ok::<(), tower_admission::ConfigError>(())
+    /// ```
+    pub fn lease_store(mut self, region: &str, store: LeaseStore) -> Self {
+        self.lease_stores.push((region.to_owned(), store));
+        self
+    }
+
+    /// The most a rebalancer moves per period, default 5 % of the total (at
+    /// least 1); above zero.
+    pub fn rebalance_step(mut self, max_step: u64) -> Self {
+        self.rebalance.max_step = Some(max_step);
+        self
+    }
+
+    /// A rebalancer moves nothing unless both the surplus and the
+    /// receiver's need exceed `band`, default 1 % of the total: transfers
+    /// that undo each other are not worth their records.
+    pub fn dead_band(mut self, band: u64) -> Self {
+        self.rebalance.dead_band = Some(band);
+        self
+    }
+
+    /// A rebalancer never gives its region's allocation away below `floor`
+    /// (default 0): a reserve for demand that appears later, which a region
+    /// would otherwise wait for (its measurement, the transfers and the
+    /// credit hold) after giving everything away while idle.
+    pub fn keep_at_least(mut self, floor: u64) -> Self {
+        self.rebalance.floor = floor;
+        self
+    }
+
     /// Checks the settings and builds the budget. Nothing connects yet.
     ///
     /// The error names the field: `name`, `total` (zero, or not below
     /// 2^53), `regions` (none, or the split does not sum to the total),
     /// `region` (a bad or repeated name), `url`, `call_timeout`,
-    /// `credit_hold` or `view_max_age` (zero). The region leases check the
+    /// `credit_hold` or `view_max_age` (zero), `lease_store` (not a region,
+    /// or given twice), `rebalance_step` (zero). The region leases check the
     /// lease length and the credit hold against each other
     /// ([`RegionLease::new`](crate::outbound::RegionLease::new)).
     ///
@@ -241,6 +302,23 @@ impl RegionalBudgetBuilder {
                 epoch: std::sync::Mutex::new(None),
             });
         }
+        for (i, (name, _)) in self.lease_stores.iter().enumerate() {
+            if regions.iter().all(|r| &*r.name != name) {
+                return Err(ConfigError::new(
+                    "lease_store",
+                    format!("`{name}` is not a region of the budget"),
+                ));
+            }
+            if self.lease_stores[..i].iter().any(|(n, _)| n == name) {
+                return Err(ConfigError::new(
+                    "lease_store",
+                    format!("region `{name}` has two lease stores"),
+                ));
+            }
+        }
+        if self.rebalance.max_step == Some(0) {
+            return Err(ConfigError::new("rebalance_step", "must be at least 1"));
+        }
         if sum != u128::from(self.total) {
             return Err(ConfigError::new(
                 "regions",
@@ -257,6 +335,8 @@ impl RegionalBudgetBuilder {
                 call_timeout: self.call_timeout,
                 hold_us: crate::clock::duration_to_micros(self.credit_hold),
                 leases: self.leases,
+                lease_stores: self.lease_stores,
+                rebalance: self.rebalance,
                 regions,
                 debit: Script::new(DEBIT),
                 credit: Script::new(&format!("{COMMON}{CREDIT}")),

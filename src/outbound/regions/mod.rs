@@ -34,7 +34,6 @@ pub use builder::RegionalBudgetBuilder;
 pub use error::RegionError;
 use error::Step;
 
-pub use rebalancer::Rebalancer;
 pub use region_lease::RegionLease;
 pub use repair::PendingTransfer;
 pub use snapshot::Snapshot;
@@ -207,9 +206,9 @@ const MAX_ID: usize = 128;
 /// below the watermark is never applied again. Received allocation counts
 /// as spendable ([`spendable`](Self::spendable)) and may be given on only
 /// after the hold, which is what lets a
-/// [`RegionLease`](crate::outbound::RegionLease) spend it safely; a
-/// [`Rebalancer`](crate::outbound::Rebalancer) moves allocation toward
-/// demand with it. `docs/regions.md` has the proofs.
+/// [`RegionLease`](crate::outbound::RegionLease) spend it safely;
+/// [`rebalance_once`](Self::rebalance_once) moves allocation toward demand
+/// with it. `docs/regions.md` has the proofs.
 ///
 /// # Example
 ///
@@ -252,6 +251,10 @@ struct Inner {
     hold_us: u64,
     /// The settings of the region leases.
     leases: builder::LeaseSettings,
+    /// Each region's lease store, if it has leases.
+    lease_stores: Vec<(String, crate::outbound::LeaseStore)>,
+    /// The rebalancers' settings.
+    rebalance: builder::Rebalance,
     regions: Vec<Region>,
     debit: Script,
     credit: Script,
@@ -304,6 +307,12 @@ impl RegionalBudget {
             call_timeout: DEFAULT_CALL_TIMEOUT,
             credit_hold: DEFAULT_CREDIT_HOLD,
             leases: builder::LeaseSettings::default(),
+            lease_stores: Vec::new(),
+            rebalance: builder::Rebalance {
+                max_step: None,
+                dead_band: None,
+                floor: 0,
+            },
         }
     }
 

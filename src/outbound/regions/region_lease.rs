@@ -11,14 +11,15 @@ use tokio::task::JoinHandle;
 
 use super::{RegionError, RegionalBudget};
 use crate::outbound::lease::Ceiling;
-use crate::outbound::{LeaseStore, Rate, RateLease};
+use crate::outbound::{Rate, RateLease};
 use crate::ConfigError;
 
 /// The clock rate error the hold allows for, 1 %.
 const DRIFT_PERCENT: u32 = 1;
 
 /// One instance's share of its region's allocation (feature `redis`): a
-/// [`RateLease`] on the region's lease store whose budget follows the
+/// [`RateLease`] on the region's
+/// [lease store](super::RegionalBudgetBuilder::lease_store) whose budget follows the
 /// region's *spendable* allocation ([`RegionalBudget::spendable`]).
 ///
 /// Spend through [`lease`](Self::lease) (its `try_acquire`, or a
@@ -57,12 +58,15 @@ const DRIFT_PERCENT: u32 = 1;
 /// use tower_admission::outbound::{LeaseStore, RegionLease, RegionalBudget};
 ///
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let (eu, us) = ("redis://redis.eu.internal:6379/", "redis://redis.us.internal:6379/");
+/// let deadline = Duration::from_millis(100);
 /// let budget = RegionalBudget::builder(240)
-///     .region("eu", "redis://redis.eu.internal:6379/", 120)
-///     .region("us", "redis://redis.us.internal:6379/", 120)
+///     .region("eu", eu, 120)
+///     .region("us", us, 120)
+///     .lease_store("eu", LeaseStore::new(eu, "payments", deadline)?)
+///     .lease_store("us", LeaseStore::new(us, "payments", deadline)?)
 ///     .build()?;
-/// let store = LeaseStore::new("redis://redis.eu.internal:6379/", "payments", Duration::from_millis(100))?;
-/// let lease = RegionLease::new(budget, "eu", store, NonZeroU32::new(10).unwrap(), None)?;
+/// let lease = RegionLease::new(budget, "eu", NonZeroU32::new(10).unwrap(), None)?;
 /// let _task = lease.spawn();
 /// if lease.lease().try_acquire(1).is_ok() { /* send */ }
 /// # Ok(())
@@ -94,8 +98,9 @@ impl fmt::Debug for RegionLease {
 }
 
 impl RegionLease {
-    /// One instance's lease on `region` of `budget`, leasing from `store`
-    /// (the region's own Redis, as a rule), in a region of about
+    /// One instance's lease on `region` of `budget`, leasing from the
+    /// region's [lease store](super::RegionalBudgetBuilder::lease_store), in
+    /// a region of about
     /// `expected_instances` instances: a new instance's first demand guess
     /// is the total divided by it, and an idle one reports a tenth of that.
     /// `instance_id` is this instance's id in the region's lease (random
@@ -104,13 +109,13 @@ impl RegionLease {
     /// and the settings after it), the same for every region. Its budget is
     /// zero until the first view is read.
     ///
-    /// Errors name the field: `region` (not in the budget), `credit_hold`
+    /// Errors name the field: `region` (not in the budget), `lease_store`
+    /// (none for the region), `credit_hold`
     /// (below `1.01 × (L + S + Q + 2D)`, `D` the larger of the lease store's
     /// deadline and the budget's call timeout), and the lease's own fields.
     pub fn new(
         budget: RegionalBudget,
         region: &str,
-        store: LeaseStore,
         expected_instances: NonZeroU32,
         instance_id: Option<&str>,
     ) -> Result<Self, ConfigError> {
@@ -120,6 +125,18 @@ impl RegionLease {
                 format!("`{region}` is not a region of the budget"),
             ));
         }
+        let store = budget
+            .inner
+            .lease_stores
+            .iter()
+            .find(|(name, _)| name == region)
+            .map(|(_, store)| store.clone())
+            .ok_or_else(|| {
+                ConfigError::new(
+                    "lease_store",
+                    format!("region `{region}` has no lease store"),
+                )
+            })?;
         let settings = budget.inner.leases;
         let deadline = store.deadline().max(budget.call_timeout());
         let needed = (settings.lease + settings.max_skew + settings.view_max_age + 2 * deadline)
