@@ -140,7 +140,7 @@ async fn random_redistributions_never_exceed_the_total() {
                     } else {
                         rng.random_range(1..=90)
                     };
-                    let id = String::from(format!("t{task}-{n}"));
+                    let id = format!("t{task}-{n}");
                     let result = budget
                         .transfer(&id, REGIONS[from].0, REGIONS[to].0, amount)
                         .await;
@@ -1020,7 +1020,7 @@ async fn interleaved_transfers_replays_interruptions_and_repairs_match_the_model
                 // To and from the same region, or to an unknown region.
                 4 => {
                     let from = rng.random_range(0..3);
-                    let id = String::from(fresh("bad"));
+                    let id = fresh("bad");
                     assert!(matches!(
                         f.budget.transfer(&id, names[from], names[from], 1).await,
                         Err(RegionError::SameRegion { .. })
@@ -1246,7 +1246,7 @@ async fn processes_initializing_at_once_leave_every_region_sending() {
         assert_eq!(allocations(b).await, [100, 80, 60], "round {round}");
         for (from, _) in REGIONS {
             for (to, _) in REGIONS.iter().filter(|(to, _)| *to != from) {
-                let id = String::from(format!("{from}-{to}"));
+                let id = format!("{from}-{to}");
                 assert_eq!(
                     b.transfer(&id, from, to, 1).await,
                     Ok(TransferOutcome::Applied),
