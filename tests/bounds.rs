@@ -20,7 +20,7 @@ use tower::ServiceExt;
 use tower_admission::bounds::{
     Batch, BatchItemsLayer, BodyLimitsLayer, QueryRules, ValidateQueryLayer, ValidatedQuery,
 };
-use tower_admission::reject::{InvalidParameter, Rejection, SizeCap};
+use tower_admission::reject::{InvalidParameter, Rejection};
 
 /// The item count as `BatchItemsLayer` takes it: `BatchItemsLayer::parse` into
 /// zero-sized `IgnoredAny` items.
@@ -130,10 +130,7 @@ async fn wire_cap_with_content_length_is_413_wire_bytes_before_the_handler() {
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
     assert_eq!(
         response.extensions().get::<Rejection>(),
-        Some(&Rejection::PayloadTooLarge {
-            cap: SizeCap::WireBytes,
-            limit: MIB as u64
-        })
+        Some(&Rejection::BodyTooLarge { limit: MIB as u64 })
     );
     let doc = problem(response).await;
     assert_eq!(doc["status"], 413);
@@ -171,10 +168,7 @@ async fn grpc_requests_get_a_grpc_status_instead_of_problem_json() {
     assert_eq!(response.headers()["grpc-status"], "8");
     assert_eq!(
         response.extensions().get::<Rejection>(),
-        Some(&Rejection::PayloadTooLarge {
-            cap: SizeCap::WireBytes,
-            limit: MIB as u64
-        })
+        Some(&Rejection::BodyTooLarge { limit: MIB as u64 })
     );
 }
 
@@ -583,11 +577,7 @@ type BoxedFrames = std::pin::Pin<
 async fn a_cap_tripped_after_a_grpc_answer_replaces_the_status_in_the_trailers() {
     let mut grpc_call = http::HeaderMap::new();
     grpc_call.insert(header::CONTENT_TYPE, "application/grpc".parse().unwrap());
-    let refusal = Rejection::PayloadTooLarge {
-        cap: SizeCap::DecodedBytes,
-        limit: 4096,
-    }
-    .into_response(&grpc_call);
+    let refusal = Rejection::DecodedTooLarge { limit: 4096 }.into_response(&grpc_call);
     let bomb = gzip_zeros(8 * KIB);
     let small = gzip(b"hello");
     // (content type, body, whether the handler sends trailers, whether the
@@ -1053,10 +1043,7 @@ fn counting_does_not_build_items() {
     assert_eq!(count_batch_items(json.as_bytes(), 100_001), Ok(100_001));
     assert_eq!(
         count_batch_items(json.as_bytes(), 100_000),
-        Err(Rejection::PayloadTooLarge {
-            cap: SizeCap::Items,
-            limit: 100_000,
-        })
+        Err(Rejection::TooManyItems { limit: 100_000 })
     );
     // Extra members are ignored; an empty batch is fine.
     assert_eq!(

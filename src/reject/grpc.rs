@@ -25,7 +25,9 @@ impl Rejection {
         match self {
             Rejection::Unauthenticated { .. } => 16,
             Rejection::InvalidParameters(_) | Rejection::UnsupportedEncoding { .. } => 3,
-            Rejection::PayloadTooLarge { .. }
+            Rejection::BodyTooLarge { .. }
+            | Rejection::DecodedTooLarge { .. }
+            | Rejection::TooManyItems { .. }
             | Rejection::CostExceedsCapacity { .. }
             | Rejection::QuotaExceeded { .. } => 8,
             Rejection::Overloaded { scope, .. } => match scope {

@@ -23,10 +23,18 @@ pub enum Rejection {
     },
     /// One or more query parameters or body fields are invalid. 400.
     InvalidParameters(Vec<InvalidParameter>),
-    /// A size cap was exceeded. 413.
-    PayloadTooLarge {
-        /// Which cap.
-        cap: SizeCap,
+    /// The body's bytes on the wire exceed the cap. 413.
+    BodyTooLarge {
+        /// The configured cap.
+        limit: u64,
+    },
+    /// The body's bytes after decompression exceed the cap. 413.
+    DecodedTooLarge {
+        /// The configured cap.
+        limit: u64,
+    },
+    /// A batch has more items than the cap. 413.
+    TooManyItems {
         /// The configured cap.
         limit: u64,
     },
@@ -70,18 +78,6 @@ pub enum Rejection {
     },
 }
 
-/// Which size cap a [`Rejection::PayloadTooLarge`] hit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum SizeCap {
-    /// Bytes on the wire.
-    WireBytes,
-    /// Bytes after decompression.
-    DecodedBytes,
-    /// Items in a batch.
-    Items,
-}
-
 /// Which concurrency cap a [`Rejection::Overloaded`] hit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -108,16 +104,6 @@ impl InvalidParameter {
             name: name.into(),
             reason: reason.into(),
         }
-    }
-}
-
-impl fmt::Display for SizeCap {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            SizeCap::WireBytes => "wire-bytes",
-            SizeCap::DecodedBytes => "decoded-bytes",
-            SizeCap::Items => "items",
-        })
     }
 }
 
@@ -155,9 +141,10 @@ impl Rejection {
         match self {
             Rejection::Unauthenticated { .. } => StatusCode::UNAUTHORIZED,
             Rejection::InvalidParameters(_) => StatusCode::BAD_REQUEST,
-            Rejection::PayloadTooLarge { .. } | Rejection::CostExceedsCapacity { .. } => {
-                StatusCode::PAYLOAD_TOO_LARGE
-            }
+            Rejection::BodyTooLarge { .. }
+            | Rejection::DecodedTooLarge { .. }
+            | Rejection::TooManyItems { .. }
+            | Rejection::CostExceedsCapacity { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Rejection::UnsupportedEncoding { .. } => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Rejection::QuotaExceeded { .. } => StatusCode::TOO_MANY_REQUESTS,
             Rejection::Overloaded { scope, .. } => match scope {
@@ -184,6 +171,8 @@ impl Rejection {
     /// Short kebab-case name of the reason, for logs and metrics. For the
     /// refusals without a registered problem type it is also the fragment
     /// of their `type` after this crate's base URI (see [`problem_type`](Self::problem_type)).
+    /// The three size refusals share `payload-too-large`; the problem's `cap`
+    /// member tells them apart.
     ///
     /// ```
     /// use std::time::Duration;
@@ -196,7 +185,9 @@ impl Rejection {
         match self {
             Rejection::Unauthenticated { .. } => "unauthenticated",
             Rejection::InvalidParameters(_) => "invalid-parameters",
-            Rejection::PayloadTooLarge { .. } => "payload-too-large",
+            Rejection::BodyTooLarge { .. }
+            | Rejection::DecodedTooLarge { .. }
+            | Rejection::TooManyItems { .. } => "payload-too-large",
             Rejection::UnsupportedEncoding { .. } => "unsupported-encoding",
             Rejection::QuotaExceeded { .. } => "quota-exceeded",
             Rejection::CostExceedsCapacity { .. } => "cost-exceeds-capacity",
@@ -206,11 +197,24 @@ impl Rejection {
         }
     }
 
+    /// The name of the size cap a 413 for size exceeded, for the problem's
+    /// `cap` member and the `detail`.
+    pub(super) fn size_cap(&self) -> Option<&'static str> {
+        match self {
+            Rejection::BodyTooLarge { .. } => Some("wire-bytes"),
+            Rejection::DecodedTooLarge { .. } => Some("decoded-bytes"),
+            Rejection::TooManyItems { .. } => Some("items"),
+            _ => None,
+        }
+    }
+
     pub(super) fn title(&self) -> &'static str {
         match self {
             Rejection::Unauthenticated { .. } => "Authentication required",
             Rejection::InvalidParameters(_) => "Invalid request parameters",
-            Rejection::PayloadTooLarge { .. } => "Payload too large",
+            Rejection::BodyTooLarge { .. }
+            | Rejection::DecodedTooLarge { .. }
+            | Rejection::TooManyItems { .. } => "Payload too large",
             Rejection::UnsupportedEncoding { .. } => "Unsupported content encoding",
             Rejection::QuotaExceeded { .. } => "Quota Exceeded",
             Rejection::CostExceedsCapacity { .. } => "Request cost exceeds quota capacity",
@@ -228,7 +232,10 @@ impl Rejection {
                 let names: Vec<&str> = errors.iter().map(|e| e.name.as_str()).collect();
                 format!("invalid parameters: {}", names.join(", "))
             }
-            Rejection::PayloadTooLarge { cap, limit } => {
+            Rejection::BodyTooLarge { limit }
+            | Rejection::DecodedTooLarge { limit }
+            | Rejection::TooManyItems { limit } => {
+                let cap = self.size_cap().unwrap_or_default();
                 format!("the {cap} cap of {limit} was exceeded")
             }
             Rejection::UnsupportedEncoding { encoding } => {
