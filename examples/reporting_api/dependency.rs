@@ -32,7 +32,7 @@ use tower_admission::outbound::{
     RetryAttempts,
 };
 use tower_admission::quota::MemoryStore;
-use tower_admission::reject::{OverloadScope, Rejection};
+use tower_admission::reject::Rejection;
 use tower_admission::ConfigError;
 
 use crate::config;
@@ -107,10 +107,7 @@ impl CallError {
     pub(crate) fn rejection(&self) -> Rejection {
         let retry_after = self.retry_after();
         match self {
-            CallError::Shed(_) => Rejection::Overloaded {
-                scope: OverloadScope::Global,
-                retry_after,
-            },
+            CallError::Shed(_) => Rejection::Overloaded { retry_after },
             _ => Rejection::DependencyUnavailable { retry_after },
         }
     }

@@ -58,10 +58,15 @@ pub enum Rejection {
         /// The cost of the request.
         cost: u64,
     },
-    /// A concurrency cap and its queue are full, or the queue deadline passed.
+    /// The service is at its concurrency limit: a cap and its queue are
+    /// full, or the queue deadline passed. 503.
     Overloaded {
-        /// Which cap.
-        scope: OverloadScope,
+        /// Suggested wait.
+        retry_after: Duration,
+    },
+    /// The caller is at its own concurrency limit; it can fix that by
+    /// waiting for its own requests. 429.
+    CallerBusy {
         /// Suggested wait.
         retry_after: Duration,
     },
@@ -76,16 +81,6 @@ pub enum Rejection {
         /// Suggested wait: the budget's wait when it refused.
         retry_after: Duration,
     },
-}
-
-/// Which concurrency cap a [`Rejection::Overloaded`] hit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum OverloadScope {
-    /// The service-wide cap: 503.
-    Global,
-    /// The caller's own cap: 429, since the caller can fix it by waiting.
-    Identity,
 }
 
 /// One invalid parameter and why.
@@ -146,14 +141,12 @@ impl Rejection {
             | Rejection::TooManyItems { .. }
             | Rejection::CostExceedsCapacity { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Rejection::UnsupportedEncoding { .. } => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            Rejection::QuotaExceeded { .. } => StatusCode::TOO_MANY_REQUESTS,
-            Rejection::Overloaded { scope, .. } => match scope {
-                OverloadScope::Global => StatusCode::SERVICE_UNAVAILABLE,
-                OverloadScope::Identity => StatusCode::TOO_MANY_REQUESTS,
-            },
-            Rejection::LimiterUnavailable { .. } | Rejection::DependencyUnavailable { .. } => {
-                StatusCode::SERVICE_UNAVAILABLE
+            Rejection::QuotaExceeded { .. } | Rejection::CallerBusy { .. } => {
+                StatusCode::TOO_MANY_REQUESTS
             }
+            Rejection::Overloaded { .. }
+            | Rejection::LimiterUnavailable { .. }
+            | Rejection::DependencyUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -161,7 +154,8 @@ impl Rejection {
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             Rejection::QuotaExceeded { retry_after, .. }
-            | Rejection::Overloaded { retry_after, .. }
+            | Rejection::Overloaded { retry_after }
+            | Rejection::CallerBusy { retry_after }
             | Rejection::LimiterUnavailable { retry_after }
             | Rejection::DependencyUnavailable { retry_after } => Some(*retry_after),
             _ => None,
@@ -171,8 +165,9 @@ impl Rejection {
     /// Short kebab-case name of the reason, for logs and metrics. For the
     /// refusals without a registered problem type it is also the fragment
     /// of their `type` after this crate's base URI (see [`problem_type`](Self::problem_type)).
-    /// The three size refusals share `payload-too-large`; the problem's `cap`
-    /// member tells them apart.
+    /// The three size refusals share `payload-too-large`, whose problem's
+    /// `cap` member tells them apart, and the two concurrency refusals
+    /// `overloaded`.
     ///
     /// ```
     /// use std::time::Duration;
@@ -191,7 +186,7 @@ impl Rejection {
             Rejection::UnsupportedEncoding { .. } => "unsupported-encoding",
             Rejection::QuotaExceeded { .. } => "quota-exceeded",
             Rejection::CostExceedsCapacity { .. } => "cost-exceeds-capacity",
-            Rejection::Overloaded { .. } => "overloaded",
+            Rejection::Overloaded { .. } | Rejection::CallerBusy { .. } => "overloaded",
             Rejection::LimiterUnavailable { .. } => "limiter-unavailable",
             Rejection::DependencyUnavailable { .. } => "dependency-unavailable",
         }
@@ -218,7 +213,9 @@ impl Rejection {
             Rejection::UnsupportedEncoding { .. } => "Unsupported content encoding",
             Rejection::QuotaExceeded { .. } => "Quota Exceeded",
             Rejection::CostExceedsCapacity { .. } => "Request cost exceeds quota capacity",
-            Rejection::Overloaded { .. } => "Too many requests in progress",
+            Rejection::Overloaded { .. } | Rejection::CallerBusy { .. } => {
+                "Too many requests in progress"
+            }
             Rejection::LimiterUnavailable { .. } | Rejection::DependencyUnavailable { .. } => {
                 "Temporary Reduced Capacity"
             }
@@ -253,10 +250,8 @@ impl Rejection {
                 "cost {cost} is more than policy {} can ever admit",
                 join(policies)
             ),
-            Rejection::Overloaded { scope, .. } => match scope {
-                OverloadScope::Global => "the service is at its concurrency limit".to_owned(),
-                OverloadScope::Identity => "you are at your concurrency limit".to_owned(),
-            },
+            Rejection::Overloaded { .. } => "the service is at its concurrency limit".to_owned(),
+            Rejection::CallerBusy { .. } => "you are at your concurrency limit".to_owned(),
             Rejection::LimiterUnavailable { .. } => {
                 "the rate limiter could not decide in time".to_owned()
             }
