@@ -210,9 +210,9 @@ mod reason;
 mod service;
 mod state;
 
+pub(crate) use adaptive::Overloaded;
 pub use adaptive::{
     AdaptiveLimit, AdaptiveLimitLayer, AdaptiveLimitLayerBuilder, Criticality, LimitError, Outcome,
-    Overloaded,
 };
 pub use body::PermitBody;
 pub use layer::{ConcurrencyLayer, ConcurrencyLayerBuilder};
