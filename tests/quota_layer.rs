@@ -18,15 +18,14 @@ use tower_admission::bounds::{QueryRules, ValidateQueryLayer, ValidatedQuery};
 use tower_admission::clock::{ManualClock, Timestamp};
 use tower_admission::identity::{ClientIp, ClientIpLayer, Identity};
 use tower_admission::quota::{
-    Holds, MemoryConfig, MemoryStore, Policy, Quota, QuotaDecision, QuotaLayer, Settlement, Store,
-    StoreError,
+    Holds, MemoryStore, Policy, Quota, QuotaDecision, QuotaLayer, Settlement, Store, StoreError,
 };
 use tower_admission::reject::Rejection;
 
 const MINUTE: Duration = Duration::from_secs(60);
 
 fn store(clock: &ManualClock) -> MemoryStore<ManualClock> {
-    MemoryStore::with_config(MemoryConfig::default(), clock.clone())
+    MemoryStore::with_clock(clock.clone())
 }
 
 fn request(identity: Option<Identity>, uri: &str) -> Request<Body> {
