@@ -630,13 +630,13 @@ async fn a_cap_tripped_after_a_grpc_answer_replaces_the_status_in_the_trailers()
 // ---------------------------------------------------------------- query validation
 
 fn rules() -> QueryRules {
-    QueryRules::builder()
+    QueryRules::new()
         .page_size(NonZeroU32::new(50).unwrap(), NonZeroU32::new(1000).unwrap())
+        .unwrap()
         .max_span(Duration::from_secs(31 * 24 * 3600))
+        .unwrap()
         .max_cursor_len(NonZeroUsize::new(64).unwrap())
         .ignore_unknown_params(false)
-        .build()
-        .unwrap()
 }
 
 async fn show_query(q: ValidatedQuery) -> axum::Json<Value> {
@@ -835,10 +835,9 @@ async fn valid_query_values() {
 
 #[tokio::test]
 async fn ignore_policy_drops_unknown_parameters_but_not_known_repeats() {
-    let rules = QueryRules::builder()
+    let rules = QueryRules::new()
         .ignore_unknown_params(true)
         .allow("sort")
-        .build()
         .unwrap();
     let ok = rules
         .validate(Some("x=1&x=2&sort=name&page_size=7"))
@@ -858,17 +857,13 @@ async fn ignore_policy_drops_unknown_parameters_but_not_known_repeats() {
 
 #[test]
 fn bad_rules_name_the_field() {
-    let err = QueryRules::builder()
+    let err = QueryRules::new()
         .page_size(NonZeroU32::new(100).unwrap(), NonZeroU32::new(10).unwrap())
-        .build()
         .unwrap_err();
     assert_eq!(err.field(), "page_size");
-    let err = QueryRules::builder()
-        .max_span(Duration::ZERO)
-        .build()
-        .unwrap_err();
+    let err = QueryRules::new().max_span(Duration::ZERO).unwrap_err();
     assert_eq!(err.field(), "max_span");
-    let err = QueryRules::builder().allow("cursor").build().unwrap_err();
+    let err = QueryRules::new().allow("cursor").unwrap_err();
     assert_eq!(err.field(), "allow");
 }
 
@@ -1263,9 +1258,8 @@ async fn one_content_coding_is_matched_in_any_case() {
 #[test]
 fn a_span_over_the_maximum_is_named_to_the_nanosecond() {
     let span = |max: Duration, to: &str| {
-        QueryRules::builder()
+        QueryRules::new()
             .max_span(max)
-            .build()
             .unwrap()
             .validate(Some(&format!("from=2025-01-01T00:00:00Z&to={to}")))
     };

@@ -196,7 +196,7 @@ async fn page_size_is_the_cost_and_settle_refunds_exactly() {
         .cost(ValidatedQuery::page_cost)
         .build()
         .unwrap();
-    let rules = QueryRules::builder().build().unwrap();
+    let rules = QueryRules::new();
     let app = Router::new()
         .route(
             "/",
@@ -240,9 +240,7 @@ async fn page_size_is_the_cost_and_settle_refunds_exactly() {
                 .build()
                 .unwrap(),
         )
-        .layer(ValidateQueryLayer::new(
-            QueryRules::builder().build().unwrap(),
-        ));
+        .layer(ValidateQueryLayer::new(QueryRules::new()));
     let page = |size: u32| {
         plain
             .clone()

@@ -378,9 +378,8 @@ mod bounds {
 
     fn rules(max_page: u32) -> QueryRules {
         let page = |n| NonZeroU32::new(n).unwrap();
-        QueryRules::builder()
+        QueryRules::new()
             .page_size(page(1), page(max_page))
-            .build()
             .unwrap()
     }
 
