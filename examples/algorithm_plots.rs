@@ -50,7 +50,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tower_admission::clock::{ManualClock, Timestamp};
-use tower_admission::quota::{MemoryConfig, MemoryStore, Policy, Quota, Store};
+use tower_admission::quota::{MemoryStore, Policy, Quota, Store};
 
 const MINUTE: Duration = Duration::from_secs(60);
 /// µs in the quota's window.
@@ -129,7 +129,7 @@ fn overload() -> Scenario {
 /// offered request at cost 1 on a fresh store with a manual clock.
 fn admissions(policy: &Policy, offered: &[u64]) -> Vec<u64> {
     let clock = ManualClock::new(Timestamp::from_micros(NOON));
-    let store = MemoryStore::with_config(MemoryConfig::default(), clock.clone());
+    let store = MemoryStore::with_clock(clock.clone());
     let quota = Quota::new("plots", [policy.clone()]).expect("valid quota");
     let key: Arc<str> = "user".into();
     let mut admitted = Vec::new();

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tower_admission::clock::{ManualClock, Timestamp};
-use tower_admission::quota::{MemoryConfig, MemoryStore, Policy, Quota, Store};
+use tower_admission::quota::{MemoryStore, Policy, Quota, Store};
 
 const MINUTE: Duration = Duration::from_secs(60);
 
@@ -60,8 +60,7 @@ fn quota(algorithm: &str, entries: u64) -> Quota {
 fn measure(algorithm: &str, keys: usize, entries: u64) -> f64 {
     let quota = quota(algorithm, entries);
     let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
-    let config = MemoryConfig::new(NonZeroUsize::new(keys).unwrap());
-    let store = MemoryStore::with_config(config, clock);
+    let store = MemoryStore::with_clock(clock).max_keys(NonZeroUsize::new(keys).unwrap());
     let before = rss_bytes();
     for i in 0..keys {
         let key: Arc<str> = format!("key-{i:012}").into();

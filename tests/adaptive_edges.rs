@@ -220,7 +220,7 @@ async fn dropped_requests_are_not_fast_successes() {
                 let call = svc.clone().oneshot(Request::new(Full::default()));
                 tokio::spawn(async move {
                     match tokio::time::timeout(ms(1), call).await {
-                        Ok(Err(LimitError::Overloaded(_))) => 1,
+                        Ok(Err(LimitError::Overloaded { .. })) => 1,
                         Ok(_) => panic!("answered within 1 ms"),
                         Err(_) => 0,
                     }
@@ -255,7 +255,7 @@ async fn dropped_requests_are_not_fast_successes() {
         for call in calls {
             match call.await.unwrap() {
                 Err(_gave_up) => {}
-                Ok(Err(LimitError::Overloaded(_))) => {}
+                Ok(Err(LimitError::Overloaded { .. })) => {}
                 Ok(_) => panic!("answered within 100 ms"),
             }
         }
@@ -481,7 +481,7 @@ fn the_limit_and_the_classes_are_metrics() {
                 tokio::task::yield_now().await;
                 assert!(matches!(
                     svc.clone().oneshot(1).await,
-                    Err(LimitError::Overloaded(_))
+                    Err(LimitError::Overloaded { .. })
                 ));
                 for call in held {
                     call.await.unwrap().unwrap();
@@ -648,10 +648,15 @@ async fn a_fixed_cap_never_moves() {
     let held = tokio::spawn(svc.clone().oneshot(0));
     tokio::task::yield_now().await;
     match svc.clone().oneshot(1).await {
-        Err(LimitError::Overloaded(refused)) => {
-            assert_eq!(refused.limit, 2);
-            assert_eq!(refused.class, Criticality::Sheddable);
-            assert_eq!(refused.reason, OverloadReason::QueueFull);
+        Err(LimitError::Overloaded {
+            limit,
+            class,
+            reason,
+            ..
+        }) => {
+            assert_eq!(limit, 2);
+            assert_eq!(class, Criticality::Sheddable);
+            assert_eq!(reason, OverloadReason::QueueFull);
         }
         other => panic!("{other:?}"),
     }
@@ -722,8 +727,8 @@ async fn retry_attempts_do_not_retry_a_refusal_of_the_limit() {
     let held = tokio::spawn(client.clone().oneshot(request("/slow")));
     tokio::task::yield_now().await;
     match client.clone().oneshot(request("/refused")).await {
-        Err(BudgetError::Inner(LimitError::Overloaded(refused))) => {
-            assert_eq!(refused.reason, OverloadReason::QueueFull);
+        Err(BudgetError::Inner(LimitError::Overloaded { reason, .. })) => {
+            assert_eq!(reason, OverloadReason::QueueFull);
         }
         other => panic!("{other:?}"),
     }

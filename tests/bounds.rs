@@ -20,7 +20,7 @@ use tower::ServiceExt;
 use tower_admission::bounds::{
     Batch, BatchItemsLayer, BodyLimitsLayer, QueryRules, ValidateQueryLayer, ValidatedQuery,
 };
-use tower_admission::reject::{InvalidParameter, Rejection, SizeCap};
+use tower_admission::reject::{InvalidParameter, Rejection};
 
 /// The item count as `BatchItemsLayer` takes it: `BatchItemsLayer::parse` into
 /// zero-sized `IgnoredAny` items.
@@ -130,10 +130,7 @@ async fn wire_cap_with_content_length_is_413_wire_bytes_before_the_handler() {
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
     assert_eq!(
         response.extensions().get::<Rejection>(),
-        Some(&Rejection::PayloadTooLarge {
-            cap: SizeCap::WireBytes,
-            limit: MIB as u64
-        })
+        Some(&Rejection::BodyTooLarge { limit: MIB as u64 })
     );
     let doc = problem(response).await;
     assert_eq!(doc["status"], 413);
@@ -171,10 +168,7 @@ async fn grpc_requests_get_a_grpc_status_instead_of_problem_json() {
     assert_eq!(response.headers()["grpc-status"], "8");
     assert_eq!(
         response.extensions().get::<Rejection>(),
-        Some(&Rejection::PayloadTooLarge {
-            cap: SizeCap::WireBytes,
-            limit: MIB as u64
-        })
+        Some(&Rejection::BodyTooLarge { limit: MIB as u64 })
     );
 }
 
@@ -583,11 +577,7 @@ type BoxedFrames = std::pin::Pin<
 async fn a_cap_tripped_after_a_grpc_answer_replaces_the_status_in_the_trailers() {
     let mut grpc_call = http::HeaderMap::new();
     grpc_call.insert(header::CONTENT_TYPE, "application/grpc".parse().unwrap());
-    let refusal = Rejection::PayloadTooLarge {
-        cap: SizeCap::DecodedBytes,
-        limit: 4096,
-    }
-    .into_response(&grpc_call);
+    let refusal = Rejection::DecodedTooLarge { limit: 4096 }.into_response(&grpc_call);
     let bomb = gzip_zeros(8 * KIB);
     let small = gzip(b"hello");
     // (content type, body, whether the handler sends trailers, whether the
@@ -640,13 +630,13 @@ async fn a_cap_tripped_after_a_grpc_answer_replaces_the_status_in_the_trailers()
 // ---------------------------------------------------------------- query validation
 
 fn rules() -> QueryRules {
-    QueryRules::builder()
+    QueryRules::new()
         .page_size(NonZeroU32::new(50).unwrap(), NonZeroU32::new(1000).unwrap())
+        .unwrap()
         .max_span(Duration::from_secs(31 * 24 * 3600))
+        .unwrap()
         .max_cursor_len(NonZeroUsize::new(64).unwrap())
         .ignore_unknown_params(false)
-        .build()
-        .unwrap()
 }
 
 async fn show_query(q: ValidatedQuery) -> axum::Json<Value> {
@@ -845,10 +835,9 @@ async fn valid_query_values() {
 
 #[tokio::test]
 async fn ignore_policy_drops_unknown_parameters_but_not_known_repeats() {
-    let rules = QueryRules::builder()
+    let rules = QueryRules::new()
         .ignore_unknown_params(true)
         .allow("sort")
-        .build()
         .unwrap();
     let ok = rules
         .validate(Some("x=1&x=2&sort=name&page_size=7"))
@@ -868,17 +857,13 @@ async fn ignore_policy_drops_unknown_parameters_but_not_known_repeats() {
 
 #[test]
 fn bad_rules_name_the_field() {
-    let err = QueryRules::builder()
+    let err = QueryRules::new()
         .page_size(NonZeroU32::new(100).unwrap(), NonZeroU32::new(10).unwrap())
-        .build()
         .unwrap_err();
     assert_eq!(err.field(), "page_size");
-    let err = QueryRules::builder()
-        .max_span(Duration::ZERO)
-        .build()
-        .unwrap_err();
+    let err = QueryRules::new().max_span(Duration::ZERO).unwrap_err();
     assert_eq!(err.field(), "max_span");
-    let err = QueryRules::builder().allow("cursor").build().unwrap_err();
+    let err = QueryRules::new().allow("cursor").unwrap_err();
     assert_eq!(err.field(), "allow");
 }
 
@@ -1053,10 +1038,7 @@ fn counting_does_not_build_items() {
     assert_eq!(count_batch_items(json.as_bytes(), 100_001), Ok(100_001));
     assert_eq!(
         count_batch_items(json.as_bytes(), 100_000),
-        Err(Rejection::PayloadTooLarge {
-            cap: SizeCap::Items,
-            limit: 100_000,
-        })
+        Err(Rejection::TooManyItems { limit: 100_000 })
     );
     // Extra members are ignored; an empty batch is fine.
     assert_eq!(
@@ -1276,9 +1258,8 @@ async fn one_content_coding_is_matched_in_any_case() {
 #[test]
 fn a_span_over_the_maximum_is_named_to_the_nanosecond() {
     let span = |max: Duration, to: &str| {
-        QueryRules::builder()
+        QueryRules::new()
             .max_span(max)
-            .build()
             .unwrap()
             .validate(Some(&format!("from=2025-01-01T00:00:00Z&to={to}")))
     };

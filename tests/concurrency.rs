@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use tower::{service_fn, Layer, Service, ServiceExt};
 use tower_admission::concurrency::{ConcurrencyLayer, OverloadReason};
 use tower_admission::identity::Identity;
-use tower_admission::reject::{OverloadScope, Rejection};
+use tower_admission::reject::Rejection;
 
 /// Tracks how many handlers run at once and the most ever seen.
 #[derive(Clone, Default)]
@@ -96,14 +96,8 @@ async fn send(app: Router, req: Request<Body>) -> Outcome {
         .get::<OverloadReason>()
         .map(|r| r.as_str().to_owned());
     let scope = response.extensions().get::<Rejection>().map(|r| match r {
-        Rejection::Overloaded {
-            scope: OverloadScope::Global,
-            ..
-        } => "global".to_owned(),
-        Rejection::Overloaded {
-            scope: OverloadScope::Identity,
-            ..
-        } => "identity".to_owned(),
+        Rejection::Overloaded { .. } => "global".to_owned(),
+        Rejection::CallerBusy { .. } => "identity".to_owned(),
         other => format!("{other:?}"),
     });
     let ratelimit = {

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tower_admission::clock::{ManualClock, Timestamp};
-use tower_admission::quota::{MemoryConfig, MemoryStore, Policy, Quota, Store};
+use tower_admission::quota::{MemoryStore, Policy, Quota, Store};
 
 /// 2024-01-01T12:00:00Z, the start of a minute.
 const NOON: u64 = 1_704_110_400_000;
@@ -633,7 +633,7 @@ async fn peek_answers_as_decide_and_consumes_nothing<S: Store>(c: Ctx<'_, S>) {
 }
 
 fn memory_store(clock: &ManualClock) -> MemoryStore<ManualClock> {
-    MemoryStore::with_config(MemoryConfig::default(), clock.clone())
+    MemoryStore::with_clock(clock.clone())
 }
 
 #[cfg(feature = "redis")]

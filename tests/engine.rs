@@ -18,8 +18,8 @@ use tower::{Layer, Service, ServiceExt};
 use tower_admission::clock::{ManualClock, Timestamp};
 use tower_admission::identity::Identity;
 use tower_admission::quota::{
-    FailureMode, Holds, Limiter, MemoryConfig, MemoryStore, Outcome, Policy, Quota, QuotaDecision,
-    QuotaLayer, Settlement, Store, StoreError,
+    FailureMode, Holds, Limiter, MemoryStore, Outcome, Policy, Quota, QuotaDecision, QuotaLayer,
+    Settlement, Store, StoreError,
 };
 
 const DAY: Duration = Duration::from_secs(86_400);
@@ -29,7 +29,7 @@ fn clock() -> ManualClock {
 }
 
 fn memory(clock: &ManualClock) -> MemoryStore<ManualClock> {
-    MemoryStore::with_config(MemoryConfig::default(), clock.clone())
+    MemoryStore::with_clock(clock.clone())
 }
 
 fn alice() -> Request<Body> {

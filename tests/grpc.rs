@@ -15,14 +15,14 @@ use tonic_types::StatusExt;
 use tower::ServiceBuilder;
 use tower_admission::clock::{ManualClock, Timestamp};
 use tower_admission::identity::{ApiKeys, AuthenticateLayer, Identity};
-use tower_admission::quota::{MemoryConfig, MemoryStore, Policy, Quota, QuotaLayer};
+use tower_admission::quota::{MemoryStore, Policy, Quota, QuotaLayer};
 
 #[tokio::test]
 async fn health_service_behind_auth_and_quota() {
     let (_reporter, health) = tonic_health::server::health_reporter();
     // 100 s into an hour.
     let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000 / 3600 * 3600 + 100));
-    let store = MemoryStore::with_config(MemoryConfig::default(), clock);
+    let store = MemoryStore::with_clock(clock);
     let quota = Quota::new(
         "grpc",
         [Policy::fixed_window("per-hour", 2, Duration::from_secs(3600)).unwrap()],
@@ -188,7 +188,7 @@ async fn streaming_server() -> (
     use tower_admission::bounds::BodyLimitsLayer;
 
     let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000 / 3600 * 3600));
-    let store = MemoryStore::with_config(MemoryConfig::default(), clock);
+    let store = MemoryStore::with_clock(clock);
     let quota = Quota::new(
         "streams",
         [Policy::fixed_window("per-hour", 2, Duration::from_secs(3600)).unwrap()],

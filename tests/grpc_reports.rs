@@ -24,7 +24,7 @@ use tokio::sync::oneshot;
 use tonic::{Code, Status};
 use tonic_types::StatusExt;
 use tower_admission::clock::{ManualClock, Timestamp};
-use tower_admission::quota::{MemoryConfig, MemoryStore, Store};
+use tower_admission::quota::{MemoryStore, Store};
 
 /// The server on a free port; dropping it shuts the server down.
 struct Running {
@@ -47,10 +47,7 @@ async fn start<St: Store>(store: St) -> Running {
 
 fn frozen() -> (MemoryStore<ManualClock>, ManualClock) {
     let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
-    (
-        MemoryStore::with_config(MemoryConfig::default(), clock.clone()),
-        clock,
-    )
+    (MemoryStore::with_clock(clock.clone()), clock)
 }
 
 async fn client(server: &Running, key: Option<&str>) -> ReportsClient {

@@ -2,7 +2,7 @@
 //! zero-sized items, as `BatchItemsLayer` does, and building them).
 
 use tower_admission::bounds::BatchItemsLayer;
-use tower_admission::reject::{Rejection, SizeCap};
+use tower_admission::reject::Rejection;
 
 /// The item count as `BatchItemsLayer` takes it: `BatchItemsLayer::parse` into
 /// zero-sized `IgnoredAny` items.
@@ -41,19 +41,13 @@ fn counts_at_and_over_the_cap() {
     ] {
         assert_eq!(
             count_batch_items(json.as_bytes(), 3),
-            Err(Rejection::PayloadTooLarge {
-                cap: SizeCap::Items,
-                limit: 3,
-            }),
+            Err(Rejection::TooManyItems { limit: 3 }),
             "{json}"
         );
     }
     assert_eq!(
         BatchItemsLayer::parse::<u8>(br#"{"items":[1,2,3,300]}"#, 3),
-        Err(Rejection::PayloadTooLarge {
-            cap: SizeCap::Items,
-            limit: 3,
-        })
+        Err(Rejection::TooManyItems { limit: 3 })
     );
 }
 

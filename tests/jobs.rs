@@ -10,7 +10,7 @@ use http::header::{LOCATION, RETRY_AFTER};
 use http::StatusCode;
 use tokio::sync::Semaphore;
 use tower_admission::jobs::{JobId, JobQueue, JobStatus, SubmitError};
-use tower_admission::reject::{OverloadScope, Rejection};
+use tower_admission::reject::Rejection;
 
 /// The headers of a plain HTTP request.
 fn http_call() -> http::HeaderMap {
@@ -98,7 +98,6 @@ async fn full_queue_answers_503_and_accepted_jobs_all_run() {
     assert_eq!(
         response.extensions().get::<Rejection>(),
         Some(&Rejection::Overloaded {
-            scope: OverloadScope::Global,
             retry_after: Duration::from_millis(29_999),
         })
     );
@@ -426,8 +425,7 @@ async fn one_owner_cannot_take_the_whole_queue() {
     );
     assert_eq!(
         busy.rejection(),
-        Rejection::Overloaded {
-            scope: OverloadScope::Identity,
+        Rejection::CallerBusy {
             retry_after: Duration::from_secs(7),
         }
     );

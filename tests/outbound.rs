@@ -13,7 +13,7 @@ use tower_admission::outbound::{
     Attempt, AttemptBudget, BudgetError, BudgetStats, DependencyBudget, DependencyBudgetLayer,
     RetryAttempts, Share,
 };
-use tower_admission::quota::{MemoryConfig, MemoryStore, Policy};
+use tower_admission::quota::{MemoryStore, Policy};
 
 const SECOND: Duration = Duration::from_secs(1);
 
@@ -28,10 +28,7 @@ impl Clock for TokioClock {
 }
 
 fn store() -> MemoryStore<TokioClock> {
-    MemoryStore::with_config(
-        MemoryConfig::default(),
-        TokioClock(tokio::time::Instant::now()),
-    )
+    MemoryStore::with_clock(TokioClock(tokio::time::Instant::now()))
 }
 
 /// 240/s in all: 200/s first attempts (burst 20), 40/s retries (burst 4).
@@ -243,7 +240,7 @@ async fn admitted<St: tower_admission::quota::Store>(
 #[tokio::test]
 async fn partitions_split_the_budget_so_the_total_holds() {
     let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
-    let store = MemoryStore::with_config(MemoryConfig::default(), clock);
+    let store = MemoryStore::with_clock(clock);
     // Four instances, each on its home partition of 25.
     let homes: Vec<_> = (0..4)
         .map(|i| partitioned(&store, 4, Pick::Home(i)))
@@ -258,13 +255,13 @@ async fn partitions_split_the_budget_so_the_total_holds() {
 
     // Random with probes uses the whole budget from one instance, and no more.
     let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
-    let store = MemoryStore::with_config(MemoryConfig::default(), clock);
+    let store = MemoryStore::with_clock(clock);
     let random = partitioned(&store, 4, Pick::Random { probes: 3 });
     assert_eq!(admitted(&random, 1_000).await, 100);
     // Without probes, a single instance gets only what its random picks
     // find: at most the total, and refusals once any partition is empty.
     let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
-    let store = MemoryStore::with_config(MemoryConfig::default(), clock);
+    let store = MemoryStore::with_clock(clock);
     let random = partitioned(&store, 4, Pick::Random { probes: 0 });
     assert_eq!(admitted(&random, 1_000).await, 100);
 }
@@ -274,7 +271,7 @@ async fn partitions_split_the_budget_so_the_total_holds() {
 #[tokio::test]
 async fn the_naive_split_admits_n_times_the_budget() {
     let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
-    let store = MemoryStore::with_config(MemoryConfig::default(), clock);
+    let store = MemoryStore::with_clock(clock);
     let mut total = 0;
     for i in 0..4 {
         // Each "partition" is a budget of its own holding the full 100.
@@ -748,7 +745,7 @@ fn four_buckets(
 async fn a_refusal_across_partitions_is_the_shortest_wait_whatever_the_order() {
     let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
     let store = PartlyDown {
-        inner: MemoryStore::with_config(MemoryConfig::default(), clock.clone()),
+        inner: MemoryStore::with_clock(clock.clone()),
         down: Arc::from(["p1"]),
     };
     // Empty p0 at 0 s, p2 at 20 s and p3 at 30 s through their home
@@ -773,7 +770,7 @@ async fn a_refusal_across_partitions_is_the_shortest_wait_whatever_the_order() {
 
     // Only when every probed partition is down is the refusal Unavailable.
     let all_down = PartlyDown {
-        inner: MemoryStore::with_config(MemoryConfig::default(), clock.clone()),
+        inner: MemoryStore::with_clock(clock.clone()),
         down: Arc::from(["p0", "p1", "p2", "p3"]),
     };
     let random = four_buckets(&all_down, Pick::Random { probes: 3 });
@@ -921,7 +918,7 @@ fn random_attempts_and_retries_keep_every_share_and_the_total_within_bound() {
     runner
         .run(&(steps(), proptest::bool::ANY), |(steps, partitioned)| {
             let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
-            let store = MemoryStore::with_config(MemoryConfig::default(), clock.clone());
+            let store = MemoryStore::with_clock(clock.clone());
             let mut builder = DependencyBudget::builder(store, "dep")
                 .normal(Policy::token_bucket("normal", 20, 200, SECOND).unwrap())
                 .retry(Policy::token_bucket("retry", 4, 40, SECOND).unwrap());

@@ -17,7 +17,7 @@ use tower_admission::clock::{Clock, Timestamp};
 use tower_admission::outbound::{
     Attempt, BudgetError, DependencyBudget, DependencyBudgetLayer, RetryAttempts, Share,
 };
-use tower_admission::quota::{MemoryConfig, MemoryStore, Policy};
+use tower_admission::quota::{MemoryStore, Policy};
 
 const SECOND: Duration = Duration::from_secs(1);
 
@@ -32,10 +32,7 @@ impl Clock for TokioClock {
 }
 
 fn store() -> MemoryStore<TokioClock> {
-    MemoryStore::with_config(
-        MemoryConfig::default(),
-        TokioClock(tokio::time::Instant::now()),
-    )
+    MemoryStore::with_clock(TokioClock(tokio::time::Instant::now()))
 }
 
 type Budget = DependencyBudget<MemoryStore<TokioClock>>;

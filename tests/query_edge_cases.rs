@@ -14,10 +14,10 @@ fn at(rfc3339: &str) -> OffsetDateTime {
 }
 
 fn rules() -> QueryRules {
-    QueryRules::builder()
+    QueryRules::new()
         .page_size(NonZeroU32::new(50).unwrap(), NonZeroU32::new(1000).unwrap())
+        .unwrap()
         .max_span(Duration::from_secs(86_400))
-        .build()
         .unwrap()
 }
 

@@ -29,20 +29,21 @@ struct Config {
 
 impl Config {
     fn rules(&self) -> QueryRules {
-        let mut b = QueryRules::builder()
+        let mut rules = QueryRules::new()
             .page_size(
                 NonZeroU32::new(self.default).unwrap(),
                 NonZeroU32::new(self.max).unwrap(),
             )
+            .unwrap()
             .max_cursor_len(self.cursor.try_into().unwrap())
             .ignore_unknown_params(self.ignore_unknown);
         if let Some(span) = self.span {
-            b = b.max_span(span);
+            rules = rules.max_span(span).unwrap();
         }
         for name in &self.allowed {
-            b = b.allow(name.clone());
+            rules = rules.allow(name.clone()).unwrap();
         }
-        b.build().unwrap()
+        rules
     }
 }
 

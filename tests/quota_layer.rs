@@ -18,15 +18,14 @@ use tower_admission::bounds::{QueryRules, ValidateQueryLayer, ValidatedQuery};
 use tower_admission::clock::{ManualClock, Timestamp};
 use tower_admission::identity::{ClientIp, ClientIpLayer, Identity};
 use tower_admission::quota::{
-    Holds, MemoryConfig, MemoryStore, Policy, Quota, QuotaDecision, QuotaLayer, Settlement, Store,
-    StoreError,
+    Holds, MemoryStore, Policy, Quota, QuotaDecision, QuotaLayer, Settlement, Store, StoreError,
 };
 use tower_admission::reject::Rejection;
 
 const MINUTE: Duration = Duration::from_secs(60);
 
 fn store(clock: &ManualClock) -> MemoryStore<ManualClock> {
-    MemoryStore::with_config(MemoryConfig::default(), clock.clone())
+    MemoryStore::with_clock(clock.clone())
 }
 
 fn request(identity: Option<Identity>, uri: &str) -> Request<Body> {
@@ -197,7 +196,7 @@ async fn page_size_is_the_cost_and_settle_refunds_exactly() {
         .cost(ValidatedQuery::page_cost)
         .build()
         .unwrap();
-    let rules = QueryRules::builder().build().unwrap();
+    let rules = QueryRules::new();
     let app = Router::new()
         .route(
             "/",
@@ -241,9 +240,7 @@ async fn page_size_is_the_cost_and_settle_refunds_exactly() {
                 .build()
                 .unwrap(),
         )
-        .layer(ValidateQueryLayer::new(
-            QueryRules::builder().build().unwrap(),
-        ));
+        .layer(ValidateQueryLayer::new(QueryRules::new()));
     let page = |size: u32| {
         plain
             .clone()

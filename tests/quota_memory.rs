@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tower_admission::clock::{ManualClock, Timestamp};
-use tower_admission::quota::{MemoryConfig, MemoryStore, Policy, Quota, Store, StoreError};
+use tower_admission::quota::{MemoryStore, Policy, Quota, Store, StoreError};
 
 const MINUTE: Duration = Duration::from_secs(60);
 
@@ -31,7 +31,7 @@ fn quotas(limit: u64) -> Vec<Quota> {
 async fn thousand_concurrent_tasks_admit_exactly_the_limit() {
     // The clock stands still so no refill or window change can add capacity.
     let clock = ManualClock::new(Timestamp::from_secs(1_800_000_030));
-    let store = MemoryStore::with_config(MemoryConfig::default(), clock);
+    let store = MemoryStore::with_clock(clock);
     for quota in quotas(100) {
         let admitted = Arc::new(AtomicU64::new(0));
         let key: Arc<str> = "shared".into();
@@ -56,8 +56,8 @@ async fn thousand_concurrent_tasks_admit_exactly_the_limit() {
 #[test]
 fn a_million_identities_stay_within_max_keys() {
     let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
-    let config = MemoryConfig::new(NonZeroUsize::new(100_000).unwrap());
-    let store = MemoryStore::with_config(config, clock.clone());
+    let store =
+        MemoryStore::with_clock(clock.clone()).max_keys(NonZeroUsize::new(100_000).unwrap());
     let quota = Quota::new(
         "free",
         [Policy::sliding_log("per-minute", 100, MINUTE).unwrap()],
@@ -113,8 +113,8 @@ fn a_million_identities_stay_within_max_keys() {
 #[test]
 fn a_store_of_a_million_keys_holds_exactly_a_million_live_keys() {
     let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
-    let config = MemoryConfig::new(NonZeroUsize::new(1_000_000).unwrap());
-    let store = MemoryStore::with_config(config, clock.clone());
+    let store =
+        MemoryStore::with_clock(clock.clone()).max_keys(NonZeroUsize::new(1_000_000).unwrap());
     let quota = Quota::new("q", [Policy::token_bucket("b", 10, 1, MINUTE).unwrap()]).unwrap();
     for i in 0..1_000_000u32 {
         let key: Arc<str> = format!("key-{i}").into();
@@ -146,8 +146,7 @@ fn a_refund_brings_the_key_expiry_forward() {
     // fresh at once, so a new key takes its place instead of waiting for the
     // charge's original expiry.
     let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
-    let config = MemoryConfig::new(NonZeroUsize::new(1).unwrap());
-    let store = MemoryStore::with_config(config, clock.clone());
+    let store = MemoryStore::with_clock(clock.clone()).max_keys(NonZeroUsize::new(1).unwrap());
     let quota = Quota::new("q", [Policy::sliding_log("l", 10, MINUTE).unwrap()]).unwrap();
     let (a, b): (Arc<str>, Arc<str>) = ("a".into(), "b".into());
     let charge = store.decide(&quota, &a, 5).into_inner().unwrap();
@@ -169,7 +168,7 @@ fn a_refund_brings_the_key_expiry_forward() {
 #[test]
 fn refused_and_zero_cost_requests_create_no_state() {
     let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
-    let store = MemoryStore::with_config(MemoryConfig::default(), clock);
+    let store = MemoryStore::with_clock(clock);
     for quota in quotas(10) {
         for i in 0..100 {
             let key: Arc<str> = format!("k{i}").into();
@@ -189,10 +188,11 @@ fn refused_and_zero_cost_requests_create_no_state() {
 /// A store of at most 8 keys in one shard, on a manual clock.
 fn eight_keys_one_shard() -> (MemoryStore<ManualClock>, ManualClock) {
     let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
-    let config = MemoryConfig::new(NonZeroUsize::new(8).unwrap())
-        .shards(NonZeroUsize::new(1).unwrap())
+    let store = MemoryStore::with_clock(clock.clone())
+        .max_keys(NonZeroUsize::new(8).unwrap())
+        .shards(NonZeroUsize::MIN)
         .unwrap();
-    (MemoryStore::with_config(config, clock.clone()), clock)
+    (store, clock)
 }
 
 /// A quota of one bucket of 5 tokens refilled at 1 per second.
@@ -286,7 +286,7 @@ fn buckets_and_other_quotas_share_one_cap() {
 #[test]
 fn a_shadow_bucket_counts_but_never_refuses() {
     let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
-    let store = MemoryStore::with_config(MemoryConfig::default(), clock);
+    let store = MemoryStore::with_clock(clock);
     let quota = Quota::new(
         "watch",
         [Policy::token_bucket("b", 2, 1, MINUTE).unwrap().shadow()],
@@ -313,7 +313,7 @@ fn keys_alike_up_to_any_length_keep_their_own_state() {
     // in their length, or in their last byte, on either side of that line,
     // are distinct keys in every quota shape.
     let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
-    let store = MemoryStore::with_config(MemoryConfig::default(), clock);
+    let store = MemoryStore::with_clock(clock);
     let mut keys: Vec<Arc<str>> = Vec::new();
     for len in [1, 3, 4, 7, 8, 9, 16, 17, 21, 22, 23, 24, 40] {
         keys.push("k".repeat(len).into());
@@ -346,10 +346,7 @@ fn keys_alike_up_to_any_length_keep_their_own_state() {
 fn shadow_policies_never_keep_room_from_a_full_store() {
     use futures_util::FutureExt;
     let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
-    let store = MemoryStore::with_config(
-        MemoryConfig::new(NonZeroUsize::new(64).unwrap()),
-        clock.clone(),
-    );
+    let store = MemoryStore::with_clock(clock.clone()).max_keys(NonZeroUsize::new(64).unwrap());
     let decide = |quota: &Quota, key: &str| {
         store
             .decide(quota, &Arc::from(key), 1)
@@ -451,7 +448,7 @@ fn a_settle_under_the_old_numbers_never_refills_the_new_policy() {
         for stacked in [false, true] {
             for delta in [-1, 1] {
                 let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
-                let store = MemoryStore::with_config(MemoryConfig::default(), clock.clone());
+                let store = MemoryStore::with_clock(clock.clone());
                 let (old, new) = if stacked {
                     (
                         Quota::new("q", [old.clone(), other()]).unwrap(),

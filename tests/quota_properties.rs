@@ -32,7 +32,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use tower_admission::clock::{ManualClock, Timestamp};
-use tower_admission::quota::{Holds, MemoryConfig, MemoryStore, Policy, Quota, Store};
+use tower_admission::quota::{Holds, MemoryStore, Policy, Quota, Store};
 
 use support::runner;
 
@@ -373,7 +373,7 @@ impl Keys {
 }
 
 fn memory(clock: &ManualClock) -> MemoryStore<ManualClock> {
-    MemoryStore::with_config(MemoryConfig::default(), clock.clone())
+    MemoryStore::with_clock(clock.clone())
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -475,10 +475,10 @@ fn deploy_quota(deploy: &Deploy) -> Quota {
 async fn redeploy_run(deploys: Vec<Deploy>, ops: Vec<DeployOp>) -> Result<(), TestCaseError> {
     use std::num::NonZeroUsize;
     let clock = ManualClock::new(Timestamp::from_micros(START));
-    let config = MemoryConfig::new(NonZeroUsize::new(4).unwrap())
+    let store = MemoryStore::with_clock(clock.clone())
+        .max_keys(NonZeroUsize::new(4).unwrap())
         .shards(NonZeroUsize::new(2).unwrap())
         .unwrap();
-    let store = MemoryStore::with_config(config, clock.clone());
     let quotas: Vec<Quota> = deploys.iter().map(deploy_quota).collect();
     let flood = Quota::new(
         "flood",

@@ -33,7 +33,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use tower_admission::clock::{ManualClock, Timestamp};
-use tower_admission::quota::{Holds, MemoryConfig, MemoryStore, Policy, Quota, RedisStore, Store};
+use tower_admission::quota::{Holds, MemoryStore, Policy, Quota, RedisStore, Store};
 
 use support::{runner, RedisServer};
 
@@ -214,7 +214,7 @@ impl Rig {
             .deadline(Duration::from_secs(10))
             .build()
             .unwrap();
-        let memory = MemoryStore::with_config(MemoryConfig::default(), clock.clone());
+        let memory = MemoryStore::with_clock(clock.clone());
         Rig {
             _server: server,
             rt,

@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 use tower::ServiceExt;
 use tower_admission::clock::{ManualClock, Timestamp};
 use tower_admission::identity::Identity;
-use tower_admission::quota::{MemoryConfig, MemoryStore, Policy, Quota, QuotaLayer, Store};
+use tower_admission::quota::{MemoryStore, Policy, Quota, QuotaLayer, Store};
 
 const MINUTE: Duration = Duration::from_secs(60);
 
@@ -63,7 +63,7 @@ async fn send(app: &Router) -> (StatusCode, HeaderMap, Value) {
 #[tokio::test]
 async fn quota_refusal_is_quota_exceeded_with_violated_policies() {
     let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
-    let app = app(MemoryStore::with_config(MemoryConfig::default(), clock));
+    let app = app(MemoryStore::with_clock(clock));
     let mut admitted = 0;
     let mut refusals = Vec::new();
     for _ in 0..25 {
@@ -224,7 +224,7 @@ async fn every_grpc_content_type_gets_a_grpc_status_in_any_case() {
     };
 
     let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
-    let app = app(MemoryStore::with_config(MemoryConfig::default(), clock));
+    let app = app(MemoryStore::with_clock(clock));
     // Each with the content type of its refusal: gRPC-Web callers get their
     // own media type back.
     let answered = [

@@ -15,9 +15,7 @@ use proptest::prelude::*;
 use tower::ServiceExt;
 use tower_admission::clock::{ManualClock, Timestamp};
 use tower_admission::identity::Identity;
-use tower_admission::quota::{
-    Limiter, MemoryConfig, MemoryStore, Policy, Quota, QuotaLayer, Quotas,
-};
+use tower_admission::quota::{Limiter, MemoryStore, Policy, Quota, QuotaLayer, Quotas};
 use tower_admission::reload::ReloadHandle;
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -89,7 +87,7 @@ fn steps() -> impl Strategy<Value = Vec<Step>> {
 /// every answer (they name the numbers that decided), a request's cost in
 /// its `cost` header.
 fn app(clock: &ManualClock, first: Numbers) -> (Router, ReloadHandle<Quotas>) {
-    let store = MemoryStore::with_config(MemoryConfig::default(), clock.clone());
+    let store = MemoryStore::with_clock(clock.clone());
     let layer = QuotaLayer::builder(store)
         .quota(first.quota())
         .cost(cost_header)
@@ -148,7 +146,7 @@ struct Reference {
 
 impl Reference {
     fn new(clock: &ManualClock, configs: [Numbers; 2]) -> Self {
-        let store = MemoryStore::with_config(MemoryConfig::default(), clock.clone());
+        let store = MemoryStore::with_clock(clock.clone());
         let build = |n: Numbers| {
             let layer = QuotaLayer::builder(store.clone())
                 .quota(n.quota())
@@ -380,9 +378,8 @@ mod bounds {
 
     fn rules(max_page: u32) -> QueryRules {
         let page = |n| NonZeroU32::new(n).unwrap();
-        QueryRules::builder()
+        QueryRules::new()
             .page_size(page(1), page(max_page))
-            .build()
             .unwrap()
     }
 

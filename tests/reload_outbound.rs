@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tower_admission::clock::{ManualClock, Timestamp};
 use tower_admission::outbound::{BudgetShares, DependencyBudget, Share};
-use tower_admission::quota::{MemoryConfig, MemoryStore, Policy};
+use tower_admission::quota::{MemoryStore, Policy};
 
 const SECOND: Duration = Duration::from_secs(1);
 
@@ -46,7 +46,7 @@ async fn offered_every_ms(
 #[tokio::test]
 async fn lowering_the_budget_from_240_to_120_halves_the_attempts_from_the_next_one_on() {
     let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
-    let store = MemoryStore::with_config(MemoryConfig::default(), clock.clone());
+    let store = MemoryStore::with_clock(clock.clone());
     let budget = DependencyBudget::builder(store, "reports-db")
         .shares(shares(240))
         .build()
@@ -74,7 +74,7 @@ async fn lowering_the_budget_from_240_to_120_halves_the_attempts_from_the_next_o
 #[tokio::test]
 async fn a_lowered_budget_keeps_a_full_bucket_within_its_new_burst() {
     let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
-    let store = MemoryStore::with_config(MemoryConfig::default(), clock.clone());
+    let store = MemoryStore::with_clock(clock.clone());
     let budget = DependencyBudget::builder(store, "reports-db")
         .shares(shares(240))
         .build()

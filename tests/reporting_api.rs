@@ -35,7 +35,7 @@ use serde_json::{json, Value};
 use tower::ServiceExt;
 use tower_admission::clock::{ManualClock, Timestamp};
 use tower_admission::outbound::DependencyBudget;
-use tower_admission::quota::{MemoryConfig, MemoryStore, Policy};
+use tower_admission::quota::{MemoryStore, Policy};
 
 fn api() -> (Router, ManualClock) {
     // Nothing here reaches the dependency's budget.
@@ -48,7 +48,7 @@ fn api_with(dependency: Dependency) -> (Router, ManualClock) {
 
 fn api_of(config: &Config, dependency: Dependency) -> (Router, ManualClock) {
     let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
-    let store = MemoryStore::with_config(MemoryConfig::default(), clock.clone());
+    let store = MemoryStore::with_clock(clock.clone());
     (app::app(config, store, dependency).unwrap().router, clock)
 }
 
@@ -667,7 +667,7 @@ async fn a_changed_free_burst_changes_the_burst_admitted() {
 async fn a_drain_waits_for_every_accepted_job_and_takes_no_more() {
     let (url, mock) = roomy_mock().await;
     let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
-    let store = MemoryStore::with_config(MemoryConfig::default(), clock.clone());
+    let store = MemoryStore::with_clock(clock.clone());
     let api = app::app(&Config::builtin(), store, dependency(&url, roomy_budget())).unwrap();
     let (status, headers, _) = send(&api.router, post_batch("demo-pro", 150)).await;
     assert_eq!(status, StatusCode::ACCEPTED);

@@ -44,7 +44,7 @@ use serde_json::{json, Value};
 use tower::ServiceExt;
 use tower_admission::clock::{ManualClock, Timestamp};
 use tower_admission::outbound::DependencyBudget;
-use tower_admission::quota::{MemoryConfig, MemoryStore, Policy};
+use tower_admission::quota::{MemoryStore, Policy};
 
 /// Parses the text format with `prometheus_client`'s parser, which raises on
 /// any line that is not valid exposition text, and prints every sample.
@@ -184,7 +184,7 @@ async fn scrape(app: &Router) -> Scrape {
 /// that store's keys.
 fn api(exporter: &metrics::Exporter, dependency: Dependency) -> (Router, MemoryStore<ManualClock>) {
     let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
-    let store = MemoryStore::with_config(MemoryConfig::default(), clock);
+    let store = MemoryStore::with_clock(clock);
     let exporter = exporter.clone().memory_store("quotas", &store);
     let api = app::app(&Config::builtin(), store.clone(), dependency).unwrap();
     (api.router.merge(exporter.router()), store)

@@ -172,14 +172,13 @@ fn layers<St: Store + Clone>(store: St, fields: bool) -> Result<Layers<St>, Conf
         .quota(aggregate_quota()?)
         .aggregate()
         .build()?;
-    let rules = QueryRules::builder()
+    let rules = QueryRules::new()
         .page_size(
             NonZeroU32::new(20).unwrap_or(NonZeroU32::MIN),
             NonZeroU32::new(100).unwrap_or(NonZeroU32::MIN),
-        )
-        .max_span(Duration::from_secs(31 * 24 * 3600))
-        .ignore_unknown_params(false)
-        .build()?;
+        )?
+        .max_span(Duration::from_secs(31 * 24 * 3600))?
+        .ignore_unknown_params(false);
     let concurrency = ConcurrencyLayer::builder()
         .global(1024, 1024, Duration::from_secs(1))
         .per_identity(1024, 0, Duration::from_secs(1))

@@ -147,11 +147,10 @@ pub(crate) fn app<St: Store>(
     let max_items = std::num::NonZeroUsize::new(config.batch.max_items)
         .ok_or_else(|| ConfigError::new("batch.max_items", "must be at least 1"))?;
     let (default_page, max_page) = config.page_sizes();
-    let rules = QueryRules::builder()
-        .page_size(default_page, max_page)
-        .max_span(config.query.max_span.0)
-        .ignore_unknown_params(false)
-        .build()?;
+    let rules = QueryRules::new()
+        .page_size(default_page, max_page)?
+        .max_span(config.query.max_span.0)?
+        .ignore_unknown_params(false);
     let limits = Arc::new(Limits {
         sync_items: config.batch.sync_items,
         max_items: config.batch.max_items,

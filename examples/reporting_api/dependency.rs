@@ -26,13 +26,13 @@ use http::{Request, Response, StatusCode};
 use serde::Serialize;
 use tower::util::BoxCloneSyncService;
 use tower::{Layer, ServiceBuilder, ServiceExt};
-use tower_admission::concurrency::{LimitError, Overloaded};
+use tower_admission::concurrency::LimitError;
 use tower_admission::outbound::{
     Attempt, AttemptBudget, BudgetError, DependencyBudget, DependencyBudgetLayer, PushbackLayer,
     RetryAttempts,
 };
 use tower_admission::quota::MemoryStore;
-use tower_admission::reject::{OverloadScope, Rejection};
+use tower_admission::reject::Rejection;
 use tower_admission::ConfigError;
 
 use crate::config;
@@ -79,8 +79,9 @@ impl Tally {
 pub(crate) enum CallError {
     /// The budget refused an attempt; it may pass after the wait.
     Budget(Option<Duration>),
-    /// The limit on calls in flight refused an attempt (not retried).
-    Shed(Overloaded),
+    /// The limit on calls in flight refused an attempt (not retried): its
+    /// wait and why.
+    Shed(Duration, String),
     /// The dependency's last answer was not 200; it may have asked for a
     /// wait.
     Answered(StatusCode, Option<Duration>),
@@ -94,7 +95,7 @@ impl CallError {
     pub(crate) fn retry_after(&self) -> Duration {
         match self {
             CallError::Budget(Some(wait)) => *wait,
-            CallError::Shed(refused) => refused.retry_after,
+            CallError::Shed(wait, _) => *wait,
             CallError::Answered(_, Some(wait)) => (*wait).max(Duration::from_secs(1)),
             _ => Duration::from_secs(1),
         }
@@ -107,10 +108,7 @@ impl CallError {
     pub(crate) fn rejection(&self) -> Rejection {
         let retry_after = self.retry_after();
         match self {
-            CallError::Shed(_) => Rejection::Overloaded {
-                scope: OverloadScope::Global,
-                retry_after,
-            },
+            CallError::Shed(..) => Rejection::Overloaded { retry_after },
             _ => Rejection::DependencyUnavailable { retry_after },
         }
     }
@@ -120,7 +118,7 @@ impl std::fmt::Display for CallError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             CallError::Budget(_) => f.write_str("the dependency budget is exhausted"),
-            CallError::Shed(refused) => write!(f, "the dependency is overloaded: {refused}"),
+            CallError::Shed(_, why) => write!(f, "the dependency is overloaded: {why}"),
             CallError::Answered(status, _) => write!(f, "the dependency answered {status}"),
             CallError::Failed(why) => write!(f, "the dependency failed: {why}"),
         }
@@ -250,7 +248,9 @@ impl Dependency {
             Err(LimitError::Inner(refusal)) if refusal.is_refusal() => {
                 Err(CallError::Budget(refusal.wait()))
             }
-            Err(LimitError::Overloaded(refused)) => Err(CallError::Shed(refused)),
+            Err(refused @ LimitError::Overloaded { retry_after, .. }) => {
+                Err(CallError::Shed(retry_after, refused.to_string()))
+            }
             Err(e) => Err(CallError::Failed(e.to_string())),
         }
     }

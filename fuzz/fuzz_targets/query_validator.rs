@@ -26,18 +26,22 @@ const MAX_CURSOR: usize = 64;
 const SPAN_SECS: u64 = 31 * 24 * 3600;
 
 fn rules(selector: u8) -> QueryRules {
-    let mut builder = QueryRules::builder()
+    let rules = QueryRules::new()
         .page_size(
             NonZeroU32::new(50).expect("non-zero"),
             NonZeroU32::new(MAX_PAGE).expect("non-zero"),
         )
+        .expect("valid page sizes")
         .max_cursor_len(NonZeroUsize::new(MAX_CURSOR).expect("non-zero"))
         .allow("sort")
+        .expect("valid name")
         .ignore_unknown_params(selector & 1 != 0);
     if selector & 2 == 0 {
-        builder = builder.max_span(Duration::from_secs(SPAN_SECS));
+        return rules
+            .max_span(Duration::from_secs(SPAN_SECS))
+            .expect("valid span");
     }
-    builder.build().expect("valid rules")
+    rules
 }
 
 fuzz_target!(|data: &[u8]| {

@@ -91,11 +91,10 @@
 //! }
 //!
 //! # fn main() -> Result<(), tower_admission::ConfigError> {
-//! let rules = QueryRules::builder()
-//!     .page_size(NonZeroU32::new(50).unwrap(), NonZeroU32::new(500).unwrap())
-//!     .max_span(Duration::from_secs(31 * 24 * 3600))
-//!     .ignore_unknown_params(false)
-//!     .build()?;
+//! let rules = QueryRules::new()
+//!     .page_size(NonZeroU32::new(50).unwrap(), NonZeroU32::new(500).unwrap())?
+//!     .max_span(Duration::from_secs(31 * 24 * 3600))?
+//!     .ignore_unknown_params(false);
 //!
 //! let app: Router = Router::new()
 //!     .route("/events", get(list).post(ingest))
@@ -120,4 +119,4 @@ pub use body::{BodyCaps, BodyLimitsLayer, CappedBody};
 #[cfg(feature = "axum")]
 pub use items::Batch;
 pub use items::BatchItemsLayer;
-pub use query::{QueryRules, QueryRulesBuilder, ValidateQueryLayer, ValidatedQuery};
+pub use query::{QueryRules, ValidateQueryLayer, ValidatedQuery};

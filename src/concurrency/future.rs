@@ -9,7 +9,7 @@ use pin_project_lite::pin_project;
 use super::adaptive::Outcome;
 use super::body::PermitBody;
 use super::state::{AcquireFuture, Guard, Refusal};
-use crate::reject::{OverloadScope, Protocol, RefusalBody, Rejection};
+use crate::reject::{Protocol, RefusalBody, Rejection};
 
 /// Polls a clone of the inner service ready, then calls it with the request:
 /// the inner future, or the error of `poll_ready` as the final output.
@@ -98,15 +98,12 @@ fn refusal_response<B: RefusalBody>(
     // the caller's own ("concurrency") or the service's
     // ("global-concurrency"). A full identity map has no such cap.
     let advertised = match (&refusal.rejection, refusal.cap) {
-        (&Rejection::Overloaded { scope, retry_after }, Some(cap)) if !protocol.is_grpc() => {
-            Some((
-                match scope {
-                    OverloadScope::Identity => "concurrency",
-                    _ => "global-concurrency",
-                },
-                cap,
-                retry_after,
-            ))
+        _ if protocol.is_grpc() => None,
+        (&Rejection::Overloaded { retry_after }, Some(cap)) => {
+            Some(("global-concurrency", cap, retry_after))
+        }
+        (&Rejection::CallerBusy { retry_after }, Some(cap)) => {
+            Some(("concurrency", cap, retry_after))
         }
         _ => None,
     };

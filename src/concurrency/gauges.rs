@@ -1,9 +1,8 @@
 //! The fixed caps' gauges through the `metrics` facade, moved as permits
 //! and queue places are taken and given back.
 
-use crate::reject::OverloadScope;
-
 use super::permits::Take;
+use super::reason::Scope;
 
 /// The gauges' keys and metadata, as `metrics::gauge!` builds them (in
 /// `static`s, since every name and label is a literal), so that one step
@@ -39,17 +38,17 @@ static METADATA: metrics::Metadata<'static> =
 
 /// Index of `scope` in [`keys::SCOPED`].
 #[cfg(feature = "metrics")]
-fn scope_index(scope: OverloadScope) -> usize {
+fn scope_index(scope: Scope) -> usize {
     match scope {
-        OverloadScope::Global => 0,
-        _ => 1,
+        Scope::Global => 0,
+        Scope::Identity => 1,
     }
 }
 
 /// Moves the `tower_admission_concurrency_in_flight` gauge of `scope` by
 /// `delta`.
 #[inline]
-pub(super) fn gauge_in_flight(scope: OverloadScope, delta: f64) {
+pub(super) fn gauge_in_flight(scope: Scope, delta: f64) {
     #[cfg(feature = "metrics")]
     metrics::with_recorder(|r| {
         r.register_gauge(&keys::SCOPED[scope_index(scope)][0], &METADATA)
@@ -62,7 +61,7 @@ pub(super) fn gauge_in_flight(scope: OverloadScope, delta: f64) {
 /// Moves the `tower_admission_concurrency_queued` gauge of `scope` by
 /// `delta`.
 #[inline]
-pub(super) fn gauge_queued(scope: OverloadScope, delta: f64) {
+pub(super) fn gauge_queued(scope: Scope, delta: f64) {
     #[cfg(feature = "metrics")]
     metrics::with_recorder(|r| {
         r.register_gauge(&keys::SCOPED[scope_index(scope)][1], &METADATA)
@@ -73,7 +72,7 @@ pub(super) fn gauge_queued(scope: OverloadScope, delta: f64) {
 }
 
 /// Moves the gauges of `scope` after [`Permits::take`].
-pub(super) fn gauge_taken(scope: OverloadScope, take: &Take) {
+pub(super) fn gauge_taken(scope: Scope, take: &Take) {
     match take {
         Take::Held => gauge_in_flight(scope, 1.0),
         Take::Queued(_) => gauge_queued(scope, 1.0),
@@ -83,7 +82,7 @@ pub(super) fn gauge_taken(scope: OverloadScope, take: &Take) {
 
 /// Moves the gauges of `scope` after [`Permits::give_back`]: a permit
 /// freed, or else one fewer waiter.
-pub(super) fn gauge_given_back(scope: OverloadScope, freed: bool) {
+pub(super) fn gauge_given_back(scope: Scope, freed: bool) {
     if freed {
         gauge_in_flight(scope, -1.0);
     } else {

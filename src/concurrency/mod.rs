@@ -71,9 +71,8 @@
 //! until `Retry-After`.
 //!
 //! They are [`Rejection::Overloaded`](crate::reject::Rejection::Overloaded)
-//! with [`OverloadScope::Global`](crate::reject::OverloadScope::Global) or
-//! [`OverloadScope::Identity`](crate::reject::OverloadScope::Identity)
-//! (gRPC: `UNAVAILABLE` or `RESOURCE_EXHAUSTED`). The response extensions also
+//! (503) or [`Rejection::CallerBusy`](crate::reject::Rejection::CallerBusy)
+//! (429) (gRPC: `UNAVAILABLE` or `RESOURCE_EXHAUSTED`). The response extensions also
 //! hold an [`OverloadReason`] (queue full, deadline passed, too many
 //! identities). Each refusal is logged at `debug` level through `tracing` and
 //! counted in [`ConcurrencyStats`] (and, with the `metrics` feature, in the
@@ -211,9 +210,9 @@ mod reason;
 mod service;
 mod state;
 
+pub(crate) use adaptive::Overloaded;
 pub use adaptive::{
     AdaptiveLimit, AdaptiveLimitLayer, AdaptiveLimitLayerBuilder, Criticality, LimitError, Outcome,
-    Overloaded,
 };
 pub use body::PermitBody;
 pub use layer::{ConcurrencyLayer, ConcurrencyLayerBuilder};

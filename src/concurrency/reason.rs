@@ -6,6 +6,35 @@ use std::time::Duration;
 
 use super::adaptive::stats::{ClassCounts, GateStats};
 use super::Criticality;
+use crate::reject::Rejection;
+
+/// Which cap refused: the service's own or the caller's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Scope {
+    /// The service-wide cap.
+    Global,
+    /// The caller's own cap.
+    Identity,
+}
+
+impl Scope {
+    /// The label of the scope in logs and metrics.
+    pub(super) fn as_str(self) -> &'static str {
+        match self {
+            Scope::Global => "global",
+            Scope::Identity => "identity",
+        }
+    }
+
+    /// The refusal of this cap: [`Rejection::Overloaded`] (503) for the
+    /// service's, [`Rejection::CallerBusy`] (429) for the caller's.
+    pub(super) fn rejection(self, retry_after: Duration) -> Rejection {
+        match self {
+            Scope::Global => Rejection::Overloaded { retry_after },
+            Scope::Identity => Rejection::CallerBusy { retry_after },
+        }
+    }
+}
 
 /// Why a concurrency cap refused a request.
 ///
@@ -22,13 +51,13 @@ pub enum OverloadReason {
     DeadlinePassed,
     /// The per-identity map already tracks `max_identities` distinct
     /// identities and this one is new: refused at once with
-    /// [`OverloadScope::Global`](crate::reject::OverloadScope::Global) (503), since the service, not the caller, is
-    /// full.
+    /// [`Rejection::Overloaded`](crate::reject::Rejection::Overloaded) (503),
+    /// since the service, not the caller, is full.
     TooManyIdentities,
     /// The request's tenant already holds its fair share of its class's
     /// queue (the queue's places over the tenants waiting), or it was
     /// pushed out of the queue by a tenant under its share: refused with
-    /// [`OverloadScope::Global`](crate::reject::OverloadScope::Global). See
+    /// [`Rejection::Overloaded`](crate::reject::Rejection::Overloaded). See
     /// [fair queues](crate::concurrency#fair-queues).
     TenantQueueFull,
 }

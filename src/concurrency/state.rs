@@ -12,13 +12,13 @@ use hashbrown::HashTable;
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
-use crate::reject::{OverloadScope, Rejection};
+use crate::reject::Rejection;
 
 use super::adaptive::gate::{Gate, GateRefusal, Ticket};
 use super::adaptive::{Criticality, Outcome};
 use super::gauges::{gauge_given_back, gauge_taken, moved, Moves};
 use super::permits::{Given, GlobalLocked, Handoff, Limits, Permits, Take};
-use super::reason::{ConcurrencyStats, OverloadReason};
+use super::reason::{ConcurrencyStats, OverloadReason, Scope};
 
 /// A global cap that is a gate, with the functions that give a request's
 /// class and tenant.
@@ -166,11 +166,7 @@ impl GlobalWaiter {
         }
         let shared = Arc::clone(&self.shared);
         drop(self);
-        Err(shared.refuse(
-            OverloadScope::Global,
-            OverloadReason::DeadlinePassed,
-            &limits,
-        ))
+        Err(shared.refuse(Scope::Global, OverloadReason::DeadlinePassed, &limits))
     }
 }
 
@@ -209,11 +205,7 @@ impl IdentityWaiter {
         let shared = Arc::clone(&self.shared);
         let Ok(Ok(handoff)) = handoff else {
             drop(self);
-            return Err(shared.refuse(
-                OverloadScope::Identity,
-                OverloadReason::DeadlinePassed,
-                &limits,
-            ));
+            return Err(shared.refuse(Scope::Identity, OverloadReason::DeadlinePassed, &limits));
         };
         self.rx = None;
         let at = self.at;
@@ -236,7 +228,7 @@ impl IdentityWaiter {
             }
             Handoff::Refused => {
                 let limits = shared.limits().global;
-                Err(shared.refuse(OverloadScope::Global, OverloadReason::QueueFull, &limits))
+                Err(shared.refuse(Scope::Global, OverloadReason::QueueFull, &limits))
             }
         }
     }
@@ -430,28 +422,22 @@ impl Shared {
             let Locked { global, limits, .. } = &mut *locked;
             let freed = global.give_back(rx, &limits.global);
             drop(locked);
-            gauge_given_back(OverloadScope::Global, freed);
+            gauge_given_back(Scope::Global, freed);
         }
     }
 
-    fn refuse(&self, scope: OverloadScope, reason: OverloadReason, limits: &Limits) -> Refusal {
+    fn refuse(&self, scope: Scope, reason: OverloadReason, limits: &Limits) -> Refusal {
         let counter = match (scope, reason) {
             (_, OverloadReason::TooManyIdentities) => &self.refusals.too_many_identities,
-            (
-                OverloadScope::Global,
-                OverloadReason::QueueFull | OverloadReason::TenantQueueFull,
-            ) => &self.refusals.global_queue_full,
-            (OverloadScope::Global, _) => &self.refusals.global_deadline,
-            (OverloadScope::Identity, OverloadReason::QueueFull) => {
-                &self.refusals.identity_queue_full
+            (Scope::Global, OverloadReason::QueueFull | OverloadReason::TenantQueueFull) => {
+                &self.refusals.global_queue_full
             }
-            (OverloadScope::Identity, _) => &self.refusals.identity_deadline,
+            (Scope::Global, _) => &self.refusals.global_deadline,
+            (Scope::Identity, OverloadReason::QueueFull) => &self.refusals.identity_queue_full,
+            (Scope::Identity, _) => &self.refusals.identity_deadline,
         };
         counter.fetch_add(1, Ordering::Relaxed);
-        let scope_name = match scope {
-            OverloadScope::Global => "global",
-            OverloadScope::Identity => "identity",
-        };
+        let scope_name = scope.as_str();
         tracing::debug!(
             scope = scope_name,
             reason = reason.as_str(),
@@ -468,10 +454,7 @@ impl Shared {
         )
         .increment(1);
         Refusal {
-            rejection: Rejection::Overloaded {
-                scope,
-                retry_after: limits.retry_after,
-            },
+            rejection: scope.rejection(limits.retry_after),
             reason,
             cap: (reason != OverloadReason::TooManyIdentities).then_some(limits.limit),
         }
@@ -496,7 +479,7 @@ impl Shared {
             let limits = locked.limits.global;
             (locked.global.take(&limits), limits)
         };
-        gauge_taken(OverloadScope::Global, &take);
+        gauge_taken(Scope::Global, &take);
         match take {
             Take::Held => Begin::Ready(Guard {
                 shared: Arc::clone(self),
@@ -512,11 +495,9 @@ impl Shared {
                 }
                 .wait(),
             )),
-            Take::QueueFull => Begin::Refused(self.refuse(
-                OverloadScope::Global,
-                OverloadReason::QueueFull,
-                &limits,
-            )),
+            Take::QueueFull => {
+                Begin::Refused(self.refuse(Scope::Global, OverloadReason::QueueFull, &limits))
+            }
         }
     }
 
@@ -644,17 +625,17 @@ impl Shared {
                 .wait(),
             )),
             Step::IdentityQueueFull => Begin::Refused(self.refuse(
-                OverloadScope::Identity,
+                Scope::Identity,
                 OverloadReason::QueueFull,
                 &limits.identity,
             )),
             Step::GlobalQueueFull => Begin::Refused(self.refuse(
-                OverloadScope::Global,
+                Scope::Global,
                 OverloadReason::QueueFull,
                 &limits.global,
             )),
             Step::TooManyIdentities => Begin::Refused(self.refuse(
-                OverloadScope::Global,
+                Scope::Global,
                 OverloadReason::TooManyIdentities,
                 &limits.map,
             )),
@@ -726,7 +707,7 @@ impl Shared {
             },
             None => unreachable!("a gate refusal without a gate"),
         };
-        self.refuse(OverloadScope::Global, refusal.reason, &limits)
+        self.refuse(Scope::Global, refusal.reason, &limits)
     }
 
     pub(crate) fn stats(&self) -> ConcurrencyStats {

@@ -13,8 +13,7 @@
 //!   submit that finds the queue full is refused at once with
 //!   [`SubmitError::Full`]; answer it with [`SubmitError::into_response`], a
 //!   `503` + `Retry-After`
-//!   ([`Rejection::Overloaded`](crate::reject::Rejection::Overloaded) with
-//!   [`OverloadScope::Global`](crate::reject::OverloadScope::Global)): the
+//!   ([`Rejection::Overloaded`](crate::reject::Rejection::Overloaded)): the
 //!   service is out of room, not the caller. Over HTTP its `RateLimit`
 //!   fields advertise the queue as a quota of `concurrent-requests`, used up.
 //! * **Running jobs**: at most [`workers`](JobQueueBuilder::workers); each
@@ -22,7 +21,7 @@
 //! * **Per owner** (optional): at most [`per_owner`](JobQueueBuilder::per_owner)
 //!   jobs waiting or running for one owner; a submit over it is refused with
 //!   [`SubmitError::OwnerBusy`], a `429` + `Retry-After`
-//!   ([`OverloadScope::Identity`](crate::reject::OverloadScope::Identity)):
+//!   ([`Rejection::CallerBusy`](crate::reject::Rejection::CallerBusy)):
 //!   the caller can fix it by waiting for its own jobs, and one caller
 //!   cannot fill the queue for everyone. Each owner's jobs are kept beside
 //!   the queue, so a refusal and its `Retry-After` cost the same however

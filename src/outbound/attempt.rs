@@ -71,12 +71,11 @@ impl Attempt {
 /// it already waited as long as it was allowed to. Nor is a refusal by a
 /// concurrency limit under the budget (an error whose chain of
 /// [`source`](std::error::Error::source)s holds an
-/// [`Overloaded`](crate::concurrency::Overloaded), as an
 /// [`AdaptiveLimitLayer`](crate::concurrency::AdaptiveLimitLayer)'s
-/// [`LimitError`](crate::concurrency::LimitError) does): nothing was sent,
-/// and a retry would only add to the overload it reports. So the client's
-/// error type implements `std::error::Error`. Requests are cloned for
-/// retries, so the body type must be `Clone` (`String`, `Bytes`,
+/// [`LimitError::Overloaded`](crate::concurrency::LimitError::Overloaded)):
+/// nothing was sent, and a retry would only add to the overload it reports.
+/// So the client's error type implements `std::error::Error`. Requests are
+/// cloned for retries, so the body type must be `Clone` (`String`, `Bytes`,
 /// `Full<Bytes>`).
 ///
 /// Each attempt of one request has its own clone of the policy.

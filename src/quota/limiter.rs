@@ -26,11 +26,11 @@ const UNAVAILABLE_RETRY_AFTER: Duration = Duration::from_secs(1);
 ///
 /// ```
 /// use tower_admission::clock::{ManualClock, Timestamp};
-/// use tower_admission::quota::{Limiter, MemoryConfig, MemoryStore, Outcome, Policy, Quota};
+/// use tower_admission::quota::{Limiter, MemoryStore, Outcome, Policy, Quota};
 /// use std::{sync::Arc, time::Duration};
 /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
 /// let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
-/// let limiter = Limiter::new(MemoryStore::with_config(MemoryConfig::default(), clock));
+/// let limiter = Limiter::new(MemoryStore::with_clock(clock));
 /// let quota = Quota::new("api", [Policy::token_bucket("burst", 1, 1, Duration::from_secs(1))?])?;
 /// let key: Arc<str> = "alice".into();
 /// assert!(limiter.check(&quota, &key, 1).await.is_admitted());

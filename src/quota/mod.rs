@@ -19,6 +19,6 @@ pub use layer::{QuotaLayer, QuotaLayerBuilder, Quotas};
 pub use limiter::{Limiter, LimiterStats, Outcome, Verdict};
 pub use policy::{FailureMode, Policy, Quota};
 pub use settle::Settlement;
-pub use store::{MemoryConfig, MemoryStore, Store, StoreError};
+pub use store::{MemoryStore, Store, StoreError};
 #[cfg(feature = "redis")]
 pub use store::{RedisStore, RedisStoreBuilder};

@@ -11,13 +11,13 @@ use tower::ServiceExt;
 
 use crate::clock::{ManualClock, Timestamp};
 use crate::identity::Identity;
-use crate::quota::{MemoryConfig, MemoryStore, Policy, Quota, QuotaLayer};
+use crate::quota::{MemoryStore, Policy, Quota, QuotaLayer};
 use crate::reject::{retry_after_secs, Rejection};
 
 const MINUTE: Duration = Duration::from_secs(60);
 
 fn store(clock: &ManualClock) -> MemoryStore<ManualClock> {
-    MemoryStore::with_config(MemoryConfig::default(), clock.clone())
+    MemoryStore::with_clock(clock.clone())
 }
 
 fn request(identity: Option<Identity>, uri: &str) -> Request<Body> {

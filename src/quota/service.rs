@@ -228,6 +228,7 @@ fn refund_if_refused<B>(response: &Response<B>, refund: Refund) {
             Rejection::QuotaExceeded { .. }
                 | Rejection::CostExceedsCapacity { .. }
                 | Rejection::Overloaded { .. }
+                | Rejection::CallerBusy { .. }
                 | Rejection::LimiterUnavailable { .. }
         )
     );

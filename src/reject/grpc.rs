@@ -12,7 +12,7 @@ use http::header::HeaderValue;
 use http::header::CONTENT_TYPE;
 use http::{HeaderMap, Response};
 
-use super::{retry_after_secs, OverloadScope, Rejection};
+use super::{retry_after_secs, Rejection};
 
 /// The gRPC response header (in a trailers-only response, the trailer) that
 /// tells a gRPC client with a retry policy how many milliseconds to wait
@@ -25,14 +25,15 @@ impl Rejection {
         match self {
             Rejection::Unauthenticated { .. } => 16,
             Rejection::InvalidParameters(_) | Rejection::UnsupportedEncoding { .. } => 3,
-            Rejection::PayloadTooLarge { .. }
+            Rejection::BodyTooLarge { .. }
+            | Rejection::DecodedTooLarge { .. }
+            | Rejection::TooManyItems { .. }
             | Rejection::CostExceedsCapacity { .. }
-            | Rejection::QuotaExceeded { .. } => 8,
-            Rejection::Overloaded { scope, .. } => match scope {
-                OverloadScope::Identity => 8,
-                OverloadScope::Global => 14,
-            },
-            Rejection::LimiterUnavailable { .. } | Rejection::DependencyUnavailable { .. } => 14,
+            | Rejection::QuotaExceeded { .. }
+            | Rejection::CallerBusy { .. } => 8,
+            Rejection::Overloaded { .. }
+            | Rejection::LimiterUnavailable { .. }
+            | Rejection::DependencyUnavailable { .. } => 14,
         }
     }
 

@@ -16,7 +16,7 @@ use grpc::GRPC_RETRY_PUSHBACK_MS;
 #[cfg(test)]
 use problem::{PROBLEM_TYPE_BASE, QUOTA_EXCEEDED_TYPE, TEMPORARY_REDUCED_CAPACITY_TYPE};
 pub(crate) use protocol::Protocol;
-pub use rejection::{InvalidParameter, OverloadScope, Rejection, SizeCap};
+pub use rejection::{InvalidParameter, Rejection};
 
 pub(crate) use base64::{base64, unbase64_group};
 pub(crate) use grpc_web::grpc_web_trailer_frame;

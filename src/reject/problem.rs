@@ -78,8 +78,10 @@ impl Rejection {
             Rejection::InvalidParameters(errors) => json!({
                 "errors": errors.iter().map(|e| json!({"name": e.name, "reason": e.reason})).collect::<Vec<_>>()
             }),
-            Rejection::PayloadTooLarge { cap, limit } => {
-                json!({"cap": cap.to_string(), "limit": limit})
+            Rejection::BodyTooLarge { limit }
+            | Rejection::DecodedTooLarge { limit }
+            | Rejection::TooManyItems { limit } => {
+                json!({"cap": self.size_cap(), "limit": limit})
             }
             Rejection::QuotaExceeded { policies, .. } => json!({
                 "violated-policies": names(policies),

@@ -23,10 +23,18 @@ pub enum Rejection {
     },
     /// One or more query parameters or body fields are invalid. 400.
     InvalidParameters(Vec<InvalidParameter>),
-    /// A size cap was exceeded. 413.
-    PayloadTooLarge {
-        /// Which cap.
-        cap: SizeCap,
+    /// The body's bytes on the wire exceed the cap. 413.
+    BodyTooLarge {
+        /// The configured cap.
+        limit: u64,
+    },
+    /// The body's bytes after decompression exceed the cap. 413.
+    DecodedTooLarge {
+        /// The configured cap.
+        limit: u64,
+    },
+    /// A batch has more items than the cap. 413.
+    TooManyItems {
         /// The configured cap.
         limit: u64,
     },
@@ -50,10 +58,15 @@ pub enum Rejection {
         /// The cost of the request.
         cost: u64,
     },
-    /// A concurrency cap and its queue are full, or the queue deadline passed.
+    /// The service is at its concurrency limit: a cap and its queue are
+    /// full, or the queue deadline passed. 503.
     Overloaded {
-        /// Which cap.
-        scope: OverloadScope,
+        /// Suggested wait.
+        retry_after: Duration,
+    },
+    /// The caller is at its own concurrency limit; it can fix that by
+    /// waiting for its own requests. 429.
+    CallerBusy {
         /// Suggested wait.
         retry_after: Duration,
     },
@@ -68,28 +81,6 @@ pub enum Rejection {
         /// Suggested wait: the budget's wait when it refused.
         retry_after: Duration,
     },
-}
-
-/// Which size cap a [`Rejection::PayloadTooLarge`] hit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum SizeCap {
-    /// Bytes on the wire.
-    WireBytes,
-    /// Bytes after decompression.
-    DecodedBytes,
-    /// Items in a batch.
-    Items,
-}
-
-/// Which concurrency cap a [`Rejection::Overloaded`] hit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum OverloadScope {
-    /// The service-wide cap: 503.
-    Global,
-    /// The caller's own cap: 429, since the caller can fix it by waiting.
-    Identity,
 }
 
 /// One invalid parameter and why.
@@ -108,16 +99,6 @@ impl InvalidParameter {
             name: name.into(),
             reason: reason.into(),
         }
-    }
-}
-
-impl fmt::Display for SizeCap {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            SizeCap::WireBytes => "wire-bytes",
-            SizeCap::DecodedBytes => "decoded-bytes",
-            SizeCap::Items => "items",
-        })
     }
 }
 
@@ -155,18 +136,17 @@ impl Rejection {
         match self {
             Rejection::Unauthenticated { .. } => StatusCode::UNAUTHORIZED,
             Rejection::InvalidParameters(_) => StatusCode::BAD_REQUEST,
-            Rejection::PayloadTooLarge { .. } | Rejection::CostExceedsCapacity { .. } => {
-                StatusCode::PAYLOAD_TOO_LARGE
-            }
+            Rejection::BodyTooLarge { .. }
+            | Rejection::DecodedTooLarge { .. }
+            | Rejection::TooManyItems { .. }
+            | Rejection::CostExceedsCapacity { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Rejection::UnsupportedEncoding { .. } => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            Rejection::QuotaExceeded { .. } => StatusCode::TOO_MANY_REQUESTS,
-            Rejection::Overloaded { scope, .. } => match scope {
-                OverloadScope::Global => StatusCode::SERVICE_UNAVAILABLE,
-                OverloadScope::Identity => StatusCode::TOO_MANY_REQUESTS,
-            },
-            Rejection::LimiterUnavailable { .. } | Rejection::DependencyUnavailable { .. } => {
-                StatusCode::SERVICE_UNAVAILABLE
+            Rejection::QuotaExceeded { .. } | Rejection::CallerBusy { .. } => {
+                StatusCode::TOO_MANY_REQUESTS
             }
+            Rejection::Overloaded { .. }
+            | Rejection::LimiterUnavailable { .. }
+            | Rejection::DependencyUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -174,7 +154,8 @@ impl Rejection {
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             Rejection::QuotaExceeded { retry_after, .. }
-            | Rejection::Overloaded { retry_after, .. }
+            | Rejection::Overloaded { retry_after }
+            | Rejection::CallerBusy { retry_after }
             | Rejection::LimiterUnavailable { retry_after }
             | Rejection::DependencyUnavailable { retry_after } => Some(*retry_after),
             _ => None,
@@ -184,6 +165,9 @@ impl Rejection {
     /// Short kebab-case name of the reason, for logs and metrics. For the
     /// refusals without a registered problem type it is also the fragment
     /// of their `type` after this crate's base URI (see [`problem_type`](Self::problem_type)).
+    /// The three size refusals share `payload-too-large`, whose problem's
+    /// `cap` member tells them apart, and the two concurrency refusals
+    /// `overloaded`.
     ///
     /// ```
     /// use std::time::Duration;
@@ -196,13 +180,26 @@ impl Rejection {
         match self {
             Rejection::Unauthenticated { .. } => "unauthenticated",
             Rejection::InvalidParameters(_) => "invalid-parameters",
-            Rejection::PayloadTooLarge { .. } => "payload-too-large",
+            Rejection::BodyTooLarge { .. }
+            | Rejection::DecodedTooLarge { .. }
+            | Rejection::TooManyItems { .. } => "payload-too-large",
             Rejection::UnsupportedEncoding { .. } => "unsupported-encoding",
             Rejection::QuotaExceeded { .. } => "quota-exceeded",
             Rejection::CostExceedsCapacity { .. } => "cost-exceeds-capacity",
-            Rejection::Overloaded { .. } => "overloaded",
+            Rejection::Overloaded { .. } | Rejection::CallerBusy { .. } => "overloaded",
             Rejection::LimiterUnavailable { .. } => "limiter-unavailable",
             Rejection::DependencyUnavailable { .. } => "dependency-unavailable",
+        }
+    }
+
+    /// The name of the size cap a 413 for size exceeded, for the problem's
+    /// `cap` member and the `detail`.
+    pub(super) fn size_cap(&self) -> Option<&'static str> {
+        match self {
+            Rejection::BodyTooLarge { .. } => Some("wire-bytes"),
+            Rejection::DecodedTooLarge { .. } => Some("decoded-bytes"),
+            Rejection::TooManyItems { .. } => Some("items"),
+            _ => None,
         }
     }
 
@@ -210,11 +207,15 @@ impl Rejection {
         match self {
             Rejection::Unauthenticated { .. } => "Authentication required",
             Rejection::InvalidParameters(_) => "Invalid request parameters",
-            Rejection::PayloadTooLarge { .. } => "Payload too large",
+            Rejection::BodyTooLarge { .. }
+            | Rejection::DecodedTooLarge { .. }
+            | Rejection::TooManyItems { .. } => "Payload too large",
             Rejection::UnsupportedEncoding { .. } => "Unsupported content encoding",
             Rejection::QuotaExceeded { .. } => "Quota Exceeded",
             Rejection::CostExceedsCapacity { .. } => "Request cost exceeds quota capacity",
-            Rejection::Overloaded { .. } => "Too many requests in progress",
+            Rejection::Overloaded { .. } | Rejection::CallerBusy { .. } => {
+                "Too many requests in progress"
+            }
             Rejection::LimiterUnavailable { .. } | Rejection::DependencyUnavailable { .. } => {
                 "Temporary Reduced Capacity"
             }
@@ -228,7 +229,10 @@ impl Rejection {
                 let names: Vec<&str> = errors.iter().map(|e| e.name.as_str()).collect();
                 format!("invalid parameters: {}", names.join(", "))
             }
-            Rejection::PayloadTooLarge { cap, limit } => {
+            Rejection::BodyTooLarge { limit }
+            | Rejection::DecodedTooLarge { limit }
+            | Rejection::TooManyItems { limit } => {
+                let cap = self.size_cap().unwrap_or_default();
                 format!("the {cap} cap of {limit} was exceeded")
             }
             Rejection::UnsupportedEncoding { encoding } => {
@@ -246,10 +250,8 @@ impl Rejection {
                 "cost {cost} is more than policy {} can ever admit",
                 join(policies)
             ),
-            Rejection::Overloaded { scope, .. } => match scope {
-                OverloadScope::Global => "the service is at its concurrency limit".to_owned(),
-                OverloadScope::Identity => "you are at your concurrency limit".to_owned(),
-            },
+            Rejection::Overloaded { .. } => "the service is at its concurrency limit".to_owned(),
+            Rejection::CallerBusy { .. } => "you are at your concurrency limit".to_owned(),
             Rejection::LimiterUnavailable { .. } => {
                 "the rate limiter could not decide in time".to_owned()
             }

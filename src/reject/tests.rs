@@ -30,7 +30,6 @@ async fn every_refusal_body_carries_the_same_bytes() {
         B::Error: fmt::Debug,
     {
         let rejection = Rejection::Overloaded {
-            scope: OverloadScope::Global,
             retry_after: Duration::from_millis(1500),
         };
         let response = rejection.respond::<B>(grpc);
@@ -166,7 +165,6 @@ fn unregistered_refusals_keep_the_crate_types() {
     );
     assert_eq!(r.problem().get("violated-policies"), None);
     let r = Rejection::Overloaded {
-        scope: OverloadScope::Global,
         retry_after: Duration::from_secs(2),
     };
     assert_eq!(
@@ -195,8 +193,7 @@ fn grpc_pushback_is_the_retry_after_in_ms_or_minus_one() {
             "3000",
         ),
         (
-            Rejection::Overloaded {
-                scope: OverloadScope::Identity,
+            Rejection::CallerBusy {
                 retry_after: Duration::from_secs(1),
             },
             "8",

@@ -14,9 +14,9 @@ use pin_project_lite::pin_project;
 
 use super::probe::{Trip, PASSED_DECODED, PASSED_WIRE};
 use super::status::StatusBody;
-use super::{too_large, LimitedResponse};
+use super::{limit, LimitedResponse};
 use crate::bounds::grpc_web::WebEnd;
-use crate::reject::{Protocol, Rejection, SizeCap};
+use crate::reject::{Protocol, Rejection};
 
 /// What the response future of a request that can trip a cap needs.
 #[derive(Debug)]
@@ -39,10 +39,14 @@ impl Watch {
             // A layer answered before the probe below it ran: tower-http's
             // early `content-length` 413, or the decompressor's 415.
             None if passed & PASSED_WIRE == 0 && status == StatusCode::PAYLOAD_TOO_LARGE => {
-                Some(too_large(SizeCap::WireBytes, trip.wire_bytes))
+                Some(Rejection::BodyTooLarge {
+                    limit: limit(trip.wire_bytes),
+                })
             }
             None if passed & PASSED_DECODED == 0 && status == StatusCode::PAYLOAD_TOO_LARGE => {
-                Some(too_large(SizeCap::DecodedBytes, trip.decoded_bytes))
+                Some(Rejection::DecodedTooLarge {
+                    limit: limit(trip.decoded_bytes),
+                })
             }
             None if passed & PASSED_DECODED == 0
                 && status == StatusCode::UNSUPPORTED_MEDIA_TYPE =>

@@ -8,8 +8,6 @@ use bytes::Bytes;
 use http::Response;
 use http_body_util::{Either, Full};
 
-use crate::reject::{Rejection, SizeCap};
-
 mod capped;
 mod future;
 mod layer;
@@ -28,9 +26,7 @@ type BoxError = Box<dyn StdError + Send + Sync>;
 /// could not trip a cap, the one through the caps (`SB`), or a refusal.
 type LimitedResponse<RB, SB> = Response<Either<Either<RB, status::StatusBody<SB>>, Full<Bytes>>>;
 
-fn too_large(cap: SizeCap, limit: usize) -> Rejection {
-    Rejection::PayloadTooLarge {
-        cap,
-        limit: u64::try_from(limit).unwrap_or(u64::MAX),
-    }
+/// A cap in bytes as a refusal's `limit`.
+fn limit(cap: usize) -> u64 {
+    u64::try_from(cap).unwrap_or(u64::MAX)
 }

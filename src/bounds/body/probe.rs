@@ -11,8 +11,8 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::LengthLimitError;
 use pin_project_lite::pin_project;
 
-use super::{too_large, BoxError};
-use crate::reject::{InvalidParameter, Rejection, SizeCap};
+use super::{limit, BoxError};
+use crate::reject::{InvalidParameter, Rejection};
 
 /// A request's probe and caps: which refusal a trip of its body stands for.
 #[derive(Debug, Clone)]
@@ -42,9 +42,13 @@ impl Trip {
                         format!("the body is longer than its content-length of {declared} bytes"),
                     )])
                 }
-                _ => too_large(SizeCap::WireBytes, self.wire_bytes),
+                _ => Rejection::BodyTooLarge {
+                    limit: limit(self.wire_bytes),
+                },
             }),
-            TRIPPED_DECODED => Some(too_large(SizeCap::DecodedBytes, self.decoded_bytes)),
+            TRIPPED_DECODED => Some(Rejection::DecodedTooLarge {
+                limit: limit(self.decoded_bytes),
+            }),
             TRIPPED_MALFORMED => {
                 let reason = state
                     .malformed

@@ -54,19 +54,18 @@ impl BatchItemsLayer {
     /// built, and a refused batch builds none that reach the caller. Other
     /// members of the object are ignored; a second `items` member is
     /// refused. The refusal is the one this layer answers with:
-    /// [`PayloadTooLarge`](crate::reject::Rejection::PayloadTooLarge) with
-    /// cap [`Items`](crate::reject::SizeCap::Items) (413), or
+    /// [`TooManyItems`](crate::reject::Rejection::TooManyItems) (413), or
     /// [`InvalidParameters`](crate::reject::Rejection::InvalidParameters)
     /// naming `body`, or `items[i]` for a bad item (400).
     ///
     /// ```
     /// use tower_admission::bounds::BatchItemsLayer;
-    /// use tower_admission::reject::{Rejection, SizeCap};
+    /// use tower_admission::reject::Rejection;
     ///
     /// let ok: Vec<u32> = BatchItemsLayer::parse(br#"{"items":[1,2,3]}"#, 3).unwrap();
     /// assert_eq!(ok.len(), 3);
     /// let over = BatchItemsLayer::parse::<u32>(br#"{"items":[1,2,3,4]}"#, 3);
-    /// assert_eq!(over, Err(Rejection::PayloadTooLarge { cap: SizeCap::Items, limit: 3 }));
+    /// assert_eq!(over, Err(Rejection::TooManyItems { limit: 3 }));
     /// ```
     pub fn parse<T>(json: &[u8], max: usize) -> Result<Vec<T>, Rejection>
     where

@@ -7,7 +7,7 @@ use std::marker::PhantomData;
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
-use crate::reject::{InvalidParameter, Rejection, SizeCap};
+use crate::reject::{InvalidParameter, Rejection};
 
 /// Where the parser was when it failed.
 #[derive(Debug, Clone, Copy)]
@@ -35,8 +35,7 @@ where
         Ok(items)
     });
     result.map_err(|err| match at.get() {
-        At::OverCap => Rejection::PayloadTooLarge {
-            cap: SizeCap::Items,
+        At::OverCap => Rejection::TooManyItems {
             limit: u64::try_from(max).unwrap_or(u64::MAX),
         },
         At::Item(i) => Rejection::InvalidParameters(vec![InvalidParameter::new(

@@ -10,7 +10,7 @@ mod service;
 mod stamp;
 
 pub use layer::ValidateQueryLayer;
-pub use rules::{QueryRules, QueryRulesBuilder, ValidatedQuery};
+pub use rules::{QueryRules, ValidatedQuery};
 
 /// Name of the page size parameter.
 pub(crate) const PAGE_SIZE: &str = "page_size";

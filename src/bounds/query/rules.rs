@@ -84,8 +84,8 @@ impl ValidatedQuery {
 /// | `page_size` | digits `0-9` only: no sign, no `+`, no spaces, no leading zeros (`007` is refused so that one page size has one spelling); `1..=max`; absent means the default |
 /// | `from`, `to` | RFC 3339 timestamps (`2024-05-01T00:00:00Z`; `T`, `t` or a space between date and time; a `+` offset must be sent as `%2B`, since `+` means space in a query); `from < to`, compared as instants whatever their offsets; `to - from <= max_span`; with a `max_span`, one without the other is refused |
 /// | `cursor` | 1 to `max_cursor_len` visible ASCII characters (`!` to `~`); opaque otherwise |
-/// | names added with [`allow`](QueryRulesBuilder::allow) | passed through unchecked |
-/// | anything else | refused, or ignored after [`ignore_unknown_params`](QueryRulesBuilder::ignore_unknown_params) |
+/// | names added with [`allow`](QueryRules::allow) | passed through unchecked |
+/// | anything else | refused, or ignored after [`ignore_unknown_params`](QueryRules::ignore_unknown_params) |
 ///
 /// Timestamps are kept to the nanosecond, in the offset they were given in.
 /// Fraction digits past the ninth are dropped. A leap second (`23:59:60`,
@@ -100,13 +100,14 @@ impl ValidatedQuery {
 /// refused, even with equal values: which one wins is ambiguous across
 /// frameworks and caches. Every bad parameter is reported, not only the first.
 ///
-/// Clones share the rules through an `Arc`.
+/// Clones share the rules through an `Arc`; a setter called on a clone
+/// changes that clone only.
 #[derive(Debug, Clone)]
 pub struct QueryRules {
     inner: Arc<RulesInner>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct RulesInner {
     default_page_size: u32,
     max_page_size: u32,
@@ -116,49 +117,77 @@ struct RulesInner {
     allowed: Vec<String>,
 }
 
-/// Builder of [`QueryRules`].
-#[derive(Debug, Clone)]
-pub struct QueryRulesBuilder {
-    default_page_size: NonZeroU32,
-    max_page_size: NonZeroU32,
-    max_span: Option<Duration>,
-    max_cursor_len: NonZeroUsize,
-    unknown: UnknownParams,
-    allowed: Vec<String>,
-}
-
-impl Default for QueryRulesBuilder {
+impl Default for QueryRules {
     fn default() -> Self {
-        QueryRulesBuilder {
-            default_page_size: NonZeroU32::new(50).unwrap_or(NonZeroU32::MIN),
-            max_page_size: NonZeroU32::new(1000).unwrap_or(NonZeroU32::MIN),
-            max_span: None,
-            max_cursor_len: NonZeroUsize::new(512).unwrap_or(NonZeroUsize::MIN),
-            unknown: UnknownParams::Reject,
-            allowed: Vec::new(),
+        QueryRules {
+            inner: Arc::new(RulesInner {
+                default_page_size: 50,
+                max_page_size: 1000,
+                max_span: None,
+                max_cursor_len: 512,
+                unknown: UnknownParams::Reject,
+                allowed: Vec::new(),
+            }),
         }
     }
 }
 
-impl QueryRulesBuilder {
-    /// Page size used when `page_size` is absent, and the largest accepted.
-    /// Defaults: 50 and 1000.
-    pub fn page_size(mut self, default: NonZeroU32, max: NonZeroU32) -> Self {
-        self.default_page_size = default;
-        self.max_page_size = max;
-        self
+impl QueryRules {
+    /// The defaults: page size 50, max 1000, no span limit, cursor up to
+    /// 512 characters, unknown parameters refused. Each setter below checks
+    /// its own value, so rules that hold are always valid.
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use std::time::Duration;
+    /// use tower_admission::bounds::QueryRules;
+    ///
+    /// let page = |n| NonZeroU32::new(n).unwrap();
+    /// let rules = QueryRules::new()
+    ///     .page_size(page(20), page(200))?
+    ///     .max_span(Duration::from_secs(7 * 24 * 3600))?
+    ///     .allow("sort")?;
+    /// assert_eq!(rules.validate(Some("sort=name")).unwrap().page_size, 20);
+    /// let error = QueryRules::new().page_size(page(300), page(200)).unwrap_err();
+    /// assert_eq!(error.field(), "page_size");
+    /// # Ok::<(), tower_admission::ConfigError>(())
+    /// ```
+    pub fn new() -> Self {
+        Self::default()
     }
 
-    /// Largest `to - from`. Without it any ordered range is accepted and
-    /// either end may be omitted.
-    pub fn max_span(mut self, span: Duration) -> Self {
-        self.max_span = Some(span);
-        self
+    /// Page size used when `page_size` is absent, and the largest accepted;
+    /// an error naming `page_size` when the default is the larger.
+    /// Defaults: 50 and 1000.
+    pub fn page_size(mut self, default: NonZeroU32, max: NonZeroU32) -> Result<Self, ConfigError> {
+        if default > max {
+            return Err(ConfigError::new(
+                "page_size",
+                "the default page size is larger than the maximum",
+            ));
+        }
+        let inner = Arc::make_mut(&mut self.inner);
+        inner.default_page_size = default.get();
+        inner.max_page_size = max.get();
+        Ok(self)
+    }
+
+    /// Largest `to - from`; an error naming `max_span` when zero. Without it
+    /// any ordered range is accepted and either end may be omitted.
+    pub fn max_span(mut self, span: Duration) -> Result<Self, ConfigError> {
+        if span.is_zero() {
+            return Err(ConfigError::new(
+                "max_span",
+                "a zero span refuses every range",
+            ));
+        }
+        Arc::make_mut(&mut self.inner).max_span = Some(span);
+        Ok(self)
     }
 
     /// Longest accepted `cursor`, in characters. Default 512.
     pub fn max_cursor_len(mut self, len: NonZeroUsize) -> Self {
-        self.max_cursor_len = len;
+        Arc::make_mut(&mut self.inner).max_cursor_len = len.get();
         self
     }
 
@@ -167,7 +196,7 @@ impl QueryRulesBuilder {
     /// 400, naming each: a misspelt `pagesize` silently falling back to the
     /// default page size hides client bugs.
     pub fn ignore_unknown_params(mut self, yes: bool) -> Self {
-        self.unknown = if yes {
+        Arc::make_mut(&mut self.inner).unknown = if yes {
             UnknownParams::Ignore
         } else {
             UnknownParams::Reject
@@ -175,52 +204,18 @@ impl QueryRulesBuilder {
         self
     }
 
-    /// Accepts another parameter, unchecked, at most once per query.
-    pub fn allow(mut self, name: impl Into<String>) -> Self {
-        self.allowed.push(name.into());
-        self
-    }
-
-    /// The rules, or the first bad field.
-    pub fn build(self) -> Result<QueryRules, ConfigError> {
-        if self.default_page_size > self.max_page_size {
+    /// Accepts another parameter, unchecked, at most once per query; an
+    /// error naming `allow` when it is one of the validated parameters.
+    pub fn allow(mut self, name: impl Into<String>) -> Result<Self, ConfigError> {
+        let name = name.into();
+        if [PAGE_SIZE, FROM, TO, CURSOR].contains(&name.as_str()) {
             return Err(ConfigError::new(
-                "page_size",
-                "the default page size is larger than the maximum",
+                "allow",
+                "the name is already a validated parameter",
             ));
         }
-        if self.max_span == Some(Duration::ZERO) {
-            return Err(ConfigError::new(
-                "max_span",
-                "a zero span refuses every range",
-            ));
-        }
-        for name in &self.allowed {
-            if [PAGE_SIZE, FROM, TO, CURSOR].contains(&name.as_str()) {
-                return Err(ConfigError::new(
-                    "allow",
-                    "the name is already a validated parameter",
-                ));
-            }
-        }
-        Ok(QueryRules {
-            inner: Arc::new(RulesInner {
-                default_page_size: self.default_page_size.get(),
-                max_page_size: self.max_page_size.get(),
-                max_span: self.max_span,
-                max_cursor_len: self.max_cursor_len.get(),
-                unknown: self.unknown,
-                allowed: self.allowed,
-            }),
-        })
-    }
-}
-
-impl QueryRules {
-    /// A builder with the defaults: page size 50, max 1000, no span limit,
-    /// cursor up to 512 characters, unknown parameters refused.
-    pub fn builder() -> QueryRulesBuilder {
-        QueryRulesBuilder::default()
+        Arc::make_mut(&mut self.inner).allowed.push(name);
+        Ok(self)
     }
 
     /// The default page size.

@@ -49,27 +49,16 @@ where
     }
 }
 
-/// A refusal of an [`AdaptiveLimitLayer`]; [`LimitError`] has an example.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Overloaded {
-    /// Why.
-    pub reason: OverloadReason,
-    /// The request's class.
-    pub class: Criticality,
-    /// The limit when it was refused.
-    pub limit: usize,
-    /// Suggested wait: the queue deadline, at least 1 s.
-    pub retry_after: Duration,
-}
+/// The source of a [`LimitError::Overloaded`], whatever the inner error
+/// type: what a retry policy finds in an error's chain of sources to tell a
+/// call the limit never sent (see
+/// [`RetryAttempts`](crate::outbound::RetryAttempts)).
+#[derive(Debug)]
+pub(crate) struct Overloaded;
 
 impl fmt::Display for Overloaded {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "concurrency limit of {} refused a {} request: {}",
-            self.limit, self.class, self.reason
-        )
+        f.write_str("refused by a concurrency limit; not sent")
     }
 }
 
@@ -93,9 +82,9 @@ impl StdError for Overloaded {}
 /// let held: Vec<_> = (0..3).map(|n| tokio::spawn(svc.clone().oneshot(n))).collect();
 /// tokio::task::yield_now().await;
 /// match svc.clone().oneshot(4).await {
-///     Err(LimitError::Overloaded(refused)) => {
-///         assert_eq!(refused.reason, OverloadReason::QueueFull);
-///         assert_eq!(refused.retry_after, Duration::from_secs(1));
+///     Err(LimitError::Overloaded { reason, retry_after, .. }) => {
+///         assert_eq!(reason, OverloadReason::QueueFull);
+///         assert_eq!(retry_after, Duration::from_secs(1));
 ///     }
 ///     other => panic!("{other:?}"),
 /// }
@@ -107,7 +96,17 @@ impl StdError for Overloaded {}
 #[derive(Debug)]
 pub enum LimitError<E> {
     /// Refused by the limit; the inner service was not called.
-    Overloaded(Overloaded),
+    #[non_exhaustive]
+    Overloaded {
+        /// Why.
+        reason: OverloadReason,
+        /// The request's class.
+        class: Criticality,
+        /// The limit when it was refused.
+        limit: usize,
+        /// Suggested wait: the queue deadline, at least 1 s.
+        retry_after: Duration,
+    },
     /// The inner service's error.
     Inner(E),
 }
@@ -115,7 +114,15 @@ pub enum LimitError<E> {
 impl<E: fmt::Display> fmt::Display for LimitError<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            LimitError::Overloaded(o) => o.fmt(f),
+            LimitError::Overloaded {
+                reason,
+                class,
+                limit,
+                ..
+            } => write!(
+                f,
+                "concurrency limit of {limit} refused a {class} request: {reason}"
+            ),
             LimitError::Inner(e) => e.fmt(f),
         }
     }
@@ -124,7 +131,7 @@ impl<E: fmt::Display> fmt::Display for LimitError<E> {
 impl<E: StdError + 'static> StdError for LimitError<E> {
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
         match self {
-            LimitError::Overloaded(o) => Some(o),
+            LimitError::Overloaded { .. } => Some(&Overloaded),
             LimitError::Inner(e) => Some(e),
         }
     }
@@ -401,8 +408,8 @@ pub(crate) fn gate_retry_after(gate: &Gate) -> Duration {
     gate.config.deadline.max(Duration::from_secs(1))
 }
 
-fn overloaded(gate: &Gate, refusal: GateRefusal) -> Overloaded {
-    Overloaded {
+fn overloaded<E>(gate: &Gate, refusal: GateRefusal) -> LimitError<E> {
+    LimitError::Overloaded {
         reason: refusal.reason,
         class: refusal.class,
         limit: refusal.limit,
@@ -481,7 +488,7 @@ where
             }
             GateBegin::Refused(refusal) => {
                 let err = overloaded(gate, refusal);
-                Box::pin(async move { Err(LimitError::Overloaded(err)) })
+                Box::pin(async move { Err(err) })
             }
             GateBegin::Wait(waiter) => {
                 // The waiter calls a clone once it holds its slot; the
@@ -492,9 +499,7 @@ where
                 Box::pin(async move {
                     let mut ticket = match waiter.wait().await {
                         Ok(ticket) => ticket,
-                        Err(refusal) => {
-                            return Err(LimitError::Overloaded(overloaded(&gate, refusal)))
-                        }
+                        Err(refusal) => return Err(overloaded(&gate, refusal)),
                     };
                     if let Err(e) = poll_fn(|cx| inner.poll_ready(cx)).await {
                         // Not an answer of the dependency: no sample.

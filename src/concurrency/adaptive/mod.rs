@@ -13,6 +13,7 @@ mod telemetry;
 pub use class::Criticality;
 pub use config::AdaptiveLimit;
 pub use controller::Outcome;
-pub use limit_layer::{AdaptiveLimitLayer, AdaptiveLimitLayerBuilder, LimitError, Overloaded};
+pub(crate) use limit_layer::Overloaded;
+pub use limit_layer::{AdaptiveLimitLayer, AdaptiveLimitLayerBuilder, LimitError};
 
 pub(crate) use limit_layer::{check_queue, gate_shares};

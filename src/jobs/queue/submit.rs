@@ -7,7 +7,7 @@ use bytes::Bytes;
 use http::{HeaderMap, Response};
 use http_body_util::Full;
 
-use crate::reject::{OverloadScope, Protocol, Rejection};
+use crate::reject::{Protocol, Rejection};
 
 /// Why [`JobQueue::submit`](crate::jobs::JobQueue::submit) did not accept a job: 503 when the service is
 /// out of room, 429 when the owner is.
@@ -40,17 +40,16 @@ pub enum SubmitError {
 }
 
 impl SubmitError {
-    /// The refusal: [`Rejection::Overloaded`] with `Retry-After`, of
-    /// [`OverloadScope::Global`] (503) when the service is out of room, of
-    /// [`OverloadScope::Identity`] (429) when the owner is.
+    /// The refusal, with `Retry-After`: [`Rejection::Overloaded`] (503)
+    /// when the service is out of room, [`Rejection::CallerBusy`] (429) when
+    /// the owner is.
     pub fn rejection(&self) -> Rejection {
-        let (scope, retry_after) = match *self {
+        match *self {
             SubmitError::Full { retry_after, .. } | SubmitError::ShutDown { retry_after } => {
-                (OverloadScope::Global, retry_after)
+                Rejection::Overloaded { retry_after }
             }
-            SubmitError::OwnerBusy { retry_after, .. } => (OverloadScope::Identity, retry_after),
-        };
-        Rejection::Overloaded { scope, retry_after }
+            SubmitError::OwnerBusy { retry_after, .. } => Rejection::CallerBusy { retry_after },
+        }
     }
 
     /// The 503 or 429 response to a request with `request_headers`:

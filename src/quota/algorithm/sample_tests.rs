@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::clock::{ManualClock, Timestamp};
 use crate::quota::algorithm::Algorithm;
-use crate::quota::{Limiter, MemoryConfig, MemoryStore, Outcome, Policy, Quota, Store};
+use crate::quota::{Limiter, MemoryStore, Outcome, Policy, Quota, Store};
 use proptest::prelude::*;
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -189,7 +189,7 @@ fn clock_set_backwards_inflates_no_quota() {
 #[test]
 fn memory_store_clock_rollback_inflates_nothing() {
     let clock = ManualClock::new(Timestamp::from_secs(NOON + 30));
-    let store = MemoryStore::with_config(MemoryConfig::default(), clock.clone());
+    let store = MemoryStore::with_clock(clock.clone());
     let quota = Quota::new("q", [Policy::fixed_window("fixed", 5, MINUTE).unwrap()]).unwrap();
     let key: Arc<str> = "alice".into();
     let mut admitted = 0;
@@ -206,7 +206,7 @@ fn memory_store_clock_rollback_inflates_nothing() {
 #[tokio::test]
 async fn multiple_policies_refusal_consumes_nothing() {
     let clock = ManualClock::new(Timestamp::from_secs(NOON));
-    let store = MemoryStore::with_config(MemoryConfig::default(), clock.clone());
+    let store = MemoryStore::with_clock(clock.clone());
     let quota = Quota::new(
         "free",
         [
@@ -249,7 +249,7 @@ async fn multiple_policies_refusal_consumes_nothing() {
 #[tokio::test]
 async fn shadow_policy_never_refuses_but_reports() {
     let clock = ManualClock::new(Timestamp::from_secs(NOON));
-    let limiter = Limiter::new(MemoryStore::with_config(MemoryConfig::default(), clock));
+    let limiter = Limiter::new(MemoryStore::with_clock(clock));
     let quota = Quota::new(
         "q",
         [
@@ -287,7 +287,7 @@ async fn shadow_policy_never_refuses_but_reports() {
 fn settle_charges_and_refunds_within_bounds() {
     for policy in all_policies(100) {
         let clock = ManualClock::new(Timestamp::from_secs(NOON));
-        let store = MemoryStore::with_config(MemoryConfig::default(), clock);
+        let store = MemoryStore::with_clock(clock);
         let quota = Quota::new("q", [policy.clone()]).unwrap();
         let key: Arc<str> = "k".into();
         let remaining = || {
@@ -403,7 +403,7 @@ proptest! {
         let policy = Policy::token_bucket("b", 20, u64::from(refill), period).unwrap();
         let alg = algorithm(policy.clone());
         let clock = ManualClock::new(Timestamp(0));
-        let store = MemoryStore::with_config(MemoryConfig::default(), clock.clone());
+        let store = MemoryStore::with_clock(clock.clone());
         let quota = Quota::new("q", [policy]).unwrap();
         let key: Arc<str> = "k".into();
         let mut state = alg.fresh_state();

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisStore, RedisStoreBuilder};
-pub use memory::{MemoryConfig, MemoryStore};
+pub use memory::MemoryStore;
 
 use crate::quota::{Holds, Quota, QuotaDecision};
 use crate::ConfigError;

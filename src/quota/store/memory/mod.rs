@@ -1,5 +1,4 @@
 mod bucket;
-mod config;
 mod decide;
 mod key;
 mod shard;
@@ -7,6 +6,7 @@ mod slots;
 mod table;
 
 use ahash::RandomState;
+use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,8 +16,7 @@ use parking_lot::Mutex;
 use crate::clock::{Clock, SystemClock};
 use crate::quota::store::{Store, StoreError};
 use crate::quota::{Holds, Quota, QuotaDecision};
-
-pub use config::MemoryConfig;
+use crate::ConfigError;
 use shard::{Padded, Shard, Sweep};
 
 #[doc = include_str!("../../../../docs/memory_store.md")]
@@ -39,10 +38,16 @@ struct Inner<C> {
     shards: Box<[Padded<Mutex<Shard>>]>,
 }
 
+/// The most keys a store holds unless [`MemoryStore::max_keys`] says otherwise.
+const DEFAULT_MAX_KEYS: NonZeroUsize = match NonZeroUsize::new(100_000) {
+    Some(n) => n,
+    None => NonZeroUsize::MIN,
+};
+
 impl MemoryStore<SystemClock> {
     /// A store of at most 100,000 keys on the system clock.
     pub fn new() -> Self {
-        Self::with_config(MemoryConfig::default(), SystemClock::new())
+        Self::with_clock(SystemClock::new())
     }
 }
 
@@ -52,15 +57,65 @@ impl Default for MemoryStore<SystemClock> {
     }
 }
 
+/// Enough shards that threads rarely meet, each holding at least 64 keys.
+fn default_shards(max_keys: NonZeroUsize) -> NonZeroUsize {
+    let cpus = std::thread::available_parallelism().map_or(4, NonZeroUsize::get);
+    let most = (max_keys.get() / 64).max(1);
+    let most = 1 << most.ilog2();
+    let shards = (cpus * 32).next_power_of_two().min(most);
+    NonZeroUsize::new(shards).unwrap_or(NonZeroUsize::MIN)
+}
+
 impl<C: Clock> MemoryStore<C> {
-    /// A store with the given sizing and clock.
-    pub fn with_config(config: MemoryConfig, clock: C) -> Self {
-        let shards = config.shards.get();
+    /// A store of at most 100,000 keys on `clock`.
+    pub fn with_clock(clock: C) -> Self {
+        Self::sized(clock, DEFAULT_MAX_KEYS, default_shards(DEFAULT_MAX_KEYS))
+    }
+
+    /// At most `max_keys` keys, in a number of shards chosen from it and the
+    /// CPU count (see [`shards`](Self::shards)).
+    ///
+    /// The sizing is set on a new store, before it is used or cloned: this
+    /// and [`shards`](Self::shards) each answer an empty store on the same
+    /// clock.
+    pub fn max_keys(self, max_keys: NonZeroUsize) -> Self {
+        Self::sized(self.inner.clock.clone(), max_keys, default_shards(max_keys))
+    }
+
+    /// The shard count, a power of two no larger than
+    /// [`max_keys`](Self::max_keys), which it follows. The shard count only
+    /// spreads lock contention: the key cap is global.
+    ///
+    /// ```
+    /// use std::num::NonZeroUsize;
+    /// use tower_admission::quota::MemoryStore;
+    ///
+    /// let n = |n| NonZeroUsize::new(n).unwrap();
+    /// let store = MemoryStore::new().max_keys(n(1024)).shards(n(16))?;
+    /// assert_eq!(store.capacity(), 1024);
+    /// let error = MemoryStore::new().max_keys(n(8)).shards(n(16)).unwrap_err();
+    /// assert_eq!(error.field(), "shards");
+    /// # Ok::<(), tower_admission::ConfigError>(())
+    /// ```
+    pub fn shards(self, shards: NonZeroUsize) -> Result<Self, ConfigError> {
+        if !shards.is_power_of_two() || shards.get() > self.inner.max_keys {
+            return Err(ConfigError::new(
+                "shards",
+                "must be a power of two no larger than max_keys",
+            ));
+        }
+        let max_keys = NonZeroUsize::new(self.inner.max_keys).unwrap_or(NonZeroUsize::MIN);
+        Ok(Self::sized(self.inner.clock.clone(), max_keys, shards))
+    }
+
+    /// An empty store of at most `max_keys` keys in `shards` shards.
+    fn sized(clock: C, max_keys: NonZeroUsize, shards: NonZeroUsize) -> Self {
+        let shards = shards.get();
         MemoryStore {
             inner: Arc::new(Inner {
                 clock,
                 hasher: RandomState::new(),
-                max_keys: config.max_keys.get(),
+                max_keys: max_keys.get(),
                 len: AtomicUsize::new(0),
                 next_expiry: AtomicU64::new(0),
                 shards: (0..shards)

@@ -72,22 +72,26 @@ fn each_store_hashes_keys_under_keys_of_its_own() {
 const SHARDS: usize = 64;
 
 /// The sweep race tests' start time, a quota of a 1 s window and one of
-/// a 60 s window, and a store config of [`SHARDS`] keys in as many
-/// shards.
-fn sweep_race() -> (Timestamp, Quota, Quota, MemoryConfig) {
+/// a 60 s window.
+fn sweep_race() -> (Timestamp, Quota, Quota) {
     let window = |name: &str, secs| {
         let policy = crate::quota::Policy::fixed_window(name, 10, Duration::from_secs(secs));
         Quota::new(name, [policy.unwrap()]).unwrap()
     };
-    let config = MemoryConfig::new(NonZeroUsize::new(SHARDS).unwrap())
-        .shards(NonZeroUsize::new(SHARDS).unwrap())
-        .unwrap();
     (
         Timestamp::from_secs(1_800_000_000),
         window("second", 1),
         window("minute", 60),
-        config,
     )
+}
+
+/// A store of [`SHARDS`] keys in as many shards on `clock`.
+fn race_store(clock: crate::clock::ManualClock) -> MemoryStore<crate::clock::ManualClock> {
+    let shards = NonZeroUsize::new(SHARDS).unwrap();
+    MemoryStore::with_clock(clock)
+        .max_keys(shards)
+        .shards(shards)
+        .unwrap()
 }
 
 /// Takes every key slot of `store` but one under `quota`.
@@ -125,7 +129,7 @@ fn a_key_added_while_a_sweep_runs_keeps_the_earliest_expiry_bound() {
     type Round = (MemoryStore<ManualClock>, Arc<str>);
 
     const ROUNDS: usize = 20_000;
-    let (start, second, minute, config) = sweep_race();
+    let (start, second, minute) = sweep_race();
     let slot: Arc<Mutex<Option<Round>>> = Arc::default();
     let barrier = Arc::new(Barrier::new(3));
     let threads: Vec<_> = [false, true]
@@ -149,7 +153,7 @@ fn a_key_added_while_a_sweep_runs_keeps_the_earliest_expiry_bound() {
     let mut refused = 0;
     for _ in 0..ROUNDS {
         let clock = ManualClock::new(start);
-        let store = MemoryStore::with_config(config, clock.clone());
+        let store = race_store(clock.clone());
         // Every room but one, taken for a minute.
         fill_all_but_one(&store, &minute);
         store.sweep();
@@ -180,7 +184,7 @@ fn a_key_decided_while_a_sweep_runs_gets_the_room_it_frees() {
     use std::sync::Barrier;
 
     const ROUNDS: usize = 20_000;
-    let (start, second, minute, config) = sweep_race();
+    let (start, second, minute) = sweep_race();
     let slot: Arc<Mutex<Option<MemoryStore<ManualClock>>>> = Arc::default();
     let barrier = Arc::new(Barrier::new(3));
     let sweeper = {
@@ -210,7 +214,7 @@ fn a_key_decided_while_a_sweep_runs_gets_the_room_it_frees() {
     };
     for _ in 0..ROUNDS {
         let clock = ManualClock::new(start);
-        let store = MemoryStore::with_config(config, clock.clone());
+        let store = race_store(clock.clone());
         // Every room but one taken for a minute, the last for a second.
         fill_all_but_one(&store, &minute);
         let fresh_soon = key_in(&store, &second, true);
@@ -228,10 +232,10 @@ fn a_key_decided_while_a_sweep_runs_gets_the_room_it_frees() {
 #[test]
 fn every_shard_is_reachable_beyond_65536_shards() {
     let shards = 1 << 18;
-    let config = MemoryConfig::new(NonZeroUsize::new(shards).unwrap())
+    let store = MemoryStore::new()
+        .max_keys(NonZeroUsize::new(shards).unwrap())
         .shards(NonZeroUsize::new(shards).unwrap())
         .unwrap();
-    let store = MemoryStore::with_config(config, SystemClock::new());
     let mut hit = vec![false; shards];
     for i in 0..(shards as u64 * 16) {
         let hash = key_hash(&store.inner.hasher, 0, i.to_string().as_bytes());
@@ -251,7 +255,7 @@ fn a_peek_adds_no_key_even_when_full() {
     use crate::clock::ManualClock;
     use crate::quota::{Policy, Quota};
     let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
-    let store = MemoryStore::with_config(MemoryConfig::new(NonZeroUsize::MIN), clock);
+    let store = MemoryStore::with_clock(clock).max_keys(NonZeroUsize::MIN);
     let minute = std::time::Duration::from_secs(60);
     let quota = Quota::new("q", [Policy::sliding_log("sl", 2, minute).unwrap()]).unwrap();
     let held: Arc<str> = "held".into();
