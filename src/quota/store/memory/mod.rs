@@ -16,7 +16,6 @@ use parking_lot::Mutex;
 use crate::clock::{Clock, SystemClock};
 use crate::quota::store::{Store, StoreError};
 use crate::quota::{Holds, Quota, QuotaDecision};
-use crate::ConfigError;
 use shard::{Padded, Shard, Sweep};
 
 #[doc = include_str!("../../../../docs/memory_store.md")]
@@ -73,33 +72,30 @@ impl<C: Clock> MemoryStore<C> {
     }
 
     /// At most `max_keys` keys, in a number of shards chosen from it and the
-    /// CPU count (see [`shards`](Self::shards)).
+    /// CPU count. The shard count only spreads lock contention: the key cap
+    /// is global.
     ///
     /// The sizing is set on a new store, before it is used or cloned: this
-    /// and [`shards`](Self::shards) each answer an empty store on the same
-    /// clock.
-    pub fn max_keys(self, max_keys: NonZeroUsize) -> Self {
-        Self::sized(self.inner.clock.clone(), max_keys, default_shards(max_keys))
-    }
-
-    /// The shard count, a power of two no larger than
-    /// [`max_keys`](Self::max_keys), which it follows. The shard count only
-    /// spreads lock contention: the key cap is global.
+    /// answers an empty store on the same clock.
     ///
     /// ```
     /// use std::num::NonZeroUsize;
     /// use tower_admission::quota::MemoryStore;
     ///
-    /// let n = |n| NonZeroUsize::new(n).unwrap();
-    /// let store = MemoryStore::new().max_keys(n(1024)).shards(n(16))?;
+    /// let store = MemoryStore::new().max_keys(NonZeroUsize::new(1024).unwrap());
     /// assert_eq!(store.capacity(), 1024);
-    /// let error = MemoryStore::new().max_keys(n(8)).shards(n(16)).unwrap_err();
-    /// assert_eq!(error.field(), "shards");
-    /// # Ok::<(), tower_admission::ConfigError>(())
     /// ```
-    pub fn shards(self, shards: NonZeroUsize) -> Result<Self, ConfigError> {
+    pub fn max_keys(self, max_keys: NonZeroUsize) -> Self {
+        Self::sized(self.inner.clock.clone(), max_keys, default_shards(max_keys))
+    }
+
+    /// The same store with `shards` shards (feature `test-hooks`, for tests
+    /// that need one shard or many): a power of two no larger than
+    /// [`max_keys`](Self::max_keys), set after it.
+    #[cfg(any(test, feature = "test-hooks"))]
+    pub fn shards(self, shards: NonZeroUsize) -> Result<Self, crate::ConfigError> {
         if !shards.is_power_of_two() || shards.get() > self.inner.max_keys {
-            return Err(ConfigError::new(
+            return Err(crate::ConfigError::new(
                 "shards",
                 "must be a power of two no larger than max_keys",
             ));

@@ -278,3 +278,17 @@ fn a_peek_adds_no_key_even_when_full() {
     assert!(store.decide_now(&quota, &held, 1).unwrap().admitted);
     assert!(!store.decide_now(&quota, &held, 1).unwrap().admitted);
 }
+
+#[test]
+fn a_shard_count_that_is_not_a_power_of_two_or_exceeds_max_keys_is_refused() {
+    let n = |n| NonZeroUsize::new(n).unwrap();
+    let store = MemoryStore::new().max_keys(n(1024)).shards(n(16)).unwrap();
+    assert_eq!(store.capacity(), 1024);
+    for (max_keys, shards) in [(8, 16), (1024, 12)] {
+        let error = MemoryStore::new()
+            .max_keys(n(max_keys))
+            .shards(n(shards))
+            .unwrap_err();
+        assert_eq!(error.field(), "shards");
+    }
+}
