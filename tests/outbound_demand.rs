@@ -369,19 +369,23 @@ async fn a_bursty_instance_keeps_what_it_sends_and_leaves_the_rest_to_a_saturate
 }
 
 /// A simulated fleet under uneven demand: the even instances always have
-/// first attempts waiting, the odd ones get 8 at once every second (a
-/// free-plan batch of 4 items, 2 calls each) at a phase of their own, and
+/// first attempts waiting, the odd ones get 8 at once every `light_every_ms`
+/// (a free-plan batch of 4 items, 2 calls each) at a phase of their own, and
 /// those calls give up after 2 s in the queue.
 struct Uneven {
     nodes: Vec<Through>,
+    light_every_ms: u64,
 }
 
 impl Uneven {
-    fn new(store: &LeaseStore, clock: &ManualClock, n: usize) -> Self {
+    fn new(store: &LeaseStore, clock: &ManualClock, n: usize, light_every_ms: u64) -> Self {
         let nodes = (0..n)
             .map(|i| Through::new(store, clock, &format!("node{i}")))
             .collect();
-        Uneven { nodes }
+        Uneven {
+            nodes,
+            light_every_ms,
+        }
     }
 
     /// One millisecond at fleet time `t` (µs); the sends in it.
@@ -391,7 +395,7 @@ impl Uneven {
             let before = node.sent;
             let arrivals = if i % 2 == 0 {
                 u64::from(node.backlog < 100)
-            } else if (t / MS + 37 * i as u64).is_multiple_of(1_000) {
+            } else if (t / MS + 37 * i as u64).is_multiple_of(self.light_every_ms) {
                 8
             } else {
                 0
@@ -406,13 +410,14 @@ impl Uneven {
     }
 }
 
-/// Sends per second of `from` instances under uneven demand for 60 s, with
-/// instances `from..to` joining at 30 s.
-async fn uneven_sends(from: usize, to: usize) -> Vec<u64> {
+/// Sends per second of `from` instances under uneven demand (the light ones
+/// sending a batch every `light_every_ms`) for 60 s, with instances
+/// `from..to` joining at 30 s.
+async fn uneven_sends(from: usize, to: usize, light_every_ms: u64) -> Vec<u64> {
     let server = RedisServer::start();
     let clock = ManualClock::new(Timestamp::from_micros(START));
     let shared = store(&server, &clock);
-    let mut fleet = Uneven::new(&shared, &clock, from);
+    let mut fleet = Uneven::new(&shared, &clock, from, light_every_ms);
     let mut per_second = Vec::new();
     let mut this_second = 0;
     let mut t = 0;
@@ -446,7 +451,7 @@ async fn ten_instances_under_uneven_demand_keep_the_budget_in_use_every_second()
     // 20 s or so. Counted as they arrive at the queue, and judged held back
     // only when they ask at least nine tenths of the grant, the fleet sends
     // its 200 a second from 6 s on.
-    let per_second = uneven_sends(10, 10).await;
+    let per_second = uneven_sends(10, 10, 1_000).await;
     println!("sends per second: {per_second:?}");
     let lowest = per_second[10..].iter().min().copied().unwrap_or(0);
     assert!(
@@ -461,7 +466,28 @@ async fn thirty_instances_joining_ten_under_uneven_demand_use_the_budget_two_lea
     // lengths (10 s) after they join, every second sends 90% of the 200/s
     // of first attempts; the sends stay within the fleet's bound on send
     // starts (40 instances: 40 + 6 + 240 in any second) throughout.
-    let per_second = uneven_sends(10, 40).await;
+    let per_second = uneven_sends(10, 40, 1_000).await;
+    println!("sends per second: {per_second:?}");
+    let lowest = per_second[40..].iter().min().copied().unwrap_or(0);
+    let most = per_second.iter().max().copied().unwrap_or(0);
+    assert!(most <= 286, "{per_second:?}");
+    assert!(
+        lowest >= 180,
+        "from 40 s on every second sends 90% of the 200/s of first attempts: {per_second:?}"
+    );
+}
+
+#[tokio::test]
+#[ignore = "a known gap, docs/design-notes.md (Not built yet): rare bursts"]
+async fn thirty_instances_joining_ten_whose_light_ones_are_nearly_idle_use_the_budget_two_lease_lengths_later(
+) {
+    // As above, but the light instances send a batch every 6 s (their
+    // plans' quotas refuse the rest). It fails: a window of 4 s holds none,
+    // one or two of a light instance's bursts, so its measured demand
+    // swings, reads as growth, and its grant doubles and falls back every
+    // few periods; the fleet sends 136-207 a second in a 6 s cycle, before
+    // and after the join (10 instances alone: 171-202).
+    let per_second = uneven_sends(10, 40, 6_000).await;
     println!("sends per second: {per_second:?}");
     let lowest = per_second[40..].iter().min().copied().unwrap_or(0);
     let most = per_second.iter().max().copied().unwrap_or(0);
