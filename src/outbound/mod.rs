@@ -59,7 +59,7 @@ mod pushback;
 
 pub use attempt::{Attempt, RetryAttempts};
 pub use budget::{
-    AttemptBudget, BudgetShares, BudgetStats, DependencyBudget, DependencyBudgetBuilder, Share,
+    AttemptBudget, BudgetShares, BudgetStats, DependencyBudget, DependencyBudgetBuilder,
 };
 pub use layer::{BudgetError, DependencyBudgetLayer};
 pub use pushback::PushbackLayer;
