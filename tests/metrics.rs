@@ -322,7 +322,7 @@ fn concurrency_gauges_follow_in_flight_and_queued_requests() {
 
 #[test]
 fn dependency_attempts_refusals_and_waits_are_counted_per_budget() {
-    use tower_admission::outbound::{AttemptBudget, DependencyBudget, Share};
+    use tower_admission::outbound::{Attempt, AttemptBudget, DependencyBudget};
 
     let ((), snapshotter) = recorded(async {
         let hour = Duration::from_secs(3_600);
@@ -332,9 +332,9 @@ fn dependency_attempts_refusals_and_waits_are_counted_per_budget() {
             .build()
             .unwrap();
         for _ in 0..3 {
-            let _ = budget.try_acquire(Share::Normal, 1).await;
+            let _ = budget.try_acquire(Attempt::FIRST, 1).await;
         }
-        assert_eq!(budget.try_acquire(Share::Retry, 1).await, Ok(()));
+        assert_eq!(budget.try_acquire(Attempt::FIRST.next(), 1).await, Ok(()));
         budget.record_wait(Duration::from_millis(250));
         budget.record_wait(Duration::ZERO);
         let stats = budget.stats();

@@ -11,7 +11,7 @@ use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 use tower_admission::clock::{Clock, ManualClock, Timestamp};
 use tower_admission::outbound::{
     Attempt, AttemptBudget, BudgetError, BudgetStats, DependencyBudget, DependencyBudgetLayer,
-    RetryAttempts, Share,
+    RetryAttempts,
 };
 use tower_admission::quota::{MemoryStore, Policy};
 
@@ -162,7 +162,7 @@ async fn fail_fast_refuses_with_the_exact_wait() {
     assert!(matches!(
         refused,
         BudgetError::Exhausted {
-            share: Share::Normal,
+            retry: false,
             wait
         } if wait == Duration::from_millis(5)
     ));
@@ -230,7 +230,7 @@ async fn admitted<St: tower_admission::quota::Store>(
 ) -> usize {
     let mut admitted = 0;
     for _ in 0..n {
-        if budget.try_acquire(Share::Normal, 1).await.is_ok() {
+        if budget.try_acquire(Attempt::FIRST, 1).await.is_ok() {
             admitted += 1;
         }
     }
@@ -397,8 +397,8 @@ struct SlowFirstRefusal<Bu> {
 }
 
 impl<Bu: AttemptBudget> AttemptBudget for SlowFirstRefusal<Bu> {
-    async fn charge(&self, share: Share, cost: u64) -> Result<(), BudgetError> {
-        let result = self.inner.charge(share, cost).await;
+    async fn charge(&self, attempt: Attempt, cost: u64) -> Result<(), BudgetError> {
+        let result = self.inner.charge(attempt, cost).await;
         if result.is_err()
             && !self
                 .delayed
@@ -500,7 +500,7 @@ async fn a_waiter_whose_deadline_passes_never_takes_the_heads_capacity() {
         .build()
         .unwrap();
     for _ in 0..10 {
-        budget.try_acquire(Share::Normal, 1).await.unwrap();
+        budget.try_acquire(Attempt::FIRST, 1).await.unwrap();
     }
     let sent: Sent = Arc::default();
     let long = DependencyBudgetLayer::new(budget.clone())
@@ -524,7 +524,7 @@ async fn a_waiter_whose_deadline_passes_never_takes_the_heads_capacity() {
         matches!(
             refused,
             BudgetError::Exhausted {
-                share: Share::Normal,
+                retry: false,
                 wait
             } if wait == Duration::from_millis(299)
         ),
@@ -753,15 +753,15 @@ async fn a_refusal_across_partitions_is_the_shortest_wait_whatever_the_order() {
     for (home, at) in [(0, 0), (2, 20), (3, 30)] {
         clock.set(Timestamp::from_secs(1_800_000_000 + at));
         let budget = four_buckets(&store, Pick::Home(home));
-        assert_eq!(budget.try_acquire(Share::Normal, 1).await, Ok(()));
+        assert_eq!(budget.try_acquire(Attempt::FIRST, 1).await, Ok(()));
     }
     // At 30 s: p0 frees in 10 s, p1 is down, p2 in 30 s, p3 in 40 s.
     let random = four_buckets(&store, Pick::Random { probes: 3 });
     for _ in 0..200 {
         assert_eq!(
-            random.try_acquire(Share::Normal, 1).await,
+            random.try_acquire(Attempt::FIRST, 1).await,
             Err(BudgetError::Exhausted {
-                share: Share::Normal,
+                retry: false,
                 wait: Duration::from_secs(10),
             })
         );
@@ -776,7 +776,7 @@ async fn a_refusal_across_partitions_is_the_shortest_wait_whatever_the_order() {
     let random = four_buckets(&all_down, Pick::Random { probes: 3 });
     for _ in 0..20 {
         assert!(matches!(
-            random.try_acquire(Share::Normal, 1).await,
+            random.try_acquire(Attempt::FIRST, 1).await,
             Err(BudgetError::Unavailable { .. })
         ));
     }
@@ -784,9 +784,9 @@ async fn a_refusal_across_partitions_is_the_shortest_wait_whatever_the_order() {
     let random = four_buckets(&store, Pick::Random { probes: 3 });
     for _ in 0..20 {
         assert_eq!(
-            random.try_acquire(Share::Normal, 2).await,
+            random.try_acquire(Attempt::FIRST, 2).await,
             Err(BudgetError::CostExceedsBudget {
-                share: Share::Normal,
+                retry: false,
                 cost: 2,
             })
         );
@@ -844,9 +844,9 @@ impl ModelBucket {
     }
 
     /// The refusal the share should give, or `None` after taking `cost`.
-    fn take(&mut self, share: Share, cost: u64) -> Option<BudgetError> {
+    fn take(&mut self, retry: bool, cost: u64) -> Option<BudgetError> {
         if cost > self.capacity {
-            return Some(BudgetError::CostExceedsBudget { share, cost });
+            return Some(BudgetError::CostExceedsBudget { retry, cost });
         }
         let need = cost * self.us_per_token;
         if self.level >= need {
@@ -854,7 +854,7 @@ impl ModelBucket {
             return None;
         }
         Some(BudgetError::Exhausted {
-            share,
+            retry,
             wait: Duration::from_micros(need - self.level),
         })
     }
@@ -935,14 +935,14 @@ fn random_attempts_and_retries_keep_every_share_and_the_total_within_bound() {
                 for bucket in &mut model {
                     bucket.advance(step.advance_us);
                 }
-                let share = if step.retry {
-                    Share::Retry
+                let attempt = if step.retry {
+                    Attempt::FIRST.next()
                 } else {
-                    Share::Normal
+                    Attempt::FIRST
                 };
-                let result = runtime.block_on(budget.try_acquire(share, step.cost));
+                let result = runtime.block_on(budget.try_acquire(attempt, step.cost));
                 if !partitioned {
-                    let expected = model[usize::from(step.retry)].take(share, step.cost);
+                    let expected = model[usize::from(step.retry)].take(step.retry, step.cost);
                     proptest::prop_assert_eq!(result.clone().err(), expected, "at {} µs", now);
                 }
                 if result.is_ok() {

@@ -13,7 +13,7 @@ use support::RedisServer;
 use tower::{Layer, ServiceExt};
 use tower_admission::clock::{ManualClock, Timestamp};
 use tower_admission::outbound::{
-    AttemptBudget, DependencyBudgetLayer, LeaseStore, LeasedBudget, Rate, RateLease, Share,
+    Attempt, AttemptBudget, DependencyBudgetLayer, LeaseStore, LeasedBudget, Rate, RateLease,
 };
 
 const R: u64 = 240;
@@ -93,7 +93,7 @@ async fn an_attempt_that_looks_again_after_its_wait_counts_once_toward_the_deman
         if let Some(at) = waiting {
             if t >= at {
                 looks += 1;
-                match budget.charge_again(Share::Normal, 1).await {
+                match budget.charge_again(Attempt::FIRST, 1).await {
                     Ok(()) => {
                         sent += 1;
                         waiting = None;
@@ -105,7 +105,7 @@ async fn an_attempt_that_looks_again_after_its_wait_counts_once_toward_the_deman
         if ms % 100 == 0 {
             for _ in 0..2 {
                 looks += 1;
-                match budget.charge(Share::Normal, 1).await {
+                match budget.charge(Attempt::FIRST, 1).await {
                     Ok(()) => sent += 1,
                     Err(refusal) => {
                         assert!(waiting.is_none(), "one waits at a time");
@@ -289,7 +289,7 @@ impl Through {
     async fn tick(&mut self, t: u64, arrivals: u64) {
         for k in 0..arrivals {
             if self.backlog + k > 0 {
-                self.budget.note_arrival(Share::Normal, 1);
+                self.budget.note_arrival(Attempt::FIRST, 1);
             }
         }
         let counted = self.backlog > 0;
@@ -297,9 +297,9 @@ impl Through {
         let mut first = !counted;
         while self.backlog > 0 && self.again_at.is_none_or(|at| at <= t) {
             let answer = if self.again_at.is_some() || !first {
-                self.budget.charge_again(Share::Normal, 1).await
+                self.budget.charge_again(Attempt::FIRST, 1).await
             } else {
-                self.budget.charge(Share::Normal, 1).await
+                self.budget.charge(Attempt::FIRST, 1).await
             };
             first = false;
             match answer {

@@ -15,7 +15,7 @@ use http::{Request, Response, StatusCode};
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 use tower_admission::clock::{Clock, Timestamp};
 use tower_admission::outbound::{
-    Attempt, BudgetError, DependencyBudget, DependencyBudgetLayer, RetryAttempts, Share,
+    Attempt, BudgetError, DependencyBudget, DependencyBudgetLayer, RetryAttempts,
 };
 use tower_admission::quota::{MemoryStore, Policy};
 
@@ -174,7 +174,7 @@ async fn a_retry_refused_by_the_retry_share_carries_its_wait() {
         matches!(
             refused,
             BudgetError::Exhausted {
-                share: Share::Retry,
+                retry: true,
                 wait
             } if wait == SECOND
         ),
@@ -213,11 +213,11 @@ async fn the_wait_is_rounded_up_never_zero_and_enough() {
             .build()
             .unwrap();
         for _ in 0..capacity {
-            budget.try_acquire(Share::Normal, 1).await.unwrap();
+            budget.try_acquire(Attempt::FIRST, 1).await.unwrap();
         }
         for round in 0..5 {
             let wait = budget
-                .try_acquire(Share::Normal, 1)
+                .try_acquire(Attempt::FIRST, 1)
                 .await
                 .unwrap_err()
                 .wait()
@@ -226,11 +226,15 @@ async fn the_wait_is_rounded_up_never_zero_and_enough() {
             assert!(wait > Duration::ZERO, "{case}");
             tokio::time::advance(wait - Duration::from_micros(1)).await;
             assert!(
-                budget.try_acquire(Share::Normal, 1).await.is_err(),
+                budget.try_acquire(Attempt::FIRST, 1).await.is_err(),
                 "{case}"
             );
             tokio::time::advance(Duration::from_micros(1)).await;
-            assert_eq!(budget.try_acquire(Share::Normal, 1).await, Ok(()), "{case}");
+            assert_eq!(
+                budget.try_acquire(Attempt::FIRST, 1).await,
+                Ok(()),
+                "{case}"
+            );
         }
     }
 }
@@ -558,18 +562,19 @@ async fn zero_and_huge_numbers_are_refused_or_held_exactly() {
     // Each partition holds 1/1024 of the capacity: that much at once, and
     // not one more.
     let part = u64::MAX / 1024;
-    assert_eq!(huge.try_acquire(Share::Normal, part).await, Ok(()));
+    assert_eq!(huge.try_acquire(Attempt::FIRST, part).await, Ok(()));
     assert!(matches!(
-        huge.try_acquire(Share::Normal, 1).await,
+        huge.try_acquire(Attempt::FIRST, 1).await,
         Err(BudgetError::Exhausted { wait, .. }) if wait > Duration::ZERO
     ));
     let retry_part = (1 << 42) / 1024;
     assert_eq!(
-        huge.try_acquire(Share::Retry, retry_part + 1).await,
+        huge.try_acquire(Attempt::FIRST.next(), retry_part + 1)
+            .await,
         Err(BudgetError::CostExceedsBudget {
-            share: Share::Retry,
+            retry: true,
             cost: retry_part + 1
         })
     );
-    assert_eq!(huge.try_acquire(Share::Retry, 1).await, Ok(()));
+    assert_eq!(huge.try_acquire(Attempt::FIRST.next(), 1).await, Ok(()));
 }

@@ -14,7 +14,9 @@ use std::time::Duration;
 use support::RedisServer;
 use tower::{Layer, ServiceExt};
 use tower_admission::clock::{ManualClock, Timestamp};
-use tower_admission::outbound::{LeaseStore, LeasedBudget, PushbackLayer, Rate, RateLease, Share};
+use tower_admission::outbound::{
+    Attempt, LeaseStore, LeasedBudget, PushbackLayer, Rate, RateLease,
+};
 
 const R: u64 = 240;
 const START: u64 = 1_700_000_000_000_000;
@@ -192,7 +194,7 @@ async fn the_retry_share_is_cut_with_the_budget_so_retries_never_amplify_a_refus
         let mut admitted = 0;
         for _ in 0..1_000 {
             advance(&clock, MS);
-            if budget.try_acquire_now(Share::Retry, 1).is_ok() {
+            if budget.try_acquire_now(Attempt::FIRST.next(), 1).is_ok() {
                 admitted += 1;
                 lease.record_pushback();
             }

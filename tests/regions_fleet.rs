@@ -1,5 +1,5 @@
 //! Regions simulation: 3 regions, each its own `redis-server` and 2
-//! instances spending through `RegionLease`s, a total of 240/s, a
+//! instances spending through `RegionalBudget::lease`, a total of 240/s, a
 //! rebalancer per region, and the mock dependency at 300/s (served in this
 //! process over loopback HTTP). Demand moves from `eu` to `us` mid-run, and
 //! `ap`'s Redis is killed for 1 s and restarts without its data. Sends are
@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tower_admission::outbound::{LeaseStore, RegionLease, RegionalBudget};
+use tower_admission::outbound::{LeaseStore, RegionalBudget};
 
 use support::RedisServer;
 
@@ -84,18 +84,17 @@ async fn regions_follow_demand_within_the_total_through_an_outage() {
     let mut tasks = Vec::new();
     for (r, name) in NAMES.iter().enumerate() {
         for i in 0..INSTANCES {
-            let lease = RegionLease::new(
-                budget.clone(),
-                name,
-                NonZeroU32::new(INSTANCES as u32).unwrap(),
-                Some(&format!("{name}-{i}")),
-            )
-            .unwrap();
-            tasks.push(lease.spawn());
+            let lease = budget
+                .lease(
+                    name,
+                    NonZeroU32::new(INSTANCES as u32).unwrap(),
+                    Some(&format!("{name}-{i}")),
+                )
+                .unwrap();
+            tasks.push(lease.spawn_refresher());
             let (heavy, sends, per_region) = (heavy.clone(), sends.clone(), per_region.clone());
             let (client, dependency) = (client.clone(), dependency.clone());
             tasks.push(tokio::spawn(async move {
-                let lease = lease.lease();
                 loop {
                     // Light callers: 10/s per instance.
                     let pause = if heavy[r].load(Ordering::Relaxed) {

@@ -1,5 +1,5 @@
 //! Regions enforced: each region's instance spends its region's allocation
-//! through a `RegionLease`; an ordered transfer lowers the donor's grants
+//! through `RegionalBudget::lease`; an ordered transfer lowers the donor's grants
 //! and raises the receiver's only after the credit hold, so the grants of
 //! all regions never sum above the total; the rebalancer moves a region's
 //! surplus toward demand. Each region is its own `redis-server`. Real time,
@@ -12,7 +12,7 @@ use std::num::NonZeroU32;
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tower_admission::outbound::{LeaseStore, Rate, RegionLease, RegionalBudget};
+use tower_admission::outbound::{LeaseStore, Rate, RateLease, RegionalBudget};
 
 use support::RedisServer;
 
@@ -59,13 +59,15 @@ async fn fleet(split: [(&str, u64); 2]) -> Fleet {
     }
 }
 
-fn region_lease(f: &Fleet, i: usize) -> RegionLease {
-    RegionLease::new(f.budget.clone(), &f.stores[i].0, NonZeroU32::MIN, None).unwrap()
+fn region_lease(f: &Fleet, i: usize) -> RateLease {
+    f.budget
+        .lease(&f.stores[i].0, NonZeroU32::MIN, None)
+        .unwrap()
 }
 
 /// Keeps asking for sends, so the lease measures a demand above its grant.
-fn saturate(lease: &RegionLease) -> tokio::task::JoinHandle<()> {
-    let lease = lease.lease().clone();
+fn saturate(lease: &RateLease) -> tokio::task::JoinHandle<()> {
+    let lease = lease.clone();
     tokio::spawn(async move {
         loop {
             let _ = lease.try_acquire(1);
@@ -88,7 +90,7 @@ async fn committed(f: &Fleet, i: usize) -> f64 {
 async fn grants_follow_the_allocation_and_never_sum_above_the_total() {
     let f = fleet([("eu", 80), ("us", 20)]).await;
     let leases = [region_lease(&f, 0), region_lease(&f, 1)];
-    let tasks: Vec<_> = leases.iter().map(RegionLease::spawn).collect();
+    let tasks: Vec<_> = leases.iter().map(RateLease::spawn_refresher).collect();
     let load: Vec<_> = leases.iter().map(saturate).collect();
 
     // Each region's grant reaches its allocation.
@@ -148,7 +150,7 @@ async fn grants_follow_the_allocation_and_never_sum_above_the_total() {
 async fn a_region_whose_view_is_stale_stops_being_granted() {
     let f = fleet([("eu", 50), ("us", 50)]).await;
     let lease = region_lease(&f, 0);
-    let task = lease.spawn();
+    let task = lease.spawn_refresher();
     let load = saturate(&lease);
     let deadline = Instant::now() + Duration::from_secs(10);
     while committed(&f, 0).await < 49.0 {
@@ -163,7 +165,7 @@ async fn a_region_whose_view_is_stale_stops_being_granted() {
         assert!(Instant::now() < deadline, "still granted");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert_eq!(lease.lease().status().grant, Rate::ZERO);
+    assert_eq!(lease.status().grant, Rate::ZERO);
     task.abort();
     load.abort();
 }
@@ -173,7 +175,7 @@ async fn the_rebalancer_moves_a_surplus_toward_demand() {
     let f = fleet([("eu", 80), ("us", 20)]).await;
     // Only us has callers; eu's lease asks for almost nothing.
     let leases = [region_lease(&f, 0), region_lease(&f, 1)];
-    let tasks: Vec<_> = leases.iter().map(RegionLease::spawn).collect();
+    let tasks: Vec<_> = leases.iter().map(RateLease::spawn_refresher).collect();
     let load = saturate(&leases[1]);
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut moved = 0;
@@ -202,7 +204,7 @@ fn a_credit_hold_below_the_bound_is_refused() {
         .credit_hold(Duration::from_secs(1))
         .build()
         .unwrap();
-    let err = RegionLease::new(budget, "eu", NonZeroU32::MIN, None).unwrap_err();
+    let err = budget.lease("eu", NonZeroU32::MIN, None).unwrap_err();
     assert_eq!(err.field(), "lease_store");
     let store = LeaseStore::new(
         "redis://127.0.0.1:1/",
@@ -215,7 +217,7 @@ fn a_credit_hold_below_the_bound_is_refused() {
         .credit_hold(Duration::from_secs(1))
         .build()
         .unwrap();
-    let err = RegionLease::new(budget, "eu", NonZeroU32::MIN, None).unwrap_err();
+    let err = budget.lease("eu", NonZeroU32::MIN, None).unwrap_err();
     assert_eq!(err.field(), "credit_hold");
 }
 

@@ -9,7 +9,7 @@ mod support;
 use std::time::Duration;
 
 use tower_admission::clock::{ManualClock, Timestamp};
-use tower_admission::outbound::{BudgetShares, DependencyBudget, Share};
+use tower_admission::outbound::{Attempt, BudgetShares, DependencyBudget};
 use tower_admission::quota::{MemoryStore, Policy};
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -35,7 +35,7 @@ async fn offered_every_ms(
     for _ in 0..ms {
         clock.advance(Duration::from_millis(1));
         for _ in 0..4 {
-            if budget.try_acquire(Share::Normal, 1).await.is_ok() {
+            if budget.try_acquire(Attempt::FIRST, 1).await.is_ok() {
                 admitted += 1;
             }
         }
@@ -80,12 +80,12 @@ async fn a_lowered_budget_keeps_a_full_bucket_within_its_new_burst() {
         .build()
         .unwrap();
     // Idle: the normal bucket holds its whole burst of 20.
-    budget.try_acquire(Share::Normal, 1).await.unwrap();
+    budget.try_acquire(Attempt::FIRST, 1).await.unwrap();
     clock.advance(SECOND);
     budget.reload_handle().apply(shares(120)).unwrap();
     // At most the new burst of 10 at once, then 100/s.
     let mut at_once = 0;
-    while budget.try_acquire(Share::Normal, 1).await.is_ok() {
+    while budget.try_acquire(Attempt::FIRST, 1).await.is_ok() {
         at_once += 1;
     }
     assert_eq!(at_once, 10);
@@ -120,7 +120,7 @@ fn a_bad_budget_is_refused_whole_with_the_error_build_gives() {
     assert_eq!(reload.apply(shadow).unwrap_err().field(), "normal");
     assert_eq!(reload.generation(), 0);
     // Each partition still holds a quarter of the first numbers.
-    let normal = budget.quota(Share::Normal);
+    let normal = budget.quota(Attempt::FIRST);
     assert_eq!(normal.policies()[0].limit(), 5);
 }
 
@@ -131,7 +131,7 @@ mod lease {
 
     use tower_admission::clock::{ManualClock, Timestamp};
     use tower_admission::outbound::{
-        BudgetShares, LeaseStore, LeasedBudget, Rate, RateLease, Share,
+        Attempt, BudgetShares, LeaseStore, LeasedBudget, Rate, RateLease,
     };
 
     use crate::support::RedisServer;
@@ -196,8 +196,11 @@ mod lease {
             .unwrap();
         assert_eq!(a.rate(), Rate::per_second(120));
         assert_eq!(a.fallback_rate(), Rate::per_second(3));
-        assert_eq!(budget.share_rate(Share::Normal), Rate::per_second(100));
-        assert_eq!(budget.share_rate(Share::Retry), Rate::per_second(20));
+        assert_eq!(budget.share_rate(Attempt::FIRST), Rate::per_second(100));
+        assert_eq!(
+            budget.share_rate(Attempt::FIRST.next()),
+            Rate::per_second(20)
+        );
         // b keeps 240/s; refreshes every second, as the refresher would.
         a.refresh().await.unwrap();
         let mut after_one_lease = None;

@@ -434,10 +434,13 @@ mod on_redis {
 
 #[tokio::test]
 async fn the_single_instance_budget_is_200_plus_40_per_second_with_25_ms_bursts() {
-    use tower_admission::outbound::Share;
+    use tower_admission::outbound::Attempt;
     let budget = dependency::memory_budget(&Config::builtin().dependency).unwrap();
     let mut admitted = [0; 2];
-    for (i, share) in [Share::Normal, Share::Retry].into_iter().enumerate() {
+    for (i, share) in [Attempt::FIRST, Attempt::FIRST.next()]
+        .into_iter()
+        .enumerate()
+    {
         while budget.try_acquire(share, 1).await.is_ok() {
             admitted[i] += 1;
         }

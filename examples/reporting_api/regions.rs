@@ -81,7 +81,7 @@ pub(crate) fn region_lease(
     expected_instances: std::num::NonZeroU32,
 ) -> Result<tower_admission::outbound::RateLease, tower_admission::ConfigError> {
     use std::time::Duration;
-    use tower_admission::outbound::{LeaseStore, RegionLease, RegionalBudget};
+    use tower_admission::outbound::{LeaseStore, RegionalBudget};
 
     // Each region keeps a quarter of an even split for demand that appears.
     let floor = total / (4 * regions.redis.len() as u64).max(1);
@@ -102,7 +102,7 @@ pub(crate) fn region_lease(
             .lease_store(region, store);
     }
     let budget = builder.build()?;
-    let lease = RegionLease::new(budget.clone(), name, expected_instances, instance_id)?;
+    let lease = budget.lease(name, expected_instances, instance_id)?;
     let (running, region) = (lease.clone(), name.to_owned());
     // Runs for the life of the process: seeds the regions once (a no-op
     // when they exist), then reads the view, refreshes and rebalances.
@@ -110,11 +110,11 @@ pub(crate) fn region_lease(
         if let Err(e) = budget.initialize().await {
             tracing::warn!(error = %e, "regions not initialized; spending nothing until they are");
         }
-        drop(running.spawn());
+        drop(running.spawn_refresher());
         // The region is the lease's, known to the budget.
         if let Err(e) = budget.spawn_rebalancer(&region, Duration::from_secs(1)) {
             tracing::warn!(error = %e, "no rebalancing");
         }
     }));
-    Ok(lease.lease().clone())
+    Ok(lease)
 }

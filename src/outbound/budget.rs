@@ -2,21 +2,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::outbound::BudgetError;
+use crate::outbound::{Attempt, BudgetError};
 use crate::quota::algorithm::Algorithm;
 use crate::quota::{Limiter, Outcome, Policy, Quota, Store};
 use crate::reload::{Live, ReloadHandle, Target};
 use crate::ConfigError;
-
-/// Which share of a [`DependencyBudget`] an attempt draws on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Share {
-    /// First attempts.
-    Normal,
-    /// Retries: attempt 2 and later.
-    Retry,
-}
 
 /// How a budget that is split into partitions picks one for an attempt
 /// ([`DependencyBudgetBuilder::partitions_home`] and
@@ -46,7 +36,7 @@ pub(crate) enum Pick {
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_admission::outbound::{DependencyBudget, Share};
+/// use tower_admission::outbound::{Attempt, DependencyBudget};
 /// use tower_admission::quota::{MemoryStore, Policy};
 ///
 /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
@@ -55,7 +45,7 @@ pub(crate) enum Pick {
 ///     .normal(Policy::token_bucket("normal", 20, 200, Duration::from_secs(1))?)
 ///     .retry(Policy::token_bucket("retry", 4, 40, Duration::from_secs(1))?)
 ///     .build()?;
-/// assert_eq!(budget.try_acquire(Share::Normal, 1).await, Ok(()));
+/// assert_eq!(budget.try_acquire(Attempt::FIRST, 1).await, Ok(()));
 /// # Ok::<(), tower_admission::ConfigError>(())
 /// # })?;
 /// # Ok::<(), tower_admission::ConfigError>(())
@@ -132,20 +122,15 @@ impl Counters {
         }
     }
 
-    pub(crate) fn admitted(&self, share: Share) {
-        let counter = match share {
-            Share::Normal => &self.normal,
-            Share::Retry => &self.retry,
-        };
+    /// Counts an admitted first attempt, or retry if `retry`.
+    pub(crate) fn admitted(&self, retry: bool) {
+        let counter = if retry { &self.retry } else { &self.normal };
         counter.fetch_add(1, Ordering::Relaxed);
         #[cfg(feature = "metrics")]
         metrics::counter!(
             "tower_admission_dependency_attempts_total",
             "budget" => self.budget.clone(),
-            "share" => match share {
-                Share::Normal => "normal",
-                Share::Retry => "retry",
-            }
+            "share" => crate::outbound::layer::share_name(retry)
         )
         .increment(1);
     }
@@ -182,13 +167,14 @@ impl Counters {
 ///
 /// Clones share one budget.
 pub trait AttemptBudget: Clone + Send + Sync + 'static {
-    /// Charges one attempt of `cost` to `share` now, or says why not. Never
-    /// waits for capacity. Counts an admission but not a refusal: a caller
+    /// Charges `attempt` of `cost` now, to the retry share if it
+    /// [is a retry](Attempt::is_retry), else to the normal share, or says
+    /// why not. Never waits for capacity. Counts an admission but not a refusal: a caller
     /// that looks again after a refusal reports the attempt's final refusal
     /// once, with [`record_refusal`](Self::record_refusal).
     fn charge(
         &self,
-        share: Share,
+        attempt: Attempt,
         cost: u64,
     ) -> impl std::future::Future<Output = Result<(), BudgetError>> + Send;
 
@@ -198,13 +184,13 @@ pub trait AttemptBudget: Clone + Send + Sync + 'static {
     /// default charges as `charge` does.
     fn charge_again(
         &self,
-        share: Share,
+        attempt: Attempt,
         cost: u64,
     ) -> impl std::future::Future<Output = Result<(), BudgetError>> + Send {
-        self.charge(share, cost)
+        self.charge(attempt, cost)
     }
 
-    /// Counts an attempt of `cost` on `share` toward the demand when it
+    /// Counts `attempt` of `cost` toward its share's demand when it
     /// arrives at a queue in front of the budget, before its first look;
     /// the queue then charges it with [`charge_again`](Self::charge_again)
     /// only. A queue's head alone looks, so counting on the first look
@@ -212,8 +198,8 @@ pub trait AttemptBudget: Clone + Send + Sync + 'static {
     /// head: too few while the queue grows, too many while it drains. The
     /// default counts nothing (and `charge_again`'s default counts as
     /// `charge` does): implement both or neither.
-    fn note_arrival(&self, share: Share, cost: u64) {
-        let _ = (share, cost);
+    fn note_arrival(&self, attempt: Attempt, cost: u64) {
+        let _ = (attempt, cost);
     }
 
     /// Counts one attempt refused for good.
@@ -279,9 +265,10 @@ impl<St: Store> DependencyBudget<St> {
         }
     }
 
-    /// The share's quota in force, as one partition holds it.
-    pub fn quota(&self, share: Share) -> Quota {
-        self.inner.quotas.load()[share_index(share)].clone()
+    /// The quota in force of the share `attempt` draws on (the retry share
+    /// for a retry), as one partition holds it.
+    pub fn quota(&self, attempt: Attempt) -> Quota {
+        self.inner.quotas.load()[usize::from(attempt.is_retry())].clone()
     }
 
     /// Changes the shares of this budget and its clones while they run:
@@ -293,7 +280,7 @@ impl<St: Store> DependencyBudget<St> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_admission::outbound::{BudgetShares, DependencyBudget};
+    /// use tower_admission::outbound::{Attempt, BudgetShares, DependencyBudget};
     /// use tower_admission::quota::{MemoryStore, Policy};
     ///
     /// let second = Duration::from_secs(1);
@@ -307,7 +294,7 @@ impl<St: Store> DependencyBudget<St> {
     ///     .shares(shares(200, 40)?)
     ///     .build()?;
     /// budget.reload_handle().apply(shares(100, 20)?)?;
-    /// assert_eq!(budget.quota(tower_admission::outbound::Share::Normal).policies()[0].limit(), 10);
+    /// assert_eq!(budget.quota(Attempt::FIRST).policies()[0].limit(), 10);
     /// # Ok::<(), tower_admission::ConfigError>(())
     /// ```
     pub fn reload_handle(&self) -> ReloadHandle<BudgetShares> {
@@ -324,24 +311,25 @@ impl<St: Store> DependencyBudget<St> {
         self.inner.stats.snapshot()
     }
 
-    /// Charges one attempt of `cost` to `share` now, or says why not. Never
-    /// waits; see [`DependencyBudgetLayer`](crate::outbound::DependencyBudgetLayer)
+    /// Charges `attempt` of `cost` now to its share (the retry share for a
+    /// retry), or says why not. Never waits; see [`DependencyBudgetLayer`](crate::outbound::DependencyBudgetLayer)
     /// for waiting up to a deadline.
-    pub async fn try_acquire(&self, share: Share, cost: u64) -> Result<(), BudgetError> {
-        let result = self.charge_uncounted(share, cost).await;
+    pub async fn try_acquire(&self, attempt: Attempt, cost: u64) -> Result<(), BudgetError> {
+        let result = self.charge_uncounted(attempt.is_retry(), cost).await;
         if result.is_err() {
             self.inner.stats.refused();
         }
         result
     }
 
-    /// [`try_acquire`](Self::try_acquire) without counting a refusal.
-    async fn charge_uncounted(&self, share: Share, cost: u64) -> Result<(), BudgetError> {
+    /// [`try_acquire`](Self::try_acquire) without counting a refusal; to
+    /// the retry share if `retry`.
+    async fn charge_uncounted(&self, retry: bool, cost: u64) -> Result<(), BudgetError> {
         let inner = &*self.inner;
         // Held across the store's answer: the attempt is decided wholly
         // under the shares in force when it began.
         let quotas = inner.quotas.load_full();
-        let quota = &quotas[share_index(share)];
+        let quota = &quotas[usize::from(retry)];
         let n = inner.keys.len();
         let (first, tries) = match inner.pick {
             Pick::Home(i) => (i % n, 1),
@@ -353,13 +341,13 @@ impl<St: Store> DependencyBudget<St> {
             let verdict = inner.limiter.check(quota, key, cost).await;
             let this = match verdict.outcome() {
                 Outcome::Admitted => {
-                    inner.stats.admitted(share);
+                    inner.stats.admitted(retry);
                     return Ok(());
                 }
-                Outcome::Refused { wait, .. } => BudgetError::Exhausted { share, wait: *wait },
+                Outcome::Refused { wait, .. } => BudgetError::Exhausted { retry, wait: *wait },
                 // Every partition holds the same part: none can admit it.
                 Outcome::CostExceedsCapacity { .. } => {
-                    return Err(BudgetError::CostExceedsBudget { share, cost })
+                    return Err(BudgetError::CostExceedsBudget { retry, cost })
                 }
                 Outcome::Unavailable { wait } => BudgetError::Unavailable { wait: *wait },
             };
@@ -380,9 +368,9 @@ impl<St: Store> DependencyBudget<St> {
 /// wait of two of a kind wins.
 fn most_useful(a: BudgetError, b: BudgetError) -> BudgetError {
     match (a, b) {
-        (BudgetError::Exhausted { share, wait: a }, BudgetError::Exhausted { wait: b, .. }) => {
+        (BudgetError::Exhausted { retry, wait: a }, BudgetError::Exhausted { wait: b, .. }) => {
             BudgetError::Exhausted {
-                share,
+                retry,
                 wait: a.min(b),
             }
         }
@@ -398,10 +386,10 @@ fn most_useful(a: BudgetError, b: BudgetError) -> BudgetError {
 impl<St: Store> AttemptBudget for DependencyBudget<St> {
     fn charge(
         &self,
-        share: Share,
+        attempt: Attempt,
         cost: u64,
     ) -> impl std::future::Future<Output = Result<(), BudgetError>> + Send {
-        self.charge_uncounted(share, cost)
+        self.charge_uncounted(attempt.is_retry(), cost)
     }
 
     fn record_refusal(&self) {
@@ -414,14 +402,6 @@ impl<St: Store> AttemptBudget for DependencyBudget<St> {
 
     fn stats(&self) -> BudgetStats {
         DependencyBudget::stats(self)
-    }
-}
-
-/// The position of `share`'s quota.
-fn share_index(share: Share) -> usize {
-    match share {
-        Share::Normal => 0,
-        Share::Retry => 1,
     }
 }
 

@@ -9,7 +9,7 @@ use http::Request;
 use tokio::time::Instant;
 use tower::{Layer, Service};
 
-use crate::outbound::{Attempt, AttemptBudget, Share};
+use crate::outbound::{Attempt, AttemptBudget};
 
 type CostFn<B> = Arc<dyn Fn(&Request<B>) -> u64 + Send + Sync>;
 
@@ -139,7 +139,7 @@ struct Queue {
 impl Queue {
     /// The refusal of an attempt whose deadline passed behind the head:
     /// the head's last refusal with the wait it still has, at least 1 ms.
-    fn refusal_behind_head(&self, share: Share) -> BudgetError {
+    fn refusal_behind_head(&self, retry: bool) -> BudgetError {
         let remaining = |until: Instant| {
             until
                 .saturating_duration_since(Instant::now())
@@ -150,12 +150,12 @@ impl Queue {
                 wait: remaining(until),
             },
             Some((_, until)) => BudgetError::Exhausted {
-                share,
+                retry,
                 wait: remaining(until),
             },
             // The head has not been refused yet.
             None => BudgetError::Exhausted {
-                share,
+                retry,
                 wait: Duration::from_millis(1),
             },
         }
@@ -183,16 +183,13 @@ type Queues = [Queue; 2];
 async fn acquire<Bu: AttemptBudget>(
     budget: &Bu,
     queues: &Queues,
-    share: Share,
+    attempt: Attempt,
     cost: u64,
     deadline: Option<Instant>,
 ) -> Result<(), BudgetError> {
-    let queue = &queues[match share {
-        Share::Normal => 0,
-        Share::Retry => 1,
-    }];
+    let queue = &queues[usize::from(attempt.is_retry())];
     let Some(deadline) = deadline else {
-        return budget.charge(share, cost).await;
+        return budget.charge(attempt, cost).await;
     };
     // An attempt that finds the head taken is counted toward the demand as
     // it arrives, whether it reaches the head or not; one that is the head
@@ -200,19 +197,19 @@ async fn acquire<Bu: AttemptBudget>(
     let (lock, mut looked) = match queue.head.try_lock() {
         Ok(lock) => (lock, false),
         Err(_) => {
-            budget.note_arrival(share, cost);
+            budget.note_arrival(attempt, cost);
             match tokio::time::timeout_at(deadline, queue.head.lock()).await {
                 Ok(lock) => (lock, true),
-                Err(_) => return Err(queue.refusal_behind_head(share)),
+                Err(_) => return Err(queue.refusal_behind_head(attempt.is_retry())),
             }
         }
     };
     let _head = Head { queue, _lock: lock };
     loop {
         let charged = if looked {
-            budget.charge_again(share, cost).await
+            budget.charge_again(attempt, cost).await
         } else {
-            budget.charge(share, cost).await
+            budget.charge(attempt, cost).await
         };
         looked = true;
         match charged {
@@ -341,16 +338,17 @@ pub enum BudgetError<E = std::convert::Infallible> {
     /// The share is exhausted; it admits again after `wait`. Nothing was
     /// sent.
     Exhausted {
-        /// The share that refused.
-        share: Share,
+        /// The share that refused: the retry share if true, else the normal
+        /// share.
+        retry: bool,
         /// The exact wait until the attempt could be admitted.
         wait: Duration,
     },
     /// The cost is more than the share can ever admit at once. Nothing was
     /// sent.
     CostExceedsBudget {
-        /// The share.
-        share: Share,
+        /// The share: the retry share if true, else the normal share.
+        retry: bool,
         /// The attempt's cost.
         cost: u64,
     },
@@ -385,9 +383,9 @@ impl BudgetError {
     /// This refusal as the error of a service whose inner error is `E`.
     pub(crate) fn widen<E>(self) -> BudgetError<E> {
         match self {
-            BudgetError::Exhausted { share, wait } => BudgetError::Exhausted { share, wait },
-            BudgetError::CostExceedsBudget { share, cost } => {
-                BudgetError::CostExceedsBudget { share, cost }
+            BudgetError::Exhausted { retry, wait } => BudgetError::Exhausted { retry, wait },
+            BudgetError::CostExceedsBudget { retry, cost } => {
+                BudgetError::CostExceedsBudget { retry, cost }
             }
             BudgetError::Unavailable { wait } => BudgetError::Unavailable { wait },
             BudgetError::Inner(never) => match never {},
@@ -398,21 +396,32 @@ impl BudgetError {
 impl<E: fmt::Display> fmt::Display for BudgetError<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            BudgetError::Exhausted { share, wait } => {
+            BudgetError::Exhausted { retry, wait } => {
                 write!(
                     f,
-                    "dependency budget ({share:?} share) exhausted; retry in {wait:?}"
+                    "dependency budget ({} share) exhausted; retry in {wait:?}",
+                    share_name(*retry)
                 )
             }
-            BudgetError::CostExceedsBudget { share, cost } => write!(
+            BudgetError::CostExceedsBudget { retry, cost } => write!(
                 f,
-                "an attempt of cost {cost} exceeds the dependency budget's {share:?} share"
+                "an attempt of cost {cost} exceeds the dependency budget's {} share",
+                share_name(*retry)
             ),
             BudgetError::Unavailable { wait } => {
                 write!(f, "dependency budget unavailable; retry in {wait:?}")
             }
             BudgetError::Inner(e) => e.fmt(f),
         }
+    }
+}
+
+/// A share's name in messages and metrics labels.
+pub(crate) fn share_name(retry: bool) -> &'static str {
+    if retry {
+        "retry"
+    } else {
+        "normal"
     }
 }
 
@@ -447,10 +456,11 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        let share = match req.extensions().get::<Attempt>() {
-            Some(attempt) if attempt.is_retry() => Share::Retry,
-            _ => Share::Normal,
-        };
+        let attempt = req
+            .extensions()
+            .get::<Attempt>()
+            .copied()
+            .unwrap_or(Attempt::FIRST);
         let cost = self.layer.cost.as_ref().map_or(1, |f| f(&req)).max(1);
         let budget = self.layer.budget.clone();
         let queues = self.layer.queues.clone();
@@ -459,7 +469,7 @@ where
         let mut inner = std::mem::replace(&mut self.inner, ready);
         Box::pin(async move {
             let started = Instant::now();
-            if let Err(refusal) = acquire(&budget, &queues, share, cost, deadline).await {
+            if let Err(refusal) = acquire(&budget, &queues, attempt, cost, deadline).await {
                 budget.record_refusal();
                 tracing::debug!(%refusal, "dependency budget refused an attempt");
                 return Err(refusal.widen());

@@ -41,10 +41,11 @@
 //!   idempotent, repairable transfers that debit the donor before they
 //!   credit the receiver, so the allocations never sum above the total.
 //!   Ordered transfers (`RegionalBudget::send`) keep bounded records.
-//! - `RegionLease` (feature `redis`): a `RateLease` whose budget is its
-//!   region's spendable allocation, so the grants of all regions never sum
-//!   above the total; `RegionalBudget::spawn_rebalancer` moves a region's
-//!   surplus toward demand (see `docs/regions.md`).
+//!   A region's instances spend its allocation through
+//!   `RegionalBudget::lease`, a `RateLease` whose budget is the region's
+//!   spendable allocation, so the grants of all regions never sum above the
+//!   total; `RegionalBudget::spawn_rebalancer` moves a region's surplus
+//!   toward demand (see `docs/regions.md`).
 //!
 //! **A bound on send starts is not a bound on arrivals at the receiver.**
 //! Attempts admitted within the budget can still arrive together after
@@ -58,7 +59,7 @@ mod pushback;
 
 pub use attempt::{Attempt, RetryAttempts};
 pub use budget::{
-    AttemptBudget, BudgetShares, BudgetStats, DependencyBudget, DependencyBudgetBuilder, Share,
+    AttemptBudget, BudgetShares, BudgetStats, DependencyBudget, DependencyBudgetBuilder,
 };
 pub use layer::{BudgetError, DependencyBudgetLayer};
 pub use pushback::PushbackLayer;
@@ -77,6 +78,5 @@ pub use lease::{LeaseError, LeaseStatus, LeaseStore, Rate, RateLease, RateLeaseB
 pub use leased::LeasedBudget;
 #[cfg(feature = "redis")]
 pub use regions::{
-    PendingTransfer, RegionError, RegionLease, RegionalBudget, RegionalBudgetBuilder, Snapshot,
-    TransferOutcome,
+    PendingTransfer, RegionError, RegionalBudget, RegionalBudgetBuilder, Snapshot, TransferOutcome,
 };

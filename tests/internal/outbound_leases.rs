@@ -38,7 +38,7 @@ use tower::{Layer, Service, ServiceExt};
 use tower_admission::clock::{Clock, ManualClock, Timestamp};
 use tower_admission::outbound::{
     Attempt, BudgetError, DependencyBudgetLayer, LeaseError, LeaseStatus, LeaseStore, LeasedBudget,
-    Rate, RateLease, RateLeaseBuilder, RetryAttempts, Share,
+    Rate, RateLease, RateLeaseBuilder, RetryAttempts,
 };
 use tracing_subscriber::layer::SubscriberExt;
 
@@ -1710,13 +1710,16 @@ fn saturate(
     budget: &LeasedBudget<ManualClock>,
     clock: &ManualClock,
     ms: u64,
-    shares: &[Share],
+    shares: &[Attempt],
 ) -> [u64; 2] {
     let end = clock.now().0 + ms * MS;
     let mut admitted = [0; 2];
     loop {
         let mut wait = Duration::MAX;
-        for (i, share) in [Share::Normal, Share::Retry].into_iter().enumerate() {
+        for (i, share) in [Attempt::FIRST, Attempt::FIRST.next()]
+            .into_iter()
+            .enumerate()
+        {
             if !shares.contains(&share) {
                 continue;
             }
@@ -1745,23 +1748,28 @@ async fn a_leased_budget_holds_each_share_to_its_part_of_the_grant() {
     let redis = ManualClock::new(Timestamp(START));
     let (lease, local) = granted_solo(&server, &redis).await;
     let budget = LeasedBudget::new(lease, Rate::per_second(40)).unwrap();
-    assert_eq!(budget.share_rate(Share::Normal), Rate::per_second(200));
+    assert_eq!(budget.share_rate(Attempt::FIRST), Rate::per_second(200));
     // Both shares saturated for 2 s: exactly 200/s and 40/s, 240/s in all.
-    let both = saturate(&budget, &local, 2_000, &[Share::Normal, Share::Retry]);
+    let both = saturate(
+        &budget,
+        &local,
+        2_000,
+        &[Attempt::FIRST, Attempt::FIRST.next()],
+    );
     assert_eq!(both, [400, 80], "normal, retry over 2 s");
     // Retries alone cannot take what first attempts leave: still 40/s
     // (plus the retry bucket's burst of one, refilled while normal ran).
-    let retry_only = saturate(&budget, &local, 1_000, &[Share::Retry]);
+    let retry_only = saturate(&budget, &local, 1_000, &[Attempt::FIRST.next()]);
     assert_eq!(retry_only, [0, 40]);
-    let normal_only = saturate(&budget, &local, 1_000, &[Share::Normal]);
+    let normal_only = saturate(&budget, &local, 1_000, &[Attempt::FIRST]);
     // The normal bucket is full (5 = 200/s × 25 ms), then fills at 200/s.
     assert_eq!(normal_only, [205, 0], "the burst plus 200/s");
     let stats = budget.stats();
     assert_eq!((stats.normal, stats.retry), (605, 120));
     assert_eq!(
-        budget.try_acquire_now(Share::Retry, 2),
+        budget.try_acquire_now(Attempt::FIRST.next(), 2),
         Err(BudgetError::CostExceedsBudget {
-            share: Share::Retry,
+            retry: true,
             cost: 2
         }),
         "a cost above the lease's max_cost never passes"
@@ -1800,10 +1808,7 @@ async fn a_leased_budget_through_the_layer_refuses_an_exhausted_retry_share_with
         assert!(service.ready().await.unwrap().call(retry()).await.is_ok());
     }
     match service.ready().await.unwrap().call(retry()).await {
-        Err(BudgetError::Exhausted {
-            share: Share::Retry,
-            wait,
-        }) => {
+        Err(BudgetError::Exhausted { retry: true, wait }) => {
             assert_eq!(wait, Duration::from_millis(25), "1/40 s");
         }
         other => panic!("expected the retry share's refusal, got {other:?}"),
@@ -1850,7 +1855,7 @@ async fn an_unreachable_limiter_gives_the_fallback_unless_fail_open_was_chosen()
         let budget = LeasedBudget::new(lease, Rate::per_second(40)).unwrap();
         if fail_open {
             // No limit at all: 10,000 attempts at one instant pass.
-            for share in [Share::Normal, Share::Retry] {
+            for share in [Attempt::FIRST, Attempt::FIRST.next()] {
                 for _ in 0..5_000 {
                     assert_eq!(budget.try_acquire_now(share, 1), Ok(()));
                 }
@@ -1860,7 +1865,12 @@ async fn an_unreachable_limiter_gives_the_fallback_unless_fail_open_was_chosen()
                 (5_000, 5_000)
             );
         } else {
-            let admitted = saturate(&budget, &local, 10_000, &[Share::Normal, Share::Retry]);
+            let admitted = saturate(
+                &budget,
+                &local,
+                10_000,
+                &[Attempt::FIRST, Attempt::FIRST.next()],
+            );
             // The fallback 240/40 = 6/s for 10 s, split 5 + 1. The lease's
             // bucket holds one attempt, so while it is full and neither share
             // has a whole one its accrual is lost: 58 of 60 (52 when the
@@ -1888,7 +1898,7 @@ async fn a_leased_budget_over_a_released_lease_refuses_at_once_for_good() {
     let released = Err(BudgetError::Unavailable {
         wait: Duration::MAX,
     });
-    for share in [Share::Normal, Share::Retry] {
+    for share in [Attempt::FIRST, Attempt::FIRST.next()] {
         assert_eq!(budget.try_acquire_now(share, 1), released);
         local.advance(Duration::from_millis(300));
         assert_eq!(budget.try_acquire_now(share, 1), released);
@@ -1923,11 +1933,11 @@ async fn a_leased_budget_with_no_rate_yet_waits_as_its_lease_says() {
     assert!(lease.status().is_starting());
     let retry_every = Duration::from_millis(250);
     assert_eq!(lease.try_acquire(1), Err(retry_every));
-    for share in [Share::Normal, Share::Retry] {
+    for attempt in [Attempt::FIRST, Attempt::FIRST.next()] {
         assert_eq!(
-            budget.try_acquire_now(share, 1),
+            budget.try_acquire_now(attempt, 1),
             Err(BudgetError::Exhausted {
-                share,
+                retry: attempt.is_retry(),
                 wait: retry_every
             })
         );
@@ -1959,7 +1969,7 @@ async fn a_share_fills_from_its_grant_not_from_the_time_before_it() {
     let mut sent = 0;
     for _ in 0..177 {
         clock.advance(Duration::from_millis(1));
-        while budget.try_acquire_now(Share::Retry, 1).is_ok() {
+        while budget.try_acquire_now(Attempt::FIRST.next(), 1).is_ok() {
             sent += 1;
         }
     }
@@ -2093,7 +2103,7 @@ async fn a_share_idle_across_the_fallback_keeps_only_what_the_fallback_fills() {
         // First attempts as fast as they pass, except from 1 s to 8 s.
         let mut sent = 0u64;
         if !(1_000..8_000).contains(&tick) {
-            while budget.try_acquire_now(Share::Normal, 1).is_ok() {
+            while budget.try_acquire_now(Attempt::FIRST, 1).is_ok() {
                 sent += 1;
             }
         }
@@ -2173,20 +2183,20 @@ async fn a_share_idle_across_two_lease_changes_fills_only_from_the_latest() {
         assert_eq!(lease.refresh().await.unwrap().grant, Rate::per_second(R));
         let shares = LeasedBudget::new(lease.clone(), Rate::per_second(40)).unwrap();
         local.set(Timestamp(start + SEC));
-        assert_eq!(shares.try_acquire_now(Share::Normal, 1), Ok(()));
+        assert_eq!(shares.try_acquire_now(Attempt::FIRST, 1), Ok(()));
         for &at in refreshes {
             local.set(Timestamp(start + at * SEC));
             assert_eq!(lease.refresh().await.unwrap().grant, Rate::per_second(R));
         }
         local.set(Timestamp(start + 8 * SEC + 100 * MS));
         let mut sent = 0;
-        while shares.try_acquire_now(Share::Normal, 1).is_ok() {
+        while shares.try_acquire_now(Attempt::FIRST, 1).is_ok() {
             sent += 1;
         }
         // A burst after the latest change, the share is full again.
         local.set(Timestamp(start + 9 * SEC + 100 * MS));
         let mut refilled = 0;
-        while shares.try_acquire_now(Share::Normal, 1).is_ok() {
+        while shares.try_acquire_now(Attempt::FIRST, 1).is_ok() {
             refilled += 1;
         }
         held.push((sent, refilled));
@@ -2229,16 +2239,19 @@ async fn a_stale_now_fills_up_to_the_lease_change_on_the_old_schedule() {
     assert_eq!(lease.refresh().await.unwrap().grant, Rate::per_second(R));
     // Read before the reply landed.
     let stale = Timestamp(start + 5 * SEC + 500 * MS);
-    assert_eq!(shares.try_acquire_at(Share::Retry, 1, stale), Ok(()));
+    assert_eq!(
+        shares.try_acquire_at(Attempt::FIRST.next(), 1, stale),
+        Ok(())
+    );
     let mut sent = 0;
-    while shares.try_acquire_now(Share::Retry, 1).is_ok() {
+    while shares.try_acquire_now(Attempt::FIRST.next(), 1).is_ok() {
         sent += 1;
     }
     assert_eq!(sent, 10);
     // From the change on, the share fills at the grant's 40/s.
     local.advance(Duration::from_millis(500));
     let mut refilled = 0;
-    while shares.try_acquire_now(Share::Retry, 1).is_ok() {
+    while shares.try_acquire_now(Attempt::FIRST.next(), 1).is_ok() {
         refilled += 1;
     }
     assert_eq!(refilled, 20);
@@ -2349,7 +2362,7 @@ async fn random_share_run(server: &RedisServer, seed: u64) -> Result<(u64, u64),
                 let cost = rng.random_range(1..=max_cost);
                 let burst = rng.random_bool(0.3);
                 for _ in 0..if burst { 1_000 } else { 1 } {
-                    let which = [Share::Normal, Share::Retry][share];
+                    let which = [Attempt::FIRST, Attempt::FIRST.next()][share];
                     if shares.try_acquire_now(which, cost).is_err() {
                         break;
                     }

@@ -14,8 +14,9 @@
 //! - `state.rs`: the local state and its bucket (the outbound side's one
 //!   bucket, `src/outbound/bucket.rs`, in integer nano-tokens), filled at
 //!   the grant until its local expiry; `fallback.rs`: what it spends after.
-//! - `ceiling.rs`: a run-time ceiling on the budget a refresh reports
-//!   (a region's lease follows its spendable allocation through it).
+//! - `ceiling.rs`: a run-time ceiling on the budget a refresh reports, read
+//!   beside the refresher (a region's lease follows its spendable
+//!   allocation through it).
 //! - `demand.rs`: the demand reported at each refresh; `pushback.rs`: the
 //!   dependency's pushback, reported with it.
 //! - `refresh.rs`: a refresh, its reply taken in, the refresher, the
@@ -41,7 +42,7 @@ mod store;
 mod table;
 
 pub use builder::RateLeaseBuilder;
-pub(crate) use ceiling::Ceiling;
+pub(crate) use ceiling::{Ceiling, Source};
 pub(crate) use demand::Asked;
 pub use error::LeaseError;
 pub use rate::Rate;

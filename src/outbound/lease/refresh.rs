@@ -238,10 +238,15 @@ impl<C: Clock> RateLease<C> {
     /// the lease weakly: it ends when every clone of the lease is dropped,
     /// or at once when the lease is released. Abort the handle to stop it
     /// sooner.
+    ///
+    /// A region's lease ([`RegionalBudget::lease`](crate::outbound::RegionalBudget::lease))
+    /// also reads its region's spendable allocation, once before the first
+    /// refresh and then every `view_max_age / 4`, in the same task: its
+    /// refreshes report nothing without it.
     pub fn spawn_refresher(&self) -> JoinHandle<()> {
         let weak: Weak<Shared<C>> = Arc::downgrade(&self.inner);
         let wake = self.inner.wake.clone();
-        tokio::spawn(async move {
+        let refresher = async move {
             loop {
                 let Some(inner) = weak.upgrade() else {
                     return;
@@ -257,7 +262,11 @@ impl<C: Clock> RateLease<C> {
                     () = wake.notified() => {}
                 }
             }
-        })
+        };
+        match self.inner.ceiling.clone() {
+            Some(ceiling) => tokio::spawn(ceiling.follow(refresher)),
+            None => tokio::spawn(refresher),
+        }
     }
 
     /// Stops spending (every later attempt is refused) and then deletes this

@@ -10,7 +10,7 @@ use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::outbound::budget::Counters;
 use crate::outbound::lease::{cap_at_refresh, Asked};
 use crate::outbound::{
-    AttemptBudget, BudgetError, BudgetShares, BudgetStats, Rate, RateLease, Share,
+    Attempt, AttemptBudget, BudgetError, BudgetShares, BudgetStats, Rate, RateLease,
 };
 use crate::reload::{ReloadHandle, Target};
 use crate::ConfigError;
@@ -25,13 +25,6 @@ use share::{Part, ShareBucket};
 enum Look {
     First,
     Again,
-}
-
-fn share_index(share: Share) -> usize {
-    match share {
-        Share::Normal => 0,
-        Share::Retry => 1,
-    }
 }
 
 /// The refusal of a released lease: this budget never admits again.
@@ -155,11 +148,12 @@ impl<C: Clock> LeasedBudget<C> {
         })
     }
 
-    /// `share`'s part of the lease.
-    fn part(&self, share: Share) -> Part<'_, C> {
+    /// The retry share's part of the lease if `retry`, else the normal
+    /// share's.
+    fn part(&self, retry: bool) -> Part<'_, C> {
         Part {
             lease: &self.inner.lease,
-            rate: self.share_rate(share),
+            rate: self.rate_of(retry),
         }
     }
 
@@ -173,23 +167,30 @@ impl<C: Clock> LeasedBudget<C> {
         self.inner.stats.snapshot()
     }
 
-    /// A share's rate, as a part of the lease's whole rate.
-    pub fn share_rate(&self, share: Share) -> Rate {
+    /// The rate of the share `attempt` draws on (the retry share for a
+    /// retry), as a part of the lease's whole rate.
+    pub fn share_rate(&self, attempt: Attempt) -> Rate {
+        self.rate_of(attempt.is_retry())
+    }
+
+    /// The retry share's rate if `retry`, else the normal share's.
+    fn rate_of(&self, retry: bool) -> Rate {
         let total = self.inner.lease.rate().as_milli();
-        let retry = self.retry().as_milli();
-        Rate::from_milli(match share {
-            Share::Normal => total.saturating_sub(retry),
-            Share::Retry => retry,
+        let retry_rate = self.retry().as_milli();
+        Rate::from_milli(if retry {
+            retry_rate
+        } else {
+            total.saturating_sub(retry_rate)
         })
     }
 
-    /// What an attempt of `cost` on `share` asks of the lease, in
-    /// milli-units: `cost × R / r` for a share of rate `r` out of the
-    /// lease's `R`, the grant under which the share sends it (a share of no
-    /// rate asks its cost).
-    fn asked(&self, share: Share, cost: u64) -> u64 {
+    /// What an attempt of `cost` on the retry share (if `retry`) or the
+    /// normal one asks of the lease, in milli-units: `cost × R / r` for a
+    /// share of rate `r` out of the lease's `R`, the grant under which the
+    /// share sends it (a share of no rate asks its cost).
+    fn asked(&self, retry: bool, cost: u64) -> u64 {
         let total = u128::from(self.inner.lease.rate().as_milli());
-        let part = u128::from(self.share_rate(share).as_milli());
+        let part = u128::from(self.rate_of(retry).as_milli());
         let milli = u128::from(cost) * 1_000;
         let asked = (milli * total).checked_div(part).unwrap_or(milli);
         u64::try_from(asked).unwrap_or(u64::MAX)
@@ -213,20 +214,21 @@ impl<C: Clock> LeasedBudget<C> {
         }))
     }
 
-    /// Charges one attempt of `cost` to `share` at the lease's local now.
-    pub fn try_acquire_now(&self, share: Share, cost: u64) -> Result<(), BudgetError> {
-        self.try_acquire_at(share, cost, self.inner.lease.now())
+    /// Charges `attempt` of `cost` to its share at the lease's local now.
+    pub fn try_acquire_now(&self, attempt: Attempt, cost: u64) -> Result<(), BudgetError> {
+        self.try_acquire_at(attempt, cost, self.inner.lease.now())
     }
 
-    /// Charges one attempt of `cost` to `share` at local time `now`: from
-    /// the share's bucket and the lease's, both or neither. Synchronous.
+    /// Charges `attempt` of `cost` at local time `now`: from its share's
+    /// bucket (the retry share's for a retry) and the lease's, both or
+    /// neither. Synchronous.
     pub fn try_acquire_at(
         &self,
-        share: Share,
+        attempt: Attempt,
         cost: u64,
         now: Timestamp,
     ) -> Result<(), BudgetError> {
-        let result = self.charge_at(share, cost, now, Look::First);
+        let result = self.charge_at(attempt.is_retry(), cost, now, Look::First);
         if result.is_err() {
             self.inner.stats.refused();
         }
@@ -235,10 +237,10 @@ impl<C: Clock> LeasedBudget<C> {
 
     /// [`try_acquire_at`](Self::try_acquire_at) without counting a refusal:
     /// the whole share path, in order. An attempt counts toward the demand
-    /// on its first look only.
+    /// on its first look only. To the retry share if `retry`.
     fn charge_at(
         &self,
-        share: Share,
+        retry: bool,
         cost: u64,
         now: Timestamp,
         look: Look,
@@ -255,15 +257,15 @@ impl<C: Clock> LeasedBudget<C> {
         //    lease to send it (cost × R / the share's rate).
         let asked = match look {
             Look::First => Asked::Share {
-                share: share_index(share),
-                milli: self.asked(share, cost),
+                share: usize::from(retry),
+                milli: self.asked(retry, cost),
             },
             Look::Again => Asked::Nothing,
         };
         // 3. A cost no bucket holds: refused, counted as demand.
         if cost > lease.max_cost() {
             lease.note_demand(asked);
-            return Err(BudgetError::CostExceedsBudget { share, cost });
+            return Err(BudgetError::CostExceedsBudget { retry, cost });
         }
         // 4. A fail-open lease in its fallback admits every attempt, share
         //    or not.
@@ -271,7 +273,7 @@ impl<C: Clock> LeasedBudget<C> {
             let result = lease.acquire_counting(cost, asked, now);
             return match result {
                 Ok(()) => {
-                    inner.stats.admitted(share);
+                    inner.stats.admitted(retry);
                     Ok(())
                 }
                 Err(wait) => Err(BudgetError::Unavailable { wait }),
@@ -280,9 +282,9 @@ impl<C: Clock> LeasedBudget<C> {
         // 5. The share's bucket fills on the lease's schedule up to now (read
         //    under the shares' lock, so fills see the schedules in order),
         //    held to its capacity at the current rate.
-        let part = self.part(share);
+        let part = self.part(retry);
         let mut shares = inner.shares.lock();
-        let bucket = &mut shares[share_index(share)];
+        let bucket = &mut shares[usize::from(retry)];
         let schedule = lease.schedule();
         bucket.fill(&part, now, schedule);
         let current = schedule.rate_at(now);
@@ -305,18 +307,18 @@ impl<C: Clock> LeasedBudget<C> {
                 lease.note_held_back(asked, now, micros);
                 Duration::from_micros(micros)
             };
-            return Err(BudgetError::Exhausted { share, wait });
+            return Err(BudgetError::Exhausted { retry, wait });
         }
         // 7. The lease's own bucket: both are charged, or neither.
         match lease.acquire_counting(cost, asked, now) {
             Ok(()) => {
                 bucket.bucket.spend(cost);
-                inner.stats.admitted(share);
+                inner.stats.admitted(retry);
                 Ok(())
             }
             // Released since the status was read.
             Err(Duration::MAX) => Err(RELEASED),
-            Err(wait) => Err(BudgetError::Exhausted { share, wait }),
+            Err(wait) => Err(BudgetError::Exhausted { retry, wait }),
         }
     }
 }
@@ -324,24 +326,27 @@ impl<C: Clock> LeasedBudget<C> {
 impl<C: Clock> AttemptBudget for LeasedBudget<C> {
     fn charge(
         &self,
-        share: Share,
+        attempt: Attempt,
         cost: u64,
     ) -> impl std::future::Future<Output = Result<(), BudgetError>> + Send {
-        std::future::ready(self.charge_at(share, cost, self.inner.lease.now(), Look::First))
+        let now = self.inner.lease.now();
+        std::future::ready(self.charge_at(attempt.is_retry(), cost, now, Look::First))
     }
 
     fn charge_again(
         &self,
-        share: Share,
+        attempt: Attempt,
         cost: u64,
     ) -> impl std::future::Future<Output = Result<(), BudgetError>> + Send {
-        std::future::ready(self.charge_at(share, cost, self.inner.lease.now(), Look::Again))
+        let now = self.inner.lease.now();
+        std::future::ready(self.charge_at(attempt.is_retry(), cost, now, Look::Again))
     }
 
-    fn note_arrival(&self, share: Share, cost: u64) {
+    fn note_arrival(&self, attempt: Attempt, cost: u64) {
+        let retry = attempt.is_retry();
         self.inner.lease.note_demand(Asked::Share {
-            share: share_index(share),
-            milli: self.asked(share, cost),
+            share: usize::from(retry),
+            milli: self.asked(retry, cost),
         });
     }
 

@@ -50,7 +50,7 @@ pub(super) struct Rebalance {
     pub(super) floor: u64,
 }
 
-/// The settings every [`RegionLease`](crate::outbound::RegionLease) of a
+/// The settings every region lease ([`RegionalBudget::lease`]) of a
 /// budget shares: the invariant's proof takes one lease length, view age and
 /// clock skew for all regions.
 #[derive(Debug, Clone, Copy)]
@@ -135,7 +135,7 @@ impl RegionalBudgetBuilder {
     /// ordered transfer ([`RegionalBudget::send`]) counts as spendable, and
     /// may be given on, only `H` after its credit (on the receiver's Redis
     /// clock). Above zero, at most one hour. A
-    /// [`RegionLease`](crate::outbound::RegionLease) checks that `H` covers
+    /// region's [lease](RegionalBudget::lease) checks that `H` covers
     /// the lease length, clock skew, view age and deadlines.
     ///
     /// ```
@@ -154,7 +154,7 @@ impl RegionalBudgetBuilder {
     }
 
     /// The lease length `L` of the regions' rate leases
-    /// ([`RegionLease`](crate::outbound::RegionLease)), default 5 s.
+    /// ([`RegionalBudget::lease`]), default 5 s.
     ///
     /// ```
     /// # use tower_admission::outbound::RegionalBudget;
@@ -194,7 +194,7 @@ impl RegionalBudgetBuilder {
     }
 
     /// The store that `region`'s leases lease from (its own Redis, as a
-    /// rule): every [`RegionLease`](crate::outbound::RegionLease) of the
+    /// rule): every [lease](RegionalBudget::lease) of the
     /// region leases from it, and the rebalancers read each region's demand
     /// from it ([`RegionalBudget::rebalance_once`]). A region without one has
     /// no leases, and its demand counts as unknown.
@@ -246,7 +246,7 @@ impl RegionalBudgetBuilder {
     /// `credit_hold` or `view_max_age` (zero), `lease_store` (not a region,
     /// or given twice), `rebalance_step` (zero). The region leases check the
     /// lease length and the credit hold against each other
-    /// ([`RegionLease::new`](crate::outbound::RegionLease::new)).
+    /// ([`RegionalBudget::lease`]).
     ///
     /// ```
     /// # use tower_admission::outbound::RegionalBudget;

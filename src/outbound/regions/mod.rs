@@ -7,8 +7,8 @@
 //! the regions' states; `snapshot.rs` reads the allocations; `transfer.rs`
 //! moves allocation (debit, credit, clear); `repair.rs` finishes half-done
 //! transfers; `restore.rs` returns what a state loss took; `ordered.rs` moves allocation by ordered transfers with
-//! bounded records and reads what a region may spend; `region_lease.rs`
-//! spends a region's allocation through rate leases; `rebalancer.rs` moves
+//! bounded records and reads what a region may spend; `lease.rs`
+//! builds the rate leases a region's allocation is spent through; `rebalancer.rs` moves
 //! it toward demand; `error.rs` has the errors.
 
 use std::fmt;
@@ -20,11 +20,11 @@ use redis::Script;
 mod builder;
 mod error;
 mod init;
+mod lease;
 mod ledger;
 mod ordered;
 mod rebalancer;
 mod region;
-mod region_lease;
 mod repair;
 mod restore;
 mod snapshot;
@@ -34,7 +34,6 @@ pub use builder::RegionalBudgetBuilder;
 pub use error::RegionError;
 use error::Step;
 
-pub use region_lease::RegionLease;
 pub use repair::PendingTransfer;
 pub use snapshot::Snapshot;
 use transfer::TransferId;
@@ -205,8 +204,8 @@ const MAX_ID: usize = 128;
 /// regions however many transfers run. A late retry of a number at or
 /// below the watermark is never applied again. Received allocation counts
 /// as spendable ([`spendable`](Self::spendable)) and may be given on only
-/// after the hold, which is what lets a
-/// [`RegionLease`](crate::outbound::RegionLease) spend it safely;
+/// after the hold, which is what lets a region's [lease](Self::lease)
+/// spend it safely;
 /// [`rebalance_once`](Self::rebalance_once) moves allocation toward demand
 /// with it. `docs/regions.md` has the proofs.
 ///
