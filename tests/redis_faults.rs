@@ -185,7 +185,7 @@ async fn killed_mid_load_fail_open_admits_every_failed_decision() {
     let failed = check_kill_samples(&samples, killed_at);
     for s in &failed {
         assert!(s.verdict.is_admitted());
-        assert_eq!(Rejection::from_outcome(s.verdict.outcome(), 1), None);
+        assert_eq!(s.verdict.rejection(), None);
     }
     let stats = limiter.stats();
     assert_eq!(stats.failed_open, failed.len() as u64);
@@ -200,7 +200,7 @@ async fn killed_mid_load_fail_closed_refuses_with_503() {
     for s in &failed {
         assert!(!s.verdict.is_admitted());
         assert_eq!(
-            Rejection::from_outcome(s.verdict.outcome(), 1),
+            s.verdict.rejection(),
             Some(Rejection::LimiterUnavailable {
                 retry_after: Duration::from_secs(1)
             })
@@ -223,7 +223,7 @@ async fn killed_mid_load_local_share_admits_exactly_the_share() {
     assert_eq!(admitted, 25);
     for s in failed.iter().filter(|s| !s.verdict.is_admitted()) {
         assert!(matches!(
-            Rejection::from_outcome(s.verdict.outcome(), 1),
+            s.verdict.rejection(),
             Some(Rejection::QuotaExceeded { .. })
         ));
     }
@@ -428,7 +428,7 @@ async fn stalled_traffic_times_out_with_unknown_outcomes_that_were_consumed() {
         assert_eq!(verdict.store_error(), Some(&StoreError::Timeout));
         assert!(!verdict.is_admitted());
         assert_eq!(
-            Rejection::from_outcome(verdict.outcome(), 1),
+            verdict.rejection(),
             Some(Rejection::LimiterUnavailable {
                 retry_after: Duration::from_secs(1)
             })
@@ -588,7 +588,7 @@ async fn cluster_master_killed_fails_only_its_keys_within_the_deadline() {
         );
         if *dead {
             let rejection =
-                Rejection::from_outcome(verdict.outcome(), 1).expect("dead master: refused");
+                verdict.rejection().expect("dead master: refused");
             assert_eq!(rejection.status(), http::StatusCode::SERVICE_UNAVAILABLE);
             refused_dead += 1;
         } else {
