@@ -15,7 +15,7 @@ use futures_util::FutureExt;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use tower::{Layer, Service, ServiceExt};
-use tower_admission::clock::{ManualClock, Timestamp};
+use tower_admission::clock::ManualClock;
 use tower_admission::identity::Identity;
 use tower_admission::quota::{
     FailureMode, Holds, Limiter, MemoryStore, Policy, Quota, QuotaDecision, QuotaLayer,
@@ -26,7 +26,7 @@ use tower_admission::reject::Rejection;
 const DAY: Duration = Duration::from_secs(86_400);
 
 fn clock() -> ManualClock {
-    ManualClock::new(Timestamp::from_secs(1_800_000_000))
+    ManualClock::new(Duration::from_secs(1_800_000_000))
 }
 
 fn memory(clock: &ManualClock) -> MemoryStore<ManualClock> {

@@ -23,7 +23,7 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use tokio::sync::Notify;
 use tokio::time::Instant;
-use tower_admission::clock::{ManualClock, Timestamp};
+use tower_admission::clock::ManualClock;
 use tower_admission::quota::{
     FailureMode, Limiter, Policy, Quota, RedisStore, Store, StoreError, Verdict,
 };
@@ -335,7 +335,7 @@ async fn a_refund_from_before_a_restart_takes_nothing_from_a_later_charge() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bucket_refund_from_before_a_restart_takes_nothing_from_a_later_charge() {
     let mut server = RedisServer::start();
-    let clock = ManualClock::new(Timestamp::from_micros(1_700_000_000_000_000));
+    let clock = ManualClock::new(Duration::from_micros(1_700_000_000_000_000));
     let store = RedisStore::builder(server.url())
         .test_clock(clock.clone())
         .deadline(Duration::from_secs(2))
@@ -619,7 +619,7 @@ async fn cluster_settle_whose_reply_was_lost_is_applied_once() {
     let cluster = support::RedisCluster::start();
     let proxies = cluster.behind_reply_cut_proxies().await;
     let clock = tower_admission::clock::ManualClock::default();
-    clock.set(tower_admission::clock::Timestamp::from_millis(
+    clock.set(Duration::from_millis(
         1_704_110_400_000,
     ));
     let store = RedisStore::cluster_builder(proxies.iter().map(support::ReplyCutProxy::url))

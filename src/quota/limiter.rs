@@ -26,12 +26,12 @@ const UNAVAILABLE_RETRY_AFTER: Duration = Duration::from_secs(1);
 /// Clones share the store, the local fallback limiter and the counters.
 ///
 /// ```
-/// use tower_admission::clock::{ManualClock, Timestamp};
+/// use tower_admission::clock::ManualClock;
 /// use tower_admission::quota::{Limiter, MemoryStore, Policy, Quota};
 /// use tower_admission::reject::Rejection;
 /// use std::{sync::Arc, time::Duration};
 /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
-/// let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+/// let clock = ManualClock::new(Duration::from_secs(1_800_000_000));
 /// let limiter = Limiter::new(MemoryStore::with_clock(clock));
 /// let quota = Quota::new("api", [Policy::token_bucket("burst", 1, 1, Duration::from_secs(1))?])?;
 /// let key: Arc<str> = "alice".into();

@@ -215,17 +215,19 @@ impl<C: Clock> LeasedBudget<C> {
 
     /// Charges one attempt of `cost` to `share` at the lease's local now.
     pub fn try_acquire_now(&self, share: Share, cost: u64) -> Result<(), BudgetError> {
-        self.try_acquire_at(share, cost, self.inner.lease.now())
+        self.try_acquire_at(share, cost, self.inner.lease.now().as_duration())
     }
 
-    /// Charges one attempt of `cost` to `share` at local time `now`: from
-    /// the share's bucket and the lease's, both or neither. Synchronous.
+    /// Charges one attempt of `cost` to `share` at local time `now` (since
+    /// the Unix epoch): from the share's bucket and the lease's, both or
+    /// neither. Synchronous.
     pub fn try_acquire_at(
         &self,
         share: Share,
         cost: u64,
-        now: Timestamp,
+        now: Duration,
     ) -> Result<(), BudgetError> {
+        let now = Timestamp::from_duration(now);
         let result = self.charge_at(share, cost, now, Look::First);
         if result.is_err() {
             self.inner.stats.refused();
@@ -246,7 +248,7 @@ impl<C: Clock> LeasedBudget<C> {
         let inner = &*self.inner;
         let lease = &inner.lease;
         // 1. A released lease never admits again.
-        let status = lease.status_at(now);
+        let status = lease.status_at(now.as_duration());
         if status.is_released() {
             return Err(RELEASED);
         }
@@ -299,7 +301,7 @@ impl<C: Clock> LeasedBudget<C> {
             } else {
                 let micros = cap_at_refresh(
                     bucket.bucket.wait_us(cost, rate),
-                    lease.status_at(now).next_refresh,
+                    Timestamp::from_duration(lease.status_at(now.as_duration()).next_refresh),
                     now,
                 );
                 lease.note_held_back(asked, now, micros);
