@@ -18,8 +18,8 @@ use tower::{Layer, Service, ServiceExt};
 use tower_admission::clock::ManualClock;
 use tower_admission::identity::Identity;
 use tower_admission::quota::{
-    FailureMode, Holds, Limiter, MemoryStore, Policy, Quota, QuotaDecision, QuotaLayer,
-    Settlement, Store, StoreError,
+    FailureMode, Holds, Limiter, MemoryStore, Policy, Quota, QuotaDecision, QuotaLayer, Settlement,
+    Store, StoreError,
 };
 use tower_admission::reject::Rejection;
 
@@ -378,7 +378,10 @@ async fn local_share_refuses_a_big_cost_as_unavailable_not_too_large() {
         })
     );
     let verdict = limiter.check(&quota, &key, 101).await;
-    assert_eq!(verdict.refusing_policies(), [Arc::<str>::from("per-minute")]);
+    assert_eq!(
+        verdict.refusing_policies(),
+        [Arc::<str>::from("per-minute")]
+    );
     assert_eq!(verdict.retry_after(), None);
 
     let layer = QuotaLayer::with_limiter(limiter)

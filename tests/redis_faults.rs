@@ -587,8 +587,7 @@ async fn cluster_master_killed_fails_only_its_keys_within_the_deadline() {
             started.elapsed()
         );
         if *dead {
-            let rejection =
-                verdict.rejection().expect("dead master: refused");
+            let rejection = verdict.rejection().expect("dead master: refused");
             assert_eq!(rejection.status(), http::StatusCode::SERVICE_UNAVAILABLE);
             refused_dead += 1;
         } else {
@@ -619,9 +618,7 @@ async fn cluster_settle_whose_reply_was_lost_is_applied_once() {
     let cluster = support::RedisCluster::start();
     let proxies = cluster.behind_reply_cut_proxies().await;
     let clock = tower_admission::clock::ManualClock::default();
-    clock.set(Duration::from_millis(
-        1_704_110_400_000,
-    ));
+    clock.set(Duration::from_millis(1_704_110_400_000));
     let store = RedisStore::cluster_builder(proxies.iter().map(support::ReplyCutProxy::url))
         .test_clock(clock.clone())
         .deadline(Duration::from_secs(2))

@@ -3,11 +3,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::reject::Rejection;
 use crate::quota::{
     Decision, Decisions, FailureMode, Holds, MemoryStore, Policy, Quota, QuotaDecision, Store,
     StoreError,
 };
+use crate::reject::Rejection;
 
 /// The metadata `metrics::counter!` would give the decision counter, which
 /// is registered by its prebuilt key instead.

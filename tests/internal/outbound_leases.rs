@@ -216,7 +216,9 @@ impl Fleet {
         configure: impl FnOnce(Builder) -> Builder,
     ) -> usize {
         let offset = offset_s * 1_000_000;
-        let clock = ManualClock::new(Duration::from_micros(self.now().checked_add_signed(offset).unwrap()));
+        let clock = ManualClock::new(Duration::from_micros(
+            self.now().checked_add_signed(offset).unwrap(),
+        ));
         let builder = RateLease::builder(
             store.clone(),
             BUDGET,
@@ -1626,7 +1628,10 @@ async fn a_dropped_first_refresh_finishes_as_a_failed_one() {
     let server = RedisServer::start();
     let redis = ManualClock::new(Duration::from_micros(START));
     let shared = store(&server, Some(&redis));
-    let lease = solo(shared.clone(), &ManualClock::new(Duration::from_micros(START)));
+    let lease = solo(
+        shared.clone(),
+        &ManualClock::new(Duration::from_micros(START)),
+    );
     // A live connection, so the refresh's call is sent on its first poll.
     shared.grants(BUDGET).await.unwrap();
     drop(send_only(&lease));

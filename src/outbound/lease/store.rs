@@ -271,7 +271,7 @@ impl LeaseStore {
     /// One script call under the deadline. The arguments (and the injected
     /// test time) are fixed before anything is awaited.
     pub(super) async fn call(&self, key: &str, id: &str, args: &Args) -> Result<Value, LeaseError> {
-        let now = self.inner.clock.as_ref().map_or(0, |c| Timestamp::now(c).as_micros());
+        let now = self.inner.clock.as_ref().map_or(0, |c| Timestamp::now(c).0);
         let mut invocation = self.inner.script.prepare_invoke();
         invocation
             .key(key)

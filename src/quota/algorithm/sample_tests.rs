@@ -278,7 +278,10 @@ async fn shadow_policy_never_refuses_but_reports() {
         (10, 2, 9)
     );
     // Refusals name only the enforcing policy.
-    assert_eq!(verdicts[11].refusing_policies(), [Arc::<str>::from("enforced")]);
+    assert_eq!(
+        verdicts[11].refusing_policies(),
+        [Arc::<str>::from("enforced")]
+    );
     assert!(verdicts[11].retry_after().is_some());
 }
 
