@@ -49,7 +49,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tower_admission::clock::{ManualClock, Timestamp};
+use tower_admission::clock::ManualClock;
 use tower_admission::quota::{MemoryStore, Policy, Quota, Store};
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -128,13 +128,13 @@ fn overload() -> Scenario {
 /// The times (µs after 12:00:00) at which `policy` admitted, deciding each
 /// offered request at cost 1 on a fresh store with a manual clock.
 fn admissions(policy: &Policy, offered: &[u64]) -> Vec<u64> {
-    let clock = ManualClock::new(Timestamp::from_micros(NOON));
+    let clock = ManualClock::new(Duration::from_micros(NOON));
     let store = MemoryStore::with_clock(clock.clone());
     let quota = Quota::new("plots", [policy.clone()]).expect("valid quota");
     let key: Arc<str> = "user".into();
     let mut admitted = Vec::new();
     for &t in offered {
-        clock.set(Timestamp::from_micros(NOON + t));
+        clock.set(Duration::from_micros(NOON + t));
         let decision = store
             .decide(&quota, &key, 1)
             .into_inner()

@@ -21,7 +21,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tower_admission::clock::{ManualClock, Timestamp};
+use tower_admission::clock::ManualClock;
 use tower_admission::quota::{MemoryStore, Policy, Quota, Store};
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -59,7 +59,7 @@ fn quota(algorithm: &str, entries: u64) -> Quota {
 /// Bytes per key of one row, measured in this process.
 fn measure(algorithm: &str, keys: usize, entries: u64) -> f64 {
     let quota = quota(algorithm, entries);
-    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let clock = ManualClock::new(Duration::from_secs(1_800_000_000));
     let store = MemoryStore::with_clock(clock).max_keys(NonZeroUsize::new(keys).unwrap());
     let before = rss_bytes();
     for i in 0..keys {

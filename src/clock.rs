@@ -1,10 +1,11 @@
 //! Time sources for limiter decisions.
 //!
 //! Every decision reads time from exactly one trusted source per store. In
-//! memory that is a [`Clock`]; in Redis it is the server's `TIME`. Times are
-//! [`Timestamp`]s: whole microseconds since the Unix epoch, so that fixed windows
-//! align with wall-clock minutes and Lua scripts can use the same integers
-//! without losing precision (2^53 µs is about 285 years).
+//! memory that is a [`Clock`]; in Redis it is the server's `TIME`. A clock
+//! tells the time since the Unix epoch, as a [`Duration`], so that fixed
+//! windows align with wall-clock minutes. The crate keeps whole microseconds,
+//! which Lua scripts use as integers without losing precision (2^53 µs is
+//! about 285 years).
 //!
 //! [`SystemClock`] anchors the wall clock once and then advances with the
 //! monotonic clock, so it never moves backwards even if NTP steps the system
@@ -14,61 +15,77 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// Whole microseconds since the Unix epoch.
-///
-/// ```
-/// use tower_admission::clock::Timestamp;
-///
-/// let noon = Timestamp::from_secs(1_704_110_400);
-/// assert_eq!(noon.as_micros(), 1_704_110_400_000_000);
-/// assert_eq!(Timestamp::from_micros(noon.as_micros()), noon);
-/// ```
+/// Whole microseconds since the Unix epoch: a [`Clock`]'s time as the
+/// crate keeps it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub struct Timestamp(pub(crate) u64);
+pub(crate) struct Timestamp(pub(crate) u64);
 
 impl Timestamp {
-    /// Builds a timestamp from microseconds since the Unix epoch.
-    pub const fn from_micros(us: u64) -> Self {
-        Timestamp(us)
+    /// The time `clock` reads now.
+    #[inline]
+    pub(crate) fn now(clock: &impl Clock) -> Self {
+        Timestamp::from_duration(clock.now())
     }
 
-    /// Builds a timestamp from milliseconds since the Unix epoch.
-    pub const fn from_millis(ms: u64) -> Self {
-        Timestamp(ms * 1_000)
+    /// The time `d` after the Unix epoch, in whole microseconds (saturating).
+    #[inline]
+    pub(crate) fn from_duration(d: Duration) -> Self {
+        Timestamp(duration_to_micros(d))
+    }
+
+    /// The time since the Unix epoch.
+    pub(crate) const fn as_duration(self) -> Duration {
+        Duration::from_micros(self.0)
     }
 
     /// Builds a timestamp from whole seconds since the Unix epoch.
-    pub const fn from_secs(s: u64) -> Self {
+    #[cfg(test)]
+    pub(crate) const fn from_secs(s: u64) -> Self {
         Timestamp(s * 1_000_000)
     }
 
     /// Microseconds since the Unix epoch.
-    pub const fn as_micros(self) -> u64 {
+    pub(crate) const fn as_micros(self) -> u64 {
         self.0
     }
 
-    /// This time moved forward by `d` (saturating).
-    pub fn plus(self, d: Duration) -> Self {
-        Timestamp(self.0.saturating_add(duration_to_micros(d)))
-    }
-
     /// The time from `earlier` to `self`, zero if `earlier` is later.
-    pub fn since(self, earlier: Timestamp) -> Duration {
+    pub(crate) fn since(self, earlier: Timestamp) -> Duration {
         Duration::from_micros(self.0.saturating_sub(earlier.0))
     }
 }
 
 /// Converts a duration to whole microseconds, saturating at `u64::MAX`.
+#[inline]
 pub(crate) fn duration_to_micros(d: Duration) -> u64 {
-    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+    d.as_secs()
+        .saturating_mul(1_000_000)
+        .saturating_add(u64::from(d.subsec_micros()))
 }
 
-/// A source of [`Timestamp`]s.
+/// A source of time: the time since the Unix epoch. The crate reads it in
+/// whole microseconds.
 ///
 /// Implementations must be cheap to clone; clones share one time source.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_admission::clock::Clock;
+///
+/// /// A clock stopped at noon, 2024-01-01 UTC.
+/// #[derive(Clone)]
+/// struct Noon;
+///
+/// impl Clock for Noon {
+///     fn now(&self) -> Duration {
+///         Duration::from_secs(1_704_110_400)
+///     }
+/// }
+/// assert_eq!(Noon.now().as_secs(), 1_704_110_400);
+/// ```
 pub trait Clock: Clone + Send + Sync + 'static {
-    /// The current time.
-    fn now(&self) -> Timestamp;
+    /// The current time, since the Unix epoch.
+    fn now(&self) -> Duration;
 }
 
 /// Wall-clock aligned, monotonic time: the wall clock read once at creation,
@@ -108,22 +125,22 @@ impl Default for SystemClock {
 
 impl Clock for SystemClock {
     #[inline]
-    fn now(&self) -> Timestamp {
+    fn now(&self) -> Duration {
         let nanos = self.clock.delta_as_nanos(self.anchor, self.clock.raw());
-        Timestamp(self.anchor_wall.saturating_add(nanos / 1_000))
+        Duration::from_micros(self.anchor_wall.saturating_add(nanos / 1_000))
     }
 }
 
 /// A clock that moves only when told to. Clones share one time.
 ///
 /// ```
-/// use tower_admission::clock::{Clock, ManualClock, Timestamp};
+/// use tower_admission::clock::{Clock, ManualClock};
 /// use std::time::Duration;
 ///
-/// let clock = ManualClock::new(Timestamp::from_secs(60));
+/// let clock = ManualClock::new(Duration::from_secs(60));
 /// let shared = clock.clone();
 /// clock.advance(Duration::from_millis(1500));
-/// assert_eq!(shared.now(), Timestamp::from_millis(61_500));
+/// assert_eq!(shared.now(), Duration::from_millis(61_500));
 /// ```
 #[derive(Debug, Clone, Default)]
 pub struct ManualClock {
@@ -131,10 +148,11 @@ pub struct ManualClock {
 }
 
 impl ManualClock {
-    /// A clock that reads `start` until moved.
-    pub fn new(start: Timestamp) -> Self {
+    /// A clock that reads `start` (since the Unix epoch) until moved, in
+    /// whole microseconds.
+    pub fn new(start: Duration) -> Self {
         ManualClock {
-            now: Arc::new(AtomicU64::new(start.0)),
+            now: Arc::new(AtomicU64::new(duration_to_micros(start))),
         }
     }
 
@@ -143,15 +161,16 @@ impl ManualClock {
         self.now.fetch_add(duration_to_micros(d), Ordering::SeqCst);
     }
 
-    /// Sets the clock to `t`, which may be earlier than now (to test rollback).
-    pub fn set(&self, t: Timestamp) {
-        self.now.store(t.0, Ordering::SeqCst);
+    /// Sets the clock to `t` since the Unix epoch, which may be earlier than
+    /// now (to test rollback).
+    pub fn set(&self, t: Duration) {
+        self.now.store(duration_to_micros(t), Ordering::SeqCst);
     }
 }
 
 impl Clock for ManualClock {
-    fn now(&self) -> Timestamp {
-        Timestamp(self.now.load(Ordering::SeqCst))
+    fn now(&self) -> Duration {
+        Duration::from_micros(self.now.load(Ordering::SeqCst))
     }
 }
 
@@ -166,7 +185,7 @@ mod tests {
         let b = clock.now();
         assert!(b >= a);
         let wall = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
-        let diff = wall.as_micros().abs_diff(u128::from(b.0));
+        let diff = wall.as_micros().abs_diff(b.as_micros());
         assert!(
             diff < 5_000_000,
             "system clock drifted {diff}µs from wall time"
@@ -175,9 +194,18 @@ mod tests {
 
     #[test]
     fn manual_clock_clones_share_time() {
-        let clock = ManualClock::new(Timestamp(10));
+        let clock = ManualClock::new(Duration::from_micros(10));
         let other = clock.clone();
-        other.set(Timestamp(5));
-        assert_eq!(clock.now(), Timestamp(5));
+        other.set(Duration::from_micros(5));
+        assert_eq!(clock.now(), Duration::from_micros(5));
+    }
+
+    #[test]
+    fn timestamps_are_whole_microseconds() {
+        let d = Duration::new(1_704_110_400, 123_456_789);
+        let t = Timestamp::from_duration(d);
+        assert_eq!(t.as_micros(), 1_704_110_400_123_456);
+        assert_eq!(t.as_duration(), Duration::new(1_704_110_400, 123_456_000));
+        assert_eq!(Timestamp::from_duration(Duration::MAX), Timestamp(u64::MAX));
     }
 }

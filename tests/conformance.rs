@@ -16,7 +16,7 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tower_admission::clock::{ManualClock, Timestamp};
+use tower_admission::clock::ManualClock;
 use tower_admission::quota::{MemoryStore, Policy, Quota, Store};
 
 /// 2024-01-01T12:00:00Z, the start of a minute.
@@ -36,7 +36,7 @@ impl<S: Store> Ctx<'_, S> {
     }
 
     fn at_ms(&self, ms: u64) {
-        self.clock.set(Timestamp::from_millis(ms));
+        self.clock.set(Duration::from_millis(ms));
     }
 
     async fn admitted(&self, quota: &Quota, key: &Arc<str>, cost: u64, n: u64) -> u64 {

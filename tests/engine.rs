@@ -15,17 +15,18 @@ use futures_util::FutureExt;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use tower::{Layer, Service, ServiceExt};
-use tower_admission::clock::{ManualClock, Timestamp};
+use tower_admission::clock::ManualClock;
 use tower_admission::identity::Identity;
 use tower_admission::quota::{
-    FailureMode, Holds, Limiter, MemoryStore, Outcome, Policy, Quota, QuotaDecision, QuotaLayer,
-    Settlement, Store, StoreError,
+    FailureMode, Holds, Limiter, MemoryStore, Policy, Quota, QuotaDecision, QuotaLayer, Settlement,
+    Store, StoreError,
 };
+use tower_admission::reject::Rejection;
 
 const DAY: Duration = Duration::from_secs(86_400);
 
 fn clock() -> ManualClock {
-    ManualClock::new(Timestamp::from_secs(1_800_000_000))
+    ManualClock::new(Duration::from_secs(1_800_000_000))
 }
 
 fn memory(clock: &ManualClock) -> MemoryStore<ManualClock> {
@@ -371,16 +372,17 @@ async fn local_share_refuses_a_big_cost_as_unavailable_not_too_large() {
     let key: Arc<str> = "alice".into();
     let verdict = limiter.check(&quota, &key, 50).await;
     assert_eq!(
-        verdict.outcome(),
-        &Outcome::Unavailable {
-            wait: Duration::from_secs(1)
-        }
+        verdict.rejection(),
+        Some(Rejection::LimiterUnavailable {
+            retry_after: Duration::from_secs(1)
+        })
     );
     let verdict = limiter.check(&quota, &key, 101).await;
-    assert!(matches!(
-        verdict.outcome(),
-        Outcome::CostExceedsCapacity { policies } if policies.len() == 1
-    ));
+    assert_eq!(
+        verdict.refusing_policies(),
+        [Arc::<str>::from("per-minute")]
+    );
+    assert_eq!(verdict.retry_after(), None);
 
     let layer = QuotaLayer::with_limiter(limiter)
         .quota(quota)

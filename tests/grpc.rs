@@ -13,7 +13,7 @@ use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_types::StatusExt;
 use tower::ServiceBuilder;
-use tower_admission::clock::{ManualClock, Timestamp};
+use tower_admission::clock::ManualClock;
 use tower_admission::identity::{ApiKeys, AuthenticateLayer, Identity};
 use tower_admission::quota::{MemoryStore, Policy, Quota, QuotaLayer};
 
@@ -21,7 +21,7 @@ use tower_admission::quota::{MemoryStore, Policy, Quota, QuotaLayer};
 async fn health_service_behind_auth_and_quota() {
     let (_reporter, health) = tonic_health::server::health_reporter();
     // 100 s into an hour.
-    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000 / 3600 * 3600 + 100));
+    let clock = ManualClock::new(Duration::from_secs(1_800_000_000 / 3600 * 3600 + 100));
     let store = MemoryStore::with_clock(clock);
     let quota = Quota::new(
         "grpc",
@@ -187,7 +187,7 @@ async fn streaming_server() -> (
 ) {
     use tower_admission::bounds::BodyLimitsLayer;
 
-    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000 / 3600 * 3600));
+    let clock = ManualClock::new(Duration::from_secs(1_800_000_000 / 3600 * 3600));
     let store = MemoryStore::with_clock(clock);
     let quota = Quota::new(
         "streams",

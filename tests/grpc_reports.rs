@@ -23,7 +23,7 @@ use proto::ListReportsRequest;
 use tokio::sync::oneshot;
 use tonic::{Code, Status};
 use tonic_types::StatusExt;
-use tower_admission::clock::{ManualClock, Timestamp};
+use tower_admission::clock::ManualClock;
 use tower_admission::quota::{MemoryStore, Store};
 
 /// The server on a free port; dropping it shuts the server down.
@@ -46,7 +46,7 @@ async fn start<St: Store>(store: St) -> Running {
 }
 
 fn frozen() -> (MemoryStore<ManualClock>, ManualClock) {
-    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let clock = ManualClock::new(Duration::from_secs(1_800_000_000));
     (MemoryStore::with_clock(clock.clone()), clock)
 }
 

@@ -21,7 +21,7 @@ use ipnet::IpNet;
 use proptest::prelude::*;
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 use tower_admission::identity::{
-    ApiKeys, AuthError, AuthenticateLayer, Authenticator, ClientIp, ClientIpLayer, Identity,
+    ApiKeys, AuthenticateLayer, Authenticator, ClientIp, ClientIpLayer, Identity,
 };
 
 /// Most forwarding hops read from the right of a chain, as documented on
@@ -247,7 +247,7 @@ fn a_key_too_long_to_present_is_refused_by_position() {
     let unchecked = ApiKeys::new().with_key(&too_long, who());
     assert_eq!(
         unchecked.identify(&bearer(&too_long)),
-        Err(AuthError::Missing)
+        Err("missing or malformed credential")
     );
 
     let err = ApiKeys::from_keys([("demo-free", who()), (too_long.as_str(), who())]).unwrap_err();
@@ -313,13 +313,13 @@ struct Counting {
 }
 
 impl Authenticator for Counting {
-    async fn authenticate(&self, parts: &Parts) -> Result<Identity, AuthError> {
+    async fn authenticate(&self, parts: &Parts) -> Result<Identity, &'static str> {
         tokio::task::yield_now().await;
         self.calls.fetch_add(1, Ordering::SeqCst);
         match parts.headers.get("x-client-cert-subject") {
             Some(v) if v == "CN=svc-a" => Ok(Identity::new("svc-a", "internal", "service")),
-            Some(_) => Err(AuthError::Other("certificate not allowed")),
-            None => Err(AuthError::Missing),
+            Some(_) => Err("certificate not allowed"),
+            None => Err("missing or malformed credential"),
         }
     }
 }
@@ -343,7 +343,7 @@ struct SometimesNow {
 }
 
 impl Authenticator for SometimesNow {
-    fn authenticate_now(&self, parts: &Parts) -> Option<Result<Identity, AuthError>> {
+    fn authenticate_now(&self, parts: &Parts) -> Option<Result<Identity, &'static str>> {
         self.now.fetch_add(1, Ordering::SeqCst);
         parts
             .headers
@@ -351,7 +351,7 @@ impl Authenticator for SometimesNow {
             .then(|| Ok(Identity::new("cached", "internal", "service")))
     }
 
-    async fn authenticate(&self, _parts: &Parts) -> Result<Identity, AuthError> {
+    async fn authenticate(&self, _parts: &Parts) -> Result<Identity, &'static str> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         tokio::task::yield_now().await;
         Ok(Identity::new("late", "internal", "service"))

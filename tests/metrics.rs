@@ -388,10 +388,10 @@ fn dependency_attempts_refusals_and_waits_are_counted_per_budget() {
 #[cfg(feature = "tonic")]
 #[test]
 fn grpc_refusals_are_counted_once_with_labels_from_configuration_only() {
-    use tower_admission::clock::{ManualClock, Timestamp};
+    use tower_admission::clock::ManualClock;
 
     let ((), snapshotter) = recorded(async {
-        let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+        let clock = ManualClock::new(Duration::from_secs(1_800_000_000));
         let store = MemoryStore::with_clock(clock);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};
-use tower_admission::clock::{Clock, ManualClock, Timestamp};
+use tower_admission::clock::{Clock, ManualClock};
 use tower_admission::outbound::{
     Attempt, AttemptBudget, BudgetError, BudgetStats, DependencyBudget, DependencyBudgetLayer,
     RetryAttempts,
@@ -22,8 +22,8 @@ const SECOND: Duration = Duration::from_secs(1);
 struct TokioClock(tokio::time::Instant);
 
 impl Clock for TokioClock {
-    fn now(&self) -> Timestamp {
-        Timestamp::from_secs(1_800_000_000).plus(self.0.elapsed())
+    fn now(&self) -> Duration {
+        Duration::from_secs(1_800_000_000) + self.0.elapsed()
     }
 }
 
@@ -239,7 +239,7 @@ async fn admitted<St: tower_admission::quota::Store>(
 
 #[tokio::test]
 async fn partitions_split_the_budget_so_the_total_holds() {
-    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let clock = ManualClock::new(Duration::from_secs(1_800_000_000));
     let store = MemoryStore::with_clock(clock);
     // Four instances, each on its home partition of 25.
     let homes: Vec<_> = (0..4)
@@ -254,13 +254,13 @@ async fn partitions_split_the_budget_so_the_total_holds() {
     assert_eq!(total, 100);
 
     // Random with probes uses the whole budget from one instance, and no more.
-    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let clock = ManualClock::new(Duration::from_secs(1_800_000_000));
     let store = MemoryStore::with_clock(clock);
     let random = partitioned(&store, 4, Pick::Random { probes: 3 });
     assert_eq!(admitted(&random, 1_000).await, 100);
     // Without probes, a single instance gets only what its random picks
     // find: at most the total, and refusals once any partition is empty.
-    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let clock = ManualClock::new(Duration::from_secs(1_800_000_000));
     let store = MemoryStore::with_clock(clock);
     let random = partitioned(&store, 4, Pick::Random { probes: 0 });
     assert_eq!(admitted(&random, 1_000).await, 100);
@@ -270,7 +270,7 @@ async fn partitions_split_the_budget_so_the_total_holds() {
 /// budget multiplies the allowance by N.
 #[tokio::test]
 async fn the_naive_split_admits_n_times_the_budget() {
-    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let clock = ManualClock::new(Duration::from_secs(1_800_000_000));
     let store = MemoryStore::with_clock(clock);
     let mut total = 0;
     for i in 0..4 {
@@ -743,7 +743,7 @@ fn four_buckets(
 /// partition gave a wait.
 #[tokio::test]
 async fn a_refusal_across_partitions_is_the_shortest_wait_whatever_the_order() {
-    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let clock = ManualClock::new(Duration::from_secs(1_800_000_000));
     let store = PartlyDown {
         inner: MemoryStore::with_clock(clock.clone()),
         down: Arc::from(["p1"]),
@@ -751,7 +751,7 @@ async fn a_refusal_across_partitions_is_the_shortest_wait_whatever_the_order() {
     // Empty p0 at 0 s, p2 at 20 s and p3 at 30 s through their home
     // partitions (same name and store, so the same keys); p1 is down.
     for (home, at) in [(0, 0), (2, 20), (3, 30)] {
-        clock.set(Timestamp::from_secs(1_800_000_000 + at));
+        clock.set(Duration::from_secs(1_800_000_000 + at));
         let budget = four_buckets(&store, Pick::Home(home));
         assert_eq!(budget.try_acquire(Attempt::FIRST, 1).await, Ok(()));
     }
@@ -917,7 +917,7 @@ fn random_attempts_and_retries_keep_every_share_and_the_total_within_bound() {
     });
     runner
         .run(&(steps(), proptest::bool::ANY), |(steps, partitioned)| {
-            let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+            let clock = ManualClock::new(Duration::from_secs(1_800_000_000));
             let store = MemoryStore::with_clock(clock.clone());
             let mut builder = DependencyBudget::builder(store, "dep")
                 .normal(Policy::token_bucket("normal", 20, 200, SECOND).unwrap())

@@ -11,7 +11,7 @@ use std::time::Duration;
 use http::Request;
 use support::RedisServer;
 use tower::{Layer, ServiceExt};
-use tower_admission::clock::{ManualClock, Timestamp};
+use tower_admission::clock::ManualClock;
 use tower_admission::outbound::{
     Attempt, AttemptBudget, DependencyBudgetLayer, LeaseStore, LeasedBudget, Rate, RateLease,
 };
@@ -74,7 +74,7 @@ async fn an_attempt_that_looks_again_after_its_wait_counts_once_toward_the_deman
     // attempts, not 30/s, and asks 24/s of the lease: the grant whose
     // normal share (200 of 240) sends 20/s.
     let server = RedisServer::start();
-    let clock = ManualClock::new(Timestamp::from_micros(START));
+    let clock = ManualClock::new(Duration::from_micros(START));
     let lease = guessing(
         &store(&server, &clock),
         &clock,
@@ -133,7 +133,7 @@ async fn the_budget_layer_counts_an_attempt_toward_the_demand_when_it_joins_the_
     // saw all ten: 12/s of the lease, the grant whose normal share (200 of
     // 240) sends 10/s.
     let server = RedisServer::start();
-    let clock = ManualClock::new(Timestamp::from_micros(START));
+    let clock = ManualClock::new(Duration::from_micros(START));
     let lease = guessing(
         &store(&server, &clock),
         &clock,
@@ -215,7 +215,7 @@ async fn a_newcomer_whose_callers_wait_as_told_gets_its_fair_share_within_a_leas
     // R/10 = 24/s, the fair share, instead of the little it measured (then
     // doubling from 2.4/s once per 4 s refresh: still 19.2/s after 20 s).
     let server = RedisServer::start();
-    let clock = ManualClock::new(Timestamp::from_micros(START));
+    let clock = ManualClock::new(Duration::from_micros(START));
     let shared = store(&server, &clock);
     let mut fleet: Vec<Queued> = (0..9)
         .map(|i| Queued::new(&shared, &clock, &format!("old{i}"), 1_000))
@@ -328,7 +328,7 @@ async fn a_bursty_instance_keeps_what_it_sends_and_leaves_the_rest_to_a_saturate
     // no more attempts, so it keeps its measured rate and a quarter
     // (12/s of the lease) and the saturated one gets the rest.
     let server = RedisServer::start();
-    let clock = ManualClock::new(Timestamp::from_micros(START));
+    let clock = ManualClock::new(Duration::from_micros(START));
     let shared = store(&server, &clock);
     let mut saturated = Through::new(&shared, &clock, "saturated");
     let mut bursty = Through::new(&shared, &clock, "bursty");
@@ -415,7 +415,7 @@ impl Uneven {
 /// `from..to` joining at 30 s.
 async fn uneven_sends(from: usize, to: usize, light_every_ms: u64) -> Vec<u64> {
     let server = RedisServer::start();
-    let clock = ManualClock::new(Timestamp::from_micros(START));
+    let clock = ManualClock::new(Duration::from_micros(START));
     let shared = store(&server, &clock);
     let mut fleet = Uneven::new(&shared, &clock, from, light_every_ms);
     let mut per_second = Vec::new();

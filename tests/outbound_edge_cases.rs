@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};
-use tower_admission::clock::{Clock, Timestamp};
+use tower_admission::clock::Clock;
 use tower_admission::outbound::{
     Attempt, BudgetError, DependencyBudget, DependencyBudgetLayer, RetryAttempts,
 };
@@ -26,8 +26,8 @@ const SECOND: Duration = Duration::from_secs(1);
 struct TokioClock(tokio::time::Instant);
 
 impl Clock for TokioClock {
-    fn now(&self) -> Timestamp {
-        Timestamp::from_secs(1_800_000_000).plus(self.0.elapsed())
+    fn now(&self) -> Duration {
+        Duration::from_secs(1_800_000_000) + self.0.elapsed()
     }
 }
 

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use support::RedisServer;
 use tower::{Layer, ServiceExt};
-use tower_admission::clock::{ManualClock, Timestamp};
+use tower_admission::clock::ManualClock;
 use tower_admission::outbound::{
     Attempt, LeaseStore, LeasedBudget, PushbackLayer, Rate, RateLease,
 };
@@ -67,7 +67,7 @@ async fn effective(lease: &RateLease<ManualClock>) -> u64 {
 #[tokio::test]
 async fn pushback_halves_the_budget_once_per_cooldown_to_a_floor_and_it_grows_back_after_quiet() {
     let server = RedisServer::start();
-    let clock = ManualClock::new(Timestamp::from_micros(START));
+    let clock = ManualClock::new(Duration::from_micros(START));
     let lease = instance(&store(&server, &clock), "solo", R, &clock);
     assert_eq!(effective(&lease).await, 240_000, "no pushback: E = R");
     assert_eq!(lease.status().grant, Rate::per_second(R));
@@ -123,7 +123,7 @@ async fn pushback_halves_the_budget_once_per_cooldown_to_a_floor_and_it_grows_ba
 async fn one_instance_s_pushback_lowers_every_instance_s_grant_and_they_look_again_every_quarter_period(
 ) {
     let server = RedisServer::start();
-    let clock = ManualClock::new(Timestamp::from_micros(START));
+    let clock = ManualClock::new(Duration::from_micros(START));
     let shared = store(&server, &clock);
     let fleet: Vec<_> = (0..10)
         .map(|i| instance(&shared, &format!("i{i}"), R / 10, &clock))
@@ -180,7 +180,7 @@ async fn one_instance_s_pushback_lowers_every_instance_s_grant_and_they_look_aga
 #[tokio::test]
 async fn the_retry_share_is_cut_with_the_budget_so_retries_never_amplify_a_refusal_storm() {
     let server = RedisServer::start();
-    let clock = ManualClock::new(Timestamp::from_micros(START));
+    let clock = ManualClock::new(Duration::from_micros(START));
     let lease = instance(&store(&server, &clock), "solo", R, &clock);
     let budget = LeasedBudget::new(lease.clone(), Rate::per_second(40)).unwrap();
     lease.refresh().await.unwrap();
@@ -219,7 +219,7 @@ async fn the_retry_share_is_cut_with_the_budget_so_retries_never_amplify_a_refus
 #[tokio::test]
 async fn the_pushback_layer_reports_refusals_to_the_budget_and_nothing_else() {
     let server = RedisServer::start();
-    let clock = ManualClock::new(Timestamp::from_micros(START));
+    let clock = ManualClock::new(Duration::from_micros(START));
     let lease = instance(&store(&server, &clock), "solo", R, &clock);
     let budget = LeasedBudget::new(lease.clone(), Rate::per_second(40)).unwrap();
     let answers = ["200", "429", "503", "503+retry-after", "200+ratelimit"];

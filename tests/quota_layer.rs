@@ -15,7 +15,7 @@ use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use tower::ServiceExt;
 use tower_admission::bounds::{QueryRules, ValidateQueryLayer, ValidatedQuery};
-use tower_admission::clock::{ManualClock, Timestamp};
+use tower_admission::clock::ManualClock;
 use tower_admission::identity::{ClientIp, ClientIpLayer, Identity};
 use tower_admission::quota::{
     Holds, MemoryStore, Policy, Quota, QuotaDecision, QuotaLayer, Settlement, Store, StoreError,
@@ -38,7 +38,7 @@ fn request(identity: Option<Identity>, uri: &str) -> Request<Body> {
 
 #[tokio::test]
 async fn refusal_is_429_with_headers_and_problem_json() {
-    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let clock = ManualClock::new(Duration::from_secs(1_800_000_000));
     let quota = Quota::new(
         "q",
         [Policy::fixed_window("per-minute", 2, MINUTE).unwrap()],
@@ -92,7 +92,7 @@ async fn refusal_is_429_with_headers_and_problem_json() {
 
 #[tokio::test]
 async fn per_identity_quota_without_identity_is_401() {
-    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let clock = ManualClock::new(Duration::from_secs(1_800_000_000));
     let quota = Quota::new("q", [Policy::fixed_window("m", 2, MINUTE).unwrap()]).unwrap();
     let app = Router::new().route("/", get(|| async { "ok" })).layer(
         QuotaLayer::builder(store(&clock))
@@ -106,7 +106,7 @@ async fn per_identity_quota_without_identity_is_401() {
 
 #[tokio::test]
 async fn spoofed_identity_headers_do_not_change_the_key() {
-    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let clock = ManualClock::new(Duration::from_secs(1_800_000_000));
     let quota = Quota::new("q", [Policy::fixed_window("m", 3, MINUTE).unwrap()]).unwrap();
     let app = Router::new().route("/", get(|| async { "ok" })).layer(
         QuotaLayer::builder(store(&clock))
@@ -129,7 +129,7 @@ async fn spoofed_identity_headers_do_not_change_the_key() {
 
 #[tokio::test]
 async fn ip_quota_ignores_forwarded_for_from_untrusted_peers() {
-    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let clock = ManualClock::new(Duration::from_secs(1_800_000_000));
     let quota = Quota::new("per-ip", [Policy::fixed_window("m", 3, MINUTE).unwrap()]).unwrap();
     let by_ip = |parts: &http::request::Parts| {
         parts
@@ -184,7 +184,7 @@ async fn ip_quota_ignores_forwarded_for_from_untrusted_peers() {
 
 #[tokio::test]
 async fn page_size_is_the_cost_and_settle_refunds_exactly() {
-    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let clock = ManualClock::new(Duration::from_secs(1_800_000_000));
     let store = store(&clock);
     let quota = Quota::new(
         "rows",
@@ -263,7 +263,7 @@ async fn page_size_is_the_cost_and_settle_refunds_exactly() {
 
 #[tokio::test]
 async fn cost_over_capacity_is_413_without_retry_after() {
-    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let clock = ManualClock::new(Duration::from_secs(1_800_000_000));
     let quota = Quota::new(
         "q",
         [Policy::token_bucket("burst", 20, 100, MINUTE).unwrap()],
@@ -291,7 +291,7 @@ async fn cost_over_capacity_is_413_without_retry_after() {
 
 #[tokio::test]
 async fn aggregate_scope_shares_one_key_and_plans_pick_limits() {
-    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let clock = ManualClock::new(Duration::from_secs(1_800_000_000));
     let free = Quota::new("free", [Policy::fixed_window("m", 2, MINUTE).unwrap()]).unwrap();
     let pro = Quota::new("pro", [Policy::fixed_window("m", 5, MINUTE).unwrap()]).unwrap();
     let per_plan = Router::new().route("/", get(|| async { "ok" })).layer(
@@ -384,7 +384,7 @@ impl tower_admission::quota::Store for AwaitingStore {
 
 #[tokio::test]
 async fn awaiting_store_gives_the_same_answers() {
-    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let clock = ManualClock::new(Duration::from_secs(1_800_000_000));
     let quota = Quota::new(
         "q",
         [Policy::fixed_window("per-minute", 2, MINUTE).unwrap()],
@@ -459,7 +459,7 @@ impl Store for KeyLog {
 /// spelled as a long key's stored form does not reach it.
 #[tokio::test]
 async fn long_keys_are_stored_bounded_and_stay_distinct() {
-    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let clock = ManualClock::new(Duration::from_secs(1_800_000_000));
     let store = KeyLog {
         inner: store(&clock),
         keys: Default::default(),
@@ -518,7 +518,7 @@ async fn left<St: Store>(store: &St, quota: &Quota, key: &str) -> u64 {
 #[tokio::test]
 async fn a_request_refused_further_in_costs_its_caller_nothing() {
     for (refund, awaiting, expected) in [(true, false, 3), (true, true, 3), (false, false, 1)] {
-        let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+        let clock = ManualClock::new(Duration::from_secs(1_800_000_000));
         let memory = store(&clock);
         let per_user =
             Quota::new("per-user", [Policy::fixed_window("m", 5, MINUTE).unwrap()]).unwrap();
@@ -570,7 +570,7 @@ async fn a_request_refused_further_in_costs_its_caller_nothing() {
 /// to give: 6 of 10 left (a second refund of 4 would leave 10).
 #[tokio::test]
 async fn a_handler_settle_and_the_refund_never_give_back_twice() {
-    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let clock = ManualClock::new(Duration::from_secs(1_800_000_000));
     let memory = store(&clock);
     let work = Quota::new("work", [Policy::fixed_window("m", 10, MINUTE).unwrap()]).unwrap();
     let full = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -617,7 +617,7 @@ async fn a_handler_settle_and_the_refund_never_give_back_twice() {
 /// of 100. Now the settle gives back only the old charge's token.
 #[tokio::test]
 async fn a_request_from_before_a_reload_settles_without_refilling_the_new_quota() {
-    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let clock = ManualClock::new(Duration::from_secs(1_800_000_000));
     let store = store(&clock);
     let bucket = |capacity| {
         let policy = Policy::token_bucket("burst", capacity, 1, Duration::from_secs(1));

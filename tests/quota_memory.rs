@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tower_admission::clock::{ManualClock, Timestamp};
+use tower_admission::clock::ManualClock;
 use tower_admission::quota::{MemoryStore, Policy, Quota, Store, StoreError};
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -30,7 +30,7 @@ fn quotas(limit: u64) -> Vec<Quota> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn thousand_concurrent_tasks_admit_exactly_the_limit() {
     // The clock stands still so no refill or window change can add capacity.
-    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_030));
+    let clock = ManualClock::new(Duration::from_secs(1_800_000_030));
     let store = MemoryStore::with_clock(clock);
     for quota in quotas(100) {
         let admitted = Arc::new(AtomicU64::new(0));
@@ -55,7 +55,7 @@ async fn thousand_concurrent_tasks_admit_exactly_the_limit() {
 
 #[test]
 fn a_million_identities_stay_within_max_keys() {
-    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let clock = ManualClock::new(Duration::from_secs(1_800_000_000));
     let store =
         MemoryStore::with_clock(clock.clone()).max_keys(NonZeroUsize::new(100_000).unwrap());
     let quota = Quota::new(
@@ -112,7 +112,7 @@ fn a_million_identities_stay_within_max_keys() {
 
 #[test]
 fn a_store_of_a_million_keys_holds_exactly_a_million_live_keys() {
-    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let clock = ManualClock::new(Duration::from_secs(1_800_000_000));
     let store =
         MemoryStore::with_clock(clock.clone()).max_keys(NonZeroUsize::new(1_000_000).unwrap());
     let quota = Quota::new("q", [Policy::token_bucket("b", 10, 1, MINUTE).unwrap()]).unwrap();
@@ -145,7 +145,7 @@ fn a_refund_brings_the_key_expiry_forward() {
     // One key of a one-key store: after a full refund it is equivalent to
     // fresh at once, so a new key takes its place instead of waiting for the
     // charge's original expiry.
-    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let clock = ManualClock::new(Duration::from_secs(1_800_000_000));
     let store = MemoryStore::with_clock(clock.clone()).max_keys(NonZeroUsize::new(1).unwrap());
     let quota = Quota::new("q", [Policy::sliding_log("l", 10, MINUTE).unwrap()]).unwrap();
     let (a, b): (Arc<str>, Arc<str>) = ("a".into(), "b".into());
@@ -167,7 +167,7 @@ fn a_refund_brings_the_key_expiry_forward() {
 
 #[test]
 fn refused_and_zero_cost_requests_create_no_state() {
-    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let clock = ManualClock::new(Duration::from_secs(1_800_000_000));
     let store = MemoryStore::with_clock(clock);
     for quota in quotas(10) {
         for i in 0..100 {
@@ -187,7 +187,7 @@ fn refused_and_zero_cost_requests_create_no_state() {
 
 /// A store of at most 8 keys in one shard, on a manual clock.
 fn eight_keys_one_shard() -> (MemoryStore<ManualClock>, ManualClock) {
-    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let clock = ManualClock::new(Duration::from_secs(1_800_000_000));
     let store = MemoryStore::with_clock(clock.clone())
         .max_keys(NonZeroUsize::new(8).unwrap())
         .shards(NonZeroUsize::MIN)
@@ -285,7 +285,7 @@ fn buckets_and_other_quotas_share_one_cap() {
 
 #[test]
 fn a_shadow_bucket_counts_but_never_refuses() {
-    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let clock = ManualClock::new(Duration::from_secs(1_800_000_000));
     let store = MemoryStore::with_clock(clock);
     let quota = Quota::new(
         "watch",
@@ -312,7 +312,7 @@ fn keys_alike_up_to_any_length_keep_their_own_state() {
     // Short keys are kept inline and long ones shared: keys that differ only
     // in their length, or in their last byte, on either side of that line,
     // are distinct keys in every quota shape.
-    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let clock = ManualClock::new(Duration::from_secs(1_800_000_000));
     let store = MemoryStore::with_clock(clock);
     let mut keys: Vec<Arc<str>> = Vec::new();
     for len in [1, 3, 4, 7, 8, 9, 16, 17, 21, 22, 23, 24, 40] {
@@ -345,7 +345,7 @@ fn keys_alike_up_to_any_length_keep_their_own_state() {
 #[test]
 fn shadow_policies_never_keep_room_from_a_full_store() {
     use futures_util::FutureExt;
-    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let clock = ManualClock::new(Duration::from_secs(1_800_000_000));
     let store = MemoryStore::with_clock(clock.clone()).max_keys(NonZeroUsize::new(64).unwrap());
     let decide = |quota: &Quota, key: &str| {
         store
@@ -447,7 +447,7 @@ fn a_settle_under_the_old_numbers_never_refills_the_new_policy() {
     for (old, new, before, after, refunded) in cases {
         for stacked in [false, true] {
             for delta in [-1, 1] {
-                let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+                let clock = ManualClock::new(Duration::from_secs(1_800_000_000));
                 let store = MemoryStore::with_clock(clock.clone());
                 let (old, new) = if stacked {
                     (

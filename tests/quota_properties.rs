@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
-use tower_admission::clock::{ManualClock, Timestamp};
+use tower_admission::clock::ManualClock;
 use tower_admission::quota::{Holds, MemoryStore, Policy, Quota, Store};
 
 use support::runner;
@@ -108,7 +108,7 @@ async fn settle_run<S: Store>(
         match op {
             Op::Admit { gap, cost } => {
                 now += gap;
-                clock.set(Timestamp::from_micros(now));
+                clock.set(Duration::from_micros(now));
                 let d = store.decide(&quota, &key, cost).await.unwrap();
                 if d.admitted {
                     charges.push(Charge {
@@ -123,7 +123,7 @@ async fn settle_run<S: Store>(
                     continue;
                 }
                 now += gap;
-                clock.set(Timestamp::from_micros(now));
+                clock.set(Duration::from_micros(now));
                 let c = which % charges.len();
                 // What a refund gave back shows as capacity regained now.
                 let before = store.decide(&probe, &key, 0).await.unwrap().decisions[0].remaining;
@@ -219,7 +219,7 @@ async fn stacked_run<S: Store>(
         match op {
             Op::Admit { gap, cost } => {
                 now += gap;
-                clock.set(Timestamp::from_micros(now));
+                clock.set(Duration::from_micros(now));
                 let with = store.decide(&shadowed, &key, cost).await.unwrap();
                 let without = store.decide(&bare, &bare_key, cost).await.unwrap();
                 prop_assert_eq!(with.admitted, without.admitted, "admitted at {}", now);
@@ -234,7 +234,7 @@ async fn stacked_run<S: Store>(
                     continue;
                 }
                 now += gap;
-                clock.set(Timestamp::from_micros(now));
+                clock.set(Duration::from_micros(now));
                 let c = which % charges.len();
                 let before = remaining(store, &shadowed, &key).await;
                 prop_assert_eq!(before, remaining(store, &bare, &bare_key).await);
@@ -348,7 +348,7 @@ async fn change_run<S: Store>(
     let mut now = START;
     for (policy, gap, cost) in steps {
         now += gap;
-        clock.set(Timestamp::from_micros(now));
+        clock.set(Duration::from_micros(now));
         // The weighted window still counts the previous window.
         let horizon = match policy.name() {
             "weighted" => 2 * policy.window(),
@@ -474,7 +474,7 @@ fn deploy_quota(deploy: &Deploy) -> Quota {
 /// its sweeps, give a key more than its current numbers allow.
 async fn redeploy_run(deploys: Vec<Deploy>, ops: Vec<DeployOp>) -> Result<(), TestCaseError> {
     use std::num::NonZeroUsize;
-    let clock = ManualClock::new(Timestamp::from_micros(START));
+    let clock = ManualClock::new(Duration::from_micros(START));
     let store = MemoryStore::with_clock(clock.clone())
         .max_keys(NonZeroUsize::new(4).unwrap())
         .shards(NonZeroUsize::new(2).unwrap())
@@ -499,7 +499,7 @@ async fn redeploy_run(deploys: Vec<Deploy>, ops: Vec<DeployOp>) -> Result<(), Te
             | DeployOp::Sweep { gap } => gap,
         };
         now += gap;
-        clock.set(Timestamp::from_micros(now));
+        clock.set(Duration::from_micros(now));
         let quota = &quotas[current];
         match op {
             DeployOp::Admit { key, cost, .. } => {

@@ -23,7 +23,7 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use tokio::sync::Notify;
 use tokio::time::Instant;
-use tower_admission::clock::{ManualClock, Timestamp};
+use tower_admission::clock::ManualClock;
 use tower_admission::quota::{
     FailureMode, Limiter, Policy, Quota, RedisStore, Store, StoreError, Verdict,
 };
@@ -185,7 +185,7 @@ async fn killed_mid_load_fail_open_admits_every_failed_decision() {
     let failed = check_kill_samples(&samples, killed_at);
     for s in &failed {
         assert!(s.verdict.is_admitted());
-        assert_eq!(Rejection::from_outcome(s.verdict.outcome(), 1), None);
+        assert_eq!(s.verdict.rejection(), None);
     }
     let stats = limiter.stats();
     assert_eq!(stats.failed_open, failed.len() as u64);
@@ -200,7 +200,7 @@ async fn killed_mid_load_fail_closed_refuses_with_503() {
     for s in &failed {
         assert!(!s.verdict.is_admitted());
         assert_eq!(
-            Rejection::from_outcome(s.verdict.outcome(), 1),
+            s.verdict.rejection(),
             Some(Rejection::LimiterUnavailable {
                 retry_after: Duration::from_secs(1)
             })
@@ -223,7 +223,7 @@ async fn killed_mid_load_local_share_admits_exactly_the_share() {
     assert_eq!(admitted, 25);
     for s in failed.iter().filter(|s| !s.verdict.is_admitted()) {
         assert!(matches!(
-            Rejection::from_outcome(s.verdict.outcome(), 1),
+            s.verdict.rejection(),
             Some(Rejection::QuotaExceeded { .. })
         ));
     }
@@ -335,7 +335,7 @@ async fn a_refund_from_before_a_restart_takes_nothing_from_a_later_charge() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bucket_refund_from_before_a_restart_takes_nothing_from_a_later_charge() {
     let mut server = RedisServer::start();
-    let clock = ManualClock::new(Timestamp::from_micros(1_700_000_000_000_000));
+    let clock = ManualClock::new(Duration::from_micros(1_700_000_000_000_000));
     let store = RedisStore::builder(server.url())
         .test_clock(clock.clone())
         .deadline(Duration::from_secs(2))
@@ -428,7 +428,7 @@ async fn stalled_traffic_times_out_with_unknown_outcomes_that_were_consumed() {
         assert_eq!(verdict.store_error(), Some(&StoreError::Timeout));
         assert!(!verdict.is_admitted());
         assert_eq!(
-            Rejection::from_outcome(verdict.outcome(), 1),
+            verdict.rejection(),
             Some(Rejection::LimiterUnavailable {
                 retry_after: Duration::from_secs(1)
             })
@@ -587,8 +587,7 @@ async fn cluster_master_killed_fails_only_its_keys_within_the_deadline() {
             started.elapsed()
         );
         if *dead {
-            let rejection =
-                Rejection::from_outcome(verdict.outcome(), 1).expect("dead master: refused");
+            let rejection = verdict.rejection().expect("dead master: refused");
             assert_eq!(rejection.status(), http::StatusCode::SERVICE_UNAVAILABLE);
             refused_dead += 1;
         } else {
@@ -619,9 +618,7 @@ async fn cluster_settle_whose_reply_was_lost_is_applied_once() {
     let cluster = support::RedisCluster::start();
     let proxies = cluster.behind_reply_cut_proxies().await;
     let clock = tower_admission::clock::ManualClock::default();
-    clock.set(tower_admission::clock::Timestamp::from_millis(
-        1_704_110_400_000,
-    ));
+    clock.set(Duration::from_millis(1_704_110_400_000));
     let store = RedisStore::cluster_builder(proxies.iter().map(support::ReplyCutProxy::url))
         .test_clock(clock.clone())
         .deadline(Duration::from_secs(2))

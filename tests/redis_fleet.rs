@@ -15,7 +15,7 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tower_admission::clock::{ManualClock, Timestamp};
+use tower_admission::clock::ManualClock;
 use tower_admission::quota::{Policy, Quota, RedisStore, Store};
 
 use support::RedisServer;
@@ -67,7 +67,7 @@ async fn run_fleet(stores: &[RedisStore], quota: &Quota) -> u64 {
 
 async fn fleet_admits_exactly_the_limit(instances: usize) {
     let server = RedisServer::start();
-    let clock = ManualClock::new(Timestamp::from_secs(1_704_110_400));
+    let clock = ManualClock::new(Duration::from_secs(1_704_110_400));
     let stores: Vec<RedisStore> = (0..instances)
         .map(|_| {
             RedisStore::builder(server.url())

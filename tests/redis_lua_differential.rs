@@ -32,7 +32,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
-use tower_admission::clock::{ManualClock, Timestamp};
+use tower_admission::clock::ManualClock;
 use tower_admission::quota::{Holds, MemoryStore, Policy, Quota, RedisStore, Store};
 
 use support::{runner, RedisServer};
@@ -273,7 +273,7 @@ async fn compare(
         match op {
             Op::Decide { step, cost } => {
                 now = next_time(now, step, window);
-                rig.clock.set(Timestamp::from_micros(now));
+                rig.clock.set(Duration::from_micros(now));
                 let cost = cost_of(cost, limit);
                 let expected = rig.memory.decide(quota, &key, cost).await.unwrap();
                 let got = rig.redis.decide(quota, &key, cost).await.unwrap();
@@ -287,7 +287,7 @@ async fn compare(
                     continue;
                 }
                 now = next_time(now, step, window);
-                rig.clock.set(Timestamp::from_micros(now));
+                rig.clock.set(Duration::from_micros(now));
                 let delta = delta_of(delta, limit);
                 let which = which % holds.len();
                 let (mem, red) = &holds[which];
@@ -597,7 +597,7 @@ fn sliding_window_products_beyond_2_53_are_exact() {
     let key = rig.key();
     rig.rt.block_on(async {
         for (now, cost) in ops {
-            rig.clock.set(Timestamp::from_micros(now));
+            rig.clock.set(Duration::from_micros(now));
             let expected = rig.memory.decide(&quota, &key, cost).await.unwrap();
             let got = rig.redis.decide(&quota, &key, cost).await.unwrap();
             assert_eq!(got, expected, "cost {cost} at {now}");
@@ -623,14 +623,14 @@ fn a_full_log_at_the_refund_reach_matches() {
         let mut holds = Vec::new();
         for i in 0..N {
             // Two entries per µs, so entries share times too.
-            rig.clock.set(Timestamp::from_micros(START + i / 2));
+            rig.clock.set(Duration::from_micros(START + i / 2));
             let expected = rig.memory.decide(&quota, &key, 1).await.unwrap();
             let got = rig.redis.decide(&quota, &key, 1).await.unwrap();
             assert_eq!(got, expected, "admission {i}");
             holds.push((expected.holds, got.holds));
         }
         let at = START + N;
-        rig.clock.set(Timestamp::from_micros(at));
+        rig.clock.set(Duration::from_micros(at));
         let full = rig.redis.decide(&quota, &key, 3).await.unwrap();
         assert_eq!(full, rig.memory.decide(&quota, &key, 3).await.unwrap());
         assert!(!full.admitted);

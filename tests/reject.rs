@@ -15,7 +15,7 @@ use http::{HeaderMap, Request, StatusCode};
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use tower::ServiceExt;
-use tower_admission::clock::{ManualClock, Timestamp};
+use tower_admission::clock::ManualClock;
 use tower_admission::identity::Identity;
 use tower_admission::quota::{MemoryStore, Policy, Quota, QuotaLayer, Store};
 
@@ -62,7 +62,7 @@ async fn send(app: &Router) -> (StatusCode, HeaderMap, Value) {
 /// naming the burst policy, with the RateLimit fields and `Retry-After`.
 #[tokio::test]
 async fn quota_refusal_is_quota_exceeded_with_violated_policies() {
-    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let clock = ManualClock::new(Duration::from_secs(1_800_000_000));
     let app = app(MemoryStore::with_clock(clock));
     let mut admitted = 0;
     let mut refusals = Vec::new();
@@ -223,7 +223,7 @@ async fn every_grpc_content_type_gets_a_grpc_status_in_any_case() {
             .contains_key("grpc-status")
     };
 
-    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let clock = ManualClock::new(Duration::from_secs(1_800_000_000));
     let app = app(MemoryStore::with_clock(clock));
     // Each with the content type of its refusal: gRPC-Web callers get their
     // own media type back.

@@ -13,7 +13,7 @@ use axum::Router;
 use http::{Request, StatusCode};
 use proptest::prelude::*;
 use tower::ServiceExt;
-use tower_admission::clock::{ManualClock, Timestamp};
+use tower_admission::clock::ManualClock;
 use tower_admission::identity::Identity;
 use tower_admission::quota::{Limiter, MemoryStore, Policy, Quota, QuotaLayer, Quotas};
 use tower_admission::reload::ReloadHandle;
@@ -208,7 +208,7 @@ proptest! {
         steps in steps(),
     ) {
         let quotas = [old, new].map(Numbers::quota);
-        let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+        let clock = ManualClock::new(Duration::from_secs(1_800_000_000));
         let (router, reload) = app(&clock, old);
         let reference = Reference::new(&clock, [old, new]);
         let mut in_force = 0;
@@ -253,7 +253,7 @@ fn decisions_under_a_reload_storm_are_each_wholly_old_or_new() {
         },
     ];
     let quotas = configs.map(Numbers::quota);
-    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let clock = ManualClock::new(Duration::from_secs(1_800_000_000));
     let (router, reload) = app(&clock, configs[0]);
     let reference = Reference::new(&clock, configs);
     let stop = Arc::new(AtomicBool::new(false));
@@ -298,7 +298,7 @@ fn decisions_under_a_reload_storm_are_each_wholly_old_or_new() {
 /// generation unchanged, the old numbers still deciding.
 #[tokio::test]
 async fn a_bad_configuration_changes_nothing_and_says_what_build_would() {
-    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let clock = ManualClock::new(Duration::from_secs(1_800_000_000));
     let five = Numbers {
         capacity: 5,
         refill: 1,
@@ -328,7 +328,7 @@ async fn a_bad_configuration_changes_nothing_and_says_what_build_would() {
 /// that used the old one gets nothing more than the new numbers allow.
 #[tokio::test]
 async fn a_lowered_burst_holds_for_fresh_and_spent_keys() {
-    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let clock = ManualClock::new(Duration::from_secs(1_800_000_000));
     let burst = |capacity| Numbers {
         capacity,
         refill: 1,

@@ -8,7 +8,7 @@ mod support;
 
 use std::time::Duration;
 
-use tower_admission::clock::{ManualClock, Timestamp};
+use tower_admission::clock::ManualClock;
 use tower_admission::outbound::{Attempt, BudgetShares, DependencyBudget};
 use tower_admission::quota::{MemoryStore, Policy};
 
@@ -45,7 +45,7 @@ async fn offered_every_ms(
 
 #[tokio::test]
 async fn lowering_the_budget_from_240_to_120_halves_the_attempts_from_the_next_one_on() {
-    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let clock = ManualClock::new(Duration::from_secs(1_800_000_000));
     let store = MemoryStore::with_clock(clock.clone());
     let budget = DependencyBudget::builder(store, "reports-db")
         .shares(shares(240))
@@ -73,7 +73,7 @@ async fn lowering_the_budget_from_240_to_120_halves_the_attempts_from_the_next_o
 
 #[tokio::test]
 async fn a_lowered_budget_keeps_a_full_bucket_within_its_new_burst() {
-    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let clock = ManualClock::new(Duration::from_secs(1_800_000_000));
     let store = MemoryStore::with_clock(clock.clone());
     let budget = DependencyBudget::builder(store, "reports-db")
         .shares(shares(240))
@@ -129,7 +129,7 @@ mod lease {
     use std::num::NonZeroU32;
     use std::time::Duration;
 
-    use tower_admission::clock::{ManualClock, Timestamp};
+    use tower_admission::clock::ManualClock;
     use tower_admission::outbound::{
         Attempt, BudgetShares, LeaseStore, LeasedBudget, Rate, RateLease,
     };
@@ -162,7 +162,7 @@ mod lease {
     #[tokio::test]
     async fn an_r_lowered_on_one_instance_halves_the_fleet_within_one_lease_length() {
         let server = RedisServer::start();
-        let clock = ManualClock::new(Timestamp::from_micros(START));
+        let clock = ManualClock::new(Duration::from_micros(START));
         let store =
             LeaseStore::with_test_clock(&server.url(), "t", Duration::from_secs(5), clock.clone())
                 .unwrap();

@@ -33,7 +33,7 @@ use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use tower::ServiceExt;
-use tower_admission::clock::{ManualClock, Timestamp};
+use tower_admission::clock::ManualClock;
 use tower_admission::outbound::DependencyBudget;
 use tower_admission::quota::{MemoryStore, Policy};
 
@@ -47,7 +47,7 @@ fn api_with(dependency: Dependency) -> (Router, ManualClock) {
 }
 
 fn api_of(config: &Config, dependency: Dependency) -> (Router, ManualClock) {
-    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let clock = ManualClock::new(Duration::from_secs(1_800_000_000));
     let store = MemoryStore::with_clock(clock.clone());
     (app::app(config, store, dependency).unwrap().router, clock)
 }
@@ -388,7 +388,7 @@ mod on_redis {
     #[tokio::test]
     async fn two_instances_share_the_free_burst_of_20() {
         let server = support::RedisServer::start();
-        let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+        let clock = ManualClock::new(Duration::from_secs(1_800_000_000));
         let instance = || {
             let store = RedisStore::builder(server.url())
                 .prefix("reporting-api")
@@ -669,7 +669,7 @@ async fn a_changed_free_burst_changes_the_burst_admitted() {
 #[tokio::test]
 async fn a_drain_waits_for_every_accepted_job_and_takes_no_more() {
     let (url, mock) = roomy_mock().await;
-    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let clock = ManualClock::new(Duration::from_secs(1_800_000_000));
     let store = MemoryStore::with_clock(clock.clone());
     let api = app::app(&Config::builtin(), store, dependency(&url, roomy_budget())).unwrap();
     let (status, headers, _) = send(&api.router, post_batch("demo-pro", 150)).await;

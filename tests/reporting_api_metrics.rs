@@ -42,7 +42,7 @@ use http_body_util::BodyExt;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tower::ServiceExt;
-use tower_admission::clock::{ManualClock, Timestamp};
+use tower_admission::clock::ManualClock;
 use tower_admission::outbound::DependencyBudget;
 use tower_admission::quota::{MemoryStore, Policy};
 
@@ -183,7 +183,7 @@ async fn scrape(app: &Router) -> Scrape {
 /// The API over a memory store on a manual clock, with `/metrics` reading
 /// that store's keys.
 fn api(exporter: &metrics::Exporter, dependency: Dependency) -> (Router, MemoryStore<ManualClock>) {
-    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let clock = ManualClock::new(Duration::from_secs(1_800_000_000));
     let store = MemoryStore::with_clock(clock);
     let exporter = exporter.clone().memory_store("quotas", &store);
     let api = app::app(&Config::builtin(), store.clone(), dependency).unwrap();

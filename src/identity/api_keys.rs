@@ -9,7 +9,12 @@ use http::HeaderMap;
 use sha2::{Digest as _, Sha256};
 use subtle::ConstantTimeEq;
 
-use super::{AuthError, Authenticator, Identity};
+use super::{Authenticator, Identity};
+
+/// The refusal of a missing or malformed header.
+const MISSING: &str = "missing or malformed credential";
+/// The refusal of a well-formed key that is not configured.
+const UNKNOWN: &str = "unknown credential";
 use crate::ConfigError;
 
 /// Longest `Authorization` header value that is parsed, in bytes. Longer
@@ -45,8 +50,9 @@ const BEARER: &[u8] = b"bearer ";
 /// followed by one or more spaces, never a tab (RFC 9110 §11.4). The token
 /// must be 1 or more visible ASCII characters without spaces.
 /// A missing, repeated, non-ASCII, oversized (over 4096 bytes) or
-/// otherwise malformed header is [`AuthError::Missing`]; a well-formed key
-/// that is not configured is [`AuthError::Unknown`].
+/// otherwise malformed header is refused as a `"missing or malformed
+/// credential"`; a well-formed key that is not configured as an `"unknown
+/// credential"`.
 ///
 /// ```
 /// use tower_admission::identity::{ApiKeys, Identity};
@@ -191,27 +197,24 @@ impl ApiKeys {
     ///
     /// # Errors
     ///
-    /// [`AuthError::Missing`] for a missing or malformed header,
-    /// [`AuthError::Unknown`] for a key that is not configured.
-    pub fn identify(&self, headers: &HeaderMap) -> Result<Identity, AuthError> {
-        let token = bearer_token(headers).ok_or(AuthError::Missing)?;
-        self.keys
-            .get(&KeyDigest::of(token))
-            .cloned()
-            .ok_or(AuthError::Unknown)
+    /// `"missing or malformed credential"` for a missing or malformed
+    /// header, `"unknown credential"` for a key that is not configured.
+    pub fn identify(&self, headers: &HeaderMap) -> Result<Identity, &'static str> {
+        let token = bearer_token(headers).ok_or(MISSING)?;
+        self.keys.get(&KeyDigest::of(token)).cloned().ok_or(UNKNOWN)
     }
 }
 
 impl Authenticator for ApiKeys {
     /// A lookup in memory: the answer is ready at once.
-    fn authenticate_now(&self, parts: &Parts) -> Option<Result<Identity, AuthError>> {
+    fn authenticate_now(&self, parts: &Parts) -> Option<Result<Identity, &'static str>> {
         Some(self.identify(&parts.headers))
     }
 
     fn authenticate(
         &self,
         parts: &Parts,
-    ) -> impl Future<Output = Result<Identity, AuthError>> + Send {
+    ) -> impl Future<Output = Result<Identity, &'static str>> + Send {
         ready(self.identify(&parts.headers))
     }
 }

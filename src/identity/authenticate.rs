@@ -9,7 +9,7 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower::{Layer, Service};
 
-use super::{AuthError, Identity};
+use super::Identity;
 use crate::reject::{Protocol, RefusalBody, Rejection};
 
 /// Establishes who is calling from the request head.
@@ -29,13 +29,13 @@ use crate::reject::{Protocol, RefusalBody, Rejection};
 ///
 /// ```
 /// use http::request::Parts;
-/// use tower_admission::identity::{AuthError, Authenticator, Identity};
+/// use tower_admission::identity::{Authenticator, Identity};
 ///
 /// /// Everyone is the same anonymous caller (for demos only).
 /// struct Anonymous;
 ///
 /// impl Authenticator for Anonymous {
-///     async fn authenticate(&self, _parts: &Parts) -> Result<Identity, AuthError> {
+///     async fn authenticate(&self, _parts: &Parts) -> Result<Identity, &'static str> {
 ///         Ok(Identity::new("anonymous", "public", "free"))
 ///     }
 /// }
@@ -49,27 +49,29 @@ pub trait Authenticator {
     /// `authenticate` only on `None`: each request is authenticated once.
     ///
     /// [`ApiKeys`]: super::ApiKeys
-    fn authenticate_now(&self, parts: &Parts) -> Option<Result<Identity, AuthError>> {
+    fn authenticate_now(&self, parts: &Parts) -> Option<Result<Identity, &'static str>> {
         let _ = parts;
         None
     }
 
-    /// Returns the caller's identity, or why there is none.
+    /// Returns the caller's identity, or why there is none: the reason the
+    /// 401's problem `detail` (or gRPC message) gives, so it never carries
+    /// the credential or another secret.
     fn authenticate(
         &self,
         parts: &Parts,
-    ) -> impl Future<Output = Result<Identity, AuthError>> + Send;
+    ) -> impl Future<Output = Result<Identity, &'static str>> + Send;
 }
 
 impl<A: Authenticator + ?Sized> Authenticator for Arc<A> {
-    fn authenticate_now(&self, parts: &Parts) -> Option<Result<Identity, AuthError>> {
+    fn authenticate_now(&self, parts: &Parts) -> Option<Result<Identity, &'static str>> {
         (**self).authenticate_now(parts)
     }
 
     fn authenticate(
         &self,
         parts: &Parts,
-    ) -> impl Future<Output = Result<Identity, AuthError>> + Send {
+    ) -> impl Future<Output = Result<Identity, &'static str>> + Send {
         (**self).authenticate(parts)
     }
 }
@@ -185,10 +187,10 @@ where
                     },
                 };
             }
-            Some(Err(err)) => {
+            Some(Err(reason)) => {
                 return ResponseFuture {
                     state: State::Refused {
-                        reason: err.reason(),
+                        reason,
                         protocol: Protocol::of(&parts.headers),
                     },
                 }
@@ -214,7 +216,7 @@ where
     }
 }
 
-type AuthFuture = Pin<Box<dyn Future<Output = (Parts, Result<Identity, AuthError>)> + Send>>;
+type AuthFuture = Pin<Box<dyn Future<Output = (Parts, Result<Identity, &'static str>)> + Send>>;
 
 pin_project! {
     /// Future of [`AuthenticateService`]: authentication, then the inner
@@ -290,9 +292,9 @@ where
                             let future = inner.call(Request::from_parts(parts, body));
                             this.state.set(State::Calling { future });
                         }
-                        Err(err) => {
+                        Err(reason) => {
                             this.state.set(State::Refused {
-                                reason: err.reason(),
+                                reason,
                                 protocol: Protocol::of(&parts.headers),
                             });
                         }

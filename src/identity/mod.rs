@@ -7,7 +7,7 @@
 //! credential proves.
 //!
 //! * [`Authenticator`] is the async trait that turns a request head into an
-//!   [`Identity`] or an [`AuthError`]; [`ApiKeys`] is the built-in one
+//!   [`Identity`] or the reason there is none; [`ApiKeys`] is the built-in one
 //!   (`Authorization: Bearer <key>`, keys stored as SHA-256 digests and
 //!   compared in constant time).
 //! * [`AuthenticateLayer`] answers `401` (problem+json with
@@ -43,7 +43,6 @@
 mod api_keys;
 mod authenticate;
 mod client_ip;
-mod error;
 #[cfg(feature = "axum")]
 mod extract;
 mod types;
@@ -51,5 +50,4 @@ mod types;
 pub use api_keys::ApiKeys;
 pub use authenticate::{AuthenticateLayer, Authenticator};
 pub use client_ip::{ClientIp, ClientIpLayer};
-pub use error::AuthError;
 pub use types::Identity;

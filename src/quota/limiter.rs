@@ -7,6 +7,7 @@ use crate::quota::{
     Decision, Decisions, FailureMode, Holds, MemoryStore, Policy, Quota, QuotaDecision, Store,
     StoreError,
 };
+use crate::reject::Rejection;
 
 /// The metadata `metrics::counter!` would give the decision counter, which
 /// is registered by its prebuilt key instead.
@@ -25,18 +26,20 @@ const UNAVAILABLE_RETRY_AFTER: Duration = Duration::from_secs(1);
 /// Clones share the store, the local fallback limiter and the counters.
 ///
 /// ```
-/// use tower_admission::clock::{ManualClock, Timestamp};
-/// use tower_admission::quota::{Limiter, MemoryStore, Outcome, Policy, Quota};
+/// use tower_admission::clock::ManualClock;
+/// use tower_admission::quota::{Limiter, MemoryStore, Policy, Quota};
+/// use tower_admission::reject::Rejection;
 /// use std::{sync::Arc, time::Duration};
 /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
-/// let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+/// let clock = ManualClock::new(Duration::from_secs(1_800_000_000));
 /// let limiter = Limiter::new(MemoryStore::with_clock(clock));
 /// let quota = Quota::new("api", [Policy::token_bucket("burst", 1, 1, Duration::from_secs(1))?])?;
 /// let key: Arc<str> = "alice".into();
 /// assert!(limiter.check(&quota, &key, 1).await.is_admitted());
 /// let refused = limiter.check(&quota, &key, 1).await;
-/// assert!(matches!(refused.outcome(), Outcome::Refused { .. }));
+/// assert_eq!(refused.refusing_policies(), [Arc::<str>::from("burst")]);
 /// assert_eq!(refused.retry_after(), Some(Duration::from_secs(1)));
+/// assert!(matches!(refused.rejection(), Some(Rejection::QuotaExceeded { .. })));
 /// # Ok::<(), tower_admission::ConfigError>(())
 /// # });
 /// ```
@@ -47,10 +50,9 @@ pub struct Limiter<S> {
     stats: Arc<Counters>,
 }
 
-/// What a [`Limiter`] decided, in protocol-neutral terms.
+/// What a [`Limiter`] decided, read through [`Verdict`]'s methods.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// The request may proceed.
     Admitted,
     /// Enforcing policies refused; the same request can succeed after `wait`.
@@ -74,11 +76,23 @@ pub enum Outcome {
     },
 }
 
-/// The answer of [`Limiter::check`]: the [`Outcome`], the decisions behind it
-/// and, when the store failed, how the failure was resolved.
+/// The answer of [`Limiter::check`]: admitted or not, why, the decisions
+/// behind it and, when the store failed, how the failure was resolved.
+///
+/// A refusal is one of three, each read from the verdict or, whole, as its
+/// [`rejection`](Self::rejection):
+/// - refused by enforcing policies, which [`refusing_policies`](Self::refusing_policies)
+///   names, until [`retry_after`](Self::retry_after)
+///   ([`Rejection::QuotaExceeded`]);
+/// - the cost is more than the named policies can ever admit: no
+///   `retry_after`, since no wait helps ([`Rejection::CostExceedsCapacity`]);
+/// - the store could not decide and the failure modes refuse: no policy
+///   named, a transient refusal to retry after `retry_after`
+///   ([`Rejection::LimiterUnavailable`]).
 #[derive(Debug, Clone)]
 pub struct Verdict {
     outcome: Outcome,
+    cost: u64,
     decisions: Decisions,
     /// Set only when the store failed: boxed, so that every verdict of a
     /// store that answered is small to build and move.
@@ -109,8 +123,8 @@ pub(crate) enum Recorded {
 }
 
 impl Verdict {
-    /// The outcome.
-    pub fn outcome(&self) -> &Outcome {
+    /// What was decided, for the crate's own mappings.
+    pub(crate) fn outcome(&self) -> &Outcome {
         &self.outcome
     }
 
@@ -120,12 +134,57 @@ impl Verdict {
         matches!(self.outcome, Outcome::Admitted)
     }
 
-    /// The wait on a refusal that a wait can cure; `None` otherwise.
+    /// The wait on a refusal that a wait can cure: the longest among the
+    /// refusing policies, or the failure modes' wait. `None` when admitted
+    /// or when the cost is more than a policy can ever admit.
     pub fn retry_after(&self) -> Option<Duration> {
         match self.outcome {
             Outcome::Refused { wait, .. } | Outcome::Unavailable { wait } => Some(wait),
             _ => None,
         }
+    }
+
+    /// The enforcing policies that refused, or, when no wait helps, those
+    /// whose limit is below the cost. Empty when admitted or when the store
+    /// could not decide and the failure modes refused.
+    pub fn refusing_policies(&self) -> &[Arc<str>] {
+        match &self.outcome {
+            Outcome::Refused { policies, .. } | Outcome::CostExceedsCapacity { policies } => {
+                policies
+            }
+            Outcome::Admitted | Outcome::Unavailable { .. } => &[],
+        }
+    }
+
+    /// The refusal, as the inbound layers answer it; `None` when admitted.
+    ///
+    /// ```
+    /// use tower_admission::quota::{Limiter, MemoryStore, Policy, Quota};
+    /// use tower_admission::reject::Rejection;
+    /// use std::{sync::Arc, time::Duration};
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let limiter = Limiter::new(MemoryStore::new());
+    /// let quota = Quota::new("api", [Policy::token_bucket("burst", 5, 1, Duration::from_secs(1))?])?;
+    /// let verdict = limiter.check(&quota, &"alice".into(), 8).await;
+    /// let rejection = verdict.rejection().unwrap();
+    /// assert_eq!(rejection, Rejection::CostExceedsCapacity { policies: vec!["burst".into()], cost: 8 });
+    /// assert_eq!(rejection.status(), http::StatusCode::PAYLOAD_TOO_LARGE);
+    /// # Ok::<(), tower_admission::ConfigError>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn rejection(&self) -> Option<Rejection> {
+        Some(match &self.outcome {
+            Outcome::Admitted => return None,
+            Outcome::Refused { policies, wait } => Rejection::QuotaExceeded {
+                policies: policies.clone(),
+                retry_after: *wait,
+            },
+            Outcome::CostExceedsCapacity { policies } => Rejection::CostExceedsCapacity {
+                policies: policies.clone(),
+                cost: self.cost,
+            },
+            Outcome::Unavailable { wait } => Rejection::LimiterUnavailable { retry_after: *wait },
+        })
     }
 
     /// Every decision, shadow policies' included, in the order of the
@@ -181,9 +240,10 @@ impl Verdict {
         self.failed = Some(Box::new(Failed { error, local_quota }));
     }
 
-    fn new(outcome: Outcome, decisions: Decisions) -> Self {
+    fn new(outcome: Outcome, cost: u64, decisions: Decisions) -> Self {
         Verdict {
             outcome,
+            cost,
             decisions,
             failed: None,
             recorded: Recorded::Nowhere,
@@ -356,7 +416,7 @@ impl<S: Store> Limiter<S> {
         cost: u64,
     ) -> Result<Verdict, StoreError> {
         let decision = self.store.peek(quota, key, cost).await?;
-        Ok(outcome_of(quota, decision, |_| Recorded::Nowhere))
+        Ok(outcome_of(quota, cost, decision, |_| Recorded::Nowhere))
     }
 
     /// A decision sent to the store: dropped before
@@ -379,7 +439,7 @@ impl<S: Store> Limiter<S> {
         result: Result<QuotaDecision, StoreError>,
     ) -> Verdict {
         let verdict = match result {
-            Ok(decision) => self.verdict(quota, decision, Recorded::Shared),
+            Ok(decision) => self.verdict(quota, cost, decision, Recorded::Shared),
             Err(error) => self.on_failure(quota, key, cost, error),
         };
         let admitted = verdict.is_admitted();
@@ -430,6 +490,7 @@ impl<S: Store> Limiter<S> {
         if !never.is_empty() {
             let mut verdict = Verdict::new(
                 Outcome::CostExceedsCapacity { policies: never },
+                cost,
                 Decisions::new(),
             );
             verdict.fail(error, None);
@@ -451,7 +512,7 @@ impl<S: Store> Limiter<S> {
             }
         }
         let unavailable = |error: StoreError, wait: Duration| {
-            let mut verdict = Verdict::new(Outcome::Unavailable { wait }, Decisions::new());
+            let mut verdict = Verdict::new(Outcome::Unavailable { wait }, cost, Decisions::new());
             verdict.fail(error, None);
             verdict
         };
@@ -465,7 +526,7 @@ impl<S: Store> Limiter<S> {
         // No local-share policy: every enforcing policy failed open. The
         // admission is recorded nowhere that could be settled.
         let Ok(local_quota) = Quota::new(quota.name(), shared) else {
-            let mut verdict = Verdict::new(Outcome::Admitted, Decisions::new());
+            let mut verdict = Verdict::new(Outcome::Admitted, cost, Decisions::new());
             verdict.fail(error, None);
             return verdict;
         };
@@ -479,7 +540,7 @@ impl<S: Store> Limiter<S> {
                     true => Recorded::Nowhere,
                     false => Recorded::Local(Box::new((local_quota.clone(), holds))),
                 };
-                let mut verdict = self.verdict(&local_quota, decision, recorded);
+                let mut verdict = self.verdict(&local_quota, cost, decision, recorded);
                 if let Outcome::CostExceedsCapacity { .. } = verdict.outcome {
                     // Over the local share but within the real limit: a
                     // transient refusal while the store is down.
@@ -512,6 +573,7 @@ impl<S: Store> Limiter<S> {
     fn verdict(
         &self,
         quota: &Quota,
+        cost: u64,
         decision: QuotaDecision,
         recorded: impl FnOnce(Holds) -> Recorded,
     ) -> Verdict {
@@ -522,7 +584,7 @@ impl<S: Store> Limiter<S> {
         if !lone_admission {
             self.count_shadow_refusals(quota, &decision);
         }
-        outcome_of(quota, decision, recorded)
+        outcome_of(quota, cost, decision, recorded)
     }
 
     fn count_shadow_refusals(&self, quota: &Quota, decision: &QuotaDecision) {
@@ -563,6 +625,7 @@ impl<S: Store> Limiter<S> {
 #[inline(always)]
 fn outcome_of(
     quota: &Quota,
+    cost: u64,
     mut decision: QuotaDecision,
     recorded: impl FnOnce(Holds) -> Recorded,
 ) -> Verdict {
@@ -570,6 +633,7 @@ fn outcome_of(
     if decision.admitted {
         return Verdict {
             outcome: Outcome::Admitted,
+            cost,
             decisions: decision.decisions,
             failed: None,
             recorded: recorded(holds),
@@ -596,7 +660,7 @@ fn outcome_of(
     } else {
         Outcome::CostExceedsCapacity { policies: never }
     };
-    Verdict::new(outcome, decision.decisions)
+    Verdict::new(outcome, cost, decision.decisions)
 }
 
 /// Registers every series `quota` can emit at 0, labelled as they are

@@ -30,7 +30,7 @@ fn request(identity: Option<Identity>, uri: &str) -> Request<Body> {
 
 #[tokio::test]
 async fn retry_after_on_every_refusal_is_the_exact_wait_rounded_up() {
-    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let clock = ManualClock::new(Duration::from_secs(1_800_000_000));
     let quota = Quota::new(
         "free",
         [
@@ -56,7 +56,7 @@ async fn retry_after_on_every_refusal_is_the_exact_wait_rounded_up() {
     let (mut admitted, mut refused) = (0, 0);
     // One request every 70 ms for 61 s: a mix of bucket and log refusals.
     for _ in 0..(61_000 / 70) {
-        let now = crate::clock::Clock::now(&clock);
+        let now = Timestamp::now(&clock);
         let decisions: Vec<_> = quota
             .policies()
             .iter()

@@ -290,7 +290,7 @@ fn admit<St: Store, ReqB, B: RefusalBody>(
         }
         return Admission::Admitted(headers, refund);
     }
-    let Some(rejection) = Rejection::from_outcome(verdict.outcome(), cost) else {
+    let Some(rejection) = verdict.rejection() else {
         unreachable!("only an admission maps to no rejection");
     };
     tracing::debug!(quota = quota.name(), key = &**key, cost, %rejection, "quota refused");

@@ -10,7 +10,6 @@ use http::{HeaderMap, Response, StatusCode};
 use http_body_util::Full;
 
 use super::{retry_after_secs, Protocol, RefusalBody};
-use crate::quota::Outcome;
 
 /// Why a request was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,34 +102,6 @@ impl InvalidParameter {
 }
 
 impl Rejection {
-    /// The refusal for a quota engine outcome of a request of `cost`;
-    /// `None` when the outcome admits.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use tower_admission::quota::Outcome;
-    /// use tower_admission::reject::Rejection;
-    ///
-    /// let outcome = Outcome::Unavailable { wait: Duration::from_secs(1) };
-    /// let rejection = Rejection::from_outcome(&outcome, 1).unwrap();
-    /// assert_eq!(rejection.status(), http::StatusCode::SERVICE_UNAVAILABLE);
-    /// assert_eq!(Rejection::from_outcome(&Outcome::Admitted, 1), None);
-    /// ```
-    pub fn from_outcome(outcome: &Outcome, cost: u64) -> Option<Rejection> {
-        Some(match outcome {
-            Outcome::Admitted => return None,
-            Outcome::Refused { policies, wait } => Rejection::QuotaExceeded {
-                policies: policies.clone(),
-                retry_after: *wait,
-            },
-            Outcome::CostExceedsCapacity { policies } => Rejection::CostExceedsCapacity {
-                policies: policies.clone(),
-                cost,
-            },
-            Outcome::Unavailable { wait } => Rejection::LimiterUnavailable { retry_after: *wait },
-        })
-    }
-
     /// The HTTP status of this rejection.
     pub fn status(&self) -> StatusCode {
         match self {

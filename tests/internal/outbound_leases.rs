@@ -42,6 +42,18 @@ use tower_admission::outbound::{
 };
 use tracing_subscriber::layer::SubscriberExt;
 
+/// A time since the Unix epoch in whole microseconds, the unit these
+/// tests count in.
+trait Micros {
+    fn us(self) -> u64;
+}
+
+impl Micros for Duration {
+    fn us(self) -> u64 {
+        u64::try_from(self.as_micros()).expect("µs fit in u64")
+    }
+}
+
 // Crate-private: the grant table as the script counts it.
 use super::GrantTable;
 
@@ -121,13 +133,13 @@ struct Node {
 }
 
 impl Node {
-    fn local(&self, fleet: u64) -> Timestamp {
-        Timestamp(fleet.checked_add_signed(self.offset).expect("local time"))
+    fn local(&self, fleet: u64) -> u64 {
+        fleet.checked_add_signed(self.offset).expect("local time")
     }
 
-    fn fleet(&self, local: Timestamp) -> u64 {
+    fn fleet(&self, local: Duration) -> u64 {
         local
-            .0
+            .us()
             .checked_add_signed(-self.offset)
             .expect("fleet time")
     }
@@ -204,7 +216,9 @@ impl Fleet {
         configure: impl FnOnce(Builder) -> Builder,
     ) -> usize {
         let offset = offset_s * 1_000_000;
-        let clock = ManualClock::new(Timestamp(self.now().checked_add_signed(offset).unwrap()));
+        let clock = ManualClock::new(Duration::from_micros(
+            self.now().checked_add_signed(offset).unwrap(),
+        ));
         let builder = RateLease::builder(
             store.clone(),
             BUDGET,
@@ -448,7 +462,7 @@ fn latest(table: &GrantTable, id: &str) -> u64 {
 #[tokio::test]
 async fn grants_never_sum_above_r_while_10_then_40_instances_join_refresh_and_leave() {
     let server = RedisServer::start();
-    let redis = ManualClock::new(Timestamp(START));
+    let redis = ManualClock::new(Duration::from_micros(START));
     let mut fleet = Fleet::new(redis.clone(), store(&server, Some(&redis)), 40);
     let tick = 250 * MS;
     // Every instance has its own connection, so the refreshes of one tick
@@ -586,7 +600,7 @@ async fn queued_callers_held_back_by_small_first_grants_reach_their_fair_share_a
     // backlogged (as behind the budget's layer): each wants more than its
     // fair share of 30/s. The first grants are the 6/s guesses.
     let server = RedisServer::start();
-    let redis = ManualClock::new(Timestamp(START));
+    let redis = ManualClock::new(Duration::from_micros(START));
     let shared = store(&server, Some(&redis));
     let mut fleet = Fleet::new(redis.clone(), shared.clone(), 40);
     let n = 8;
@@ -647,7 +661,7 @@ async fn an_instance_whose_demand_fits_its_grant_reports_its_measured_demand() {
     // "small" sends 8/s, never more, and its first grant (the guess, 12/s)
     // is above that; then it is granted exactly its need. "big" is held back.
     let server = RedisServer::start();
-    let redis = ManualClock::new(Timestamp(START));
+    let redis = ManualClock::new(Duration::from_micros(START));
     let shared = store(&server, Some(&redis));
     let mut fleet = Fleet::new(redis.clone(), shared.clone(), 40);
     let small = fleet.join(&shared, "small", 8, 0, |b| {
@@ -658,7 +672,7 @@ async fn an_instance_whose_demand_fits_its_grant_reports_its_measured_demand() {
     fleet.nodes[big].queued = true;
     fleet.tick(0).await;
     let mut reports = Vec::new();
-    let mut last_refresh = Timestamp(0);
+    let mut last_refresh = Duration::ZERO;
     while fleet.t < 20 * SEC {
         fleet.tick(MS).await;
         let s = fleet.nodes[small].status();
@@ -706,7 +720,7 @@ async fn an_instance_whose_demand_fits_its_grant_reports_its_measured_demand() {
 #[tokio::test]
 async fn a_lowered_grant_stays_counted_while_its_reply_is_in_flight() {
     let server = RedisServer::start();
-    let redis = ManualClock::new(Timestamp(START));
+    let redis = ManualClock::new(Duration::from_micros(START));
     let shared = store(&server, Some(&redis));
     let mut fleet = Fleet::new(redis.clone(), shared.clone(), 40);
     let all = |b: Builder| b.initial_demand(Rate::per_second(R));
@@ -768,7 +782,7 @@ async fn a_lowered_grant_stays_counted_while_its_reply_is_in_flight() {
          until the old expiry anyway"
     );
     assert_eq!(
-        sa.kept_expires_at.0 - START,
+        sa.kept_expires_at.us() - START,
         6 * SEC - MARGIN,
         "until the old grant's local expiry"
     );
@@ -823,7 +837,7 @@ async fn a_lowered_grant_stays_counted_while_its_reply_is_in_flight() {
 #[tokio::test]
 async fn a_lowered_grant_whose_reply_is_lost_stays_counted_until_the_old_expiry() {
     let server = RedisServer::start();
-    let redis = ManualClock::new(Timestamp(START));
+    let redis = ManualClock::new(Duration::from_micros(START));
     let shared = store(&server, Some(&redis));
     let mut fleet = Fleet::new(redis.clone(), shared.clone(), 40);
     // a reaches Redis through a proxy that can cut a reply.
@@ -839,7 +853,7 @@ async fn a_lowered_grant_whose_reply_is_lost_stays_counted_until_the_old_expiry(
     fleet.tick(0).await;
     // a's grant from its refresh at 1 s lasts until 6 s on Redis, 5.995 s locally.
     assert_eq!(
-        fleet.nodes[a].status().expires_at.0,
+        fleet.nodes[a].status().expires_at.us(),
         START + 6 * SEC - MARGIN
     );
     // At 5 s a's refresh runs in Redis but its reply is lost, and a sends
@@ -898,7 +912,7 @@ async fn a_lowered_grant_whose_reply_is_lost_stays_counted_until_the_old_expiry(
 #[tokio::test]
 async fn send_starts_stay_within_the_bound_with_lowered_killed_offset_and_new_instances() {
     let server = RedisServer::start();
-    let redis = ManualClock::new(Timestamp(START));
+    let redis = ManualClock::new(Duration::from_micros(START));
     let shared = store(&server, Some(&redis));
     let mut fleet = Fleet::new(redis.clone(), shared.clone(), 40);
     let a = fleet.join(&shared, "a", 400, 0, |b| b);
@@ -937,8 +951,8 @@ async fn send_starts_stay_within_the_bound_with_lowered_killed_offset_and_new_in
     );
     let o_status = fleet.nodes[o].status();
     assert_eq!(
-        o_status.expires_at.0,
-        fleet.nodes[o].local(START + 13 * SEC).0 + L - MARGIN,
+        o_status.expires_at.us(),
+        fleet.nodes[o].local(START + 13 * SEC) + L - MARGIN,
         "o (local clock 7 s ahead) uses its grant for L - margin from its send instant"
     );
     fleet.run_until(13_400 * MS, MS).await;
@@ -1050,7 +1064,7 @@ struct RandomRun {
 async fn random_fleet(seed: u64) -> RandomRun {
     let mut rng = StdRng::seed_from_u64(seed);
     let server = RedisServer::start();
-    let redis = ManualClock::new(Timestamp(START));
+    let redis = ManualClock::new(Duration::from_micros(START));
     let mut fleet = Fleet::new(redis.clone(), store(&server, Some(&redis)), 40);
     let join = |fleet: &mut Fleet, rng: &mut StdRng| {
         let id = format!("r{}", fleet.nodes.len());
@@ -1197,8 +1211,8 @@ async fn random_fleets_keep_every_bound_through_joins_deaths_releases_and_slow_r
 #[tokio::test]
 async fn no_wait_runs_past_the_next_refresh() {
     let server = RedisServer::start();
-    let redis = ManualClock::new(Timestamp(START));
-    let local = ManualClock::new(Timestamp(START));
+    let redis = ManualClock::new(Duration::from_micros(START));
+    let local = ManualClock::new(Duration::from_micros(START));
     let lease = RateLease::builder(
         store(&server, Some(&redis)),
         BUDGET,
@@ -1213,7 +1227,7 @@ async fn no_wait_runs_past_the_next_refresh() {
     assert_eq!(s.grant, Rate::from_milli(5));
     // The first refresh reports a guess; the next is due a quarter period
     // (1 s) later.
-    assert_eq!(s.next_refresh.0, START + SEC);
+    assert_eq!(s.next_refresh.us(), START + SEC);
     local.advance(Duration::from_millis(200));
     assert_eq!(
         lease.try_acquire(1),
@@ -1231,10 +1245,10 @@ async fn no_wait_runs_past_the_next_refresh() {
 #[tokio::test]
 async fn the_local_bucket_is_exact_and_the_expiry_ignores_clock_offset() {
     let server = RedisServer::start();
-    let redis = ManualClock::new(Timestamp(START));
+    let redis = ManualClock::new(Duration::from_micros(START));
     let shared = store(&server, Some(&redis));
     // A local clock 42 s behind Redis.
-    let local = ManualClock::new(Timestamp(START - 42 * SEC));
+    let local = ManualClock::new(Duration::from_micros(START - 42 * SEC));
     let lease = solo(shared, &local);
     assert!(lease.status().is_starting());
     assert!(
@@ -1245,8 +1259,8 @@ async fn the_local_bucket_is_exact_and_the_expiry_ignores_clock_offset() {
     let s = lease.refresh().await.unwrap();
     assert!(s.is_granted());
     assert_eq!(
-        s.expires_at.0,
-        sent.0 + L - MARGIN,
+        s.expires_at.us(),
+        sent.us() + L - MARGIN,
         "local expiry = send instant + (expiry - now) - margin"
     );
     assert_eq!(s.capacity, 6, "burst: 240/s × 25 ms = 6");
@@ -1266,7 +1280,7 @@ async fn the_local_bucket_is_exact_and_the_expiry_ignores_clock_offset() {
     );
     // Until the local expiry, exactly 240/s; then the fallback 240/40 = 6/s.
     let mut admitted = 0;
-    while local.now().0 < sent.0 + L - MARGIN {
+    while local.now().us() < sent.us() + L - MARGIN {
         local.advance(Duration::from_millis(1));
         while lease.try_acquire(1).is_ok() {
             admitted += 1;
@@ -1299,7 +1313,7 @@ async fn calls_per_send(instances: usize) -> (u64, u64, f64) {
     let server = RedisServer::start();
     // Production script on Redis TIME; local clocks are manual.
     let shared = store(&server, None);
-    let redis = ManualClock::new(Timestamp(START));
+    let redis = ManualClock::new(Duration::from_micros(START));
     let mut fleet = Fleet::new(redis, shared.clone(), 40);
     fleet.read_tables = false;
     server.cli(&["CONFIG", "RESETSTAT"]);
@@ -1378,7 +1392,7 @@ async fn redis_killed_grants_last_until_expiry_then_the_fallback_applies_then_re
     let _log =
         tracing::subscriber::set_default(tracing_subscriber::registry().with(events.clone()));
     let mut server = RedisServer::start();
-    let redis = ManualClock::new(Timestamp(START));
+    let redis = ManualClock::new(Duration::from_micros(START));
     let shared = LeaseStore::with_test_clock(
         &server.url(),
         "t",
@@ -1536,10 +1550,10 @@ async fn redis_killed_grants_last_until_expiry_then_the_fallback_applies_then_re
 async fn a_refresh_dropped_unanswered_replaces_a_hung_connection() {
     let server = RedisServer::start();
     let proxy = StallProxy::start(server.port()).await;
-    let redis = ManualClock::new(Timestamp(START));
+    let redis = ManualClock::new(Duration::from_micros(START));
     let store =
         LeaseStore::with_test_clock(&proxy.url(), "t", Duration::from_secs(2), redis).unwrap();
-    let lease = solo(store, &ManualClock::new(Timestamp(START)));
+    let lease = solo(store, &ManualClock::new(Duration::from_micros(START)));
     assert_eq!(lease.refresh().await.map(|s| s.is_granted()), Ok(true));
 
     proxy.stall_open_connections();
@@ -1612,9 +1626,12 @@ async fn the_refresher_grants_in_the_background_and_stops_on_release_or_drop() {
 #[tokio::test]
 async fn a_dropped_first_refresh_finishes_as_a_failed_one() {
     let server = RedisServer::start();
-    let redis = ManualClock::new(Timestamp(START));
+    let redis = ManualClock::new(Duration::from_micros(START));
     let shared = store(&server, Some(&redis));
-    let lease = solo(shared.clone(), &ManualClock::new(Timestamp(START)));
+    let lease = solo(
+        shared.clone(),
+        &ManualClock::new(Duration::from_micros(START)),
+    );
     // A live connection, so the refresh's call is sent on its first poll.
     shared.grants(BUDGET).await.unwrap();
     drop(send_only(&lease));
@@ -1631,7 +1648,7 @@ async fn a_dropped_first_refresh_finishes_as_a_failed_one() {
             Rate::ZERO,
             Rate::per_second(R / 40),
             1,
-            Timestamp(START + 250 * MS)
+            Duration::from_micros(START + 250 * MS)
         )
     );
     assert_eq!(lease.refresh().await.map(|s| s.is_granted()), Ok(true));
@@ -1698,7 +1715,7 @@ async fn granted_solo(
     server: &RedisServer,
     redis: &ManualClock,
 ) -> (RateLease<ManualClock>, ManualClock) {
-    let local = ManualClock::new(Timestamp(START + 7 * SEC));
+    let local = ManualClock::new(Duration::from_micros(START + 7 * SEC));
     let lease = solo(store(server, Some(redis)), &local);
     assert_eq!(lease.refresh().await.unwrap().grant, Rate::per_second(R));
     (lease, local)
@@ -1712,7 +1729,7 @@ fn saturate(
     ms: u64,
     shares: &[Attempt],
 ) -> [u64; 2] {
-    let end = clock.now().0 + ms * MS;
+    let end = clock.now().us() + ms * MS;
     let mut admitted = [0; 2];
     loop {
         let mut wait = Duration::MAX;
@@ -1734,8 +1751,8 @@ fn saturate(
             }
         }
         let micros = u64::try_from(wait.as_micros()).unwrap();
-        if clock.now().0 + micros > end {
-            clock.set(Timestamp(end));
+        if clock.now().us() + micros > end {
+            clock.set(Duration::from_micros(end));
             return admitted;
         }
         clock.advance(wait);
@@ -1745,7 +1762,7 @@ fn saturate(
 #[tokio::test]
 async fn a_leased_budget_holds_each_share_to_its_part_of_the_grant() {
     let server = RedisServer::start();
-    let redis = ManualClock::new(Timestamp(START));
+    let redis = ManualClock::new(Duration::from_micros(START));
     let (lease, local) = granted_solo(&server, &redis).await;
     let budget = LeasedBudget::new(lease, Rate::per_second(40)).unwrap();
     assert_eq!(budget.share_rate(Attempt::FIRST), Rate::per_second(200));
@@ -1779,7 +1796,7 @@ async fn a_leased_budget_holds_each_share_to_its_part_of_the_grant() {
 #[tokio::test]
 async fn a_leased_budget_through_the_layer_refuses_an_exhausted_retry_share_with_its_wait() {
     let server = RedisServer::start();
-    let redis = ManualClock::new(Timestamp(START));
+    let redis = ManualClock::new(Duration::from_micros(START));
     let (lease, local) = granted_solo(&server, &redis).await;
     let budget = LeasedBudget::new(lease, Rate::per_second(40)).unwrap();
     local.advance(Duration::from_secs(1));
@@ -1837,7 +1854,7 @@ async fn an_unreachable_limiter_gives_the_fallback_unless_fail_open_was_chosen()
     let url = server.url();
     server.kill();
     for fail_open in [false, true] {
-        let local = ManualClock::new(Timestamp(START));
+        let local = ManualClock::new(Duration::from_micros(START));
         let store = LeaseStore::new(&url, "admission", Duration::from_millis(200)).unwrap();
         let mut builder = RateLease::builder(
             store,
@@ -1889,7 +1906,7 @@ async fn an_unreachable_limiter_gives_the_fallback_unless_fail_open_was_chosen()
 #[tokio::test]
 async fn a_leased_budget_over_a_released_lease_refuses_at_once_for_good() {
     let server = RedisServer::start();
-    let redis = ManualClock::new(Timestamp(START));
+    let redis = ManualClock::new(Duration::from_micros(START));
     let (lease, local) = granted_solo(&server, &redis).await;
     let budget = LeasedBudget::new(lease.clone(), Rate::per_second(40)).unwrap();
     // Both share buckets fill for 1 s, then the lease is released.
@@ -1927,7 +1944,7 @@ async fn a_leased_budget_over_a_released_lease_refuses_at_once_for_good() {
 #[tokio::test]
 async fn a_leased_budget_with_no_rate_yet_waits_as_its_lease_says() {
     let server = RedisServer::start();
-    let local = ManualClock::new(Timestamp(START));
+    let local = ManualClock::new(Duration::from_micros(START));
     let lease = solo(store(&server, None), &local);
     let budget = LeasedBudget::new(lease.clone(), Rate::per_second(40)).unwrap();
     assert!(lease.status().is_starting());
@@ -1952,7 +1969,7 @@ async fn a_leased_budget_with_no_rate_yet_waits_as_its_lease_says() {
 #[tokio::test]
 async fn a_share_fills_from_its_grant_not_from_the_time_before_it() {
     let server = RedisServer::start();
-    let clock = ManualClock::new(Timestamp(START));
+    let clock = ManualClock::new(Duration::from_micros(START));
     let store = store(&server, Some(&clock));
     let lease = |id: &str| {
         instance(&store, id, R, &clock)
@@ -1986,8 +2003,8 @@ async fn a_refresh_reaching_redis_after_the_release_changes_nothing() {
     let server = RedisServer::start();
     let proxy = StallProxy::start(server.port()).await;
     let (redis, local) = (
-        ManualClock::new(Timestamp(START)),
-        ManualClock::new(Timestamp(START)),
+        ManualClock::new(Duration::from_micros(START)),
+        ManualClock::new(Duration::from_micros(START)),
     );
     let lease_store = |url: String| {
         LeaseStore::with_test_clock(&url, "t", Duration::from_millis(200), redis.clone()).unwrap()
@@ -2048,8 +2065,8 @@ async fn a_refresh_reaching_redis_after_the_release_changes_nothing() {
 #[tokio::test]
 async fn a_share_idle_across_the_fallback_keeps_only_what_the_fallback_fills() {
     let mut server = RedisServer::start();
-    let redis = ManualClock::new(Timestamp(START));
-    let local = ManualClock::new(Timestamp(START + 7 * SEC));
+    let redis = ManualClock::new(Duration::from_micros(START));
+    let local = ManualClock::new(Duration::from_micros(START + 7 * SEC));
     let store = LeaseStore::with_test_clock(
         &server.url(),
         "t",
@@ -2160,10 +2177,10 @@ const NANO_PER: u128 = 1_000_000_000;
 #[tokio::test]
 async fn a_share_idle_across_two_lease_changes_fills_only_from_the_latest() {
     let server = RedisServer::start();
-    let redis = ManualClock::new(Timestamp(START));
+    let redis = ManualClock::new(Duration::from_micros(START));
     let mut held = Vec::new();
     for (budget, refreshes) in [("one-change", &[8u64][..]), ("two-changes", &[4, 8])] {
-        let local = ManualClock::new(Timestamp(START + 7 * SEC));
+        let local = ManualClock::new(Duration::from_micros(START + 7 * SEC));
         let lease = RateLease::builder(
             store(&server, Some(&redis)),
             budget,
@@ -2179,22 +2196,22 @@ async fn a_share_idle_across_two_lease_changes_fills_only_from_the_latest() {
         .clock(local.clone())
         .build()
         .unwrap();
-        let start = local.now().0;
+        let start = local.now().us();
         assert_eq!(lease.refresh().await.unwrap().grant, Rate::per_second(R));
         let shares = LeasedBudget::new(lease.clone(), Rate::per_second(40)).unwrap();
-        local.set(Timestamp(start + SEC));
+        local.set(Duration::from_micros(start + SEC));
         assert_eq!(shares.try_acquire_now(Attempt::FIRST, 1), Ok(()));
         for &at in refreshes {
-            local.set(Timestamp(start + at * SEC));
+            local.set(Duration::from_micros(start + at * SEC));
             assert_eq!(lease.refresh().await.unwrap().grant, Rate::per_second(R));
         }
-        local.set(Timestamp(start + 8 * SEC + 100 * MS));
+        local.set(Duration::from_micros(start + 8 * SEC + 100 * MS));
         let mut sent = 0;
         while shares.try_acquire_now(Attempt::FIRST, 1).is_ok() {
             sent += 1;
         }
         // A burst after the latest change, the share is full again.
-        local.set(Timestamp(start + 9 * SEC + 100 * MS));
+        local.set(Duration::from_micros(start + 9 * SEC + 100 * MS));
         let mut refilled = 0;
         while shares.try_acquire_now(Attempt::FIRST, 1).is_ok() {
             refilled += 1;
@@ -2216,8 +2233,8 @@ async fn a_share_idle_across_two_lease_changes_fills_only_from_the_latest() {
 #[tokio::test]
 async fn a_stale_now_fills_up_to_the_lease_change_on_the_old_schedule() {
     let server = RedisServer::start();
-    let redis = ManualClock::new(Timestamp(START));
-    let local = ManualClock::new(Timestamp(START + 7 * SEC));
+    let redis = ManualClock::new(Duration::from_micros(START));
+    let local = ManualClock::new(Duration::from_micros(START + 7 * SEC));
     let lease = RateLease::builder(
         store(&server, Some(&redis)),
         BUDGET,
@@ -2230,15 +2247,15 @@ async fn a_stale_now_fills_up_to_the_lease_change_on_the_old_schedule() {
     .clock(local.clone())
     .build()
     .unwrap();
-    let start = local.now().0;
+    let start = local.now().us();
     assert_eq!(lease.refresh().await.unwrap().grant, Rate::per_second(R));
     let shares = LeasedBudget::new(lease.clone(), Rate::per_second(40)).unwrap();
-    local.set(Timestamp(start + 6 * SEC));
+    local.set(Duration::from_micros(start + 6 * SEC));
     redis.advance(Duration::from_secs(6));
     assert!(lease.status().is_fallback());
     assert_eq!(lease.refresh().await.unwrap().grant, Rate::per_second(R));
     // Read before the reply landed.
-    let stale = Timestamp(start + 5 * SEC + 500 * MS);
+    let stale = Duration::from_micros(start + 5 * SEC + 500 * MS);
     assert_eq!(
         shares.try_acquire_at(Attempt::FIRST.next(), 1, stale),
         Ok(())
@@ -2297,9 +2314,9 @@ impl Read {
 /// capacities are `K(r) = max(c, τ·r)` and `K_s(r) = max(2c, (R_s/R)·K(r))`.
 async fn random_share_run(server: &RedisServer, seed: u64) -> Result<(u64, u64), String> {
     let mut rng = StdRng::seed_from_u64(seed);
-    let redis = ManualClock::new(Timestamp(START));
+    let redis = ManualClock::new(Duration::from_micros(START));
     let offset = rng.random_range(0..10 * SEC);
-    let local = ManualClock::new(Timestamp(START + offset));
+    let local = ManualClock::new(Duration::from_micros(START + offset));
     let budget = format!("shares-{seed}");
     let burst_us = [25 * MS, 250 * MS, SEC][rng.random_range(0..3)];
     let max_cost = [1u64, 3][rng.random_range(0..2)];
@@ -2321,7 +2338,7 @@ async fn random_share_run(server: &RedisServer, seed: u64) -> Result<(u64, u64),
         .unwrap()
     };
     let me = build("me", rng.random_range(1..=R), &local);
-    let rival_clock = ManualClock::new(Timestamp(START));
+    let rival_clock = ManualClock::new(Duration::from_micros(START));
     let rival = build("rival", rng.random_range(1..=R), &rival_clock);
     let shares = LeasedBudget::new(me.clone(), Rate::from_milli(retry_milli)).unwrap();
     let fallback = me.fallback_rate().as_milli();
@@ -2333,12 +2350,12 @@ async fn random_share_run(server: &RedisServer, seed: u64) -> Result<(u64, u64),
             from: t,
             active: status.is_granted() || status.is_fallback(),
             grant: status.grant.as_milli(),
-            until: status.expires_at.0,
+            until: status.expires_at.us(),
             kept: status.kept.as_milli(),
-            kept_until: status.kept_expires_at.0,
+            kept_until: status.kept_expires_at.us(),
         }
     };
-    let start = local.now().0;
+    let start = local.now().us();
     let mut reads = vec![read(start)];
     // (local time, share index, cost) of every admitted attempt.
     let mut sends: Vec<(u64, usize, u64)> = Vec::new();
@@ -2366,7 +2383,7 @@ async fn random_share_run(server: &RedisServer, seed: u64) -> Result<(u64, u64),
                     if shares.try_acquire_now(which, cost).is_err() {
                         break;
                     }
-                    sends.push((local.now().0, share, cost));
+                    sends.push((local.now().us(), share, cost));
                 }
             }
             60..=71 => {
@@ -2396,7 +2413,7 @@ async fn random_share_run(server: &RedisServer, seed: u64) -> Result<(u64, u64),
                 let _ = rival.refresh().await;
             }
         }
-        let now = local.now().0;
+        let now = local.now().us();
         let next = read(now);
         let last = *reads.last().unwrap();
         if (
@@ -2538,7 +2555,7 @@ async fn random_share_runs_keep_every_share_within_its_bound_across_lease_change
 #[tokio::test]
 async fn a_lowered_budget_binds_the_instances_still_running_the_old_one() {
     let server = RedisServer::start();
-    let clock = ManualClock::new(Timestamp(START));
+    let clock = ManualClock::new(Duration::from_micros(START));
     let store = store(&server, Some(&clock));
     let lease = |id: &str, budget: u64, demand: u64| {
         RateLease::builder(
@@ -2587,7 +2604,7 @@ async fn a_lowered_budget_binds_the_instances_still_running_the_old_one() {
 #[tokio::test]
 async fn a_record_without_a_budget_still_counts_its_grant() {
     let server = RedisServer::start();
-    let clock = ManualClock::new(Timestamp(START));
+    let clock = ManualClock::new(Duration::from_micros(START));
     let store = store(&server, Some(&clock));
     let expiry = (START + L).to_string();
     server.cli(&[
@@ -2632,7 +2649,7 @@ async fn two_live_processes_with_one_instance_id_send_at_most_one_grant_plus_one
     let _log =
         tracing::subscriber::set_default(tracing_subscriber::registry().with(events.clone()));
     let server = RedisServer::start();
-    let redis = ManualClock::new(Timestamp(START));
+    let redis = ManualClock::new(Duration::from_micros(START));
     let shared = store(&server, Some(&redis));
     // N = 40: the fallback share is 6/s.
     let mut fleet = Fleet::new(redis.clone(), shared.clone(), 40);
@@ -2705,7 +2722,7 @@ async fn a_restarted_process_waits_only_for_its_previous_runs_grant_to_expire() 
     let _log =
         tracing::subscriber::set_default(tracing_subscriber::registry().with(events.clone()));
     let server = RedisServer::start();
-    let redis = ManualClock::new(Timestamp(START));
+    let redis = ManualClock::new(Duration::from_micros(START));
     let shared = store(&server, Some(&redis));
     let mut fleet = Fleet::new(redis.clone(), shared.clone(), 40);
     let whole = |b: Builder| b.initial_demand(Rate::per_second(R));
@@ -2767,7 +2784,7 @@ async fn a_restarted_process_waits_only_for_its_previous_runs_grant_to_expire() 
 #[tokio::test]
 async fn a_refused_lease_neither_frees_the_holders_grant_nor_fails_open() {
     let server = RedisServer::start();
-    let clock = ManualClock::new(Timestamp(START));
+    let clock = ManualClock::new(Duration::from_micros(START));
     let store = store(&server, Some(&clock));
     let holder = instance(&store, "pod", R, &clock).build().unwrap();
     let twin = instance(&store, "pod", R, &clock)

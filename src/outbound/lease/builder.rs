@@ -265,7 +265,7 @@ impl<C: Clock> RateLeaseBuilder<C> {
             initial_demand: self.initial_demand.unwrap_or(fallback),
             fail_open: self.fail_open,
         };
-        let now = self.clock.now();
+        let now = Timestamp::now(&self.clock);
         let state = State {
             phase: Phase::Starting,
             grant: Rate::ZERO,

@@ -19,7 +19,7 @@ impl<C: Clock> RateLease<C> {
     /// the refresh period; later ones ride on the next refresh, a quarter
     /// period away while `E` is below the budget.
     pub fn record_pushback(&self) {
-        let now = self.inner.clock.now();
+        let now = Timestamp::now(&self.inner.clock);
         let wake = self
             .inner
             .state

@@ -207,10 +207,11 @@ impl<C: Clock> RateLease<C> {
     /// [`try_acquire_at`](Self::try_acquire_at).
     #[inline]
     pub fn try_acquire(&self, cost: u64) -> Result<(), Duration> {
-        self.try_acquire_at(cost, self.inner.clock.now())
+        let now = Timestamp::now(&self.inner.clock);
+        self.acquire_counting(cost, Asked::Cost(cost), now)
     }
 
-    /// Spends `cost` at local time `now`, or refuses with the wait until it
+    /// Spends `cost` at local time `now` (since the Unix epoch), or refuses with the wait until it
     /// would fit at the current rate. Synchronous: one lock, no I/O.
     ///
     /// Every attempt, refused or not, counts toward the demand reported at the
@@ -222,8 +223,8 @@ impl<C: Clock> RateLease<C> {
     /// later, which may change the rate: a caller told to wait until then looks
     /// again then. While a refresh is overdue or in flight, the wait is the one
     /// the current rate gives.
-    pub fn try_acquire_at(&self, cost: u64, now: Timestamp) -> Result<(), Duration> {
-        self.acquire_counting(cost, Asked::Cost(cost), now)
+    pub fn try_acquire_at(&self, cost: u64, now: Duration) -> Result<(), Duration> {
+        self.acquire_counting(cost, Asked::Cost(cost), Timestamp::from_duration(now))
     }
 
     /// [`try_acquire_at`](Self::try_acquire_at), counting `asked` toward
@@ -270,8 +271,10 @@ impl<C: Clock> RateLease<C> {
         self.status_at(self.inner.clock.now())
     }
 
-    /// The lease's state at local time `now` (the bucket is not touched).
-    pub fn status_at(&self, now: Timestamp) -> LeaseStatus {
+    /// The lease's state at local time `now`, since the Unix epoch (the
+    /// bucket is not touched).
+    pub fn status_at(&self, now: Duration) -> LeaseStatus {
+        let now = Timestamp::from_duration(now);
         self.inner.state.lock().status(now, &self.inner.settings())
     }
 

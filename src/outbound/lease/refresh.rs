@@ -31,7 +31,7 @@ impl<C: Clock> RateLease<C> {
             if s.phase == Phase::Released {
                 return Err(LeaseError::Released);
             }
-            let x = inner.clock.now();
+            let x = Timestamp::now(&inner.clock);
             s.advance(x, cfg);
             let (demand, flag) = s.take_demand(x, cfg);
             let held = if s.phase == Phase::Active && x < s.until {
@@ -80,7 +80,7 @@ impl<C: Clock> RateLease<C> {
         sent_at: Timestamp,
         result: Result<GrantReply, LeaseError>,
     ) -> Result<LeaseStatus, LeaseError> {
-        let outcome = self.apply(sent_at, self.inner.clock.now(), result);
+        let outcome = self.apply(sent_at, Timestamp::now(&self.inner.clock), result);
         self.inner.ready.send_replace(true);
         outcome
     }
@@ -226,7 +226,7 @@ impl<C: Clock> RateLease<C> {
 
     /// The time from the local now to the next refresh.
     pub fn until_next_refresh(&self) -> Duration {
-        let now = self.inner.clock.now();
+        let now = Timestamp::now(&self.inner.clock);
         self.inner.state.lock().next_refresh.since(now)
     }
 
@@ -284,7 +284,7 @@ impl<C: Clock> RateLease<C> {
             s.until = Timestamp(0);
             (s.kept, s.kept_until) = (Rate::ZERO, Timestamp(0));
             s.bucket.clear();
-            let now = self.inner.clock.now();
+            let now = Timestamp::now(&self.inner.clock);
             s.note_change(before, now);
         }
         self.inner.wake.notify_one();

@@ -11,7 +11,7 @@ use crate::outbound::bucket::whole;
 impl<C: Clock> RateLease<C> {
     /// The local time now, on the lease's clock.
     pub(crate) fn now(&self) -> Timestamp {
-        self.inner.clock.now()
+        Timestamp::now(&self.inner.clock)
     }
 
     /// Whether the fallback admits without limit now

@@ -1,7 +1,8 @@
 //! [`LeaseStatus`]: what a lease is spending.
 
+use std::time::Duration;
+
 use super::Rate;
-use crate::clock::Timestamp;
 
 /// What a lease is spending; read through [`LeaseStatus`]'s `is_*` methods.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -35,14 +36,15 @@ pub struct LeaseStatus {
     pub rate: Rate,
     /// The latest grant (zero before the first).
     pub grant: Rate,
-    /// The local time the latest grant stops being spent (zero if none).
-    pub expires_at: Timestamp,
+    /// The local time the latest grant stops being spent, since the Unix
+    /// epoch (zero if none).
+    pub expires_at: Duration,
     /// An older grant above `grant` that is still spent, until
     /// `kept_expires_at` (zero if none): a lowered grant's surplus, which
     /// the script counts until the older grant's expiry anyway.
     pub kept: Rate,
     /// The local time `kept` stops being spent (zero if none).
-    pub kept_expires_at: Timestamp,
+    pub kept_expires_at: Duration,
     /// The max-min fair target the script computed at the last refresh.
     pub target: Rate,
     /// The demand reported at the last refresh.
@@ -50,7 +52,7 @@ pub struct LeaseStatus {
     /// The local bucket's capacity now, in cost units.
     pub capacity: u64,
     /// When the next refresh is due, local time.
-    pub next_refresh: Timestamp,
+    pub next_refresh: Duration,
     /// Refreshes that failed in a row.
     pub failures: u32,
     /// Refreshes refused since the lease was built because another live lease

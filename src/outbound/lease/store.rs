@@ -10,7 +10,7 @@ use redis::{Script, Value};
 use super::demand::MEASURED;
 use super::table::parse_table;
 use super::{GrantTable, LeaseError, Rate};
-use crate::clock::{Clock, ManualClock};
+use crate::clock::{ManualClock, Timestamp};
 use crate::redis::{check_prefix, Connector, Request, Target, Timing};
 use crate::ConfigError;
 
@@ -271,7 +271,7 @@ impl LeaseStore {
     /// One script call under the deadline. The arguments (and the injected
     /// test time) are fixed before anything is awaited.
     pub(super) async fn call(&self, key: &str, id: &str, args: &Args) -> Result<Value, LeaseError> {
-        let now = self.inner.clock.as_ref().map_or(0, |c| c.now().as_micros());
+        let now = self.inner.clock.as_ref().map_or(0, |c| Timestamp::now(c).0);
         let mut invocation = self.inner.script.prepare_invoke();
         invocation
             .key(key)

@@ -216,18 +216,19 @@ impl<C: Clock> LeasedBudget<C> {
 
     /// Charges `attempt` of `cost` to its share at the lease's local now.
     pub fn try_acquire_now(&self, attempt: Attempt, cost: u64) -> Result<(), BudgetError> {
-        self.try_acquire_at(attempt, cost, self.inner.lease.now())
+        self.try_acquire_at(attempt, cost, self.inner.lease.now().as_duration())
     }
 
-    /// Charges `attempt` of `cost` at local time `now`: from its share's
-    /// bucket (the retry share's for a retry) and the lease's, both or
-    /// neither. Synchronous.
+    /// Charges `attempt` of `cost` at local time `now` (since the Unix
+    /// epoch): from its share's bucket (the retry share's for a retry) and
+    /// the lease's, both or neither. Synchronous.
     pub fn try_acquire_at(
         &self,
         attempt: Attempt,
         cost: u64,
-        now: Timestamp,
+        now: Duration,
     ) -> Result<(), BudgetError> {
+        let now = Timestamp::from_duration(now);
         let result = self.charge_at(attempt.is_retry(), cost, now, Look::First);
         if result.is_err() {
             self.inner.stats.refused();
@@ -248,7 +249,7 @@ impl<C: Clock> LeasedBudget<C> {
         let inner = &*self.inner;
         let lease = &inner.lease;
         // 1. A released lease never admits again.
-        let status = lease.status_at(now);
+        let status = lease.status_at(now.as_duration());
         if status.is_released() {
             return Err(RELEASED);
         }
@@ -301,7 +302,7 @@ impl<C: Clock> LeasedBudget<C> {
             } else {
                 let micros = cap_at_refresh(
                     bucket.bucket.wait_us(cost, rate),
-                    lease.status_at(now).next_refresh,
+                    Timestamp::from_duration(lease.status_at(now.as_duration()).next_refresh),
                     now,
                 );
                 lease.note_held_back(asked, now, micros);

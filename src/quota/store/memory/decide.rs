@@ -141,7 +141,7 @@ impl<C: Clock> MemoryStore<C> {
         key: &Arc<str>,
         mut change: impl FnMut(&mut E::State, Timestamp) -> R,
     ) -> R {
-        let now = self.inner.clock.now();
+        let now = Timestamp::now(&self.inner.clock);
         let hash = key_hash(&self.inner.hasher, quota.layout(), key.as_bytes());
         let mut state = {
             let mut shard = self.shard(hash).lock();
@@ -242,7 +242,7 @@ impl<C: Clock> MemoryStore<C> {
         key: &Arc<str>,
         mut change: impl FnMut(&mut E::State, Timestamp) -> R,
     ) -> Result<R, StoreError> {
-        let now = self.inner.clock.now();
+        let now = Timestamp::now(&self.inner.clock);
         let hash = key_hash(&self.inner.hasher, quota.layout(), key.as_bytes());
         let mut shard = self.shard(hash).lock();
         let shadow_only = quota.is_shadow_only();

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use crate::clock::{Clock, SystemClock};
+use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::quota::store::{Store, StoreError};
 use crate::quota::{Holds, Quota, QuotaDecision};
 use shard::{Padded, Shard, Sweep};
@@ -143,7 +143,7 @@ impl<C: Clock> MemoryStore<C> {
 
     /// Drops every key whose state is equivalent to fresh; returns how many.
     pub fn sweep(&self) -> usize {
-        self.sweep_at(self.inner.clock.now().as_micros(), Sweep::Fresh)
+        self.sweep_at(Timestamp::now(&self.inner.clock).as_micros(), Sweep::Fresh)
     }
 
     fn sweep_at(&self, now: u64, sweep: Sweep) -> usize {

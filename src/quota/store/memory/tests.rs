@@ -4,7 +4,6 @@ use super::bucket::Bucket;
 use super::shard::key_hash;
 use super::slots::{BucketSlot, Lone, Slot};
 use super::*;
-use crate::clock::Timestamp;
 use crate::quota::algorithm::{
     FixedWindow, SlidingLog, SlidingWindow, TokenBucket, TokenBucketState,
 };
@@ -73,13 +72,13 @@ const SHARDS: usize = 64;
 
 /// The sweep race tests' start time, a quota of a 1 s window and one of
 /// a 60 s window.
-fn sweep_race() -> (Timestamp, Quota, Quota) {
+fn sweep_race() -> (Duration, Quota, Quota) {
     let window = |name: &str, secs| {
         let policy = crate::quota::Policy::fixed_window(name, 10, Duration::from_secs(secs));
         Quota::new(name, [policy.unwrap()]).unwrap()
     };
     (
-        Timestamp::from_secs(1_800_000_000),
+        Duration::from_secs(1_800_000_000),
         window("second", 1),
         window("minute", 60),
     )
@@ -254,7 +253,7 @@ fn every_shard_is_reachable_beyond_65536_shards() {
 fn a_peek_adds_no_key_even_when_full() {
     use crate::clock::ManualClock;
     use crate::quota::{Policy, Quota};
-    let clock = ManualClock::new(Timestamp::from_secs(1_800_000_000));
+    let clock = ManualClock::new(Duration::from_secs(1_800_000_000));
     let store = MemoryStore::with_clock(clock).max_keys(NonZeroUsize::MIN);
     let minute = std::time::Duration::from_secs(60);
     let quota = Quota::new("q", [Policy::sliding_log("sl", 2, minute).unwrap()]).unwrap();
