@@ -18,8 +18,8 @@ use tower::{Layer, Service, ServiceExt};
 use tower_admission::clock::ManualClock;
 use tower_admission::identity::Identity;
 use tower_admission::quota::{
-    Holds, Limiter, MemoryStore, Policy, Quota, QuotaDecision, QuotaLayer, Settlement,
-    Store, StoreError,
+    Holds, Limiter, MemoryStore, Policy, Quota, QuotaDecision, QuotaLayer, Settlement, Store,
+    StoreError,
 };
 use tower_admission::reject::Rejection;
 

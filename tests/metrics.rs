@@ -96,9 +96,7 @@ fn decisions_failure_modes_and_unknown_outcomes_are_counted() {
             Quota::new("closed", [Policy::fixed_window("m", 10, minute).unwrap()]).unwrap();
         let open = Quota::new(
             "open",
-            [Policy::fixed_window("m", 10, minute)
-                .unwrap()
-                .fail_open()],
+            [Policy::fixed_window("m", 10, minute).unwrap().fail_open()],
         )
         .unwrap();
         let key: Arc<str> = "alice".into();

@@ -24,9 +24,7 @@ use futures_util::FutureExt;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tower_admission::clock::ManualClock;
-use tower_admission::quota::{
-    Limiter, Policy, Quota, RedisStore, Store, StoreError, Verdict,
-};
+use tower_admission::quota::{Limiter, Policy, Quota, RedisStore, Store, StoreError, Verdict};
 use tower_admission::reject::Rejection;
 
 use support::{RedisServer, StallProxy};
@@ -37,9 +35,9 @@ const MARGIN: Duration = Duration::from_millis(250);
 fn per_minute(limit: u64, mode: impl FnOnce(Policy) -> Policy) -> Quota {
     Quota::new(
         "api",
-        [
-            mode(Policy::sliding_log("per-minute", limit, Duration::from_secs(60)).unwrap()),
-        ],
+        [mode(
+            Policy::sliding_log("per-minute", limit, Duration::from_secs(60)).unwrap(),
+        )],
     )
     .unwrap()
 }
@@ -215,7 +213,8 @@ async fn killed_mid_load_fail_closed_refuses_with_503() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_mid_load_local_share_admits_exactly_the_share() {
     let divisor = NonZeroU64::new(4).unwrap();
-    let (samples, killed_at, limiter) = kill_mid_load(move |p| p.fail_to_local_share(divisor)).await;
+    let (samples, killed_at, limiter) =
+        kill_mid_load(move |p| p.fail_to_local_share(divisor)).await;
     let failed = check_kill_samples(&samples, killed_at);
     // The local limiter holds 100 / 4 = 25 per minute; this test runs well
     // under a minute. Unknown outcomes are charged locally like the rest.

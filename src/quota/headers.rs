@@ -252,9 +252,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::quota::{
-        Holds, Limiter, MemoryStore, Policy, QuotaDecision, Store, StoreError,
-    };
+    use crate::quota::{Holds, Limiter, MemoryStore, Policy, QuotaDecision, Store, StoreError};
 
     /// A store that cannot decide.
     #[derive(Clone)]
