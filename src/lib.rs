@@ -67,7 +67,7 @@
 //!
 //! | feature | default | adds |
 //! |---|---|---|
-//! | `axum` | yes | extractors for `Identity`, `ClientIp`, `ValidatedQuery`, `Batch` |
+//! | `axum` | yes | extractors for `Identity`, `ClientIp`, `ValidatedQuery` |
 //! | `redis` | no | the Redis and Redis Cluster store |
 //! | `tonic` | no | gRPC rejections with `google.rpc.RetryInfo`, `QuotaFailure` and `BadRequest` details |
 //! | `metrics` | yes | counters, gauges and a histogram through the `metrics` facade: quota decisions, refusals per policy, failure modes, unknown outcomes, in-flight and queued requests per concurrency scope, dependency attempts per share, refusals and waits. On by default because without an installed recorder every emission is a no-op (one key built per event); the sample API serves them on `GET /metrics` |

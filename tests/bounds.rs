@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{header, Request, StatusCode};
+use axum::http::{header, HeaderMap, Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
@@ -18,7 +18,7 @@ use proptest::prelude::*;
 use serde_json::{json, Value};
 use tower::ServiceExt;
 use tower_admission::bounds::{
-    Batch, BatchItemsLayer, BodyLimitsLayer, QueryRules, ValidateQueryLayer, ValidatedQuery,
+    BatchItemsLayer, BodyLimitsLayer, QueryRules, ValidateQueryLayer, ValidatedQuery,
 };
 use tower_admission::reject::{InvalidParameter, Rejection};
 
@@ -926,24 +926,42 @@ struct Item {
     n: u64,
 }
 
-async fn ingest_1000(State(ran): State<Arc<AtomicU64>>, batch: Batch<Item, 1000>) -> String {
-    for item in batch.iter() {
-        ran.fetch_add(item.n, Ordering::SeqCst);
+/// A handler behind a `BatchItemsLayer` of `max` items: parses the batch
+/// with `BatchItemsLayer::parse` and adds up the items' `n`.
+fn ingest(ran: &AtomicU64, headers: &HeaderMap, body: &[u8], max: usize) -> Response {
+    match BatchItemsLayer::parse::<Item>(body, max) {
+        Ok(items) => {
+            for item in &items {
+                ran.fetch_add(item.n, Ordering::SeqCst);
+            }
+            items.len().to_string().into_response()
+        }
+        Err(refused) => refused.into_response(headers).into_response(),
     }
-    batch.len().to_string()
 }
 
-async fn ingest_100k(State(ran): State<Arc<AtomicU64>>, batch: Batch<Item, 100_000>) -> String {
-    for item in batch.iter() {
-        ran.fetch_add(item.n, Ordering::SeqCst);
-    }
-    batch.len().to_string()
+async fn ingest_1000(
+    State(ran): State<Arc<AtomicU64>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    ingest(&ran, &headers, &body, 1000)
 }
 
+async fn ingest_100k(
+    State(ran): State<Arc<AtomicU64>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    ingest(&ran, &headers, &body, 100_000)
+}
+
+/// `/small` caps batches at 1000 items, `/large` at 100,000.
 fn batch_app(ran: Arc<AtomicU64>) -> Router {
+    let cap = |n| BatchItemsLayer::new(NonZeroUsize::new(n).unwrap());
     Router::new()
-        .route("/small", post(ingest_1000))
-        .route("/large", post(ingest_100k))
+        .route("/small", post(ingest_1000).layer(cap(1000)))
+        .route("/large", post(ingest_100k).layer(cap(100_000)))
         .with_state(ran)
         .layer(BodyLimitsLayer::new(8 * MIB, 8 * MIB))
 }
@@ -997,6 +1015,17 @@ async fn batch_over_the_cap_is_413_before_any_item_runs() {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(text(response).await, "1000");
     assert_eq!(ran.load(Ordering::SeqCst), 1100);
+
+    // No item and one item pass; the content type is not checked.
+    for count in [0, 1] {
+        let req = Request::post("/small")
+            .body(Body::from(items_json(count)))
+            .unwrap();
+        let (status, response) = send(&app, req).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(text(response).await, count.to_string());
+    }
+    assert_eq!(ran.load(Ordering::SeqCst), 1101);
 }
 
 #[tokio::test]
@@ -1071,13 +1100,18 @@ async fn charge_items(
 async fn ingest_counted(
     State(c): State<Counters>,
     parts: http::request::Parts,
-    batch: Batch<Item, 1000>,
-) -> String {
-    assert_eq!(BatchItemsLayer::item_cost(&parts), batch.len() as u64);
-    for item in batch.iter() {
-        c.ran.fetch_add(item.n, Ordering::SeqCst);
+    body: Bytes,
+) -> Response {
+    match BatchItemsLayer::parse::<Item>(&body, 1000) {
+        Ok(items) => {
+            assert_eq!(BatchItemsLayer::item_cost(&parts), items.len() as u64);
+            for item in &items {
+                c.ran.fetch_add(item.n, Ordering::SeqCst);
+            }
+            items.len().to_string().into_response()
+        }
+        Err(refused) => refused.into_response(&parts.headers).into_response(),
     }
-    batch.len().to_string()
 }
 
 fn counted_app(c: Counters, wire: usize, decoded: usize) -> Router {

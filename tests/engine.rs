@@ -18,8 +18,8 @@ use tower::{Layer, Service, ServiceExt};
 use tower_admission::clock::ManualClock;
 use tower_admission::identity::Identity;
 use tower_admission::quota::{
-    FailureMode, Holds, Limiter, MemoryStore, Policy, Quota, QuotaDecision, QuotaLayer, Settlement,
-    Store, StoreError,
+    Holds, Limiter, MemoryStore, Policy, Quota, QuotaDecision, QuotaLayer, Settlement, Store,
+    StoreError,
 };
 use tower_admission::reject::Rejection;
 
@@ -208,7 +208,7 @@ fn app<St: Store>(limiter: Limiter<St>, quota: Quota) -> Router {
 /// A quota of 100 per minute that admits while its store fails.
 fn failing_open() -> Quota {
     let policy = Policy::fixed_window("per-minute", 100, Duration::from_secs(60)).unwrap();
-    Quota::new("api", [policy.on_failure(FailureMode::Open)]).unwrap()
+    Quota::new("api", [policy.fail_open()]).unwrap()
 }
 
 /// Admissions that no shared store recorded (fail-open, or an unknown
@@ -254,9 +254,7 @@ async fn a_local_share_never_refunds_an_unknown_outcome() {
         store.unknown.store(unknown, Ordering::Relaxed);
         let policy = Policy::sliding_log("per-minute", 10, Duration::from_secs(60))
             .unwrap()
-            .on_failure(FailureMode::LocalShare {
-                divisor: NonZeroU64::new(2).unwrap(),
-            });
+            .fail_to_local_share(NonZeroU64::new(2).unwrap());
         let layer = QuotaLayer::builder(store.clone())
             .quota(Quota::new("api", [policy]).unwrap())
             .cost(|_| 5)
@@ -334,9 +332,7 @@ async fn local_share_admissions_settle_the_local_store() {
         "api",
         [Policy::sliding_log("per-year", 40, 365 * DAY)
             .unwrap()
-            .on_failure(FailureMode::LocalShare {
-                divisor: NonZeroU64::new(4).unwrap(),
-            })],
+            .fail_to_local_share(NonZeroU64::new(4).unwrap())],
     )
     .unwrap();
     // The local share is 10 and each request costs 10: every request fits
@@ -363,9 +359,7 @@ async fn local_share_refuses_a_big_cost_as_unavailable_not_too_large() {
         [
             Policy::fixed_window("per-minute", 100, Duration::from_secs(60))
                 .unwrap()
-                .on_failure(FailureMode::LocalShare {
-                    divisor: NonZeroU64::new(10).unwrap(),
-                }),
+                .fail_to_local_share(NonZeroU64::new(10).unwrap()),
         ],
     )
     .unwrap();
@@ -702,9 +696,7 @@ async fn flaky_settlement_run(steps: &[FlakyStep]) {
         "api",
         [Policy::sliding_log("per-year", SHARED, 365 * DAY)
             .unwrap()
-            .on_failure(FailureMode::LocalShare {
-                divisor: NonZeroU64::new(SHARED / LOCAL).unwrap(),
-            })],
+            .fail_to_local_share(NonZeroU64::new(SHARED / LOCAL).unwrap())],
     )
     .unwrap();
     let limiter = Limiter::new(flaky.clone());

@@ -25,7 +25,7 @@ use std::time::Duration;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use metrics_util::{CompositeKey, MetricKind};
 use tower_admission::quota::{
-    FailureMode, Holds, Limiter, MemoryStore, Policy, Quota, QuotaDecision, Store, StoreError,
+    Holds, Limiter, MemoryStore, Policy, Quota, QuotaDecision, Store, StoreError,
 };
 
 /// A store whose every call was sent and timed out: the outcome is unknown.
@@ -96,9 +96,7 @@ fn decisions_failure_modes_and_unknown_outcomes_are_counted() {
             Quota::new("closed", [Policy::fixed_window("m", 10, minute).unwrap()]).unwrap();
         let open = Quota::new(
             "open",
-            [Policy::fixed_window("m", 10, minute)
-                .unwrap()
-                .on_failure(FailureMode::Open)],
+            [Policy::fixed_window("m", 10, minute).unwrap().fail_open()],
         )
         .unwrap();
         let key: Arc<str> = "alice".into();

@@ -24,9 +24,7 @@ use futures_util::FutureExt;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tower_admission::clock::ManualClock;
-use tower_admission::quota::{
-    FailureMode, Limiter, Policy, Quota, RedisStore, Store, StoreError, Verdict,
-};
+use tower_admission::quota::{Limiter, Policy, Quota, RedisStore, Store, StoreError, Verdict};
 use tower_admission::reject::Rejection;
 
 use support::{RedisServer, StallProxy};
@@ -34,14 +32,12 @@ use support::{RedisServer, StallProxy};
 const DEADLINE: Duration = Duration::from_millis(50);
 const MARGIN: Duration = Duration::from_millis(250);
 
-fn per_minute(limit: u64, mode: FailureMode) -> Quota {
+fn per_minute(limit: u64, mode: impl FnOnce(Policy) -> Policy) -> Quota {
     Quota::new(
         "api",
-        [
-            Policy::sliding_log("per-minute", limit, Duration::from_secs(60))
-                .unwrap()
-                .on_failure(mode),
-        ],
+        [mode(
+            Policy::sliding_log("per-minute", limit, Duration::from_secs(60)).unwrap(),
+        )],
     )
     .unwrap()
 }
@@ -77,7 +73,9 @@ fn kind(error: Option<&StoreError>) -> Kind {
 
 /// 8 callers decide in a loop; after 200 decisions Redis is SIGKILLed, and
 /// each caller makes 40 more. Returns every sample and the kill time.
-async fn kill_mid_load(mode: FailureMode) -> (Vec<Sample>, Instant, Limiter<RedisStore>) {
+async fn kill_mid_load(
+    mode: impl FnOnce(Policy) -> Policy,
+) -> (Vec<Sample>, Instant, Limiter<RedisStore>) {
     let mut server = RedisServer::start();
     let store = RedisStore::builder(server.url())
         .deadline(DEADLINE)
@@ -181,7 +179,7 @@ fn unknown(samples: &[&Sample]) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_mid_load_fail_open_admits_every_failed_decision() {
-    let (samples, killed_at, limiter) = kill_mid_load(FailureMode::Open).await;
+    let (samples, killed_at, limiter) = kill_mid_load(Policy::fail_open).await;
     let failed = check_kill_samples(&samples, killed_at);
     for s in &failed {
         assert!(s.verdict.is_admitted());
@@ -195,7 +193,7 @@ async fn killed_mid_load_fail_open_admits_every_failed_decision() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_mid_load_fail_closed_refuses_with_503() {
-    let (samples, killed_at, limiter) = kill_mid_load(FailureMode::Closed).await;
+    let (samples, killed_at, limiter) = kill_mid_load(Policy::fail_closed).await;
     let failed = check_kill_samples(&samples, killed_at);
     for s in &failed {
         assert!(!s.verdict.is_admitted());
@@ -215,7 +213,8 @@ async fn killed_mid_load_fail_closed_refuses_with_503() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_mid_load_local_share_admits_exactly_the_share() {
     let divisor = NonZeroU64::new(4).unwrap();
-    let (samples, killed_at, limiter) = kill_mid_load(FailureMode::LocalShare { divisor }).await;
+    let (samples, killed_at, limiter) =
+        kill_mid_load(move |p| p.fail_to_local_share(divisor)).await;
     let failed = check_kill_samples(&samples, killed_at);
     // The local limiter holds 100 / 4 = 25 per minute; this test runs well
     // under a minute. Unknown outcomes are charged locally like the rest.
@@ -244,7 +243,7 @@ async fn restart_recovers_without_rebuild_and_the_quota_resets() {
         .reconnect_backoff(Duration::ZERO, Duration::ZERO)
         .build()
         .unwrap();
-    let quota = per_minute(10, FailureMode::Closed);
+    let quota = per_minute(10, Policy::fail_closed);
     let key: Arc<str> = "alice".into();
     let mut admitted = 0;
     for _ in 0..12 {
@@ -385,7 +384,7 @@ async fn down_at_start_is_unavailable_then_connects() {
         .reconnect_backoff(Duration::ZERO, Duration::ZERO)
         .build()
         .unwrap();
-    let quota = per_minute(10, FailureMode::Closed);
+    let quota = per_minute(10, Policy::fail_closed);
     let key: Arc<str> = "alice".into();
     let started = Instant::now();
     let error = store.decide(&quota, &key, 1).await.unwrap_err();
@@ -410,7 +409,7 @@ async fn stalled_traffic_times_out_with_unknown_outcomes_that_were_consumed() {
         .build()
         .unwrap();
     let limiter = Limiter::new(store);
-    let quota = per_minute(10, FailureMode::Closed);
+    let quota = per_minute(10, Policy::fail_closed);
     let key: Arc<str> = "alice".into();
     for _ in 0..3 {
         assert!(limiter.check(&quota, &key, 1).await.is_admitted());
@@ -463,7 +462,7 @@ async fn reconnecting_behind_a_proxy(
         .reconnect_backoff(Duration::ZERO, Duration::ZERO)
         .build()
         .unwrap();
-    let quota = per_minute(100, FailureMode::Closed);
+    let quota = per_minute(100, Policy::fail_closed);
     let key: Arc<str> = "alice".into();
     assert!(store.decide(&quota, &key, 1).await.unwrap().admitted);
     (server, proxy, store, quota, key)
@@ -556,7 +555,7 @@ async fn cluster_master_killed_fails_only_its_keys_within_the_deadline() {
         .build()
         .unwrap();
     let limiter = Limiter::new(store.clone());
-    let quota = per_minute(1_000, FailureMode::Closed);
+    let quota = per_minute(1_000, Policy::fail_closed);
     let keys: Vec<Arc<str>> = (0..30).map(|i| Arc::from(format!("user-{i}"))).collect();
     for key in &keys {
         assert!(limiter.check(&quota, key, 1).await.is_admitted());

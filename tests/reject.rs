@@ -139,15 +139,13 @@ async fn limiter_outage_is_temporary_reduced_capacity() {
 /// healthy store's answer advertises the configured ones.
 #[tokio::test]
 async fn a_local_share_advertises_its_own_limits() {
-    let share = tower_admission::quota::FailureMode::LocalShare {
-        divisor: std::num::NonZeroU64::new(4).unwrap(),
-    };
+    let share = std::num::NonZeroU64::new(4).unwrap();
     let quota = Quota::new(
         "requests",
         quota()
             .policies()
             .iter()
-            .map(|p| p.clone().on_failure(share)),
+            .map(|p| p.clone().fail_to_local_share(share)),
     )
     .unwrap();
     fn app<St: Store>(store: St, quota: &Quota) -> Router {

@@ -5,14 +5,14 @@
 //!
 //! ```text
 //! cap wire bytes -> decompress -> cap decoded bytes -> validate query -> count items -> quotas -> handler
-//!  \________________ BodyLimitsLayer _______________/  ValidateQueryLayer  BatchItemsLayer        Batch<T, MAX>
+//!  \________________ BodyLimitsLayer _______________/  ValidateQueryLayer  BatchItemsLayer
 //! ```
 //!
 //! [`ValidateQueryLayer`] puts a [`ValidatedQuery`] (with the page size) and
 //! [`BatchItemsLayer`] the item count into the request extensions, so a
 //! quota layer after them can charge them as cost
-//! ([`ValidatedQuery::page_cost`], [`BatchItemsLayer::item_cost`]). When only the handler
-//! needs the count, the `Batch` extractor (feature `axum`) alone is enough.
+//! ([`ValidatedQuery::page_cost`], [`BatchItemsLayer::item_cost`]). The
+//! handler reads the items with [`BatchItemsLayer::parse`].
 //!
 //! * **Wire bytes first.** The wire cap bounds what the server reads from the
 //!   network before any CPU is spent on it. A body with a too large
@@ -68,14 +68,19 @@
 //! # Example
 //!
 //! ```
-//! use std::num::NonZeroU32;
+//! use std::num::{NonZeroU32, NonZeroUsize};
 //! use std::time::Duration;
 //!
+//! use axum::body::Bytes;
+//! use axum::http::HeaderMap;
+//! use axum::response::{IntoResponse, Response};
 //! use axum::routing::{get, post};
 //! use axum::Router;
 //! use tower_admission::bounds::{
-//!     Batch, BodyLimitsLayer, QueryRules, ValidateQueryLayer, ValidatedQuery,
+//!     BatchItemsLayer, BodyLimitsLayer, QueryRules, ValidateQueryLayer, ValidatedQuery,
 //! };
+//!
+//! const MAX_ITEMS: usize = 1000;
 //!
 //! #[derive(serde::Deserialize)]
 //! struct Event {
@@ -86,8 +91,11 @@
 //!     format!("page of {}", q.page_size)
 //! }
 //!
-//! async fn ingest(batch: Batch<Event, 1000>) -> String {
-//!     format!("{} events", batch.len())
+//! async fn ingest(headers: HeaderMap, body: Bytes) -> Response {
+//!     match BatchItemsLayer::parse::<Event>(&body, MAX_ITEMS) {
+//!         Ok(events) => format!("{} events", events.len()).into_response(),
+//!         Err(refused) => refused.into_response(&headers).into_response(),
+//!     }
 //! }
 //!
 //! # fn main() -> Result<(), tower_admission::ConfigError> {
@@ -96,8 +104,10 @@
 //!     .max_span(Duration::from_secs(31 * 24 * 3600))?
 //!     .ignore_unknown_params(false);
 //!
+//! let items = BatchItemsLayer::new(NonZeroUsize::new(MAX_ITEMS).unwrap());
 //! let app: Router = Router::new()
-//!     .route("/events", get(list).post(ingest))
+//!     .route("/events", get(list))
+//!     .route("/events/batch", post(ingest).layer(items))
 //!     // Applied bottom-up: the last `.layer` is the first a request meets.
 //!     .layer(ValidateQueryLayer::new(rules))
 //!     .layer(BodyLimitsLayer::new(1 << 20, 8 << 20));
@@ -105,9 +115,10 @@
 //! # }
 //! ```
 //!
-//! With both layers the ordering is the one above: a request is first cut to
+//! With these layers the ordering is the one above: a request is first cut to
 //! 1 MiB on the wire and 8 MiB decoded, then its query is validated, then
-//! `Batch` counts items as it parses.
+//! a batch's items are counted (a quota charging per item would sit on the
+//! batch route, inside the `BatchItemsLayer`).
 
 mod body;
 mod decode;
@@ -116,7 +127,5 @@ mod items;
 mod query;
 
 pub use body::{BodyCaps, BodyLimitsLayer, CappedBody};
-#[cfg(feature = "axum")]
-pub use items::Batch;
 pub use items::BatchItemsLayer;
 pub use query::{QueryRules, ValidateQueryLayer, ValidatedQuery};

@@ -252,9 +252,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::quota::{
-        FailureMode, Holds, Limiter, MemoryStore, Policy, QuotaDecision, Store, StoreError,
-    };
+    use crate::quota::{Holds, Limiter, MemoryStore, Policy, QuotaDecision, Store, StoreError};
 
     /// A store that cannot decide.
     #[derive(Clone)]
@@ -289,13 +287,11 @@ mod tests {
             _ => Policy::sliding_window(&name, limit, window),
         }
         .unwrap();
-        let policy = policy.on_failure(match mode {
-            0 => FailureMode::Open,
-            1 => FailureMode::Closed,
-            _ => FailureMode::LocalShare {
-                divisor: NonZeroU64::new(3).unwrap(),
-            },
-        });
+        let policy = match mode {
+            0 => policy.fail_open(),
+            1 => policy.fail_closed(),
+            _ => policy.fail_to_local_share(NonZeroU64::new(3).unwrap()),
+        };
         if shadow {
             policy.shadow()
         } else {

@@ -19,7 +19,8 @@ static DECISION_METADATA: metrics::Metadata<'static> =
 const UNAVAILABLE_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// The quota engine: a store plus the rules for when it fails (each
-/// policy's [`FailureMode`]), counting and logging. It knows no protocol:
+/// policy's failure mode, [`Policy::fail_open`] and its siblings), counting
+/// and logging. It knows no protocol:
 /// [`check`](Self::check) returns a [`Verdict`], which the inbound layers map
 /// to HTTP or gRPC refusals and other callers to their own errors.
 ///
@@ -116,7 +117,7 @@ pub(crate) enum Recorded {
     /// In the local fallback store, under the local share quota (boxed: it
     /// happens only while the shared store fails).
     Local(Box<(Quota, Holds)>),
-    /// Nowhere that can be settled: refused, admitted by [`FailureMode::Open`],
+    /// Nowhere that can be settled: refused, admitted by [`Policy::fail_open`],
     /// or an unknown outcome.
     #[default]
     Nowhere,
@@ -220,7 +221,7 @@ impl Verdict {
     }
 
     /// The local share quota that decided, when the store failed and
-    /// [`FailureMode::LocalShare`] policies were decided in memory.
+    /// [`Policy::fail_to_local_share`] policies were decided in memory.
     pub fn local_quota(&self) -> Option<&Quota> {
         self.failed.as_ref()?.local_quota.as_ref()
     }
@@ -295,11 +296,11 @@ pub struct LimiterStats {
     pub admitted: u64,
     /// Requests refused.
     pub refused: u64,
-    /// Store failures resolved by admitting ([`FailureMode::Open`]).
+    /// Store failures resolved by admitting ([`Policy::fail_open`]).
     pub failed_open: u64,
-    /// Store failures resolved by refusing ([`FailureMode::Closed`]).
+    /// Store failures resolved by refusing ([`Policy::fail_closed`]).
     pub failed_closed: u64,
-    /// Store failures resolved by the local share ([`FailureMode::LocalShare`]).
+    /// Store failures resolved by the local share ([`Policy::fail_to_local_share`]).
     pub local_share: u64,
     /// Store calls that timed out after sending: counted as consumed.
     pub unknown_outcomes: u64,
@@ -325,7 +326,7 @@ struct Counters {
 
 impl<S: Store> Limiter<S> {
     /// A limiter over `store`, with a 100,000-key local fallback for
-    /// [`FailureMode::LocalShare`].
+    /// [`Policy::fail_to_local_share`].
     pub fn new(store: S) -> Self {
         Self::with_local(store, MemoryStore::new())
     }
@@ -344,7 +345,7 @@ impl<S: Store> Limiter<S> {
         &self.store
     }
 
-    /// The local fallback store of [`FailureMode::LocalShare`].
+    /// The local fallback store of [`Policy::fail_to_local_share`].
     pub fn local_store(&self) -> &MemoryStore {
         &self.local
     }

@@ -18,7 +18,8 @@ pub use decision::{Decision, Holds, QuotaDecision};
 pub use layer::{QuotaLayer, QuotaLayerBuilder, Quotas};
 pub(crate) use limiter::Outcome;
 pub use limiter::{Limiter, LimiterStats, Verdict};
-pub use policy::{FailureMode, Policy, Quota};
+pub(crate) use policy::FailureMode;
+pub use policy::{Policy, Quota};
 pub use settle::Settlement;
 pub use store::{MemoryStore, Store, StoreError};
 #[cfg(feature = "redis")]

@@ -6,22 +6,18 @@ use crate::clock::duration_to_micros;
 use crate::quota::algorithm::{Algorithm, FixedWindow, SlidingLog, SlidingWindow, TokenBucket};
 use crate::ConfigError;
 
-/// What a policy does when its store cannot decide in time.
+/// What a policy does when its store cannot decide in time, as chosen by
+/// [`Policy::fail_open`], [`Policy::fail_closed`] (the default) or
+/// [`Policy::fail_to_local_share`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum FailureMode {
-    /// Admit. **Breaks a strict cap**: while the store is down nothing is limited.
+pub(crate) enum FailureMode {
+    /// Admit.
     Open,
-    /// Refuse with 503 and `Retry-After`. The default.
+    /// Refuse with 503 and `Retry-After`.
     #[default]
     Closed,
-    /// Decide against an in-memory limiter holding `1 / divisor` of the
-    /// budget, for example the budget divided by the expected number of
-    /// instances, so the fleet as a whole stays near the cap.
-    LocalShare {
-        /// How many parts the budget is split into.
-        divisor: NonZeroU64,
-    },
+    /// Decide against an in-memory limiter holding `1 / divisor` of the budget.
+    LocalShare { divisor: NonZeroU64 },
 }
 
 /// One named limit: an algorithm, its numbers, and how it behaves.
@@ -142,9 +138,37 @@ impl Policy {
         self
     }
 
-    /// What to do when the store cannot decide in time.
-    pub fn on_failure(mut self, mode: FailureMode) -> Self {
-        self.failure_mode = mode;
+    /// When the store cannot decide in time, admit. **Breaks a strict cap**:
+    /// while the store is down this policy limits nothing.
+    pub fn fail_open(mut self) -> Self {
+        self.failure_mode = FailureMode::Open;
+        self
+    }
+
+    /// When the store cannot decide in time, refuse with 503 and
+    /// `Retry-After`. The default.
+    pub fn fail_closed(mut self) -> Self {
+        self.failure_mode = FailureMode::Closed;
+        self
+    }
+
+    /// When the store cannot decide in time, decide against an in-memory
+    /// limiter holding `1 / divisor` of the budget: with the budget divided
+    /// by the expected number of instances, the fleet as a whole stays near
+    /// the cap.
+    ///
+    /// ```
+    /// use std::num::NonZeroU64;
+    /// use std::time::Duration;
+    /// use tower_admission::quota::Policy;
+    ///
+    /// let instances = NonZeroU64::new(10).unwrap();
+    /// let per_minute = Policy::sliding_log("per-minute", 1_000, Duration::from_secs(60))?
+    ///     .fail_to_local_share(instances);
+    /// # Ok::<(), tower_admission::ConfigError>(())
+    /// ```
+    pub fn fail_to_local_share(mut self, divisor: NonZeroU64) -> Self {
+        self.failure_mode = FailureMode::LocalShare { divisor };
         self
     }
 
@@ -202,8 +226,9 @@ impl Policy {
         self.shadow
     }
 
-    /// The failure mode.
-    pub fn failure_mode(&self) -> FailureMode {
+    /// What the policy does when its store cannot decide in time.
+    #[inline]
+    pub(crate) fn failure_mode(&self) -> FailureMode {
         self.failure_mode
     }
 

@@ -19,9 +19,9 @@ use crate::quota::{Holds, Limiter, MemoryStore, Quota, Store, StoreError};
 ///
 /// - **Only where it was recorded.** A charge is settled in the store that
 ///   recorded it: the shared store, or the local store when
-///   [`FailureMode::LocalShare`](crate::quota::FailureMode::LocalShare)
+///   [`fail_to_local_share`](crate::quota::Policy::fail_to_local_share)
 ///   decided. An admission by
-///   [`FailureMode::Open`](crate::quota::FailureMode::Open), or one whose
+///   [`fail_open`](crate::quota::Policy::fail_open), or one whose
 ///   outcome is unknown, was recorded nowhere that can be settled: settling
 ///   it changes nothing.
 /// - **More.** `actual > charged` charges the difference at the time of the

@@ -15,16 +15,16 @@ use crate::ConfigError;
 /// service runs, refusing more than `max` with 413 (cap `items`) and bad
 /// JSON with 400.
 ///
-/// Use it where the count must be known *before* the handler, for example
-/// to charge it as quota cost: place it inside [`BodyLimitsLayer`](crate::bounds::BodyLimitsLayer)
-/// (which bounds the bytes it buffers) and outside the quota layers. It
-/// reads the whole (capped) body, counts items without building them
-/// (as [`parse`](Self::parse) does, without building the items), records the count in the request extensions
-/// (for [`item_cost`](Self::item_cost)) and hands the same bytes
-/// on as a `Full<Bytes>` body; the handler then parses them again, for
-/// example with the `Batch` extractor. Apply it only to batch routes (axum's
+/// Place it inside [`BodyLimitsLayer`](crate::bounds::BodyLimitsLayer)
+/// (which bounds the bytes it buffers) and outside the quota layers, so
+/// that a quota can charge per item ([`item_cost`](Self::item_cost)). It
+/// reads the whole (capped) body, counts items without building them (as
+/// [`parse`](Self::parse) does, without building the items), records the
+/// count in the request extensions and hands the same bytes on as a
+/// `Full<Bytes>` body; the handler then reads the items with
+/// [`parse`](Self::parse). Apply it only to batch routes (axum's
 /// `route_layer` or a method router's `layer`): a request without a JSON
-/// object body is refused.
+/// object body is refused. The content type is not checked.
 ///
 /// A body read error is answered with 400 naming `body`; when that error is
 /// a byte cap of [`BodyLimitsLayer`](crate::bounds::BodyLimitsLayer), that layer replaces the
@@ -46,8 +46,7 @@ impl BatchItemsLayer {
 
     /// Parses a batch `{"items": [...]}`, refusing it once the array has
     /// more than `max` items: what a handler behind this layer reads the
-    /// items with (the `Batch` extractor does the same with a cap fixed at
-    /// compile time).
+    /// items with.
     ///
     /// The count is checked while the array is read: the parser stops at
     /// the first item past the cap, so at most `max` values of `T` are ever

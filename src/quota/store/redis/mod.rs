@@ -112,7 +112,8 @@ fn script_source(injected_clock: bool) -> String {
 ///
 /// An unknown outcome must be counted as consumed, never as free; the
 /// [`Limiter`](crate::quota::Limiter) does so and resolves every error by
-/// each policy's [`FailureMode`](crate::quota::FailureMode). On a cluster the
+/// each policy's failure mode ([`Policy::fail_open`](crate::quota::Policy::fail_open),
+/// `fail_closed` or `fail_to_local_share`). On a cluster the
 /// client hides its own routing and reconnects, so a deadline there is always
 /// reported as [`StoreError::Timeout`], the conservative answer. The cluster
 /// client sends each call at most once: it follows no `MOVED` or `ASK`
