@@ -14,7 +14,8 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use tower_admission::jobs::{JobQueue, SubmitError};
+use tower_admission::jobs::JobQueue;
+use tower_admission::reject::Rejection;
 
 const SAMPLES: usize = 21;
 const REFUSALS: u32 = 10_000;
@@ -26,7 +27,7 @@ fn median_ns(queue: &JobQueue<u32, (), ()>, owner: &str, expect_full: bool) -> f
             let start = Instant::now();
             for n in 0..REFUSALS {
                 let refused = queue.submit(owner, black_box(n)).unwrap_err();
-                debug_assert_eq!(matches!(refused, SubmitError::Full { .. }), expect_full);
+                debug_assert_eq!(matches!(refused, Rejection::Overloaded { .. }), expect_full);
                 black_box(refused);
             }
             start.elapsed().as_nanos() as f64 / f64::from(REFUSALS)

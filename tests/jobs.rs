@@ -9,7 +9,7 @@ use futures_util::FutureExt;
 use http::header::{LOCATION, RETRY_AFTER};
 use http::StatusCode;
 use tokio::sync::Semaphore;
-use tower_admission::jobs::{JobId, JobQueue, JobStatus, SubmitError};
+use tower_admission::jobs::{JobId, JobQueue, JobStatus};
 use tower_admission::reject::Rejection;
 
 /// The headers of a plain HTTP request.
@@ -78,14 +78,14 @@ async fn full_queue_answers_503_and_accepted_jobs_all_run() {
     // the running one started 1 ms ago.
     assert_eq!(
         refused[0],
-        SubmitError::Full {
-            capacity: 3,
-            retry_after: Duration::from_millis(29_999)
+        Rejection::Overloaded {
+            retry_after: Duration::from_millis(29_999),
+            cap: Some(("job-queue", 3)),
         }
     );
     assert_eq!(queue.status("alice", accepted[3]), Some(JobStatus::Queued));
 
-    let response = refused[0].into_response(&http_call());
+    let response = refused[0].clone().into_response(&http_call());
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(response.headers()[RETRY_AFTER], "30");
     assert_eq!(
@@ -93,14 +93,9 @@ async fn full_queue_answers_503_and_accepted_jobs_all_run() {
         "\"job-queue\";q=3;qu=\"concurrent-requests\""
     );
     assert_eq!(response.headers()["ratelimit"], "\"job-queue\";r=0;t=30");
-    let grpc = refused[0].into_response(&grpc_call());
+    let grpc = refused[0].clone().into_response(&grpc_call());
     assert_eq!(grpc.headers().get("ratelimit"), None);
-    assert_eq!(
-        response.extensions().get::<Rejection>(),
-        Some(&Rejection::Overloaded {
-            retry_after: Duration::from_millis(29_999),
-        })
-    );
+    assert_eq!(response.extensions().get::<Rejection>(), Some(&refused[0]));
 
     gate.add_permits(100);
     queue.shutdown().await;
@@ -117,8 +112,9 @@ async fn full_queue_answers_503_and_accepted_jobs_all_run() {
     let err = queue.submit("alice", 99).unwrap_err();
     assert_eq!(
         err,
-        SubmitError::ShutDown {
-            retry_after: Duration::from_secs(30)
+        Rejection::Overloaded {
+            retry_after: Duration::from_secs(30),
+            cap: None,
         }
     );
     assert_eq!(err.into_response(&http_call()).status(), 503);
@@ -399,36 +395,31 @@ async fn one_owner_cannot_take_the_whole_queue() {
     let submit = |owner: &str, n: u32| queue.submit(owner, n);
     let results: Vec<_> = (0..5).map(|n| submit("alice", n)).collect();
     assert_eq!(results.iter().filter(|r| r.is_ok()).count(), 2);
-    let busy = SubmitError::OwnerBusy {
-        limit: 2,
+    let busy = Rejection::CallerBusy {
         retry_after: Duration::from_secs(7),
+        cap: Some(("jobs-per-owner", 2)),
     };
-    assert!(results[2..].iter().all(|r| *r == Err(busy)));
+    assert!(results[2..].iter().all(|r| *r == Err(busy.clone())));
     assert!(submit("bob", 10).is_ok());
     assert!(submit("bob", 11).is_ok());
     // bob's first job waits behind alice's two on the one worker: it starts
     // after 2 x 7 s (the assumed duration) and ends 7 s later.
     assert_eq!(
         submit("bob", 12),
-        Err(SubmitError::OwnerBusy {
-            limit: 2,
-            retry_after: Duration::from_secs(21)
+        Err(Rejection::CallerBusy {
+            retry_after: Duration::from_secs(21),
+            cap: Some(("jobs-per-owner", 2)),
         })
     );
 
-    let response = busy.into_response(&http_call());
+    let response = busy.clone().into_response(&http_call());
     assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(response.headers()[RETRY_AFTER], "7");
     assert_eq!(
         response.headers()["ratelimit-policy"],
         "\"jobs-per-owner\";q=2;qu=\"concurrent-requests\""
     );
-    assert_eq!(
-        busy.rejection(),
-        Rejection::CallerBusy {
-            retry_after: Duration::from_secs(7),
-        }
-    );
+    assert_eq!(response.extensions().get::<Rejection>(), Some(&busy));
 
     // alice's first job (the one running) finishes: one more of hers fits.
     settle().await;
@@ -436,7 +427,15 @@ async fn one_owner_cannot_take_the_whole_queue() {
     settle().await;
     assert!(submit("alice", 5).is_ok());
     // (The waits now follow the 1 ms the finished job took.)
-    let owner_busy = |r| matches!(r, Err(SubmitError::OwnerBusy { limit: 2, .. }));
+    let owner_busy = |r| {
+        matches!(
+            r,
+            Err(Rejection::CallerBusy {
+                cap: Some(("jobs-per-owner", 2)),
+                ..
+            })
+        )
+    };
     assert!(owner_busy(submit("alice", 6)));
     // Everything finishes: alice has room for 2 again, and no owner is tracked.
     gate.add_permits(5);
@@ -520,9 +519,15 @@ async fn follow_the_model((capacity, workers, per_owner): (usize, usize, usize),
             .unwrap()
     };
     // The refusal's kind; its wait is an estimate, tested on its own.
-    let kind = |refused: SubmitError| match refused {
-        SubmitError::Full { capacity, .. } => ("full", capacity),
-        SubmitError::OwnerBusy { limit, .. } => ("owner busy", limit),
+    let kind = |refused: &Rejection| match *refused {
+        Rejection::Overloaded {
+            cap: Some(("job-queue", capacity)),
+            ..
+        } => ("full", capacity),
+        Rejection::CallerBusy {
+            cap: Some(("jobs-per-owner", limit)),
+            ..
+        } => ("owner busy", limit),
         _ => ("other", 0),
     };
     let full = ("full", capacity);
@@ -546,7 +551,11 @@ async fn follow_the_model((capacity, workers, per_owner): (usize, usize, usize),
                     Ok(())
                 };
                 let submitted = queue.submit(format!("owner-{owner}"), jobs.len());
-                assert_eq!(submitted.map(|_| ()).map_err(kind), expected, "{at}");
+                assert_eq!(
+                    submitted.as_ref().map(|_| ()).map_err(kind),
+                    expected,
+                    "{at}"
+                );
                 if let Ok(id) = submitted {
                     jobs.push((owner, id, Modelled::Queued));
                 }
@@ -645,9 +654,9 @@ async fn retry_after_is_estimated_from_measured_durations_and_positions() {
     let assumed = queue.submit("mia", 1).unwrap_err();
     assert_eq!(
         assumed,
-        SubmitError::OwnerBusy {
-            limit: 2,
-            retry_after: Duration::from_secs(1)
+        Rejection::CallerBusy {
+            retry_after: Duration::from_secs(1),
+            cap: Some(("jobs-per-owner", 2)),
         }
     );
     // They end at 4 s and 8 s: the mean is 6 s.
@@ -665,9 +674,9 @@ async fn retry_after_is_estimated_from_measured_durations_and_positions() {
     queue.submit("alice", 100).unwrap(); // waiting, position 0
     queue.submit("carol", 100).unwrap(); // position 1
     queue.submit("carol", 100).unwrap(); // position 2
-    let busy = |retry_after| SubmitError::OwnerBusy {
-        limit: 2,
+    let busy = |retry_after| Rejection::CallerBusy {
         retry_after,
+        cap: Some(("jobs-per-owner", 2)),
     };
     // alice's running job is expected to end first.
     assert_eq!(queue.submit("alice", 1), Err(busy(Duration::from_secs(4))));
@@ -678,9 +687,9 @@ async fn retry_after_is_estimated_from_measured_durations_and_positions() {
     let full = queue.submit("frank", 1).unwrap_err();
     assert_eq!(
         full,
-        SubmitError::Full {
-            capacity: 4,
-            retry_after: Duration::from_secs(4)
+        Rejection::Overloaded {
+            retry_after: Duration::from_secs(4),
+            cap: Some(("job-queue", 4)),
         }
     );
     let response = full.into_response(&http_call());
@@ -696,9 +705,9 @@ async fn retry_after_is_estimated_from_measured_durations_and_positions() {
     let full = queue.submit("frank", 1).unwrap_err();
     assert_eq!(
         full,
-        SubmitError::Full {
-            capacity: 4,
-            retry_after: Duration::from_millis(1_500)
+        Rejection::Overloaded {
+            retry_after: Duration::from_millis(1_500),
+            cap: Some(("job-queue", 4)),
         }
     );
     assert_eq!(full.into_response(&http_call()).headers()[RETRY_AFTER], "2");
@@ -707,9 +716,9 @@ async fn retry_after_is_estimated_from_measured_durations_and_positions() {
     let overdue = queue.submit("frank", 1).unwrap_err();
     assert_eq!(
         overdue,
-        SubmitError::Full {
-            capacity: 4,
-            retry_after: Duration::ZERO
+        Rejection::Overloaded {
+            retry_after: Duration::ZERO,
+            cap: Some(("job-queue", 4)),
         }
     );
     assert_eq!(
@@ -822,12 +831,16 @@ async fn an_owner_at_its_cap_behind_a_thousand_jobs_gets_the_same_429() {
     }
     assert_eq!((queue.running(), queue.queued()), (2, 1_000));
     // A's running jobs started 1 ms ago and are assumed to take 7 s.
-    let running_busy = SubmitError::OwnerBusy {
-        limit: 2,
+    let running_busy = Rejection::CallerBusy {
         retry_after: Duration::from_millis(6_999),
+        cap: Some(("jobs-per-owner", 2)),
     };
     for n in 0..10_000 {
-        assert_eq!(queue.submit("owner-a", n), Err(running_busy), "try {n}");
+        assert_eq!(
+            queue.submit("owner-a", n),
+            Err(running_busy.clone()),
+            "try {n}"
+        );
     }
     assert_eq!((queue.running(), queue.queued()), (2, 1_000));
     assert_eq!(queue.submitted_total(), 1_002);
@@ -837,12 +850,16 @@ async fn an_owner_at_its_cap_behind_a_thousand_jobs_gets_the_same_429() {
     // one, 6.999 s + 500 x 7 s from now, and ends 7 s after that.
     queue.submit("owner-b", 0).unwrap();
     queue.submit("owner-b", 1).unwrap();
-    let waiting_busy = SubmitError::OwnerBusy {
-        limit: 2,
+    let waiting_busy = Rejection::CallerBusy {
         retry_after: Duration::from_millis(3_513_999),
+        cap: Some(("jobs-per-owner", 2)),
     };
     for n in 0..10_000 {
-        assert_eq!(queue.submit("owner-b", n), Err(waiting_busy), "try {n}");
+        assert_eq!(
+            queue.submit("owner-b", n),
+            Err(waiting_busy.clone()),
+            "try {n}"
+        );
     }
     assert_eq!((queue.running(), queue.queued()), (2, 1_002));
     assert_eq!(queue.submitted_total(), 1_004);

@@ -583,10 +583,11 @@ async fn a_handler_settle_and_the_refund_never_give_back_twice() {
                     return axum::response::IntoResponse::into_response("ok");
                 }
                 settlement.settle(0).await.unwrap();
-                let refusal = tower_admission::jobs::SubmitError::Full {
-                    capacity: 1,
+                let refusal = Rejection::Overloaded {
                     retry_after: Duration::from_secs(1),
+                    cap: Some(("job-queue", 1)),
                 };
+                let refusal = refusal.into_response(&http::HeaderMap::new());
                 axum::response::IntoResponse::into_response(refusal)
             }
         }

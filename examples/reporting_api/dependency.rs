@@ -108,7 +108,10 @@ impl CallError {
     pub(crate) fn rejection(&self) -> Rejection {
         let retry_after = self.retry_after();
         match self {
-            CallError::Shed(..) => Rejection::Overloaded { retry_after },
+            CallError::Shed(..) => Rejection::Overloaded {
+                retry_after,
+                cap: None,
+            },
             _ => Rejection::DependencyUnavailable { retry_after },
         }
     }

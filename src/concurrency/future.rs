@@ -9,7 +9,7 @@ use pin_project_lite::pin_project;
 use super::adaptive::Outcome;
 use super::body::PermitBody;
 use super::state::{AcquireFuture, Guard, Refusal};
-use crate::reject::{Protocol, RefusalBody, Rejection};
+use crate::reject::{Protocol, RefusalBody};
 
 /// Polls a clone of the inner service ready, then calls it with the request:
 /// the inner future, or the error of `poll_ready` as the final output.
@@ -94,23 +94,7 @@ fn refusal_response<B: RefusalBody>(
     refusal: Refusal,
     protocol: Protocol,
 ) -> Response<PermitBody<B>> {
-    // Each cap of requests is advertised as a quota of concurrent requests:
-    // the caller's own ("concurrency") or the service's
-    // ("global-concurrency"). A full identity map has no such cap.
-    let advertised = match (&refusal.rejection, refusal.cap) {
-        _ if protocol.is_grpc() => None,
-        (&Rejection::Overloaded { retry_after }, Some(cap)) => {
-            Some(("global-concurrency", cap, retry_after))
-        }
-        (&Rejection::CallerBusy { retry_after }, Some(cap)) => {
-            Some(("concurrency", cap, retry_after))
-        }
-        _ => None,
-    };
     let mut response = refusal.rejection.respond(protocol);
-    if let Some((name, cap, wait)) = advertised {
-        crate::quota::headers::insert_concurrency(response.headers_mut(), name, cap, wait);
-    }
     response.extensions_mut().insert(refusal.reason);
     response
 }

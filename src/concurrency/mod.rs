@@ -66,15 +66,12 @@
 //! | identity map full | 503 + `Retry-After` of 1 s, as for a cap with no queue | none: the map counts callers, not requests | the service cannot track another caller |
 //! | tenant's share of a fair queue full | 503 + `Retry-After` | `"global-concurrency"` | the tenant holds its share of the queue ([`OverloadReason::TenantQueueFull`]) |
 //!
-//! A cap's `RateLimit-Policy` and `RateLimit` fields (HTTP only) advertise
-//! it as a quota of its limit in concurrent requests, none of them left
-//! until `Retry-After`.
-//!
 //! They are [`Rejection::Overloaded`](crate::reject::Rejection::Overloaded)
 //! (503) or [`Rejection::CallerBusy`](crate::reject::Rejection::CallerBusy)
-//! (429) (gRPC: `UNAVAILABLE` or `RESOURCE_EXHAUSTED`). The response extensions also
-//! hold an [`OverloadReason`] (queue full, deadline passed, too many
-//! identities). Each refusal is logged at `debug` level through `tracing` and
+//! (429) (gRPC: `UNAVAILABLE` or `RESOURCE_EXHAUSTED`), whose `cap`, the
+//! name above and the limit in force, the `RateLimit` fields advertise
+//! (HTTP only). The response extensions also hold an [`OverloadReason`]
+//! (queue full, deadline passed, too many identities). Each refusal is logged at `debug` level through `tracing` and
 //! counted in [`ConcurrencyStats`] (and, with the `metrics` feature, in the
 //! `tower_admission_concurrency_refused_total` counter labelled by scope and
 //! reason).

@@ -26,12 +26,20 @@ impl Scope {
         }
     }
 
-    /// The refusal of this cap: [`Rejection::Overloaded`] (503) for the
-    /// service's, [`Rejection::CallerBusy`] (429) for the caller's.
-    pub(super) fn rejection(self, retry_after: Duration) -> Rejection {
+    /// The refusal of this cap, of `limit` requests (`None` when a full
+    /// identity map refused: it counts callers): [`Rejection::Overloaded`]
+    /// (503) for the service's, advertised as `global-concurrency`, and
+    /// [`Rejection::CallerBusy`] (429) for the caller's, as `concurrency`.
+    pub(super) fn rejection(self, retry_after: Duration, limit: Option<usize>) -> Rejection {
         match self {
-            Scope::Global => Rejection::Overloaded { retry_after },
-            Scope::Identity => Rejection::CallerBusy { retry_after },
+            Scope::Global => Rejection::Overloaded {
+                retry_after,
+                cap: limit.map(|limit| ("global-concurrency", limit)),
+            },
+            Scope::Identity => Rejection::CallerBusy {
+                retry_after,
+                cap: limit.map(|limit| ("concurrency", limit)),
+            },
         }
     }
 }

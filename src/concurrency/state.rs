@@ -288,9 +288,6 @@ impl fmt::Debug for Guard {
 pub(crate) struct Refusal {
     pub(crate) rejection: Rejection,
     pub(crate) reason: OverloadReason,
-    /// The cap of requests that refused, advertised in the `RateLimit`
-    /// fields; `None` for a full identity map, which counts callers.
-    pub(crate) cap: Option<usize>,
 }
 
 pub(crate) type AcquireFuture = Pin<Box<dyn Future<Output = Result<Guard, Refusal>> + Send>>;
@@ -454,9 +451,11 @@ impl Shared {
         )
         .increment(1);
         Refusal {
-            rejection: scope.rejection(limits.retry_after),
+            rejection: scope.rejection(
+                limits.retry_after,
+                (reason != OverloadReason::TooManyIdentities).then_some(limits.limit),
+            ),
             reason,
-            cap: (reason != OverloadReason::TooManyIdentities).then_some(limits.limit),
         }
     }
 

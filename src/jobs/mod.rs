@@ -11,21 +11,20 @@
 //!
 //! * **Waiting jobs**: at most [`capacity`](JobQueueBuilder::capacity). A
 //!   submit that finds the queue full is refused at once with
-//!   [`SubmitError::Full`]; answer it with [`SubmitError::into_response`], a
-//!   `503` + `Retry-After`
-//!   ([`Rejection::Overloaded`](crate::reject::Rejection::Overloaded)): the
-//!   service is out of room, not the caller. Over HTTP its `RateLimit`
-//!   fields advertise the queue as a quota of `concurrent-requests`, used up.
+//!   [`Rejection::Overloaded`](crate::reject::Rejection::Overloaded) of cap
+//!   `("job-queue", capacity)`; answer it with
+//!   [`Rejection::into_response`](crate::reject::Rejection::into_response),
+//!   a `503` + `Retry-After` (over HTTP, with `RateLimit` fields that
+//!   advertise the cap): the service is out of room, not the caller.
 //! * **Running jobs**: at most [`workers`](JobQueueBuilder::workers); each
 //!   worker is one Tokio task running one job at a time.
 //! * **Per owner** (optional): at most [`per_owner`](JobQueueBuilder::per_owner)
 //!   jobs waiting or running for one owner; a submit over it is refused with
-//!   [`SubmitError::OwnerBusy`], a `429` + `Retry-After`
-//!   ([`Rejection::CallerBusy`](crate::reject::Rejection::CallerBusy)):
-//!   the caller can fix it by waiting for its own jobs, and one caller
-//!   cannot fill the queue for everyone. Each owner's jobs are kept beside
-//!   the queue, so a refusal and its `Retry-After` cost the same however
-//!   long the queue is (no walk of the waiting jobs under the queue's lock),
+//!   [`Rejection::CallerBusy`](crate::reject::Rejection::CallerBusy) of cap
+//!   `("jobs-per-owner", limit)`, a `429` + `Retry-After`: the caller can fix
+//!   it by waiting for its own jobs, and one caller cannot fill the queue for
+//!   everyone. Each owner's jobs are kept beside the queue, so a refusal and
+//!   its `Retry-After` cost the same however long the queue is (no walk of the waiting jobs under the queue's lock),
 //!   and an owner with no job waiting or running holds no memory.
 //! * **Workers** are 1 to 1024; every other bound is at least 1.
 //! * **Records**: waiting and running jobs always have a record (so at most
@@ -48,24 +47,26 @@
 //! the waiting job at position `p` (0 = oldest) starts after
 //! `free[p % workers] + (p / workers) * mean`.
 //!
-//! * [`SubmitError::Full`]: a place frees when the oldest waiting job
-//!   starts, after `free[0]`.
-//! * [`SubmitError::OwnerBusy`]: when the owner's first job ends: the
+//! * A full queue: a place frees when the oldest waiting job starts, after
+//!   `free[0]`.
+//! * An owner at its cap: when the owner's first job ends: the
 //!   soonest expected end of its running jobs, else its oldest waiting job's
 //!   start plus one mean.
 //!
 //! The header rounds it up to whole seconds, never 0: a job past the mean
-//! answers `Retry-After: 1`. [`SubmitError::ShutDown`] answers the
-//! configured `retry_after`.
+//! answers `Retry-After: 1`. A shut-down queue answers the configured
+//! `retry_after`.
 //!
 //! # Nothing accepted is lost
 //!
 //! Once `submit` returns `Ok`, the job is in the queue and a worker will run
 //! it. [`JobQueue::shutdown`] stops taking new jobs (`submit` then answers
-//! [`SubmitError::ShutDown`], also a 503) and waits until every accepted job
-//! has finished. Dropping the last clone of the queue also closes it: accepted
-//! jobs still run, but nothing waits for them. A panicking job is caught and
-//! recorded as [`JobStatus::Panicked`]; the worker goes on.
+//! [`Rejection::Overloaded`](crate::reject::Rejection::Overloaded) without a
+//! cap, also a 503: its `cap`, `None`, tells it from a full queue) and waits
+//! until every accepted job has finished. Dropping the last clone of the
+//! queue also closes it: accepted jobs still run, but nothing waits for them.
+//! A panicking job is caught and recorded as [`JobStatus::Panicked`]; the
+//! worker goes on.
 //!
 //! The queue lives in memory. Jobs that are still queued or running when the
 //! Tokio runtime itself shuts down, or when the process exits, are lost: call
@@ -101,7 +102,7 @@
 //! // In a handler, with the authenticated subject as owner:
 //! let response = match reports.submit("alice", 365) {
 //!     Ok(id) => id.accepted_response(&format!("/reports/jobs/{id}"))?,
-//!     Err(full) => full.into_response(&http::HeaderMap::new()), // 503 + Retry-After
+//!     Err(refused) => refused.into_response(&http::HeaderMap::new()), // 503 + Retry-After
 //! };
 //! assert_eq!(response.status(), StatusCode::ACCEPTED);
 //! let location = response.headers()["location"].to_str()?;
@@ -121,4 +122,4 @@ mod id;
 mod queue;
 
 pub use id::JobId;
-pub use queue::{JobQueue, JobQueueBuilder, JobStatus, SubmitError};
+pub use queue::{JobQueue, JobQueueBuilder, JobStatus};

@@ -12,16 +12,15 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::id::JobId;
+use crate::reject::Rejection;
 use crate::ConfigError;
 
 mod builder;
 mod status;
-mod submit;
 
 pub use builder::JobQueueBuilder;
 pub(crate) use builder::MEASURED_JOBS;
 pub use status::JobStatus;
-pub use submit::SubmitError;
 
 struct Record<R, E> {
     owner: Arc<str>,
@@ -293,16 +292,18 @@ where
     /// it at once.
     ///
     /// On `Ok` the job is in the queue and will run (see the module docs for
-    /// shutdown). `Err` when `capacity` jobs are already waiting, when the
-    /// owner has [`per_owner`](JobQueueBuilder::per_owner) jobs waiting or
-    /// running, or after [`shutdown`](Self::shutdown); answer with
-    /// [`SubmitError::into_response`] (503, or 429 for the owner's cap).
-    pub fn submit(&self, owner: impl Into<Arc<str>>, input: T) -> Result<JobId, SubmitError> {
+    /// shutdown). Refused at once when the queue or the owner is at its
+    /// [bound](crate::jobs#bounds), or after [`shutdown`](Self::shutdown):
+    /// answer with [`Rejection::into_response`].
+    pub fn submit(&self, owner: impl Into<Arc<str>>, input: T) -> Result<JobId, Rejection> {
         let now = Instant::now();
         let mut state = self.shared.state.lock();
         if state.closed {
             let retry_after = self.shared.config.retry_after;
-            return Err(SubmitError::ShutDown { retry_after });
+            return Err(Rejection::Overloaded {
+                retry_after,
+                cap: None,
+            });
         }
         if state.pending.len() >= self.shared.config.capacity {
             let retry_after = self.shared.full_wait(&state, now);
@@ -312,9 +313,9 @@ where
                 ?retry_after,
                 "job queue full, job refused"
             );
-            return Err(SubmitError::Full {
-                capacity: self.shared.config.capacity,
+            return Err(Rejection::Overloaded {
                 retry_after,
+                cap: Some(("job-queue", self.shared.config.capacity)),
             });
         }
         let owner = owner.into();
@@ -323,7 +324,10 @@ where
                 let retry_after = self.shared.owner_wait(&state, &owner, now);
                 drop(state);
                 tracing::debug!(limit, ?retry_after, "owner's job cap reached, job refused");
-                return Err(SubmitError::OwnerBusy { limit, retry_after });
+                return Err(Rejection::CallerBusy {
+                    retry_after,
+                    cap: Some(("jobs-per-owner", limit)),
+                });
             }
         }
         self.shared.prune(&mut state, now);

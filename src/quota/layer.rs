@@ -313,7 +313,7 @@ impl<St: Store> QuotaLayerBuilder<St> {
 
     /// Gives this layer's charge back when the request is refused further
     /// in before any work: by another quota layer, a concurrency cap, or a
-    /// handler's [`SubmitError`](crate::jobs::SubmitError) (a response whose
+    /// handler's refused [`JobQueue::submit`](crate::jobs::JobQueue::submit) (a response whose
     /// extensions hold a [`Rejection`](crate::reject::Rejection) of
     /// `QuotaExceeded`, `CostExceedsCapacity`, `Overloaded` or
     /// `LimiterUnavailable`). Without it a per-user quota keeps the charge of

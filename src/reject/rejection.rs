@@ -62,12 +62,23 @@ pub enum Rejection {
     Overloaded {
         /// Suggested wait.
         retry_after: Duration,
+        /// The cap of concurrent work that refused, as its name and limit.
+        /// Over HTTP the response advertises it as a quota of concurrent
+        /// requests, used up: `RateLimit-Policy: "NAME";q=LIMIT;
+        /// qu="concurrent-requests"` and `RateLimit: "NAME";r=0;t=WAIT`.
+        /// `None` when no count of work refused: a full identity map of a
+        /// [`ConcurrencyLayer`](crate::concurrency::ConcurrencyLayer), a
+        /// [`JobQueue`](crate::jobs::JobQueue) that was shut down.
+        cap: Option<(&'static str, usize)>,
     },
     /// The caller is at its own concurrency limit; it can fix that by
     /// waiting for its own requests. 429.
     CallerBusy {
         /// Suggested wait.
         retry_after: Duration,
+        /// The caller's cap that refused, as its name and limit, advertised
+        /// over HTTP as [`Overloaded`](Self::Overloaded)'s is.
+        cap: Option<(&'static str, usize)>,
     },
     /// The limiter store could not decide in time and the policy fails closed. 503.
     LimiterUnavailable {
@@ -125,8 +136,8 @@ impl Rejection {
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             Rejection::QuotaExceeded { retry_after, .. }
-            | Rejection::Overloaded { retry_after }
-            | Rejection::CallerBusy { retry_after }
+            | Rejection::Overloaded { retry_after, .. }
+            | Rejection::CallerBusy { retry_after, .. }
             | Rejection::LimiterUnavailable { retry_after }
             | Rejection::DependencyUnavailable { retry_after } => Some(*retry_after),
             _ => None,
@@ -160,6 +171,14 @@ impl Rejection {
             Rejection::Overloaded { .. } | Rejection::CallerBusy { .. } => "overloaded",
             Rejection::LimiterUnavailable { .. } => "limiter-unavailable",
             Rejection::DependencyUnavailable { .. } => "dependency-unavailable",
+        }
+    }
+
+    /// The cap of concurrent work that refused, by name and limit.
+    fn cap(&self) -> Option<(&'static str, usize)> {
+        match *self {
+            Rejection::Overloaded { cap, .. } | Rejection::CallerBusy { cap, .. } => cap,
+            _ => None,
         }
     }
 
@@ -278,14 +297,26 @@ impl Rejection {
                 .headers_mut()
                 .insert(RETRY_AFTER, HeaderValue::from(retry_after_secs(wait)));
         }
+        if let (Some((name, limit)), Some(wait), false) =
+            (self.cap(), self.retry_after(), protocol.is_grpc())
+        {
+            crate::quota::headers::insert_concurrency(response.headers_mut(), name, limit, wait);
+        }
         response.extensions_mut().insert(self);
         response.map(B::from_refusal)
     }
 }
 
+/// The status and the `detail`, then the cap of concurrent work that
+/// refused, if any: `503 Service Unavailable: the service is at its
+/// concurrency limit (job-queue: 100)`.
 impl fmt::Display for Rejection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.status(), self.detail())
+        write!(f, "{}: {}", self.status(), self.detail())?;
+        match self.cap() {
+            Some((name, limit)) => write!(f, " ({name}: {limit})"),
+            None => Ok(()),
+        }
     }
 }
 

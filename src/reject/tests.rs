@@ -31,6 +31,7 @@ async fn every_refusal_body_carries_the_same_bytes() {
     {
         let rejection = Rejection::Overloaded {
             retry_after: Duration::from_millis(1500),
+            cap: None,
         };
         let response = rejection.respond::<B>(grpc);
         let status = response.status();
@@ -166,12 +167,50 @@ fn unregistered_refusals_keep_the_crate_types() {
     assert_eq!(r.problem().get("violated-policies"), None);
     let r = Rejection::Overloaded {
         retry_after: Duration::from_secs(2),
+        cap: None,
     };
     assert_eq!(
         r.problem()["type"],
         format!("{PROBLEM_TYPE_BASE}#overloaded")
     );
     assert_eq!(r.respond::<Full<Bytes>>(false).headers()[RETRY_AFTER], "2");
+}
+
+/// A refusal of concurrent work advertises its cap over HTTP only, and
+/// names it in its text; without a cap, neither.
+#[test]
+fn a_concurrency_cap_is_advertised_over_http_only() {
+    let busy = Rejection::CallerBusy {
+        retry_after: Duration::from_millis(1500),
+        cap: Some(("jobs-per-owner", 2)),
+    };
+    let http = busy.clone().respond::<Full<Bytes>>(false);
+    assert_eq!(
+        http.headers()["ratelimit-policy"],
+        "\"jobs-per-owner\";q=2;qu=\"concurrent-requests\""
+    );
+    assert_eq!(http.headers()["ratelimit"], "\"jobs-per-owner\";r=0;t=2");
+    let grpc = busy.clone().respond::<Full<Bytes>>(true);
+    assert_eq!(grpc.headers().get("ratelimit"), None);
+    assert_eq!(
+        busy.to_string(),
+        "429 Too Many Requests: you are at your concurrency limit (jobs-per-owner: 2)"
+    );
+    let shut = Rejection::Overloaded {
+        retry_after: Duration::from_secs(1),
+        cap: None,
+    };
+    assert_eq!(
+        shut.clone()
+            .respond::<Full<Bytes>>(false)
+            .headers()
+            .get("ratelimit"),
+        None
+    );
+    assert_eq!(
+        shut.to_string(),
+        "503 Service Unavailable: the service is at its concurrency limit"
+    );
 }
 
 #[test]
@@ -195,6 +234,7 @@ fn grpc_pushback_is_the_retry_after_in_ms_or_minus_one() {
         (
             Rejection::CallerBusy {
                 retry_after: Duration::from_secs(1),
+                cap: None,
             },
             "8",
             "1000",

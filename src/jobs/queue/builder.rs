@@ -77,8 +77,9 @@ impl JobQueueBuilder {
     }
 
     /// Most jobs one owner may have waiting or running; a submit over it is
-    /// refused with [`SubmitError::OwnerBusy`](crate::jobs::SubmitError::OwnerBusy) (429), so that one caller
-    /// cannot take the whole queue. Default: no cap per owner.
+    /// refused with [`Rejection::CallerBusy`](crate::reject::Rejection::CallerBusy)
+    /// (429), so that one caller cannot take the whole queue. Default: no cap
+    /// per owner.
     pub fn per_owner(mut self, limit: usize) -> Self {
         self.per_owner = Some(limit);
         self

@@ -9,7 +9,8 @@ use std::time::Duration;
 use proptest::prelude::*;
 use tokio::time::Instant;
 
-use super::{ends_in, JobQueue, OwnerJobs, Shared, State, SubmitError};
+use super::{ends_in, JobQueue, OwnerJobs, Shared, State};
+use crate::reject::Rejection;
 
 impl<T, R, E> State<T, R, E> {
     /// The per-owner entries equal a recount over the jobs waiting and
@@ -174,8 +175,8 @@ async fn run((capacity, workers, per_owner): (usize, usize, usize), plan: &[Step
                         accepted[owner] += 1;
                         owner_of.push(owner);
                     }
-                    Err(SubmitError::Full { .. }) => assert!(waiting >= capacity, "{at}"),
-                    Err(SubmitError::OwnerBusy { .. }) => {
+                    Err(Rejection::Overloaded { .. }) => assert!(waiting >= capacity, "{at}"),
+                    Err(Rejection::CallerBusy { .. }) => {
                         assert!(waiting < capacity && active >= per_owner, "{at}");
                     }
                     Err(other) => panic!("{at}: {other:?}"),
