@@ -34,6 +34,7 @@ impl Timestamp {
     }
 
     /// The time since the Unix epoch.
+    #[cfg(any(test, feature = "redis"))]
     pub(crate) const fn as_duration(self) -> Duration {
         Duration::from_micros(self.0)
     }
@@ -50,6 +51,7 @@ impl Timestamp {
     }
 
     /// The time from `earlier` to `self`, zero if `earlier` is later.
+    #[cfg(feature = "redis")]
     pub(crate) fn since(self, earlier: Timestamp) -> Duration {
         Duration::from_micros(self.0.saturating_sub(earlier.0))
     }
