@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tower_admission::clock::ManualClock;
-use tower_admission::quota::{MemoryStore, Policy, Quota, Store};
+use tower_admission::quota::{MemoryStore, Policy, Quota, QuotaDecision, Store};
 
 /// 2024-01-01T12:00:00Z, the start of a minute.
 const NOON: u64 = 1_704_110_400_000;
@@ -49,12 +49,7 @@ impl<S: Store> Ctx<'_, S> {
         admitted
     }
 
-    async fn decide(
-        &self,
-        quota: &Quota,
-        key: &Arc<str>,
-        cost: u64,
-    ) -> tower_admission::quota::QuotaDecision {
+    async fn decide(&self, quota: &Quota, key: &Arc<str>, cost: u64) -> QuotaDecision {
         self.store
             .decide(quota, key, cost)
             .await
@@ -262,7 +257,7 @@ async fn a_refund_never_reaches_a_window_of_another_length<S: Store>(c: Ctx<'_, 
         c.at_ms(NOON + 57_000);
         assert!(c.decide(&seven, &k, 5).await.admitted, "{name}");
         c.at_ms(NOON + 58_000);
-        c.store.settle(&minute, &k, &a.holds, -5).await.unwrap();
+        c.store.settle(&minute, &k, &a, -5).await.unwrap();
         assert_eq!(
             c.decide(&minute, &k, 0).await.decisions[0].remaining,
             0,
@@ -289,8 +284,8 @@ async fn a_settle_from_before_a_longer_window_drops_nothing<S: Store>(c: Ctx<'_,
     c.at_ms(NOON + 30_000);
     assert_eq!(c.admitted(&hour, &k, 5, 1).await, 1);
     c.at_ms(NOON + 90_000);
-    c.store.settle(&minute, &k, &a.holds, -5).await.unwrap();
-    c.store.settle(&minute, &k, &a.holds, 3).await.unwrap();
+    c.store.settle(&minute, &k, &a, -5).await.unwrap();
+    c.store.settle(&minute, &k, &a, 3).await.unwrap();
     c.at_ms(NOON + 100_000);
     assert_eq!(c.decide(&hour, &k, 0).await.decisions[0].remaining, 0);
     assert_eq!(c.admitted(&hour, &k, 1, 10).await, 0);
@@ -315,7 +310,7 @@ async fn a_settle_under_a_smaller_bucket_refills_nothing<S: Store>(c: Ctx<'_, S>
     let a = c.decide(&old, &k, 1).await;
     assert!(a.admitted);
     assert_eq!(c.admitted(&new, &k, 1, 100).await, 99);
-    c.store.settle(&old, &k, &a.holds, -1).await.unwrap();
+    c.store.settle(&old, &k, &a, -1).await.unwrap();
     assert_eq!(c.admitted(&new, &k, 1, 100).await, 1);
 }
 
@@ -422,15 +417,19 @@ async fn settle_refunds_and_charges<S: Store>(c: Ctx<'_, S>) {
         c.at_ms(NOON + 1_000);
         let first = c.decide(&q, &k, 6).await;
         assert!(first.admitted, "{name}");
-        let holds = c.store.settle(&q, &k, &first.holds, -4).await.unwrap();
+        let settled = c.store.settle(&q, &k, &first, -4).await.unwrap();
+        // The same decision, holding less.
+        assert_eq!(settled.admitted, first.admitted, "{name}");
+        assert_eq!(settled.decisions, first.decisions, "{name}");
+        assert_ne!(settled, first, "{name}");
         // 2 held, 8 left.
         assert_eq!(c.admitted(&q, &k, 9, 1).await, 0, "{name}");
         assert_eq!(c.admitted(&q, &k, 8, 1).await, 1, "{name}");
         // The first charge holds 2: a refund of 3 gives back 2.
-        let holds = c.store.settle(&q, &k, &holds, -3).await.unwrap();
+        let settled = c.store.settle(&q, &k, &settled, -3).await.unwrap();
         assert_eq!(c.admitted(&q, &k, 3, 1).await, 0, "{name}");
         assert_eq!(c.admitted(&q, &k, 2, 1).await, 1, "{name}");
-        c.store.settle(&q, &k, &holds, 1_000).await.unwrap();
+        c.store.settle(&q, &k, &settled, 1_000).await.unwrap();
         // A charge never drives a policy past empty, and it is empty now.
         assert_eq!(c.admitted(&q, &k, 1, 1).await, 0, "{name}");
     }
@@ -505,7 +504,7 @@ async fn refunds_are_bound_to_their_charge<S: Store>(c: Ctx<'_, S>) {
     assert!(a.admitted);
     c.at_ms(NOON + 9_900);
     assert!(c.decide(&q, &k, 9).await.admitted);
-    c.store.settle(&q, &k, &a.holds, -10).await.unwrap();
+    c.store.settle(&q, &k, &a, -10).await.unwrap();
     assert!(!c.decide(&q, &k, 10).await.admitted);
 
     // Sliding log 20 per 10 s: refunding A removes A's entry, not B's, so C
@@ -517,7 +516,7 @@ async fn refunds_are_bound_to_their_charge<S: Store>(c: Ctx<'_, S>) {
     c.at_ms(NOON + 4_000);
     assert!(c.decide(&q, &k, 10).await.admitted);
     c.at_ms(NOON + 5_000);
-    c.store.settle(&q, &k, &a.holds, -10).await.unwrap();
+    c.store.settle(&q, &k, &a, -10).await.unwrap();
     c.at_ms(NOON + 10_000);
     assert!(!c.decide(&q, &k, 20).await.admitted);
     assert!(c.decide(&q, &k, 10).await.admitted);
@@ -532,7 +531,7 @@ async fn refunds_are_bound_to_their_charge<S: Store>(c: Ctx<'_, S>) {
     c.at_ms(NOON + 60_000);
     assert!(c.decide(&q, &k, 100).await.admitted);
     c.at_ms(NOON + 61_000);
-    c.store.settle(&q, &k, &a.holds, -100).await.unwrap();
+    c.store.settle(&q, &k, &a, -100).await.unwrap();
     assert_eq!(c.admitted(&q, &k, 1, 1).await, 0);
 }
 
@@ -604,7 +603,9 @@ async fn peek_answers_as_decide_and_consumes_nothing<S: Store>(c: Ctx<'_, S>) {
             for cost in [1, 2, 6] {
                 for _ in 0..40 {
                     let peeked = c.store.peek(quota, &key, cost).await.expect("peek");
-                    assert_eq!(peeked.holds, Default::default(), "{}", quota.name());
+                    // Holding nothing.
+                    let nothing = QuotaDecision::new(peeked.admitted, peeked.decisions.clone());
+                    assert_eq!(peeked, nothing, "{}", quota.name());
                 }
             }
             let peeked = c.store.peek(quota, &key, 1).await.expect("peek");

@@ -18,8 +18,7 @@ use tower::{Layer, Service, ServiceExt};
 use tower_admission::clock::ManualClock;
 use tower_admission::identity::Identity;
 use tower_admission::quota::{
-    Holds, Limiter, MemoryStore, Policy, Quota, QuotaDecision, QuotaLayer, Settlement, Store,
-    StoreError,
+    Limiter, MemoryStore, Policy, Quota, QuotaDecision, QuotaLayer, Settlement, Store, StoreError,
 };
 use tower_admission::reject::Rejection;
 
@@ -138,7 +137,7 @@ type Boxed<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
 
 impl Store for Failing {
     type DecideFuture = Boxed<QuotaDecision>;
-    type SettleFuture = Boxed<Holds>;
+    type SettleFuture = Boxed<QuotaDecision>;
 
     fn decide(&self, _: &Quota, _: &Arc<str>, _: u64) -> Self::DecideFuture {
         let error = if self.unknown.load(Ordering::Relaxed) {
@@ -158,10 +157,16 @@ impl Store for Failing {
         self.decide(quota, key, cost)
     }
 
-    fn settle(&self, _: &Quota, _: &Arc<str>, holds: &Holds, _: i64) -> Self::SettleFuture {
+    fn settle(
+        &self,
+        _: &Quota,
+        _: &Arc<str>,
+        decision: &QuotaDecision,
+        _: i64,
+    ) -> Self::SettleFuture {
         self.settles.fetch_add(1, Ordering::Relaxed);
-        let holds = holds.clone();
-        Box::pin(async move { Ok(holds) })
+        let decision = decision.clone();
+        Box::pin(async move { Ok(decision) })
     }
 }
 
@@ -494,7 +499,7 @@ enum Lost {
 
 impl Store for LosesSettles {
     type DecideFuture = <MemoryStore<ManualClock> as Store>::DecideFuture;
-    type SettleFuture = Boxed<Holds>;
+    type SettleFuture = Boxed<QuotaDecision>;
 
     fn decide(&self, quota: &Quota, key: &Arc<str>, cost: u64) -> Self::DecideFuture {
         self.inner.decide(quota, key, cost)
@@ -508,23 +513,23 @@ impl Store for LosesSettles {
         &self,
         quota: &Quota,
         key: &Arc<str>,
-        holds: &Holds,
+        decision: &QuotaDecision,
         delta: i64,
     ) -> Self::SettleFuture {
         let lost = *self.lose.lock();
         let applied = match lost {
             Some(Lost::Request) => None,
-            _ => Some(self.inner.settle(quota, key, holds, delta)),
+            _ => Some(self.inner.settle(quota, key, decision, delta)),
         };
         Box::pin(async move {
-            let holds = match applied {
+            let settled = match applied {
                 Some(applied) => applied.await?,
                 None => return Err(StoreError::Timeout),
             };
             match lost {
                 Some(Lost::Hang) => std::future::pending().await,
                 Some(_) => Err(StoreError::Timeout),
-                None => Ok(holds),
+                None => Ok(settled),
             }
         })
     }
@@ -606,7 +611,7 @@ struct Flaky {
 
 impl Store for Flaky {
     type DecideFuture = Boxed<QuotaDecision>;
-    type SettleFuture = Boxed<Holds>;
+    type SettleFuture = Boxed<QuotaDecision>;
 
     fn decide(&self, quota: &Quota, key: &Arc<str>, cost: u64) -> Self::DecideFuture {
         let call = *self.decide.lock();
@@ -623,12 +628,12 @@ impl Store for Flaky {
         &self,
         quota: &Quota,
         key: &Arc<str>,
-        holds: &Holds,
+        decision: &QuotaDecision,
         delta: i64,
     ) -> Self::SettleFuture {
         let call = *self.settle.lock();
         Box::pin(std::future::ready(call.apply(|| {
-            self.inner.settle(quota, key, holds, delta).into_inner()
+            self.inner.settle(quota, key, decision, delta).into_inner()
         })))
     }
 }

@@ -25,7 +25,7 @@ use std::time::Duration;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use metrics_util::{CompositeKey, MetricKind};
 use tower_admission::quota::{
-    Holds, Limiter, MemoryStore, Policy, Quota, QuotaDecision, Store, StoreError,
+    Limiter, MemoryStore, Policy, Quota, QuotaDecision, Store, StoreError,
 };
 
 /// A store whose every call was sent and timed out: the outcome is unknown.
@@ -34,7 +34,7 @@ struct TimingOut;
 
 impl Store for TimingOut {
     type DecideFuture = std::future::Ready<Result<QuotaDecision, StoreError>>;
-    type SettleFuture = std::future::Ready<Result<Holds, StoreError>>;
+    type SettleFuture = std::future::Ready<Result<QuotaDecision, StoreError>>;
 
     fn decide(&self, _: &Quota, _: &Arc<str>, _: u64) -> Self::DecideFuture {
         std::future::ready(Err(StoreError::Timeout))
@@ -42,7 +42,7 @@ impl Store for TimingOut {
     fn peek(&self, quota: &Quota, key: &Arc<str>, cost: u64) -> Self::DecideFuture {
         self.decide(quota, key, cost)
     }
-    fn settle(&self, _: &Quota, _: &Arc<str>, _: &Holds, _: i64) -> Self::SettleFuture {
+    fn settle(&self, _: &Quota, _: &Arc<str>, _: &QuotaDecision, _: i64) -> Self::SettleFuture {
         std::future::ready(Err(StoreError::Timeout))
     }
 }

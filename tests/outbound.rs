@@ -682,7 +682,7 @@ type StoreFuture<T> = std::pin::Pin<
 
 impl<St: tower_admission::quota::Store> tower_admission::quota::Store for PartlyDown<St> {
     type DecideFuture = StoreFuture<tower_admission::quota::QuotaDecision>;
-    type SettleFuture = StoreFuture<tower_admission::quota::Holds>;
+    type SettleFuture = StoreFuture<tower_admission::quota::QuotaDecision>;
 
     fn decide(
         &self,
@@ -716,10 +716,10 @@ impl<St: tower_admission::quota::Store> tower_admission::quota::Store for Partly
         &self,
         quota: &tower_admission::quota::Quota,
         key: &Arc<str>,
-        holds: &tower_admission::quota::Holds,
+        decision: &tower_admission::quota::QuotaDecision,
         delta: i64,
     ) -> Self::SettleFuture {
-        Box::pin(self.inner.settle(quota, key, holds, delta))
+        Box::pin(self.inner.settle(quota, key, decision, delta))
     }
 }
 

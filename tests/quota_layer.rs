@@ -18,7 +18,7 @@ use tower_admission::bounds::{QueryRules, ValidateQueryLayer, ValidatedQuery};
 use tower_admission::clock::ManualClock;
 use tower_admission::identity::{ClientIp, ClientIpLayer, Identity};
 use tower_admission::quota::{
-    Holds, MemoryStore, Policy, Quota, QuotaDecision, QuotaLayer, Settlement, Store, StoreError,
+    MemoryStore, Policy, Quota, QuotaDecision, QuotaLayer, Settlement, Store, StoreError,
 };
 use tower_admission::reject::Rejection;
 
@@ -352,7 +352,7 @@ struct AwaitingStore(MemoryStore<ManualClock>);
 
 impl tower_admission::quota::Store for AwaitingStore {
     type DecideFuture = Pin<Box<dyn Future<Output = Result<QuotaDecision, StoreError>> + Send>>;
-    type SettleFuture = Pin<Box<dyn Future<Output = Result<Holds, StoreError>> + Send>>;
+    type SettleFuture = Pin<Box<dyn Future<Output = Result<QuotaDecision, StoreError>> + Send>>;
 
     fn decide(&self, quota: &Quota, key: &Arc<str>, cost: u64) -> Self::DecideFuture {
         let decision = self.0.decide(quota, key, cost).into_inner();
@@ -371,10 +371,10 @@ impl tower_admission::quota::Store for AwaitingStore {
         &self,
         quota: &Quota,
         key: &Arc<str>,
-        holds: &Holds,
+        decision: &QuotaDecision,
         delta: i64,
     ) -> Self::SettleFuture {
-        let settled = self.0.settle(quota, key, holds, delta).into_inner();
+        let settled = self.0.settle(quota, key, decision, delta).into_inner();
         Box::pin(async move {
             tokio::task::yield_now().await;
             settled
@@ -445,10 +445,10 @@ impl Store for KeyLog {
         &self,
         quota: &Quota,
         key: &Arc<str>,
-        holds: &Holds,
+        decision: &QuotaDecision,
         delta: i64,
     ) -> Self::SettleFuture {
-        self.inner.settle(quota, key, holds, delta)
+        self.inner.settle(quota, key, decision, delta)
     }
 }
 

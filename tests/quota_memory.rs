@@ -156,10 +156,7 @@ fn a_refund_brings_the_key_expiry_forward() {
             retry_after: MINUTE
         })
     );
-    store
-        .settle(&quota, &a, &charge.holds, -5)
-        .into_inner()
-        .unwrap();
+    store.settle(&quota, &a, &charge, -5).into_inner().unwrap();
     clock.advance(Duration::from_micros(1));
     assert!(store.decide(&quota, &b, 1).into_inner().unwrap().admitted);
     assert_eq!(store.len(), 1);
@@ -467,7 +464,7 @@ fn a_settle_under_the_old_numbers_never_refills_the_new_policy() {
                 let first = admit_all(&store, &new, &key);
                 clock.advance(before);
                 store
-                    .settle(&old, &key, &charge.holds, delta)
+                    .settle(&old, &key, &charge, delta)
                     .into_inner()
                     .unwrap();
                 clock.advance(after);

@@ -32,7 +32,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use tower_admission::clock::ManualClock;
-use tower_admission::quota::{Holds, MemoryStore, Policy, Quota, Store};
+use tower_admission::quota::{MemoryStore, Policy, Quota, QuotaDecision, Store};
 
 use support::runner;
 
@@ -85,11 +85,12 @@ fn ops(limit: u64, window: u64) -> impl Strategy<Value = Vec<Op>> {
     proptest::collection::vec(op, 1..60)
 }
 
-/// One admission: when, what it charged, what it still holds.
+/// One admission: when, what it charged, its decision holding what it
+/// still holds.
 struct Charge {
     at: u64,
     net: u64,
-    holds: Holds,
+    decision: QuotaDecision,
 }
 
 /// Runs `ops` against `store` and checks the bound of `kind` in every interval.
@@ -114,7 +115,7 @@ async fn settle_run<S: Store>(
                     charges.push(Charge {
                         at: now,
                         net: cost,
-                        holds: d.holds,
+                        decision: d,
                     });
                 }
             }
@@ -127,8 +128,8 @@ async fn settle_run<S: Store>(
                 let c = which % charges.len();
                 // What a refund gave back shows as capacity regained now.
                 let before = store.decide(&probe, &key, 0).await.unwrap().decisions[0].remaining;
-                let holds = store
-                    .settle(&quota, &key, &charges[c].holds, delta)
+                let settled = store
+                    .settle(&quota, &key, &charges[c].decision, delta)
                     .await
                     .unwrap();
                 let after = store.decide(&probe, &key, 0).await.unwrap().decisions[0].remaining;
@@ -143,7 +144,7 @@ async fn settle_run<S: Store>(
                     );
                     charges[c].net -= back;
                 }
-                charges[c].holds = holds;
+                charges[c].decision = settled;
             }
         }
         check_bound(kind, limit, refill, window, &charges)?;
@@ -212,9 +213,9 @@ async fn stacked_run<S: Store>(
     let bare = Quota::new("q", [named("a", a), named("b", b)]).unwrap();
     let bare_key: Arc<str> = format!("{key}-bare").into();
     let mut now = START;
-    // Per charge: time, net cost in `a` and in `b`, and the holds of each
-    // quota's admission.
-    let mut charges: Vec<(u64, [u64; 2], Holds, Holds)> = Vec::new();
+    // Per charge: time, net cost in `a` and in `b`, and each quota's
+    // decision, holding what the admission still holds.
+    let mut charges: Vec<(u64, [u64; 2], QuotaDecision, QuotaDecision)> = Vec::new();
     for op in ops {
         match op {
             Op::Admit { gap, cost } => {
@@ -226,7 +227,7 @@ async fn stacked_run<S: Store>(
                 prop_assert_eq!(with.retry_after(&shadowed), without.retry_after(&bare));
                 prop_assert_eq!(&with.decisions[..2], &without.decisions[..]);
                 if with.admitted {
-                    charges.push((now, [cost, cost], with.holds, without.holds));
+                    charges.push((now, [cost, cost], with, without));
                 }
             }
             Op::Settle { gap, which, delta } => {
@@ -272,7 +273,7 @@ async fn stacked_run<S: Store>(
                 .map(|&(at, net, ..)| Charge {
                     at,
                     net: net[k],
-                    holds: Holds::default(),
+                    decision: QuotaDecision::new(true, []),
                 })
                 .collect();
             check_bound(kind, limit, refill, window, &view)?;
@@ -444,13 +445,14 @@ enum DeployOp {
 type Deploy = [Spec; 3];
 
 /// A charge of a [`redeploy_run`]: the deploy and key it was admitted
-/// under, when, its net cost in each policy, and its holds.
+/// under, when, its net cost in each policy, and its decision holding what
+/// it still holds.
 struct DeployCharge {
     deploy: usize,
     key: usize,
     at: u64,
     net: [u64; 3],
-    holds: Holds,
+    decision: QuotaDecision,
 }
 
 fn deploy_quota(deploy: &Deploy) -> Quota {
@@ -512,7 +514,7 @@ async fn redeploy_run(deploys: Vec<Deploy>, ops: Vec<DeployOp>) -> Result<(), Te
                             key,
                             at: now,
                             net: [cost; 3],
-                            holds: d.holds,
+                            decision: d,
                         });
                     }
                 }
@@ -523,19 +525,17 @@ async fn redeploy_run(deploys: Vec<Deploy>, ops: Vec<DeployOp>) -> Result<(), Te
                 }
                 let c = which % charges.len();
                 let key = &victims[charges[c].key];
-                let remaining = |d: tower_admission::quota::QuotaDecision| {
-                    [0, 1, 2].map(|i| d.decisions[i].remaining)
-                };
+                let remaining = |d: QuotaDecision| [0, 1, 2].map(|i| d.decisions[i].remaining);
                 let before = remaining(store.decide(quota, key, 0).await.unwrap());
                 let admitted_under = &quotas[charges[c].deploy];
-                let Ok(holds) = store
-                    .settle(admitted_under, key, &charges[c].holds, delta)
+                let Ok(settled) = store
+                    .settle(admitted_under, key, &charges[c].decision, delta)
                     .await
                 else {
                     // A full store has no room for a key it dropped.
                     continue;
                 };
-                charges[c].holds = holds;
+                charges[c].decision = settled;
                 let after = remaining(store.decide(quota, key, 0).await.unwrap());
                 // What a refund gave back shows as capacity regained now.
                 // It is counted only against a charge of this deploy: an
@@ -576,7 +576,7 @@ async fn redeploy_run(deploys: Vec<Deploy>, ops: Vec<DeployOp>) -> Result<(), Te
                         .map(|c| Charge {
                             at: c.at,
                             net: c.net[k],
-                            holds: Holds::default(),
+                            decision: QuotaDecision::new(true, []),
                         })
                         .collect();
                     check_bound(kind, limit, refill, window, &view)?;

@@ -319,7 +319,7 @@ async fn a_refund_from_before_a_restart_takes_nothing_from_a_later_charge() {
             b = store.decide(&quota, &key, 10).await;
         }
         assert!(b.unwrap().admitted);
-        store.settle(&quota, &key, &a.holds, -10).await.unwrap();
+        store.settle(&quota, &key, &a, -10).await.unwrap();
         let after = store.decide(&quota, &key, 0).await.unwrap();
         assert_eq!(after.decisions[0].remaining, 0, "{}", quota.name());
     }
@@ -359,7 +359,7 @@ async fn a_bucket_refund_from_before_a_restart_takes_nothing_from_a_later_charge
     }
     let b = b.unwrap();
     assert!(b.admitted);
-    store.settle(&quota, &key, &a.holds, -10).await.unwrap();
+    store.settle(&quota, &key, &a, -10).await.unwrap();
     let mut admitted = 0;
     for _ in 0..10 {
         if store.decide(&quota, &key, 1).await.unwrap().admitted {
@@ -368,7 +368,7 @@ async fn a_bucket_refund_from_before_a_restart_takes_nothing_from_a_later_charge
     }
     assert_eq!(admitted, 0);
     // B's own refund still reaches B's charge: its life is the current one.
-    store.settle(&quota, &key, &b.holds, -10).await.unwrap();
+    store.settle(&quota, &key, &b, -10).await.unwrap();
     let after = store.decide(&quota, &key, 0).await.unwrap();
     assert_eq!(after.decisions[0].remaining, 10);
 }
@@ -640,7 +640,7 @@ async fn cluster_settle_whose_reply_was_lost_is_applied_once() {
         .position(|n| n.cli(&["exists", redis_key]).trim() == "1")
         .unwrap();
     proxies[owner].cut_next_reply();
-    let settled = store.settle(&quota, &key, &a.holds, -5).await;
+    let settled = store.settle(&quota, &key, &a, -5).await;
     let cuts: u64 = proxies.iter().map(support::ReplyCutProxy::cuts).sum();
     assert_eq!(cuts, 1);
     // A's refund of 5 ran once: B's 5 still stand.

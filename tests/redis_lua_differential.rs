@@ -6,9 +6,10 @@
 //! - Each case is a quota of one to three policies (some in shadow mode) with
 //!   random numbers (small and up to 2^45), and a random sequence of
 //!   decisions (costs from 0 to beyond the limit), settlements of random
-//!   earlier admissions (by their holds, with any `i64` delta), and policy
-//!   changes (the same kinds with other numbers, as a redeploy makes them).
-//!   Every answer (decisions, holds, settled holds) must be equal.
+//!   earlier admissions (by their decisions, with any `i64` delta), and
+//!   policy changes (the same kinds with other numbers, as a redeploy makes
+//!   them). Every answer (a decision or a settle's, with what it holds) must
+//!   be equal.
 //! - Time never moves backwards here: a state equivalent to fresh is deleted
 //!   by Redis but may be kept by the memory store, and the two are the same
 //!   for every later time. A clock stepped back is covered by the
@@ -33,7 +34,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use tower_admission::clock::ManualClock;
-use tower_admission::quota::{Holds, MemoryStore, Policy, Quota, RedisStore, Store};
+use tower_admission::quota::{MemoryStore, Policy, Quota, QuotaDecision, RedisStore, Store};
 
 use support::{runner, RedisServer};
 
@@ -259,8 +260,8 @@ async fn compare(
     }
     let key = rig.key();
     let mut quota = &quotas[0];
-    // Every admission's holds, as each store returned them.
-    let mut holds: Vec<(Holds, Holds)> = Vec::new();
+    // Every admission, as each store last answered it.
+    let mut admissions: Vec<(QuotaDecision, QuotaDecision)> = Vec::new();
     let mut now = START + start % 1_000_000_000_000;
     for (i, op) in ops.into_iter().enumerate() {
         let limit = quota.policies().iter().map(|p| p.limit()).min().unwrap();
@@ -279,22 +280,22 @@ async fn compare(
                 let got = rig.redis.decide(quota, &key, cost).await.unwrap();
                 prop_assert_eq!(&got, &expected, "op {} decide cost {} at {}", i, cost, now);
                 if got.admitted {
-                    holds.push((expected.holds, got.holds));
+                    admissions.push((expected, got));
                 }
             }
             Op::Settle { step, delta, which } => {
-                if holds.is_empty() {
+                if admissions.is_empty() {
                     continue;
                 }
                 now = next_time(now, step, window);
                 rig.clock.set(Duration::from_micros(now));
                 let delta = delta_of(delta, limit);
-                let which = which % holds.len();
-                let (mem, red) = &holds[which];
+                let which = which % admissions.len();
+                let (mem, red) = &admissions[which];
                 let expected = rig.memory.settle(quota, &key, mem, delta).await.unwrap();
                 let got = rig.redis.settle(quota, &key, red, delta).await.unwrap();
                 prop_assert_eq!(&got, &expected, "op {} settle {} at {}", i, delta, now);
-                holds[which] = (expected, got);
+                admissions[which] = (expected, got);
             }
             Op::Change { to } => quota = &quotas[to % quotas.len()],
         }
@@ -394,7 +395,7 @@ fn every_key_expires_when_its_state_becomes_fresh() {
                 slowest = slowest.max(sent.elapsed());
                 assert!(decision.admitted);
                 if cost == 1 {
-                    first.push(decision.holds);
+                    first.push(decision);
                 }
             }
         }
@@ -527,7 +528,7 @@ fn a_settle_under_a_shorter_window_keeps_each_keys_expiry() {
         let a = store.decide(&minute, &key, 1).await.unwrap();
         assert!(a.admitted);
         assert!(store.decide(&hour, &key, 1).await.unwrap().admitted);
-        store.settle(&minute, &key, &a.holds, 1).await.unwrap();
+        store.settle(&minute, &key, &a, 1).await.unwrap();
     });
     let mut names = store.keys(&hour, &key);
     names.extend(store.expiry_key(&hour, &key));
@@ -558,16 +559,19 @@ fn a_log_is_settled_as_it_stands_without_a_current_expiry_key() {
         let key: Arc<str> = name.into();
         let expiry_key = store.expiry_key(&quota, &key).unwrap();
         rt.block_on(async {
-            let mut holds = Vec::new();
+            let mut admissions = Vec::new();
             for _ in 0..3 {
                 let decision = store.decide(&quota, &key, 1).await.unwrap();
                 assert!(decision.admitted, "{name}");
-                holds.push(decision.holds);
+                admissions.push(decision);
             }
             let mut command = vec![tamper[0], &expiry_key];
             command.extend(&tamper[1..]);
             assert_eq!(server.cli(&command).trim(), reply, "{name}");
-            store.settle(&quota, &key, &holds[1], -1).await.unwrap();
+            store
+                .settle(&quota, &key, &admissions[1], -1)
+                .await
+                .unwrap();
             let mut admitted = 0;
             for _ in 0..3 {
                 admitted += u32::from(store.decide(&quota, &key, 1).await.unwrap().admitted);
@@ -620,14 +624,14 @@ fn a_full_log_at_the_refund_reach_matches() {
     .unwrap();
     let key = rig.key();
     rig.rt.block_on(async {
-        let mut holds = Vec::new();
+        let mut admissions = Vec::new();
         for i in 0..N {
             // Two entries per µs, so entries share times too.
             rig.clock.set(Duration::from_micros(START + i / 2));
             let expected = rig.memory.decide(&quota, &key, 1).await.unwrap();
             let got = rig.redis.decide(&quota, &key, 1).await.unwrap();
             assert_eq!(got, expected, "admission {i}");
-            holds.push((expected.holds, got.holds));
+            admissions.push((expected, got));
         }
         let at = START + N;
         rig.clock.set(Duration::from_micros(at));
@@ -637,18 +641,18 @@ fn a_full_log_at_the_refund_reach_matches() {
         // Entries 0 to 75 are beyond the reach (nothing back), 76 on within
         // it; a second refund of one entry gives nothing.
         for which in [75usize, 76, 77, 0, 1, 500, 1_099, 1_099] {
-            let (mem, red) = &holds[which];
+            let (mem, red) = &admissions[which];
             let expected = rig.memory.settle(&quota, &key, mem, -1).await.unwrap();
             let got = rig.redis.settle(&quota, &key, red, -1).await.unwrap();
             assert_eq!(got, expected, "refund of entry {which}");
-            holds[which] = (expected, got);
+            admissions[which] = (expected, got);
             let expected = rig.memory.decide(&quota, &key, 0).await.unwrap();
             let got = rig.redis.decide(&quota, &key, 0).await.unwrap();
             assert_eq!(got, expected, "after the refund of entry {which}");
         }
         let remaining = rig.redis.decide(&quota, &key, 0).await.unwrap();
         assert_eq!(remaining.decisions[0].remaining, 4);
-        let (mem, red) = &holds[10];
+        let (mem, red) = &admissions[10];
         let expected = rig.memory.settle(&quota, &key, mem, 9).await.unwrap();
         let got = rig.redis.settle(&quota, &key, red, 9).await.unwrap();
         assert_eq!(got, expected);

@@ -35,7 +35,7 @@ pub(crate) type Decisions = SmallVec<[Decision; 2]>;
 /// the store's receipt, so that a settlement gives back only what this
 /// charge still holds. Empty when nothing was recorded.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Holds(pub(crate) SmallVec<[Hold; 2]>);
+pub(crate) struct Holds(pub(crate) SmallVec<[Hold; 2]>);
 
 impl Holds {
     /// These holds as if a settle of `delta` had given back all it asked
@@ -56,7 +56,10 @@ impl Holds {
     }
 }
 
-/// The answer of every policy of a quota to one request.
+/// The answer of every policy of a quota to one request, and the store's
+/// receipt of what the admission holds in each policy, which
+/// [`Store::settle`](crate::quota::Store::settle) reads. Equal decisions
+/// hold the same.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QuotaDecision {
     /// True if the request is admitted: no enforcing (non-shadow) policy refused.
@@ -64,10 +67,44 @@ pub struct QuotaDecision {
     /// Each policy's decision, in the order of [`Quota::policies`].
     pub decisions: Decisions,
     /// What the admission holds in each policy; empty on a refusal.
-    pub holds: Holds,
+    pub(crate) holds: Holds,
 }
 
 impl QuotaDecision {
+    /// A decision with no receipt of what it holds: the answer of a store of
+    /// another backend, which keeps its own record for its settle.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_admission::quota::{Decision, QuotaDecision};
+    ///
+    /// let decision = Decision {
+    ///     admitted: true,
+    ///     limit: 10,
+    ///     remaining: 9,
+    ///     retry_after: None,
+    ///     reset: Duration::from_secs(6),
+    /// };
+    /// let answer = QuotaDecision::new(true, [decision]);
+    /// assert_eq!(answer.decisions[0].remaining, 9);
+    /// ```
+    pub fn new(admitted: bool, decisions: impl IntoIterator<Item = Decision>) -> Self {
+        QuotaDecision {
+            admitted,
+            decisions: decisions.into_iter().collect(),
+            holds: Holds::default(),
+        }
+    }
+
+    /// This decision holding `holds` instead.
+    pub(crate) fn holding(&self, holds: Holds) -> Self {
+        QuotaDecision {
+            admitted: self.admitted,
+            decisions: self.decisions.clone(),
+            holds,
+        }
+    }
+
     /// The answer of a quota of one policy: admitted if the policy admits,
     /// or if it only watches (shadow).
     #[inline]

@@ -252,7 +252,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::quota::{Holds, Limiter, MemoryStore, Policy, QuotaDecision, Store, StoreError};
+    use crate::quota::{Limiter, MemoryStore, Policy, QuotaDecision, Store, StoreError};
 
     /// A store that cannot decide.
     #[derive(Clone)]
@@ -260,7 +260,7 @@ mod tests {
 
     impl Store for Down {
         type DecideFuture = std::future::Ready<Result<QuotaDecision, StoreError>>;
-        type SettleFuture = std::future::Ready<Result<Holds, StoreError>>;
+        type SettleFuture = std::future::Ready<Result<QuotaDecision, StoreError>>;
 
         fn decide(&self, _: &Quota, _: &Arc<str>, _: u64) -> Self::DecideFuture {
             std::future::ready(Err(StoreError::Unavailable {
@@ -272,8 +272,14 @@ mod tests {
             self.decide(quota, key, cost)
         }
 
-        fn settle(&self, _: &Quota, _: &Arc<str>, holds: &Holds, _: i64) -> Self::SettleFuture {
-            std::future::ready(Ok(holds.clone()))
+        fn settle(
+            &self,
+            _: &Quota,
+            _: &Arc<str>,
+            decision: &QuotaDecision,
+            _: i64,
+        ) -> Self::SettleFuture {
+            std::future::ready(Ok(decision.clone()))
         }
     }
 

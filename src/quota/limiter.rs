@@ -613,10 +613,10 @@ impl<S: Store> Limiter<S> {
         &self,
         quota: &Quota,
         key: &Arc<str>,
-        holds: &Holds,
+        decision: &QuotaDecision,
         delta: i64,
-    ) -> Result<Holds, StoreError> {
-        self.store.settle(quota, key, holds, delta).await
+    ) -> Result<QuotaDecision, StoreError> {
+        self.store.settle(quota, key, decision, delta).await
     }
 }
 

@@ -13,8 +13,8 @@ mod store;
 #[cfg(all(test, feature = "axum"))]
 mod oracle_tests;
 
-pub(crate) use decision::Decisions;
-pub use decision::{Decision, Holds, QuotaDecision};
+pub use decision::{Decision, QuotaDecision};
+pub(crate) use decision::{Decisions, Holds};
 pub use layer::{QuotaLayer, QuotaLayerBuilder, Quotas};
 pub(crate) use limiter::Outcome;
 pub use limiter::{Limiter, LimiterStats, Verdict};

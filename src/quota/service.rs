@@ -279,7 +279,14 @@ fn admit<St: Store, ReqB, B: RefusalBody>(
         let mut refund = None;
         if config.cost.is_some() || config.refund_inner_refusals {
             let recorded = std::mem::take(&mut verdict.recorded);
-            let charge = Charge::new(&config.limiter, quota, key.into_owned(), cost, recorded);
+            let charge = Charge::new(
+                &config.limiter,
+                quota,
+                key.into_owned(),
+                cost,
+                recorded,
+                verdict.decisions(),
+            );
             if config.cost.is_some() {
                 let extensions = req.extensions_mut();
                 let mut settlement = extensions.remove::<Settlement>().unwrap_or_default();

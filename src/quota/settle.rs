@@ -6,7 +6,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use crate::quota::limiter::Recorded;
-use crate::quota::{Holds, Limiter, MemoryStore, Quota, Store, StoreError};
+use crate::quota::{Decision, Limiter, MemoryStore, Quota, QuotaDecision, Store, StoreError};
 
 /// A handle, in the request extensions, to settle the real cost of a request
 /// after the work is done.
@@ -76,8 +76,9 @@ pub(crate) struct Charge {
     target: Target,
     quota: Quota,
     key: Arc<str>,
-    /// The cost settled so far, and what the charge still holds.
-    state: Mutex<(u64, Holds)>,
+    /// The cost settled so far, and the admission's decision holding what
+    /// the charge still holds.
+    state: Mutex<(u64, QuotaDecision)>,
     /// Held from reading `state` to writing it back: two settles of one
     /// charge (from clones of a settlement) that both read it before either
     /// wrote would both apply their delta, refunding the same tokens twice.
@@ -90,14 +91,15 @@ enum Target {
     Nowhere,
 }
 
-type SettleFuture<'a> = Pin<Box<dyn Future<Output = Result<Holds, StoreError>> + Send + 'a>>;
+type SettleFuture<'a> =
+    Pin<Box<dyn Future<Output = Result<QuotaDecision, StoreError>> + Send + 'a>>;
 
 trait SettleShared: Send + Sync {
     fn settle<'a>(
         &'a self,
         quota: &'a Quota,
         key: &'a Arc<str>,
-        holds: &'a Holds,
+        decision: &'a QuotaDecision,
         delta: i64,
     ) -> SettleFuture<'a>;
 }
@@ -107,20 +109,23 @@ impl<St: Store> SettleShared for Limiter<St> {
         &'a self,
         quota: &'a Quota,
         key: &'a Arc<str>,
-        holds: &'a Holds,
+        decision: &'a QuotaDecision,
         delta: i64,
     ) -> SettleFuture<'a> {
-        Box::pin(self.settle_shared(quota, key, holds, delta))
+        Box::pin(self.settle_shared(quota, key, decision, delta))
     }
 }
 
 impl Charge {
+    /// The charge of an admission recorded where `recorded` says, whose
+    /// policies decided `decisions`.
     pub(crate) fn new<St: Store>(
         limiter: &Limiter<St>,
         quota: &Quota,
         key: Arc<str>,
         charged: u64,
         recorded: Recorded,
+        decisions: &[Decision],
     ) -> Arc<Charge> {
         let (target, quota, holds) = match recorded {
             Recorded::Shared(holds) => (
@@ -132,13 +137,18 @@ impl Charge {
                 let (local, holds) = *local;
                 (Target::Local(limiter.local_store().clone()), local, holds)
             }
-            Recorded::Nowhere => (Target::Nowhere, quota.clone(), Holds::default()),
+            Recorded::Nowhere => (Target::Nowhere, quota.clone(), Default::default()),
+        };
+        let decision = QuotaDecision {
+            admitted: true,
+            decisions: decisions.iter().cloned().collect(),
+            holds,
         };
         Arc::new(Charge {
             target,
             quota,
             key,
-            state: Mutex::new((charged, holds)),
+            state: Mutex::new((charged, decision)),
             settling: tokio::sync::Mutex::new(()),
         })
     }
@@ -146,7 +156,7 @@ impl Charge {
     /// Moves this charge to `actual` (see [`Settlement::settle`]).
     pub(crate) async fn settle_to(&self, actual: u64) -> Result<(), StoreError> {
         let _one = self.settling.lock().await;
-        let (before, holds) = self.state.lock().clone();
+        let (before, decision) = self.state.lock().clone();
         let delta =
             i64::try_from(actual).unwrap_or(i64::MAX) - i64::try_from(before).unwrap_or(i64::MAX);
         if delta == 0 {
@@ -155,17 +165,23 @@ impl Charge {
         // Counted as applied until the store answers: a settle dropped
         // midway, like one whose outcome is unknown, may have been
         // applied, and is never given back twice.
-        *self.state.lock() = (actual, holds.refunded(delta));
+        *self.state.lock() = (actual, decision.holding(decision.holds.refunded(delta)));
         let settled = match &self.target {
-            Target::Shared(limiter) => limiter.settle(&self.quota, &self.key, &holds, delta).await,
-            Target::Local(store) => store.settle_now(&self.quota, &self.key, &holds, delta),
-            Target::Nowhere => Ok(holds.clone()),
+            Target::Shared(limiter) => {
+                limiter
+                    .settle(&self.quota, &self.key, &decision, delta)
+                    .await
+            }
+            Target::Local(store) => store
+                .settle(&self.quota, &self.key, &decision, delta)
+                .into_inner(),
+            Target::Nowhere => Ok(decision.clone()),
         };
         match settled {
-            Ok(holds) => *self.state.lock() = (actual, holds),
+            Ok(settled) => *self.state.lock() = (actual, settled),
             Err(e) if e.outcome_unknown() => return Err(e),
             Err(e) => {
-                *self.state.lock() = (before, holds);
+                *self.state.lock() = (before, decision);
                 return Err(e);
             }
         }

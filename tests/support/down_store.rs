@@ -4,9 +4,10 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use tower_admission::quota::{Holds, Quota, QuotaDecision, Store, StoreError};
+use tower_admission::quota::{Quota, QuotaDecision, Store, StoreError};
 
-/// Every `decide` fails with `StoreError::Unavailable`; `settle` keeps the holds.
+/// Every `decide` fails with `StoreError::Unavailable`; `settle` answers the
+/// decision it is given.
 #[derive(Debug, Clone)]
 pub(crate) struct Down;
 
@@ -14,7 +15,7 @@ type Boxed<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
 
 impl Store for Down {
     type DecideFuture = Boxed<QuotaDecision>;
-    type SettleFuture = Boxed<Holds>;
+    type SettleFuture = Boxed<QuotaDecision>;
 
     fn decide(&self, _: &Quota, _: &Arc<str>, _: u64) -> Self::DecideFuture {
         Box::pin(async {
@@ -28,8 +29,14 @@ impl Store for Down {
         self.decide(quota, key, cost)
     }
 
-    fn settle(&self, _: &Quota, _: &Arc<str>, holds: &Holds, _: i64) -> Self::SettleFuture {
-        let holds = holds.clone();
-        Box::pin(async move { Ok(holds) })
+    fn settle(
+        &self,
+        _: &Quota,
+        _: &Arc<str>,
+        decision: &QuotaDecision,
+        _: i64,
+    ) -> Self::SettleFuture {
+        let decision = decision.clone();
+        Box::pin(async move { Ok(decision) })
     }
 }

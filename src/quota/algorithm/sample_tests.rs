@@ -302,18 +302,15 @@ fn settle_charges_and_refunds_within_bounds() {
         };
         let d = store.decide(&quota, &key, 50).into_inner().unwrap();
         assert_eq!(d.decisions[0].remaining, 50, "{}", policy.name());
-        let holds = store
-            .settle(&quota, &key, &d.holds, -20)
-            .into_inner()
-            .unwrap();
+        let settled = store.settle(&quota, &key, &d, -20).into_inner().unwrap();
         assert_eq!(remaining(), 70, "{}", policy.name());
-        let holds = store
-            .settle(&quota, &key, &holds, 500)
+        let settled = store
+            .settle(&quota, &key, &settled, 500)
             .into_inner()
             .unwrap();
         assert_eq!(remaining(), 0, "{}: charge capped at empty", policy.name());
         store
-            .settle(&quota, &key, &holds, -1_000)
+            .settle(&quota, &key, &settled, -1_000)
             .into_inner()
             .unwrap();
         assert_eq!(

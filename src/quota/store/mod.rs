@@ -16,7 +16,7 @@ use std::time::Duration;
 pub use self::redis::{RedisStore, RedisStoreBuilder};
 pub use memory::MemoryStore;
 
-use crate::quota::{Holds, Quota, QuotaDecision};
+use crate::quota::{Quota, QuotaDecision};
 use crate::ConfigError;
 
 /// Shared quota state with atomic per-key decisions.
@@ -28,10 +28,9 @@ use crate::ConfigError;
 /// - [`decide`](Self::decide) is one atomic step per key: remove expired
 ///   state, check every policy of the quota, and record the admission in
 ///   every policy that admitted it only if no enforcing policy refused. A
-///   refusal consumes nothing. The answer carries the [`Holds`] of the
-///   admission.
-/// - [`settle`](Self::settle) adjusts one earlier admission, identified by
-///   its holds, and returns what it still holds.
+///   refusal consumes nothing. The answer carries what the admission holds.
+/// - [`settle`](Self::settle) adjusts one earlier admission, given its
+///   decision, and answers that decision with what it still holds.
 /// - [`validate`](Self::validate) is called once per quota when a layer is
 ///   built, so a quota the store cannot decide is a [`ConfigError`], not a
 ///   failure at request time.
@@ -46,7 +45,7 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// The future of [`decide`](Self::decide).
     type DecideFuture: Future<Output = Result<QuotaDecision, StoreError>> + Send + Unpin + 'static;
     /// The future of [`settle`](Self::settle).
-    type SettleFuture: Future<Output = Result<Holds, StoreError>> + Send + Unpin + 'static;
+    type SettleFuture: Future<Output = Result<QuotaDecision, StoreError>> + Send + Unpin + 'static;
 
     /// Decides whether `cost` may be admitted under every policy of `quota`
     /// for `key`, and records it if so. Atomic per key.
@@ -59,22 +58,23 @@ pub trait Store: Clone + Send + Sync + 'static {
     fn decide(&self, quota: &Quota, key: &Arc<str>, cost: u64) -> Self::DecideFuture;
 
     /// The decision [`decide`](Self::decide) would make now, recording
-    /// nothing: no admission, no cleanup, no new key. Its holds are empty.
+    /// nothing: no admission, no cleanup, no new key. It holds nothing.
     /// Another decision may change the answer before the caller acts on it.
     fn peek(&self, quota: &Quota, key: &Arc<str>, cost: u64) -> Self::DecideFuture;
 
-    /// Settles the admission that returned `holds`: `delta > 0` charges more,
-    /// capped at what each policy has left; `delta < 0` refunds at most what
-    /// the admission still holds in each policy. Returns the holds after it,
-    /// which the next settle of that admission must be given: a fixed or
-    /// weighted window keeps one count per window, not one per charge, so it
-    /// trusts the amount a hold names ([`Settlement`](crate::quota::Settlement)
-    /// keeps them so).
+    /// Settles the admission `decision` (as [`decide`](Self::decide) or the
+    /// last settle of it answered): `delta > 0` charges more, capped at what
+    /// each policy has left; `delta < 0` refunds at most what the admission
+    /// still holds in each policy. Answers the same decision holding what is
+    /// left, which the next settle of that admission must be given: a fixed
+    /// or weighted window keeps one count per window, not one per charge, so
+    /// it trusts what a decision says it holds
+    /// ([`Settlement`](crate::quota::Settlement) keeps them so).
     fn settle(
         &self,
         quota: &Quota,
         key: &Arc<str>,
-        holds: &Holds,
+        decision: &QuotaDecision,
         delta: i64,
     ) -> Self::SettleFuture;
 

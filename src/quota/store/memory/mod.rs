@@ -15,7 +15,7 @@ use parking_lot::Mutex;
 
 use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::quota::store::{Store, StoreError};
-use crate::quota::{Holds, Quota, QuotaDecision};
+use crate::quota::{Quota, QuotaDecision};
 use shard::{Padded, Shard, Sweep};
 
 #[doc = include_str!("../../../../docs/memory_store.md")]
@@ -189,7 +189,7 @@ impl<C: Clock> MemoryStore<C> {
 
 impl<C: Clock> Store for MemoryStore<C> {
     type DecideFuture = std::future::Ready<Result<QuotaDecision, StoreError>>;
-    type SettleFuture = std::future::Ready<Result<Holds, StoreError>>;
+    type SettleFuture = std::future::Ready<Result<QuotaDecision, StoreError>>;
 
     #[inline]
     fn decide(&self, quota: &Quota, key: &Arc<str>, cost: u64) -> Self::DecideFuture {
@@ -204,10 +204,13 @@ impl<C: Clock> Store for MemoryStore<C> {
         &self,
         quota: &Quota,
         key: &Arc<str>,
-        holds: &Holds,
+        decision: &QuotaDecision,
         delta: i64,
     ) -> Self::SettleFuture {
-        std::future::ready(self.settle_now(quota, key, holds, delta))
+        std::future::ready(
+            self.settle_now(quota, key, &decision.holds, delta)
+                .map(|holds| decision.holding(holds)),
+        )
     }
 }
 

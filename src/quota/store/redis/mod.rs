@@ -600,7 +600,7 @@ impl RedisStore {
 
 impl Store for RedisStore {
     type DecideFuture = Boxed<QuotaDecision>;
-    type SettleFuture = Boxed<Holds>;
+    type SettleFuture = Boxed<QuotaDecision>;
 
     fn decide(&self, quota: &Quota, key: &Arc<str>, cost: u64) -> Self::DecideFuture {
         self.decide_as("d", quota, key, cost)
@@ -614,18 +614,21 @@ impl Store for RedisStore {
         &self,
         quota: &Quota,
         key: &Arc<str>,
-        holds: &Holds,
+        decision: &QuotaDecision,
         delta: i64,
     ) -> Self::SettleFuture {
         let store = self.clone();
         let quota = quota.clone();
         let key = key.clone();
-        let holds = holds.clone();
+        let decision = decision.clone();
         Box::pin(async move {
             let reply = store
-                .call(&quota, &key, "s", delta.to_string(), Some(&holds))
+                .call(&quota, &key, "s", delta.to_string(), Some(&decision.holds))
                 .await?;
-            decode_holds(&quota, &reply)
+            Ok(QuotaDecision {
+                holds: decode_holds(&quota, &reply)?,
+                ..decision
+            })
         })
     }
 
