@@ -24,7 +24,7 @@ impl Timestamp {
     /// The time `clock` reads now.
     #[inline]
     pub(crate) fn now(clock: &impl Clock) -> Self {
-        Timestamp::from_duration(clock.now())
+        Timestamp(clock.now_micros())
     }
 
     /// The time `d` after the Unix epoch, in whole microseconds (saturating).
@@ -84,10 +84,20 @@ pub(crate) fn duration_to_micros(d: Duration) -> u64 {
 ///     }
 /// }
 /// assert_eq!(Noon.now().as_secs(), 1_704_110_400);
+/// assert_eq!(Noon.now_micros(), 1_704_110_400_000_000);
 /// ```
 pub trait Clock: Clone + Send + Sync + 'static {
     /// The current time, since the Unix epoch.
     fn now(&self) -> Duration;
+
+    /// The current time in whole microseconds since the Unix epoch
+    /// (saturating), what the crate reads. Provided from [`now`](Self::now);
+    /// a clock that counts microseconds answers it without building a
+    /// `Duration`, as the crate's two do.
+    #[inline]
+    fn now_micros(&self) -> u64 {
+        duration_to_micros(self.now())
+    }
 }
 
 /// Wall-clock aligned, monotonic time: the wall clock read once at creation,
@@ -128,8 +138,13 @@ impl Default for SystemClock {
 impl Clock for SystemClock {
     #[inline]
     fn now(&self) -> Duration {
+        Duration::from_micros(self.now_micros())
+    }
+
+    #[inline]
+    fn now_micros(&self) -> u64 {
         let nanos = self.clock.delta_as_nanos(self.anchor, self.clock.raw());
-        Duration::from_micros(self.anchor_wall.saturating_add(nanos / 1_000))
+        self.anchor_wall.saturating_add(nanos / 1_000)
     }
 }
 
@@ -171,8 +186,12 @@ impl ManualClock {
 }
 
 impl Clock for ManualClock {
+    fn now_micros(&self) -> u64 {
+        self.now.load(Ordering::SeqCst)
+    }
+
     fn now(&self) -> Duration {
-        Duration::from_micros(self.now.load(Ordering::SeqCst))
+        Duration::from_micros(self.now_micros())
     }
 }
 
