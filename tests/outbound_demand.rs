@@ -486,7 +486,9 @@ async fn thirty_instances_joining_ten_whose_light_ones_are_nearly_idle_use_the_b
     // one or two of a light instance's bursts, so its measured demand
     // swings, reads as growth, and its grant doubles and falls back every
     // few periods; the fleet sends 136-207 a second in a 6 s cycle, before
-    // and after the join (10 instances alone: 171-202).
+    // and after the join (10 instances alone: 171-202). Part of it is the
+    // floor: these leases expect 10 instances, so each idle light one still
+    // holds `min_demand` (2.4/s), 48 of 240/s among 20.
     let per_second = uneven_sends(10, 40, 6_000).await;
     println!("sends per second: {per_second:?}");
     let lowest = per_second[40..].iter().min().copied().unwrap_or(0);
