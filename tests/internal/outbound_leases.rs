@@ -2055,6 +2055,131 @@ async fn a_refresh_reaching_redis_after_the_release_changes_nothing() {
     assert!(direct.grants(BUDGET).await.unwrap().instance("x").is_some());
 }
 
+/// The commitment of instance `id` now, as the script counts it.
+async fn committed(store: &LeaseStore, id: &str) -> Rate {
+    let table = store.grants(BUDGET).await.expect("read grants");
+    table
+        .instance(id)
+        .map_or(Rate::ZERO, |i| i.committed_at(table.now))
+}
+
+#[tokio::test]
+async fn a_grant_asked_on_a_guess_that_the_first_measure_finds_too_large_is_given_back_at_once() {
+    // x guesses the whole budget and is granted it; its callers then make
+    // 10 attempts in a second. Its next refresh stops spending above
+    // 12.5/s (the measure and a quarter) before it is sent, and says so:
+    // the script lowers x's old step to 12.5/s and grants it its 10/s, and
+    // y, waiting with a zero grant, is granted the other 227.5/s at its
+    // next call instead of at x's old expiry 5 s later.
+    let server = RedisServer::start();
+    let (redis, local) = (
+        ManualClock::new(Duration::from_micros(START)),
+        ManualClock::new(Duration::from_micros(START)),
+    );
+    let shared = store(&server, Some(&redis));
+    let x = instance(&shared, "x", R, &local).build().unwrap();
+    let y = instance(&shared, "y", R, &local).build().unwrap();
+    assert_eq!(x.refresh().await.unwrap().grant, Rate::per_second(R));
+    assert_eq!(y.refresh().await.unwrap().grant, Rate::ZERO);
+    // y's callers wait for its next refresh: it keeps asking its guess.
+    assert!(y.try_acquire(1).is_err());
+    for _ in 0..10 {
+        local.advance(Duration::from_millis(100));
+        redis.advance(Duration::from_millis(100));
+        assert_eq!(x.try_acquire(1), Ok(()));
+    }
+
+    let sx = x.refresh().await.unwrap();
+    let kept = Rate::from_milli(12_500);
+    assert_eq!(
+        (sx.demand, sx.grant, sx.kept, sx.rate),
+        (Rate::per_second(10), Rate::per_second(10), kept, kept),
+        "x measured 10/s and spends no more than 12.5/s until its old grant's expiry"
+    );
+    assert_eq!(committed(&shared, "x").await, kept);
+    let sy = y.refresh().await.unwrap();
+    assert_eq!(
+        sy.grant,
+        Rate::from_milli(R_MILLI - 12_500),
+        "y is granted x's surplus at once"
+    );
+    let table = shared.grants(BUDGET).await.unwrap();
+    assert_eq!(table.peak(), Rate::per_second(R), "{table:#?}");
+}
+
+#[tokio::test]
+async fn a_lowering_call_reaching_redis_after_a_newer_one_changes_nothing() {
+    // x lowers itself to 12.5/s and sends the call on a connection that
+    // hangs; the call times out, y is released, and x's next call (on a new
+    // connection) is granted the whole budget, which x spends. When the
+    // hung call reaches Redis at last, it must not lower x's steps to
+    // 12.5/s while x spends 240/s: a numbered call older than one already run
+    // writes nothing.
+    let server = RedisServer::start();
+    let proxy = StallProxy::start(server.port()).await;
+    let (redis, local) = (
+        ManualClock::new(Duration::from_micros(START)),
+        ManualClock::new(Duration::from_micros(START)),
+    );
+    let lease_store = |url: String| {
+        LeaseStore::with_test_clock(&url, "t", Duration::from_millis(200), redis.clone()).unwrap()
+    };
+    let (via_proxy, direct) = (lease_store(proxy.url()), lease_store(server.url()));
+    let x = instance(&via_proxy, "x", R / 2, &local).build().unwrap();
+    let y = instance(&direct, "y", R / 2, &local).build().unwrap();
+    assert_eq!(x.refresh().await.unwrap().grant, Rate::per_second(R / 2));
+    assert_eq!(y.refresh().await.unwrap().grant, Rate::per_second(R / 2));
+    for _ in 0..10 {
+        local.advance(Duration::from_millis(100));
+        redis.advance(Duration::from_millis(100));
+        assert_eq!(x.try_acquire(1), Ok(()));
+    }
+
+    proxy.stall_open_connections();
+    let hung = x.refresh().await;
+    assert!(hung.is_err(), "the call times out: {hung:?}");
+    let sx = x.status();
+    assert_eq!(
+        (sx.grant, sx.rate),
+        (Rate::from_milli(12_500), Rate::from_milli(12_500)),
+        "x stopped spending above 12.5/s before it sent the call"
+    );
+    let calls = support::command_calls(&server, &["evalsha"]);
+    assert_eq!(y.release().await, Ok(()));
+    for _ in 0..300 {
+        let _ = x.try_acquire(1);
+    }
+    local.advance(Duration::from_secs(1));
+    redis.advance(Duration::from_secs(1));
+    let sx = x.refresh().await.unwrap();
+    assert_eq!(sx.grant, Rate::per_second(R), "x alone is granted all of R");
+    assert_eq!(committed(&direct, "x").await, Rate::per_second(R));
+
+    proxy.resume();
+    for _ in 0..500 {
+        if support::command_calls(&server, &["evalsha"]) > calls + 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        support::command_calls(&server, &["evalsha"]),
+        calls + 4,
+        "the release, x's new call, the read of the table and the hung call ran"
+    );
+    assert_eq!(
+        committed(&direct, "x").await,
+        Rate::per_second(R),
+        "the hung call did not lower the grant x spends"
+    );
+    let z = instance(&direct, "z", R, &local).build().unwrap();
+    assert_eq!(
+        z.refresh().await.unwrap().grant,
+        Rate::ZERO,
+        "nothing is free"
+    );
+}
+
 /// One share's sends walked through grant → fallback → grant, tick by tick
 /// (1 ms), with the share bound of `docs/leases.md` ("Each share is bounded
 /// by its own buckets", Claim 3 applied to a share's bucket) checked in

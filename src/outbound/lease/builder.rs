@@ -294,6 +294,8 @@ impl<C: Clock> RateLeaseBuilder<C> {
             pushed: false,
             pushbacks: 0,
             pushback_woke: Timestamp(0),
+            calls: 0,
+            unmeasured: true,
         };
         // Registered at their resting values, so a dashboard shows them
         // before the first pushback.

@@ -75,6 +75,7 @@ impl State {
         let mut held = false;
         let measured = if self.mode_at(x) != Mode::Granted {
             self.guessing = true;
+            self.unmeasured = true;
             cfg.initial_demand
         } else {
             let elapsed = x.0.saturating_sub(self.window_start.0);
@@ -99,9 +100,11 @@ impl State {
                     // others' older grants run out): its callers waited for
                     // the next refresh, so the count says nothing; it wants
                     // what it asked for last time, as it asked it.
+                    self.unmeasured = self.demand > measured;
                     measured.max(self.demand)
                 } else {
                     let (demand, doubled) = self.trial.next(measured, self.grant, waited);
+                    self.unmeasured = doubled;
                     if doubled {
                         // Held back, it wants at least twice its grant, and
                         // no less than it asked for last time: a grant below

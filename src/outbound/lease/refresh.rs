@@ -33,7 +33,19 @@ impl<C: Clock> RateLease<C> {
             }
             let x = Timestamp::now(&inner.clock);
             s.advance(x, cfg);
+            let asked_unmeasured = s.unmeasured;
             let (demand, flag) = s.take_demand(x, cfg);
+            // A grant asked for without a measure (a guess, a doubling)
+            // that the first measure finds too large gives its surplus
+            // back now rather than at its expiry, keeping a quarter above
+            // the measure (a short window can miss part of a burst).
+            let keep = Rate(demand.0.saturating_add(demand.0 / 4));
+            let lowered = if asked_unmeasured && !s.unmeasured && s.lower_to(keep, x, cfg) {
+                keep
+            } else {
+                Rate::ZERO
+            };
+            s.calls += 1;
             let held = if s.phase == Phase::Active && x < s.until {
                 (s.grant, s.until.0 - x.0)
             } else {
@@ -57,6 +69,8 @@ impl<C: Clock> RateLease<C> {
                 held,
                 kept,
                 pushed: std::mem::take(&mut s.pushed),
+                lowered,
+                number: s.calls,
             };
             (x, args)
         };

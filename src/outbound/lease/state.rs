@@ -88,6 +88,9 @@ pub(super) struct State {
     /// the fallback.
     pub(super) guessing: bool,
     pub(super) demand: Rate,
+    /// The demand last reported is no measurement: a guess, a doubling
+    /// while held back, or an ask carried over a zero grant.
+    pub(super) unmeasured: bool,
     pub(super) target: Rate,
     pub(super) next_refresh: Timestamp,
     pub(super) failures: u32,
@@ -110,6 +113,8 @@ pub(super) struct State {
     pub(super) pushbacks: u64,
     /// When a pushback last woke the refresher (zero: never).
     pub(super) pushback_woke: Timestamp,
+    /// Grant calls sent, in all: the number of the latest.
+    pub(super) calls: u64,
 }
 
 impl State {
@@ -145,6 +150,24 @@ impl State {
             0 => Duration::from_micros(cfg.retry_us),
             until => Duration::from_micros(until),
         }
+    }
+
+    /// Stops spending above `rate` at `x`: the grant, and an older one
+    /// kept, are lowered to it before a call that says so is sent, so that
+    /// the script may hand the surplus on at once. Whether it lowered any.
+    pub(super) fn lower_to(&mut self, rate: Rate, x: Timestamp, cfg: &Settings) -> bool {
+        if self.mode_at(x) != Mode::Granted || self.rate_at(x, cfg) <= rate {
+            return false;
+        }
+        let before = self.shape();
+        self.grant = self.grant.min(rate);
+        self.kept = self.kept.min(rate);
+        if self.kept <= self.grant {
+            (self.kept, self.kept_until) = (Rate::ZERO, Timestamp(0));
+        }
+        self.bucket.cap(cfg.capacity(self.rate_at(x, cfg)));
+        self.note_change(before, x);
+        true
     }
 
     pub(super) fn mode_at(&self, x: Timestamp) -> Mode {

@@ -57,7 +57,7 @@ impl fmt::Debug for LeaseStore {
     }
 }
 
-/// The arguments of a script call (ARGV 1 and 3 to 8).
+/// The arguments of a script call (ARGV 1 and 3 to 15 but 9).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Args {
     pub(super) op: &'static str,
@@ -75,6 +75,11 @@ pub(super) struct Args {
     pub(super) kept: (Rate, u64),
     /// The dependency pushed back since the last call (ARGV 11).
     pub(super) pushed: bool,
+    /// The rate the caller stopped spending above before sending, zero
+    /// for none (ARGV 14).
+    pub(super) lowered: Rate,
+    /// The call's number in its lease's life, from 1; 0 for none (ARGV 15).
+    pub(super) number: u64,
 }
 
 impl Args {
@@ -89,6 +94,8 @@ impl Args {
             held: (Rate::ZERO, 0),
             kept: (Rate::ZERO, 0),
             pushed: false,
+            lowered: Rate::ZERO,
+            number: 0,
         }
     }
 }
@@ -287,7 +294,9 @@ impl LeaseStore {
             .arg(format!("{:016x}", args.life))
             .arg(u8::from(args.pushed))
             .arg(args.kept.0 .0)
-            .arg(args.kept.1);
+            .arg(args.kept.1)
+            .arg(args.lowered.0)
+            .arg(args.number);
         let reply = self
             .inner
             .connector

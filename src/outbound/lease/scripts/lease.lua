@@ -25,6 +25,8 @@
 --              lease that holds the id (absent in records written before
 --              it was kept: such a record is taken by its next caller). It
 --              is no number, so a script that predates it skips it.
+--              After it, `q<n>`: the number of the holder's latest call
+--              (absent: none numbered).
 -- ARGV[1]: 'g' (grant), 'r' (release) or 's' (snapshot, read only).
 -- ARGV[2]: the instance id.
 -- ARGV[3]: its demand (milli-units/s); ARGV[4]: 1 if that demand is a guess
@@ -41,7 +43,11 @@
 --          (absent or 0: it did not). ARGV[12], ARGV[13]: an older, higher
 --          grant the caller still spends by its own account (rate, µs it
 --          still has; absent or 0 0 for none), merged as a step as ARGV[7],
---          ARGV[8] are.
+--          ARGV[8] are. ARGV[14]: a rate (milli-units/s) the caller
+--          stopped spending above before it sent the call: its steps are
+--          lowered to it (absent or 0: they are not). ARGV[15]:
+--          the call's number in its lease's life, counting from 1 (absent
+--          or 0: not numbered).
 --
 -- `_a` in the hash: "<base>,<pushed>,<cut>", the pushback state (absent: no
 -- pushback, E = R). Pushback (AIMD on the budget the targets share): the
@@ -89,6 +95,15 @@
 -- target, the earliest time (µs) at which the target should fit, from the
 -- other instances' steps and targets (0 when it fits now or never will),
 -- and the effective budget E (R without pushback).
+-- A lowered call (ARGV[14] = c > 0): the caller stopped spending above c
+-- before sending, so each of its steps is lowered to c before the grant is
+-- computed (the grant too is at most c), and the surplus is free at once
+-- instead of at the steps' expiries. A numbered call older than one already run for the same life
+-- (sent before it on a connection that hung, reaching Redis after it) writes
+-- nothing and returns { 0, now, now, 0, 0, live, 0, 0 }: its reply is gone,
+-- and its lowering must not undo the grant of the newer call, which the
+-- caller may be spending.
+--
 -- 'r' deletes the instance if the caller's life holds it (its holder has
 -- stopped spending; another life's grants stay counted), leaves its `x:`
 -- mark for L, and returns { now }. A grant call that finds its own life's
@@ -108,6 +123,8 @@ local L = tonumber(ARGV[6])
 local held_rate = tonumber(ARGV[7])
 local held_left = tonumber(ARGV[8])
 local pushed = tonumber(ARGV[11] or '0') or 0
+local lowered = tonumber(ARGV[14] or '0') or 0
+local call_no = tonumber(ARGV[15] or '0') or 0
 local PB_QUIET = 3000000
 local PB_COOLDOWN = 2000000
 local now = clock_now()
@@ -119,14 +136,18 @@ end
 local last = tonumber(redis.call('HGET', key, '_t') or '0') or 0
 if last > now then now = last end
 
--- The steps of `value` that still count after `now`, and its holder's life
--- (nil in a record that predates it).
+-- The steps of `value` that still count after `now`, its holder's life and
+-- the number of the holder's latest call (nil in a record that predates
+-- them).
 local function parse(value)
   local nums = {}
-  local owner = nil
+  local owner, numbered = nil, nil
   for s in string.gmatch(value, '[^,]+') do
-    if string.sub(s, 1, 1) == 'o' then
+    local head = string.sub(s, 1, 1)
+    if head == 'o' then
       owner = string.sub(s, 2)
+    elseif head == 'q' then
+      numbered = tonumber(string.sub(s, 2))
     else
       nums[#nums + 1] = tonumber(s)
     end
@@ -137,10 +158,10 @@ local function parse(value)
   end
   local budget = nil
   if #nums >= 3 and #nums % 2 == 1 then budget = nums[#nums] end
-  return nums[1] or 0, nums[2] or 0, steps, budget, owner
+  return nums[1] or 0, nums[2] or 0, steps, budget, owner, numbered
 end
 
-local function encode(d, g, steps, budget, owner)
+local function encode(d, g, steps, budget, owner, numbered)
   local parts = { string.format('%d', d), string.format('%d', g) }
   for _, s in ipairs(steps) do
     parts[#parts + 1] = string.format('%d', s[1])
@@ -148,6 +169,9 @@ local function encode(d, g, steps, budget, owner)
   end
   parts[#parts + 1] = string.format('%d', budget)
   parts[#parts + 1] = 'o' .. owner
+  if numbered ~= nil and numbered > 0 then
+    parts[#parts + 1] = 'q' .. string.format('%d', numbered)
+  end
   return table.concat(parts, ',')
 end
 
@@ -176,7 +200,7 @@ local function prune(steps)
   return kept
 end
 
-local ids, dem, flags, steps, budgets, owners = {}, {}, {}, {}, {}, {}
+local ids, dem, flags, steps, budgets, owners, numbers = {}, {}, {}, {}, {}, {}, {}
 local aimd = nil
 local all = redis.call('HGETALL', key)
 for k = 1, #all, 2 do
@@ -192,7 +216,7 @@ for k = 1, #all, 2 do
     local b, p, c = string.match(all[k + 1], '^(%d+),(%d+),(%d+)$')
     if b ~= nil then aimd = { tonumber(b), tonumber(p), tonumber(c) } end
   elseif f ~= '_t' then
-    local d, g, st, b, o = parse(all[k + 1])
+    local d, g, st, b, o, q = parse(all[k + 1])
     if #st > 0 or f == me then
       ids[#ids + 1] = f
       dem[f] = d
@@ -200,6 +224,7 @@ for k = 1, #all, 2 do
       steps[f] = st
       budgets[f] = b
       owners[f] = o
+      numbers[f] = q
     elseif op ~= 's' then
       -- Every grant of this instance has expired: it is gone.
       redis.call('HDEL', key, f)
@@ -281,6 +306,10 @@ if held_by_other() then
   end
   return { 0, 0, now, 0, 0, #ids, until_t, 0 }
 end
+if call_no > 0 and owners[me] == life and numbers[me] ~= nil
+    and call_no <= numbers[me] then
+  return { 0, now, now, 0, 0, #ids, 0, 0 }
+end
 if steps[me] == nil then
   ids[#ids + 1] = me
   steps[me] = {}
@@ -294,6 +323,11 @@ local kept_rate = tonumber(ARGV[12] or '0') or 0
 local kept_left = tonumber(ARGV[13] or '0') or 0
 if kept_rate > 0 and kept_left > 0 then
   table.insert(steps[me], { kept_rate, now + kept_left })
+end
+if lowered > 0 then
+  for _, s in ipairs(steps[me]) do
+    if s[1] > lowered then s[1] = lowered end
+  end
 end
 
 -- The budget of this call: the lowest of the caller's and every other live
@@ -369,6 +403,7 @@ end
 local want = target(me)
 local grant = budget - others
 if grant > want then grant = want end
+if lowered > 0 and grant > lowered then grant = lowered end
 if grant < 0 then grant = 0 end
 local expiry = now + L
 table.insert(steps[me], { grant, expiry })
@@ -402,6 +437,9 @@ if grant < want then
   end
 end
 
-redis.call('HSET', key, me, encode(demand, flag, steps[me], R, life))
+local numbered = numbers[me]
+if owners[me] ~= life then numbered = nil end
+if call_no > 0 then numbered = call_no end
+redis.call('HSET', key, me, encode(demand, flag, steps[me], R, life, numbered))
 save_time()
 return { grant, expiry, now, recheck, want, #ids, 0, E }
