@@ -47,7 +47,9 @@ use crate::ConfigError;
 /// 3. adds the step `(g, now + L)` and keeps `j`'s older steps: **a lowered
 ///    grant frees its surplus only when the old grant expires**, because the
 ///    instance keeps spending the old rate until the reply reaches it (or,
-///    if the reply is lost, until the old lease ends).
+///    if the reply is lost, until the old lease ends). An instance that
+///    stopped spending above a rate before sending says so, and its steps
+///    are cut to that rate first: its surplus is free at once.
 ///
 /// Here `R` is the lowest budget of `j` and the live instances: during a
 /// deploy that lowers it, the instances still on the old one are held to
@@ -112,7 +114,9 @@ use crate::ConfigError;
 /// next window used less than three quarters of it shows that the waits
 /// came from bursts, not from the grant: the instance then reports its
 /// measured rate and a quarter, unflagged, until its attempts grow a tenth
-/// past the most it measured then. Through a
+/// past the most it measured then. A grant asked for by a guess or a
+/// doubling that the next measure finds larger than needed is given back at
+/// once, down to that measure and a quarter, instead of at its expiry. Through a
 /// [`LeasedBudget`](crate::outbound::LeasedBudget) the rate is in the
 /// lease's units: what the share that asks most needs of the whole grant.
 ///
