@@ -1060,21 +1060,29 @@ struct RandomRun {
 /// the bound, no instance ever on the fallback (there is no fault), and from
 /// 28 s to 32 s, after three leases without change, the fleet sends at least
 /// 90% of what it could use, the fleet target (docs/leases.md, "Random
-/// arrivals", says why not all).
-async fn random_fleet(seed: u64) -> RandomRun {
+/// arrivals", says why not all). With `guessing`, demands are 1 to 60/s
+/// and every instance's first demand is a guess of 1 to 240/s drawn apart
+/// from its real one, so that grants asked on guesses are given back, or
+/// doublings asked, while the rest goes on.
+async fn random_fleet(seed: u64, guessing: bool) -> RandomRun {
     let mut rng = StdRng::seed_from_u64(seed);
     let server = RedisServer::start();
     let redis = ManualClock::new(Duration::from_micros(START));
     let mut fleet = Fleet::new(redis.clone(), store(&server, Some(&redis)), 40);
+    let most = if guessing { 60 } else { 300 };
     let join = |fleet: &mut Fleet, rng: &mut StdRng| {
         let id = format!("r{}", fleet.nodes.len());
         let own = store(&server, Some(&redis));
+        let guess = guessing.then(|| Rate::per_second(rng.random_range(1..=R)));
         let node = fleet.join(
             &own,
             &id,
-            rng.random_range(1..=300),
+            rng.random_range(1..=most),
             rng.random_range(-3..=3),
-            |b| b,
+            |b| match guess {
+                Some(guess) => b.initial_demand(guess),
+                None => b,
+            },
         );
         fleet.nodes[node].queued = true;
         fleet.nodes[node].random = Some(StdRng::seed_from_u64(rng.random()));
@@ -1092,7 +1100,7 @@ async fn random_fleet(seed: u64) -> RandomRun {
         }
     }
     for _ in 0..rng.random_range(1..=3) {
-        changes.push(Change::Demand(rng.random_range(1..=300)));
+        changes.push(Change::Demand(rng.random_range(1..=most)));
     }
     for _ in 0..rng.random_range(1..=3) {
         changes.push(Change::SlowReply(rng.random_range(50..=800)));
@@ -1157,7 +1165,7 @@ async fn random_fleet(seed: u64) -> RandomRun {
         .count() as u64;
     let used = sent as f64 / usable as f64;
     assert!(
-        sent * 10 >= usable * 9,
+        guessing || sent * 10 >= usable * 9,
         "seed {seed}: {sent} sends from {} s to {} s, under 90% of min(R, live demand {demand}/s) · 4 s = {usable}",
         from / SEC,
         to / SEC
@@ -1190,7 +1198,34 @@ async fn random_fleets_keep_every_bound_through_joins_deaths_releases_and_slow_r
     };
     let mut used = Vec::new();
     for seed in seeds {
-        let run = random_fleet(seed).await;
+        let run = random_fleet(seed, false).await;
+        println!(
+            "seed {}: {} instances, {} changes, most sends in 1 s {} (bound {}), used {:.3}",
+            run.seed, run.instances, run.changes, run.most_1s, run.bound_1s, run.used
+        );
+        used.push(run.used);
+    }
+    used.sort_by(f64::total_cmp);
+    println!(
+        "share of what the fleet could use, 28 s to 32 s: lowest {:.3}, median {:.3}",
+        used[0],
+        used[used.len() / 2]
+    );
+}
+
+/// As above, with every first demand a guess drawn apart from the real one
+/// (seeds 101 to 112): grants asked on guesses that the first measure finds
+/// too large are given back at once, interleaved with joins, deaths,
+/// releases, demand changes and replies held in flight, and every bound
+/// still holds on every tick and in every window. The share used is
+/// printed, not asserted: wrong guesses in a contended fleet leave some
+/// seeds under 90% with or without giving back (docs/leases.md, "Random
+/// arrivals").
+#[tokio::test]
+async fn random_fleets_whose_guesses_are_wrong_keep_every_bound_while_grants_are_given_back() {
+    let mut used = Vec::new();
+    for seed in 101..=112 {
+        let run = random_fleet(seed, true).await;
         println!(
             "seed {}: {} instances, {} changes, most sends in 1 s {} (bound {}), used {:.3}",
             run.seed, run.instances, run.changes, run.most_1s, run.bound_1s, run.used
