@@ -25,8 +25,8 @@ struct Fleet {
     stores: Vec<(String, LeaseStore)>,
 }
 
-async fn fleet(split: [(&str, u64); 2]) -> Fleet {
-    let servers: Vec<RedisServer> = (0..2).map(|_| RedisServer::start()).collect();
+async fn fleet<const N: usize>(split: [(&str, u64); N]) -> Fleet {
+    let servers: Vec<RedisServer> = (0..N).map(|_| RedisServer::start()).collect();
     let mut builder = RegionalBudget::builder(TOTAL)
         .credit_hold(HOLD)
         .call_timeout(Duration::from_millis(100))
@@ -191,6 +191,36 @@ async fn the_rebalancer_moves_a_surplus_toward_demand() {
     let snapshot = f.budget.snapshot().await.unwrap();
     assert_eq!(snapshot.sum(), TOTAL);
     assert!(snapshot.allocation("us").unwrap() >= 70);
+    for t in tasks {
+        t.abort();
+    }
+    load.abort();
+}
+
+#[tokio::test]
+async fn the_rebalancer_gives_nothing_to_an_idle_region_below_its_proportional_target() {
+    // eu and ap are idle: their leases report their floor demand (a tenth
+    // of an even share, 10/s), unflagged. us is held back. Split in
+    // proportion to the demands, ap's target is above its allocation of 5,
+    // but ap sends nothing: every transfer goes to us, and ap keeps 5.
+    let f = fleet([("eu", 79), ("us", 20), ("ap", 1)]).await;
+    let leases = [0, 1, 2].map(|i| region_lease(&f, i));
+    let tasks: Vec<_> = leases.iter().map(RateLease::spawn_refresher).collect();
+    let load = saturate(&leases[1]);
+    let deadline = Instant::now() + Duration::from_secs(8);
+    let mut moved = 0;
+    while Instant::now() < deadline {
+        if let Some((to, amount)) = f.budget.rebalance_once("eu").await.unwrap() {
+            assert_eq!(to, "us", "after {moved} moved to us");
+            moved += amount;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let snapshot = f.budget.snapshot().await.unwrap();
+    println!("moved {moved} to us; {snapshot:?}");
+    assert_eq!(snapshot.allocation("ap"), Some(1));
+    assert_eq!(snapshot.sum(), TOTAL);
+    assert!(moved >= 40, "moved {moved}");
     for t in tasks {
         t.abort();
     }

@@ -39,8 +39,13 @@ impl RegionalBudget {
     ///    [dead band](super::RegionalBudgetBuilder::dead_band), send
     ///    `min(surplus, need, max_step)` (the
     ///    [step](super::RegionalBudgetBuilder::rebalance_step)) to the
-    ///    neediest reachable receiver. A receiver whose demand could not be
-    ///    read (its Redis down) or whose last transfer is unconfirmed gets
+    ///    neediest reachable receiver that is held back: one of its
+    ///    instances reported a demand held back by its grant, or a guess. A
+    ///    region whose demands all fit their grants needs nothing, whatever
+    ///    its proportional target: an idle region's instances still report
+    ///    their floor demand, and counted as need it drew allocation away
+    ///    from a region that was waiting. A receiver whose demand could not
+    ///    be read (its Redis down) or whose last transfer is unconfirmed gets
     ///    nothing this period: no transfer is sent into a region that cannot
     ///    confirm one, so an outage strands at most one `max_step` per pair.
     ///
@@ -60,8 +65,15 @@ impl RegionalBudget {
         let dead_band = settings.dead_band.unwrap_or(total / 100);
         self.repair_all().await;
         let mut demand: HashMap<String, Option<u64>> = HashMap::new();
+        let mut held_back: Vec<&str> = Vec::new();
         for (name, store) in &self.inner.lease_stores {
             let table = store.grants(&format!("region-{name}")).await;
+            if table
+                .as_ref()
+                .is_ok_and(|t| t.instances.iter().any(|i| i.guessed))
+            {
+                held_back.push(name);
+            }
             let sum = table.ok().map(|t| {
                 let milli: u64 = t.instances.iter().map(|i| i.demand.as_milli()).sum();
                 Rate::from_milli(milli).as_milli().div_ceil(1000)
@@ -99,7 +111,7 @@ impl RegionalBudget {
             .lease_stores
             .iter()
             .map(|(name, _)| name.as_str())
-            .filter(|name| *name != region && demand.get(*name).copied().flatten().is_some())
+            .filter(|name| *name != region && held_back.contains(name))
             .filter_map(|name| {
                 let need = target(name).saturating_sub(allocation_of(name)?);
                 (need > dead_band).then_some((need, name))
