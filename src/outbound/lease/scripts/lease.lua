@@ -98,11 +98,11 @@
 -- A lowered call (ARGV[14] = c > 0): the caller stopped spending above c
 -- before sending, so each of its steps is lowered to c before the grant is
 -- computed (the grant too is at most c), and the surplus is free at once
--- instead of at the steps' expiries. A numbered call older than one already run for the same life
--- (sent before it on a connection that hung, reaching Redis after it) writes
--- nothing and returns { 0, now, now, 0, 0, live, 0, 0 }: its reply is gone,
--- and its lowering must not undo the grant of the newer call, which the
--- caller may be spending.
+-- instead of at the steps' expiries. A numbered call older than one already
+-- run for the same life (sent before it on a connection that hung, reaching
+-- Redis after it) writes nothing and returns { 0, now, now, 0, 0, live, 0,
+-- 0 }: its reply is gone, and its lowering must not undo the grant of the
+-- newer call, which the caller may be spending.
 --
 -- 'r' deletes the instance if the caller's life holds it (its holder has
 -- stopped spending; another life's grants stay counted), leaves its `x:`
