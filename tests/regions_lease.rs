@@ -201,8 +201,9 @@ async fn the_rebalancer_moves_a_surplus_toward_demand() {
 async fn the_rebalancer_gives_nothing_to_an_idle_region_below_its_proportional_target() {
     // eu and ap are idle: their leases report their floor demand (a tenth
     // of an even share, 10/s), unflagged. us is held back. Split in
-    // proportion to the demands, ap's target is above its allocation of 5,
-    // but ap sends nothing: every transfer goes to us, and ap keeps 5.
+    // proportion to the demands, ap's target is above its allocation of 1,
+    // but ap sends nothing: every transfer goes to us (63 in a run), and ap
+    // keeps 1. Before the rule, ap received once us was near its target.
     let f = fleet([("eu", 79), ("us", 20), ("ap", 1)]).await;
     let leases = [0, 1, 2].map(|i| region_lease(&f, i));
     let tasks: Vec<_> = leases.iter().map(RateLease::spawn_refresher).collect();
