@@ -1196,9 +1196,15 @@ async fn random_fleets_keep_every_bound_through_joins_deaths_releases_and_slow_r
             .collect(),
         Err(_) => (1..=24).collect(),
     };
+    random_fleets(seeds, false).await;
+}
+
+/// Runs `random_fleet` for each of `seeds`, printing each run and the
+/// lowest and median share used.
+async fn random_fleets(seeds: impl IntoIterator<Item = u64>, guessing: bool) {
     let mut used = Vec::new();
     for seed in seeds {
-        let run = random_fleet(seed, false).await;
+        let run = random_fleet(seed, guessing).await;
         println!(
             "seed {}: {} instances, {} changes, most sends in 1 s {} (bound {}), used {:.3}",
             run.seed, run.instances, run.changes, run.most_1s, run.bound_1s, run.used
@@ -1223,21 +1229,7 @@ async fn random_fleets_keep_every_bound_through_joins_deaths_releases_and_slow_r
 /// arrivals").
 #[tokio::test]
 async fn random_fleets_whose_guesses_are_wrong_keep_every_bound_while_grants_are_given_back() {
-    let mut used = Vec::new();
-    for seed in 101..=112 {
-        let run = random_fleet(seed, true).await;
-        println!(
-            "seed {}: {} instances, {} changes, most sends in 1 s {} (bound {}), used {:.3}",
-            run.seed, run.instances, run.changes, run.most_1s, run.bound_1s, run.used
-        );
-        used.push(run.used);
-    }
-    used.sort_by(f64::total_cmp);
-    println!(
-        "share of what the fleet could use, 28 s to 32 s: lowest {:.3}, median {:.3}",
-        used[0],
-        used[used.len() / 2]
-    );
+    random_fleets(101..=112, true).await;
 }
 
 /// A grant of 0.005/s fills one unit in 200 s, but the refresh due in 1 s
