@@ -2020,6 +2020,47 @@ async fn a_share_fills_from_its_grant_not_from_the_time_before_it() {
     assert_eq!(sent, 7);
 }
 
+/// Two stores on one server with the script's time injected from `redis`
+/// (deadline 200 ms): `via_proxy` through a proxy whose open connections
+/// can be stalled, `direct` without it; instances run on `local` time.
+struct Stallable {
+    proxy: StallProxy,
+    redis: ManualClock,
+    local: ManualClock,
+    via_proxy: LeaseStore,
+    direct: LeaseStore,
+}
+
+impl Stallable {
+    async fn start(server: &RedisServer) -> Self {
+        let proxy = StallProxy::start(server.port()).await;
+        let redis = ManualClock::new(Duration::from_micros(START));
+        let store = |url: String| {
+            LeaseStore::with_test_clock(&url, "t", Duration::from_millis(200), redis.clone())
+                .unwrap()
+        };
+        let (via_proxy, direct) = (store(proxy.url()), store(server.url()));
+        Stallable {
+            proxy,
+            local: ManualClock::new(Duration::from_micros(START)),
+            redis,
+            via_proxy,
+            direct,
+        }
+    }
+}
+
+/// Waits (up to 5 s) until `server` has run more than `calls` scripts:
+/// a call held on a stalled connection reaches it once the proxy resumes.
+async fn wait_for_scripts(server: &RedisServer, calls: u64) {
+    for _ in 0..500 {
+        if support::command_calls(server, &["evalsha"]) > calls {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// A refresh held on a hung connection that reaches Redis after the lease
 /// was released changes nothing: the release stays the last word, and the
 /// other instance is granted the whole budget. A new lease under the same
@@ -2028,15 +2069,13 @@ async fn a_share_fills_from_its_grant_not_from_the_time_before_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refresh_reaching_redis_after_the_release_changes_nothing() {
     let server = RedisServer::start();
-    let proxy = StallProxy::start(server.port()).await;
-    let (redis, local) = (
-        ManualClock::new(Duration::from_micros(START)),
-        ManualClock::new(Duration::from_micros(START)),
-    );
-    let lease_store = |url: String| {
-        LeaseStore::with_test_clock(&url, "t", Duration::from_millis(200), redis.clone()).unwrap()
-    };
-    let (via_proxy, direct) = (lease_store(proxy.url()), lease_store(server.url()));
+    let Stallable {
+        proxy,
+        redis,
+        local,
+        via_proxy,
+        direct,
+    } = Stallable::start(&server).await;
     let lease = |store: &LeaseStore, id: &str, demand: u64| {
         instance(store, id, demand, &local).build().unwrap()
     };
@@ -2060,12 +2099,7 @@ async fn a_refresh_reaching_redis_after_the_release_changes_nothing() {
     let calls = support::command_calls(&server, &["evalsha"]);
     proxy.resume();
     // The held refresh runs once its bytes reach Redis.
-    for _ in 0..500 {
-        if support::command_calls(&server, &["evalsha"]) > calls {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_for_scripts(&server, calls).await;
     assert_eq!(support::command_calls(&server, &["evalsha"]), calls + 1);
     assert!(direct.grants(BUDGET).await.unwrap().instance("x").is_none());
     // y's callers now want the whole budget, and get it.
@@ -2143,15 +2177,13 @@ async fn a_lowering_call_reaching_redis_after_a_newer_one_changes_nothing() {
     // 12.5/s while x spends 240/s: a numbered call older than one already run
     // writes nothing.
     let server = RedisServer::start();
-    let proxy = StallProxy::start(server.port()).await;
-    let (redis, local) = (
-        ManualClock::new(Duration::from_micros(START)),
-        ManualClock::new(Duration::from_micros(START)),
-    );
-    let lease_store = |url: String| {
-        LeaseStore::with_test_clock(&url, "t", Duration::from_millis(200), redis.clone()).unwrap()
-    };
-    let (via_proxy, direct) = (lease_store(proxy.url()), lease_store(server.url()));
+    let Stallable {
+        proxy,
+        redis,
+        local,
+        via_proxy,
+        direct,
+    } = Stallable::start(&server).await;
     let x = instance(&via_proxy, "x", R / 2, &local).build().unwrap();
     let y = instance(&direct, "y", R / 2, &local).build().unwrap();
     assert_eq!(x.refresh().await.unwrap().grant, Rate::per_second(R / 2));
@@ -2183,12 +2215,7 @@ async fn a_lowering_call_reaching_redis_after_a_newer_one_changes_nothing() {
     assert_eq!(committed(&direct, "x").await, Rate::per_second(R));
 
     proxy.resume();
-    for _ in 0..500 {
-        if support::command_calls(&server, &["evalsha"]) > calls + 3 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_for_scripts(&server, calls + 3).await;
     assert_eq!(
         support::command_calls(&server, &["evalsha"]),
         calls + 4,
