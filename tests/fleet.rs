@@ -1449,7 +1449,9 @@ async fn scaled(from: usize, to: usize) {
 
 /// For `duration`, every 0.5 s, one line per lease key in `path`: the
 /// seconds since `t0` and the key's hash as `HGETALL` gives it (per
-/// instance its demand, flag and grant steps; `lease.lua` has the format).
+/// instance its demand, flag and grant steps; `lease.lua` has the format),
+/// then a line `s=<seconds> <sent> ...`: each instance's first attempts sent
+/// so far, in instance order.
 async fn trace_grants(fleet: &Fleet, t0: Instant, duration: Duration, path: &std::ffi::OsStr) {
     let mut out = String::new();
     let end = Instant::now() + duration;
@@ -1459,9 +1461,36 @@ async fn trace_grants(fleet: &Fleet, t0: Instant, duration: Duration, path: &std
             let hash = fleet.budget.cli(&["HGETALL", key]).replace('\n', " ");
             out.push_str(&format!("t={:.2} {hash}\n", t0.elapsed().as_secs_f64()));
         }
+        let mut sent = Vec::new();
+        for url in fleet.urls.iter() {
+            sent.push(attempts_sent(&fleet.client, url).await);
+        }
+        out.push_str(&format!(
+            "s={:.2} {}\n",
+            t0.elapsed().as_secs_f64(),
+            sent.iter()
+                .map(|n| n.to_string())
+                .collect::<Vec<_>>()
+                .join(" ")
+        ));
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     std::fs::write(path, out).expect("write FLEET_TRACE");
+}
+
+/// The first attempts `url`'s instance has sent to the dependency (its
+/// `/metrics`), or 0 when it cannot be read.
+async fn attempts_sent(client: &reqwest::Client, url: &str) -> u64 {
+    let Ok(answer) = client.get(format!("{url}/metrics")).send().await else {
+        return 0;
+    };
+    let text = answer.text().await.unwrap_or_default();
+    text.lines()
+        .filter(|l| {
+            l.starts_with("tower_admission_dependency_attempts_total") && l.contains("normal")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
 }
 
 #[test]

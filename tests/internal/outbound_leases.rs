@@ -2988,8 +2988,8 @@ async fn a_refused_lease_neither_frees_the_holders_grant_nor_fails_open() {
     let table = store.grants(BUDGET).await.unwrap();
     assert_eq!(latest(&table, "pod"), R_MILLI);
     assert_eq!(table.committed_at(table.now), Rate::per_second(R));
-    // The holder renews, at its measured demand (none: the least, 0.6/s).
-    assert_eq!(holder.refresh().await.unwrap().grant, Rate::from_milli(600));
+    // The holder renews, at its measured demand (none: the least, 0.15/s).
+    assert_eq!(holder.refresh().await.unwrap().grant, Rate::from_milli(150));
 
     // A record with no holder's life: the next caller takes it.
     holder.release().await.unwrap();

@@ -142,9 +142,10 @@ impl<C: Clock> RateLeaseBuilder<C> {
         self
     }
 
-    /// The least demand reported, default a tenth of the fallback capacity:
-    /// an idle instance keeps a small grant, so its first send after a quiet
-    /// spell does not wait for a refresh.
+    /// The least demand reported, default a fortieth of the fallback
+    /// capacity: an idle instance keeps a small grant, so its first send
+    /// after a quiet spell does not wait for a refresh, and the floors of a
+    /// whole idle fleet of the expected size hold a fortieth of the budget.
     pub fn min_demand(mut self, rate: Rate) -> Self {
         self.min_demand = Some(rate);
         self
@@ -261,7 +262,7 @@ impl<C: Clock> RateLeaseBuilder<C> {
             burst_us: us(self.burst),
             margin_us: margin,
             max_cost: u64::from(self.max_cost.get()),
-            min_demand: self.min_demand.unwrap_or(Rate(fallback.0 / 10)),
+            min_demand: self.min_demand.unwrap_or(Rate(fallback.0 / 40)),
             initial_demand: self.initial_demand.unwrap_or(fallback),
             fail_open: self.fail_open,
         };

@@ -68,7 +68,8 @@ impl State {
     /// quarter of the refresh period is kept open and the previous figure
     /// reported). A doubling that was granted and brought no more attempts
     /// shows that the waits came from bursts: from then on, until the
-    /// attempts grow past it, the demand is the measured rate and a quarter.
+    /// attempts reach what would have used it (three quarters of the
+    /// doubled grant), the demand is the measured rate and a quarter.
     /// The flag says how others' targets count the demand: as measured, as
     /// the whole budget (a guess) or as twice itself (held back).
     pub(super) fn take_demand(&mut self, x: Timestamp, cfg: &Settings) -> (Rate, u8) {
@@ -155,11 +156,9 @@ fn at_least(part: u64, whole: u64, (n, d): (u64, u64)) -> bool {
     u128::from(part) * u128::from(d) >= u128::from(whole) * u128::from(n)
 }
 
-/// More attempts than this share above a rate are growth.
-const GROWTH: (u64, u64) = (11, 10);
-
-fn grew(measured: Rate, from: Rate) -> bool {
-    u128::from(measured.0) * u128::from(GROWTH.1) > u128::from(from.0) * u128::from(GROWTH.0)
+/// `n/d` of `x`, for `(n, d)`.
+fn scaled(x: u64, (n, d): (u64, u64)) -> u64 {
+    u64::try_from(u128::from(x) * u128::from(n) / u128::from(d)).unwrap_or(u64::MAX)
 }
 
 impl Trial {
@@ -178,10 +177,12 @@ impl Trial {
             let counted = from_measured.0 > 0 && measured.0 > 0;
             let used = at_least(measured.0, grant.0, USED_AFTER_DOUBLING);
             if granted && counted && !used {
-                self.bursty_at = Some(from_measured.max(measured));
+                self.bursty_at = Some(Rate(scaled(grant.0, USED_AFTER_DOUBLING)));
             }
         }
-        if self.bursty_at.is_some_and(|at| grew(measured, at)) {
+        // Bursts until the attempts reach what would have used the doubling:
+        // a window with more of the bursts than the last is no growth.
+        if self.bursty_at.is_some_and(|until| measured >= until) {
             self.bursty_at = None;
         }
         if self.bursty_at.is_some() {
@@ -192,5 +193,45 @@ impl Trial {
             return (measured.max(Rate(grant.0.saturating_mul(2))), true);
         }
         (measured, false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn per_s(x: u64) -> Rate {
+        Rate(x * 1000)
+    }
+
+    /// A doubling granted at 16/s that the next window (9/s) used less than
+    /// three quarters of: the instance is bursty.
+    fn judged_bursty() -> Trial {
+        let mut trial = Trial::default();
+        assert_eq!(trial.next(per_s(8), per_s(8), true), (per_s(16), true));
+        let (demand, doubled) = trial.next(per_s(9), per_s(16), false);
+        assert_eq!((demand, doubled), (Rate(11_250), false));
+        trial
+    }
+
+    #[test]
+    fn a_window_with_more_of_a_bursty_instances_bursts_is_no_growth() {
+        // 10.5/s held back: a window that caught one burst more than the
+        // last. Growth "a tenth past the most measured" (9.9/s) doubled
+        // again here, to 22.5/s, and the grant fell back a period later.
+        let mut trial = judged_bursty();
+        assert_eq!(
+            trial.next(Rate(10_500), Rate(11_250), true),
+            (Rate(13_125), false)
+        );
+    }
+
+    #[test]
+    fn attempts_that_reach_three_quarters_of_the_doubled_grant_are_growth() {
+        let mut trial = judged_bursty();
+        assert_eq!(
+            trial.next(per_s(12), Rate(11_250), true),
+            (Rate(22_500), true)
+        );
     }
 }

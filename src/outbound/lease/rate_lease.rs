@@ -113,8 +113,9 @@ use crate::ConfigError;
 /// figure. A doubling that was granted (the grant rose by half) and whose
 /// next window used less than three quarters of it shows that the waits
 /// came from bursts, not from the grant: the instance then reports its
-/// measured rate and a quarter, unflagged, until its attempts grow a tenth
-/// past the most it measured then. A grant asked for by a guess or a
+/// measured rate and a quarter, unflagged, until its attempts reach three
+/// quarters of the doubled grant (a window that holds more of its bursts
+/// than the last is no growth). A grant asked for by a guess or a
 /// doubling that the next measure finds larger than needed is given back at
 /// once, down to that measure and a quarter, instead of at its expiry. Through a
 /// [`LeasedBudget`](crate::outbound::LeasedBudget) the rate is in the

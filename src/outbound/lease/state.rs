@@ -49,9 +49,9 @@ pub(super) struct Trial {
     /// The grant when it last asked for a doubling, and the attempts per
     /// second it had measured then.
     pub(super) doubled_from: Option<(Rate, Rate)>,
-    /// A doubling was granted and its attempts, at most this rate, used
-    /// less than three quarters of it: the waits come from bursts, not
-    /// from a lack of rate.
+    /// A doubling was granted and its attempts used less than three
+    /// quarters of it: the waits come from bursts, not from a lack of rate,
+    /// until the attempts reach this rate (those three quarters).
     pub(super) bursty_at: Option<Rate>,
 }
 
