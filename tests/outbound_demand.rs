@@ -485,10 +485,10 @@ async fn thirty_instances_joining_ten_whose_light_ones_are_nearly_idle_use_the_b
     // plans' quotas refuse the rest). It fails: a window of 4 s holds none,
     // one or two of a light instance's bursts, so its measured demand
     // swings, reads as growth, and its grant doubles and falls back every
-    // few periods; the fleet sends 136-207 a second in a 6 s cycle, before
-    // and after the join (10 instances alone: 171-202). Part of it is the
-    // floor: these leases expect 10 instances, so each idle light one still
-    // holds `min_demand` (2.4/s), 48 of 240/s among 20.
+    // few periods; the fleet sends 140-205 a second after the join (10
+    // instances alone: 175-203). With the floor at a tenth of the fallback
+    // (2.4/s each among leases that expect 10, 48 of 240/s among 20 light
+    // ones) it was 136-207 and 171-202; at a fortieth it holds 12.
     let per_second = uneven_sends(10, 40, 6_000).await;
     println!("sends per second: {per_second:?}");
     let lowest = per_second[40..].iter().min().copied().unwrap_or(0);

@@ -69,7 +69,7 @@ impl State {
     /// reported). A doubling that was granted and brought no more attempts
     /// shows that the waits came from bursts: from then on, until the
     /// attempts reach what would have used it (three quarters of the
-    /// doubled grant), the demand is the measured rate and a quarter.
+    /// doubled grant), the demand is the measured rate and an eighth.
     /// The flag says how others' targets count the demand: as measured, as
     /// the whole budget (a guess) or as twice itself (held back).
     pub(super) fn take_demand(&mut self, x: Timestamp, cfg: &Settings) -> (Rate, u8) {
@@ -104,13 +104,16 @@ impl State {
                     self.unmeasured = self.demand > measured;
                     measured.max(self.demand)
                 } else {
-                    let (demand, doubled) = self.trial.next(measured, self.grant, waited);
+                    let (demand, doubled, again) = self.trial.next(measured, self.grant, waited);
                     self.unmeasured = doubled;
                     if doubled {
                         // Held back, it wants at least twice its grant, and
                         // no less than it asked for last time: a grant below
-                        // that is no sign that it needs less.
-                        held = true;
+                        // that is no sign that it needs less. Flagged (room
+                        // for its next doubling in the others' targets) when
+                        // held back twice in a row: a single held-back
+                        // window is as often a burst as growth.
+                        held = again;
                         demand.max(self.demand)
                     } else {
                         demand
@@ -163,8 +166,10 @@ fn scaled(x: u64, (n, d): (u64, u64)) -> u64 {
 
 impl Trial {
     /// The demand after a window that measured `measured` under `grant`,
-    /// `waited` or not, and whether it is a doubling (held back).
-    pub(super) fn next(&mut self, measured: Rate, grant: Rate, waited: bool) -> (Rate, bool) {
+    /// `waited` or not, whether it is a doubling (held back), and whether
+    /// the window before asked one too.
+    pub(super) fn next(&mut self, measured: Rate, grant: Rate, waited: bool) -> (Rate, bool, bool) {
+        let again = self.doubled_from.is_some();
         // A doubling judged: granted (the grant rose by half at least) and
         // the attempts did not grow with it: they used less than
         // `USED_AFTER_DOUBLING` of the raised grant (a queue that built up
@@ -186,13 +191,17 @@ impl Trial {
             self.bursty_at = None;
         }
         if self.bursty_at.is_some() {
-            return (Rate(measured.0.saturating_add(measured.0 / 4)), false);
+            return (
+                Rate(measured.0.saturating_add(measured.0 / 8)),
+                false,
+                false,
+            );
         }
         if waited {
             self.doubled_from = Some((grant, measured));
-            return (measured.max(Rate(grant.0.saturating_mul(2))), true);
+            return (measured.max(Rate(grant.0.saturating_mul(2))), true, again);
         }
-        (measured, false)
+        (measured, false, false)
     }
 }
 
@@ -205,12 +214,18 @@ mod tests {
     }
 
     /// A doubling granted at 16/s that the next window (9/s) used less than
-    /// three quarters of: the instance is bursty.
+    /// three quarters of: the instance is bursty, and asks its measured
+    /// rate and an eighth.
     fn judged_bursty() -> Trial {
         let mut trial = Trial::default();
-        assert_eq!(trial.next(per_s(8), per_s(8), true), (per_s(16), true));
-        let (demand, doubled) = trial.next(per_s(9), per_s(16), false);
-        assert_eq!((demand, doubled), (Rate(11_250), false));
+        assert_eq!(
+            trial.next(per_s(8), per_s(8), true),
+            (per_s(16), true, false)
+        );
+        assert_eq!(
+            trial.next(per_s(9), per_s(16), false),
+            (Rate(10_125), false, false)
+        );
         trial
     }
 
@@ -218,11 +233,11 @@ mod tests {
     fn a_window_with_more_of_a_bursty_instances_bursts_is_no_growth() {
         // 10.5/s held back: a window that caught one burst more than the
         // last. Growth "a tenth past the most measured" (9.9/s) doubled
-        // again here, to 22.5/s, and the grant fell back a period later.
+        // again here, to 20.25/s, and the grant fell back a period later.
         let mut trial = judged_bursty();
         assert_eq!(
-            trial.next(Rate(10_500), Rate(11_250), true),
-            (Rate(13_125), false)
+            trial.next(Rate(10_500), Rate(10_125), true),
+            (Rate(11_812), false, false)
         );
     }
 
@@ -231,7 +246,21 @@ mod tests {
         let mut trial = judged_bursty();
         assert_eq!(
             trial.next(per_s(12), Rate(11_250), true),
-            (Rate(22_500), true)
+            (Rate(22_500), true, false)
+        );
+    }
+
+    #[test]
+    fn a_second_held_back_window_in_a_row_is_flagged_again() {
+        let mut trial = Trial::default();
+        assert_eq!(
+            trial.next(per_s(8), per_s(8), true),
+            (per_s(16), true, false)
+        );
+        // The doubling was not granted: held back again.
+        assert_eq!(
+            trial.next(per_s(8), per_s(10), true),
+            (per_s(20), true, true)
         );
     }
 }

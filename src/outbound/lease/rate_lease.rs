@@ -96,9 +96,10 @@ use crate::ConfigError;
 /// asked at least nine tenths of the grant (fewer, with such waits, is a
 /// queue draining or bursts). Callers that queue and wait then attempt
 /// about as fast as the grant lets them, so the count understates what
-/// they want. Such a window reports at least twice the grant, flagged: other
-/// instances' targets count it as twice that report (at most `R`), room for
-/// its next doubling, and its own grant at most doubles per refresh. It
+/// they want. Such a window reports at least twice the grant; the second
+/// such window in a row is flagged: other instances' targets count it as
+/// twice that report (at most `R`), room for its next doubling, and its own
+/// grant at most doubles per refresh. It
 /// never reports less than it reported last time: a grant below that is no
 /// sign that it needs less (a newcomer's first grant is next to nothing
 /// while the others' older grants run out, and its callers, told to wait
@@ -113,7 +114,7 @@ use crate::ConfigError;
 /// figure. A doubling that was granted (the grant rose by half) and whose
 /// next window used less than three quarters of it shows that the waits
 /// came from bursts, not from the grant: the instance then reports its
-/// measured rate and a quarter, unflagged, until its attempts reach three
+/// measured rate and an eighth, unflagged, until its attempts reach three
 /// quarters of the doubled grant (a window that holds more of its bursts
 /// than the last is no growth). A grant asked for by a guess or a
 /// doubling that the next measure finds larger than needed is given back at
