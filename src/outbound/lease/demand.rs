@@ -182,15 +182,15 @@ impl Trial {
             let counted = from_measured.0 > 0 && measured.0 > 0;
             let used = at_least(measured.0, grant.0, USED_AFTER_DOUBLING);
             if granted && counted && !used {
-                self.bursty_at = Some(Rate(scaled(grant.0, USED_AFTER_DOUBLING)));
+                self.bursty_until = Some(Rate(scaled(grant.0, USED_AFTER_DOUBLING)));
             }
         }
         // Bursts until the attempts reach what would have used the doubling:
         // a window with more of the bursts than the last is no growth.
-        if self.bursty_at.is_some_and(|until| measured >= until) {
-            self.bursty_at = None;
+        if self.bursty_until.is_some_and(|until| measured >= until) {
+            self.bursty_until = None;
         }
-        if self.bursty_at.is_some() {
+        if self.bursty_until.is_some() {
             return (
                 Rate(measured.0.saturating_add(measured.0 / 8)),
                 false,

@@ -52,7 +52,7 @@ pub(super) struct Trial {
     /// A doubling was granted and its attempts used less than three
     /// quarters of it: the waits come from bursts, not from a lack of rate,
     /// until the attempts reach this rate (those three quarters).
-    pub(super) bursty_at: Option<Rate>,
+    pub(super) bursty_until: Option<Rate>,
 }
 
 #[derive(Debug)]
