@@ -1451,7 +1451,8 @@ async fn scaled(from: usize, to: usize) {
 /// seconds since `t0` and the key's hash as `HGETALL` gives it (per
 /// instance its demand, flag and grant steps; `lease.lua` has the format),
 /// then a line `s=<seconds> <sent> ...`: each instance's first attempts sent
-/// so far, in instance order.
+/// so far, in instance order (`-` for one that did not answer, such as a
+/// stopped one).
 async fn trace_grants(fleet: &Fleet, t0: Instant, duration: Duration, path: &std::ffi::OsStr) {
     let mut out = String::new();
     let end = Instant::now() + duration;
@@ -1463,15 +1464,13 @@ async fn trace_grants(fleet: &Fleet, t0: Instant, duration: Duration, path: &std
         }
         let mut sent = Vec::new();
         for url in fleet.urls.iter() {
-            sent.push(attempts_sent(&fleet.client, url).await);
+            let count = attempts_sent(&fleet.client, url).await;
+            sent.push(count.map_or_else(|| "-".to_owned(), |n| n.to_string()));
         }
         out.push_str(&format!(
             "s={:.2} {}\n",
             t0.elapsed().as_secs_f64(),
-            sent.iter()
-                .map(|n| n.to_string())
-                .collect::<Vec<_>>()
-                .join(" ")
+            sent.join(" ")
         ));
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
@@ -1479,18 +1478,24 @@ async fn trace_grants(fleet: &Fleet, t0: Instant, duration: Duration, path: &std
 }
 
 /// The first attempts `url`'s instance has sent to the dependency (its
-/// `/metrics`), or 0 when it cannot be read.
-async fn attempts_sent(client: &reqwest::Client, url: &str) -> u64 {
-    let Ok(answer) = client.get(format!("{url}/metrics")).send().await else {
-        return 0;
-    };
-    let text = answer.text().await.unwrap_or_default();
-    text.lines()
+/// `/metrics`), or `None` when it does not answer.
+async fn attempts_sent(client: &reqwest::Client, url: &str) -> Option<u64> {
+    let text = client
+        .get(format!("{url}/metrics"))
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    let sent = text
+        .lines()
         .filter(|l| {
             l.starts_with("tower_admission_dependency_attempts_total") && l.contains("normal")
         })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64
+        .sum::<f64>();
+    Some(sent as u64)
 }
 
 #[test]
