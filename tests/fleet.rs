@@ -1358,7 +1358,11 @@ async fn scaled(from: usize, to: usize) {
     };
     let mut fleet = Fleet::start_with(&tag, from, EXPECTED_INSTANCES, options).await;
     let largest = from.max(to);
-    let stay = Load::uneven(&fleet, 0..from.min(to), largest);
+    // The instances that stay carry the saturating load of a fleet of
+    // `to` from the start: after a scale-down, the leavers' users are
+    // theirs (one batch in flight per saturating instance of 40 would not
+    // keep a fifth of them saturated).
+    let stay = Load::uneven(&fleet, 0..from.min(to), to);
     let mut extra = (from > to).then(|| Load::uneven(&fleet, to..from, largest));
     tokio::time::sleep(WARM_UP).await;
     fleet.reset_stats().await;

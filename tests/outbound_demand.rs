@@ -412,7 +412,8 @@ impl Uneven {
 
 /// Sends per second of `from` instances under uneven demand (the light ones
 /// sending a batch every `light_every_ms`) for 60 s, with instances
-/// `from..to` joining at 30 s.
+/// `from..to` joining at 30 s, or `to..from` leaving then (their leases
+/// released, as a scale-down's SIGTERM releases them).
 async fn uneven_sends(from: usize, to: usize, light_every_ms: u64) -> Vec<u64> {
     let server = RedisServer::start();
     let clock = ManualClock::new(Duration::from_micros(START));
@@ -429,6 +430,9 @@ async fn uneven_sends(from: usize, to: usize, light_every_ms: u64) -> Vec<u64> {
                 fleet
                     .nodes
                     .push(Through::new(&shared, &clock, &format!("node{i}")));
+            }
+            for gone in fleet.nodes.split_off(to.min(from)) {
+                gone.lease.release().await.unwrap();
             }
         }
         this_second += fleet.tick(t).await;
@@ -478,17 +482,39 @@ async fn thirty_instances_joining_ten_under_uneven_demand_use_the_budget_two_lea
 }
 
 #[tokio::test]
-#[ignore = "a known gap, docs/design-notes.md (Not built yet): rare bursts"]
+#[ignore = "a known gap, docs/design-notes.md (Not built yet): a bursty instance granted exactly its need"]
+async fn thirty_instances_leaving_forty_under_uneven_demand_use_the_budget_two_lease_lengths_later()
+{
+    // The 10 that stay (5 saturated, 5 bursty) take what the 30 released
+    // at their next call (200 a second from 33 s; at one doubling per call
+    // it was 146-168 until 41 s). It fails later: at 41 s four bursty
+    // instances granted exactly their 9.6/s look held back, ask twice
+    // that, and the saturated ones lower to leave it; two of the four are
+    // judged bursty at once, and the fleet sends 176-182 from 43 s to 49 s.
+    let per_second = uneven_sends(40, 10, 1_000).await;
+    println!("sends per second: {per_second:?}");
+    let lowest = per_second[40..].iter().min().copied().unwrap_or(0);
+    let most = per_second.iter().max().copied().unwrap_or(0);
+    assert!(most <= 286, "{per_second:?}");
+    assert!(
+        lowest >= 180,
+        "from 40 s on every second sends 90% of the 200/s of first attempts: {per_second:?}"
+    );
+}
+
+#[tokio::test]
 async fn thirty_instances_joining_ten_whose_light_ones_are_nearly_idle_use_the_budget_two_lease_lengths_later(
 ) {
     // As above, but the light instances send a batch every 6 s (their
-    // plans' quotas refuse the rest). It fails: a window of 4 s holds none,
-    // one or two of a light instance's bursts, so its measured demand
-    // swings, reads as growth, and its grant doubles and falls back every
-    // few periods; the fleet sends 140-205 a second after the join (10
-    // instances alone: 175-203). With the floor at a tenth of the fallback
-    // (2.4/s each among leases that expect 10, 48 of 240/s among 20 light
-    // ones) it was 136-207 and 171-202; at a fortieth it holds 12.
+    // plans' quotas refuse the rest). A window of 4 s holds none, one or
+    // two of a light instance's bursts, so its measured demand swings and
+    // reads as growth, and its grant rises and falls. The fleet sent
+    // 140-205 a second after the join. A caller refused while its lease's
+    // refresh was due was told the wait its current rate gave, however
+    // long (minutes at a sliver of a grant). With no wait past
+    // `retry_every` while a refresh is due, and nothing else changed, the
+    // fleet sends at least 186 a second; 180 now that those held back
+    // twice in a row keep no room for one another.
     let per_second = uneven_sends(10, 40, 6_000).await;
     println!("sends per second: {per_second:?}");
     let lowest = per_second[40..].iter().min().copied().unwrap_or(0);

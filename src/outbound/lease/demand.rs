@@ -21,9 +21,14 @@ pub(super) const MEASURED: u8 = 0;
 /// A guessed demand: other instances' targets count it as the whole budget.
 pub(super) const GUESS: u8 = 1;
 
-/// A demand held back by its grant: other instances' targets count it as
-/// twice itself, at most the whole budget.
+/// A demand held back by its grant twice in a row: other instances'
+/// targets count it as twice itself, at most the whole budget.
 pub(super) const HELD_BACK_FLAG: u8 = 2;
+
+/// A demand held back by its grant once (the window before was not): other
+/// instances' targets count it as measured; it shares what no demand asks
+/// with the ones held back twice.
+pub(super) const HELD_ONCE: u8 = 3;
 
 /// What one attempt asks of the lease, counted toward the demand on its
 /// first look only.
@@ -73,7 +78,7 @@ impl State {
     /// The flag says how others' targets count the demand: as measured, as
     /// the whole budget (a guess) or as twice itself (held back).
     pub(super) fn take_demand(&mut self, x: Timestamp, cfg: &Settings) -> (Rate, u8) {
-        let mut held = false;
+        let mut held = None;
         let measured = if self.mode_at(x) != Mode::Granted {
             self.guessing = true;
             self.unmeasured = true;
@@ -109,11 +114,11 @@ impl State {
                     if doubled {
                         // Held back, it wants at least twice its grant, and
                         // no less than it asked for last time: a grant below
-                        // that is no sign that it needs less. Flagged (room
-                        // for its next doubling in the others' targets) when
-                        // held back twice in a row: a single held-back
-                        // window is as often a burst as growth.
-                        held = again;
+                        // that is no sign that it needs less. Flagged as
+                        // held back twice in a row (room for its next
+                        // doubling in the others' targets) or once: a single
+                        // held-back window is as often a burst as growth.
+                        held = Some(again);
                         demand.max(self.demand)
                     } else {
                         demand
@@ -125,12 +130,11 @@ impl State {
         };
         let demand = measured.max(cfg.min_demand).min(cfg.rate);
         self.demand = demand;
-        let flag = if self.guessing {
-            GUESS
-        } else if held {
-            HELD_BACK_FLAG
-        } else {
-            MEASURED
+        let flag = match (self.guessing, held) {
+            (true, _) => GUESS,
+            (false, Some(true)) => HELD_BACK_FLAG,
+            (false, Some(false)) => HELD_ONCE,
+            (false, None) => MEASURED,
         };
         (demand, flag)
     }

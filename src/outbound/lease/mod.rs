@@ -47,7 +47,7 @@ pub(crate) use demand::Asked;
 pub use error::LeaseError;
 pub use rate::Rate;
 pub use rate_lease::RateLease;
-pub(crate) use schedule::{cap_at_refresh, Schedule};
+pub(crate) use schedule::Schedule;
 pub use status::LeaseStatus;
 use status::Mode;
 pub use store::LeaseStore;

@@ -96,10 +96,14 @@ use crate::ConfigError;
 /// asked at least nine tenths of the grant (fewer, with such waits, is a
 /// queue draining or bursts). Callers that queue and wait then attempt
 /// about as fast as the grant lets them, so the count understates what
-/// they want. Such a window reports at least twice the grant; the second
-/// such window in a row is flagged: other instances' targets count it as
-/// twice that report (at most `R`), room for its next doubling, and its own
-/// grant at most doubles per refresh. It
+/// they want. Such a window reports at least twice the grant, flagged as
+/// held back once or, the second such window in a row, twice. Other
+/// instances' targets count one held back twice as twice its report (at
+/// most `R`), room for its next doubling, unless they are held back twice
+/// too. Held back twice, an instance may also take its part of what no
+/// demand asks, shared with every other held-back one, up to twice its
+/// report: the share that others leave (a scale-down) is taken at the next
+/// call, not one doubling per refresh. It
 /// never reports less than it reported last time: a grant below that is no
 /// sign that it needs less (a newcomer's first grant is next to nothing
 /// while the others' older grants run out, and its callers, told to wait
@@ -227,8 +231,8 @@ impl<C: Clock> RateLease<C> {
     /// [`max_cost`](super::RateLeaseBuilder::max_cost), or a released lease, is
     /// refused with `Duration::MAX`. No wait runs past a refresh that is due
     /// later, which may change the rate: a caller told to wait until then looks
-    /// again then. While a refresh is overdue or in flight, the wait is the one
-    /// the current rate gives.
+    /// again then. While a refresh is overdue or in flight, no wait runs past
+    /// [`retry_every`](super::RateLeaseBuilder::retry_every).
     pub fn try_acquire_at(&self, cost: u64, now: Duration) -> Result<(), Duration> {
         self.acquire_counting(cost, Asked::Cost(cost), Timestamp::from_duration(now))
     }
@@ -267,7 +271,7 @@ impl<C: Clock> RateLease<C> {
             return Err(wait);
         }
         let micros = s.bucket.wait_us(cost, u128::from(rate.0));
-        let wait = cap_at_refresh(micros, s.next_refresh, now);
+        let wait = cap_at_refresh(micros, s.next_refresh, now, cfg.retry_us);
         s.note_wait(now, wait);
         Err(Duration::from_micros(wait))
     }

@@ -6,11 +6,17 @@ use super::Rate;
 use crate::clock::Timestamp;
 
 /// `wait_us`, at least 1, but never past `next_refresh` when that is after
-/// `now`: the refresh may change the rate the wait was computed at.
-pub(crate) fn cap_at_refresh(wait_us: u64, next_refresh: Timestamp, now: Timestamp) -> u64 {
+/// `now`, nor past `retry_us` when it is not (a refresh due or in flight):
+/// the refresh may change the rate the wait was computed at.
+pub(crate) fn cap_at_refresh(
+    wait_us: u64,
+    next_refresh: Timestamp,
+    now: Timestamp,
+    retry_us: u64,
+) -> u64 {
     let wait = wait_us.max(1);
     match next_refresh.0.saturating_sub(now.0) {
-        0 => wait,
+        0 => wait.min(retry_us.max(1)),
         until => wait.min(until),
     }
 }

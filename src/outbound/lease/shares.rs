@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::schedule::Schedule;
+use super::schedule::{cap_at_refresh, Schedule};
 use super::{Asked, Rate, RateLease};
 use crate::clock::{Clock, Timestamp};
 use crate::outbound::bucket::whole;
@@ -39,6 +39,13 @@ impl<C: Clock> RateLease<C> {
             .state
             .lock()
             .wait_without_rate(now, &self.inner.settings())
+    }
+
+    /// `wait_us` at `now`, capped as the lease's own waits are: never past
+    /// the next refresh, nor past `retry_every` while one is due.
+    pub(crate) fn cap_wait(&self, wait_us: u64, now: Timestamp) -> u64 {
+        let next_refresh = self.inner.state.lock().next_refresh;
+        cap_at_refresh(wait_us, next_refresh, now, self.inner.settings().retry_us)
     }
 
     /// Counts `asked` toward the demand of an attempt that a caller refused

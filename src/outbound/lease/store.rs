@@ -64,8 +64,8 @@ pub(super) struct Args {
     /// The calling lease's life (0 for a snapshot).
     pub(super) life: u64,
     pub(super) demand: Rate,
-    /// How others count the demand: `MEASURED`, `GUESS` or
-    /// `HELD_BACK_FLAG`.
+    /// How others count the demand: `MEASURED`, `GUESS`, `HELD_BACK_FLAG`
+    /// or `HELD_ONCE`.
     pub(super) flag: u8,
     pub(super) budget: Rate,
     pub(super) lease_us: u64,

@@ -8,7 +8,7 @@ use parking_lot::Mutex;
 
 use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::outbound::budget::Counters;
-use crate::outbound::lease::{cap_at_refresh, Asked};
+use crate::outbound::lease::Asked;
 use crate::outbound::{
     Attempt, AttemptBudget, BudgetError, BudgetShares, BudgetStats, Rate, RateLease,
 };
@@ -300,11 +300,7 @@ impl<C: Clock> LeasedBudget<C> {
                 lease.note_held_back(asked, now, crate::clock::duration_to_micros(wait));
                 wait
             } else {
-                let micros = cap_at_refresh(
-                    bucket.bucket.wait_us(cost, rate),
-                    Timestamp::from_duration(lease.status_at(now.as_duration()).next_refresh),
-                    now,
-                );
+                let micros = lease.cap_wait(bucket.bucket.wait_us(cost, rate), now);
                 lease.note_held_back(asked, now, micros);
                 Duration::from_micros(micros)
             };

@@ -30,7 +30,8 @@
 -- ARGV[1]: 'g' (grant), 'r' (release) or 's' (snapshot, read only).
 -- ARGV[2]: the instance id.
 -- ARGV[3]: its demand (milli-units/s); ARGV[4]: 1 if that demand is a guess
--- (nothing measured yet), 2 if held back by its grant, else 0; ARGV[5]: the
+-- (nothing measured yet), 2 if held back by its grant twice in a row, 3 if
+-- once, else 0; ARGV[5]: the
 -- budget R (milli-units/s);
 -- ARGV[6]: the lease length L (µs).
 -- ARGV[7], ARGV[8]: the grant the instance holds by its own account (rate,
@@ -87,8 +88,11 @@
 -- Another instance's guessed demand counts as R when the caller's target is
 -- computed: a guess must not let the caller take what that instance may
 -- need, since capacity once granted is stranded for a lease length. A
--- held-back one counts as twice itself, at most R: room for its next
--- doubling, without stranding the rest.
+-- one held back twice in a row counts as twice itself, at most R: room for
+-- its next doubling, without stranding the rest; but as it asks when the
+-- caller is held back twice in a row too (no room kept for one another).
+-- Such a caller may also take its own room at once from what no demand
+-- asks (see the rule at `want`).
 --
 -- 'g' returns { grant, expiry, now, recheck, target, live, 0, E }: the grant rate
 -- and its expiry (µs), the script's time, and, when the grant is below the
@@ -364,12 +368,31 @@ elseif aimd ~= nil then
   redis.call('HSET', key, '_a', string.format('%d,%d,%d', aimd[1], aimd[2], aimd[3]))
 end
 
--- Max-min fair water level over the live demands, sharing E (nil: every
--- demand fits), another instance's guessed demand counted as E, a held-back
--- one as twice itself.
+-- The max-min fair water level over the demands `eff` of the live
+-- instances, sharing E (nil: every demand fits).
+local function level(eff)
+  local order = {}
+  for _, f in ipairs(ids) do order[#order + 1] = f end
+  table.sort(order, function(a, b) return eff[a] < eff[b] end)
+  local remaining = E
+  for k, f in ipairs(order) do
+    local share = idiv(remaining, #order - k + 1)
+    if eff[f] <= share then
+      remaining = remaining - eff[f]
+    else
+      return share
+    end
+  end
+  return nil
+end
+
+-- The targets: the water level over the live demands, another instance's
+-- guessed demand counted as E, one held back twice in a row as twice
+-- itself (room for its next doubling), except by a caller held back twice
+-- in a row too: among those, each counts as it asks.
 local eff = {}
 for _, f in ipairs(ids) do
-  if f == me or flags[f] == 0 then
+  if f == me or flags[f] == 0 or flags[f] == 3 or (flags[f] == 2 and flag == 2) then
     eff[f] = math.min(E, dem[f])
   elseif flags[f] == 2 then
     eff[f] = math.min(E, 2 * dem[f])
@@ -377,30 +400,48 @@ for _, f in ipairs(ids) do
     eff[f] = E
   end
 end
-local order = {}
-for _, f in ipairs(ids) do order[#order + 1] = f end
-table.sort(order, function(a, b) return eff[a] < eff[b] end)
-local lambda = nil
-local remaining = E
-for k, f in ipairs(order) do
-  local share = idiv(remaining, #order - k + 1)
-  if eff[f] <= share then
-    remaining = remaining - eff[f]
-  else
-    lambda = share
-    break
-  end
-end
+local lambda = level(eff)
 local function target(f)
   if lambda ~= nil and eff[f] > lambda then return lambda end
   return eff[f]
+end
+
+-- A caller held back twice in a row may also take, up to twice its
+-- demand (the room the others' targets keep for it), its part of what no
+-- demand asks (each counted once, a guess as E), shared with every other
+-- instance held back (once or twice), and at most the water level at
+-- which all their demands are unbounded: what instances leave (scaled
+-- down, or quieter) goes to the ones held back by their next calls, not
+-- one doubling per call.
+local want = target(me)
+if flag == 2 then
+  local asked, growers, open = 0, 0, {}
+  for _, f in ipairs(ids) do
+    if flags[f] == 1 and f ~= me then
+      asked = asked + E
+    else
+      asked = asked + math.min(E, dem[f])
+    end
+    if flags[f] == 2 or flags[f] == 3 then
+      growers = growers + 1
+      open[f] = E
+    else
+      open[f] = eff[f]
+    end
+  end
+  if asked < E then
+    local more = math.min(2 * dem[me], dem[me] + idiv(E - asked, growers))
+    local cap = level(open)
+    if cap ~= nil and more > cap then more = cap end
+    if more > E then more = E end
+    if more > want then want = more end
+  end
 end
 
 local others = 0
 for _, f in ipairs(ids) do
   if f ~= me then others = others + commit(steps[f], now) end
 end
-local want = target(me)
 local grant = budget - others
 if grant > want then grant = want end
 if lowered > 0 and grant > lowered then grant = lowered end
