@@ -25,8 +25,10 @@ pub(crate) struct InstanceGrant {
     /// The demand it last reported.
     pub demand: Rate,
     /// Whether that demand was a guess (its first refresh, nothing measured
-    /// yet) or held back by its grant. Others' targets count a guess as the
-    /// whole budget and a held-back demand as twice itself, at most that.
+    /// yet) or held back by its grant (once, or twice in a row). Others'
+    /// targets count a guess as the whole budget, and a demand held back
+    /// twice in a row as twice itself, at most that, unless they are held
+    /// back twice in a row too.
     pub guessed: bool,
     /// The grants it may still be spending, by expiry, rates decreasing; the
     /// last one is its latest grant.
