@@ -1192,23 +1192,9 @@ fn budget_redis_killed_then_restarted() {
 async fn retries_admitted(fleet: &Fleet) -> u64 {
     let mut sum = 0;
     for url in fleet.urls.iter() {
-        let text = fleet
-            .client
-            .get(format!("{url}/metrics"))
-            .send()
+        sum += attempts_sent(&fleet.client, url, "retry")
             .await
-            .expect("GET /metrics")
-            .text()
-            .await
-            .expect("metrics text");
-        sum += text
-            .lines()
-            .filter(|l| {
-                l.starts_with("tower_admission_dependency_attempts_total{")
-                    && l.contains("share=\"retry\"")
-            })
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum::<f64>() as u64;
+            .expect("GET /metrics");
     }
     sum
 }
@@ -1468,7 +1454,7 @@ async fn trace_grants(fleet: &Fleet, t0: Instant, duration: Duration, path: &std
         }
         let mut sent = Vec::new();
         for url in fleet.urls.iter() {
-            let count = attempts_sent(&fleet.client, url).await;
+            let count = attempts_sent(&fleet.client, url, "normal").await;
             sent.push(count.map_or_else(|| "-".to_owned(), |n| n.to_string()));
         }
         out.push_str(&format!(
@@ -1481,9 +1467,10 @@ async fn trace_grants(fleet: &Fleet, t0: Instant, duration: Duration, path: &std
     std::fs::write(path, out).expect("write FLEET_TRACE");
 }
 
-/// The first attempts `url`'s instance has sent to the dependency (its
-/// `/metrics`), or `None` when it does not answer.
-async fn attempts_sent(client: &reqwest::Client, url: &str) -> Option<u64> {
+/// The attempts of share `share` (`normal` or `retry`) that `url`'s
+/// instance has sent to the dependency (its `/metrics`), or `None` when it
+/// does not answer.
+async fn attempts_sent(client: &reqwest::Client, url: &str, share: &str) -> Option<u64> {
     let text = client
         .get(format!("{url}/metrics"))
         .send()
@@ -1492,10 +1479,11 @@ async fn attempts_sent(client: &reqwest::Client, url: &str) -> Option<u64> {
         .text()
         .await
         .ok()?;
+    let label = format!("share=\"{share}\"");
     let sent = text
         .lines()
         .filter(|l| {
-            l.starts_with("tower_admission_dependency_attempts_total") && l.contains("normal")
+            l.starts_with("tower_admission_dependency_attempts_total{") && l.contains(&label)
         })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum::<f64>();
