@@ -55,7 +55,7 @@ impl Micros for Duration {
 }
 
 // Crate-private: the grant table as the script counts it.
-use super::GrantTable;
+use super::{Asked, GrantTable};
 
 /// The budget, per second.
 const R: u64 = 240;
@@ -117,6 +117,9 @@ struct Node {
     /// head alone tries, again once the wait it was told has passed, instead
     /// of dropping a refused attempt.
     queued: bool,
+    /// A queued attempt counts toward the demand when it arrives, as the
+    /// budget's layer counts it, instead of at each look at the head.
+    counted_on_arrival: bool,
     /// Queued attempts not sent yet.
     backlog: u64,
     /// The head of the queue tries again at this fleet time (µs).
@@ -237,6 +240,7 @@ impl Fleet {
             acc: 0,
             random: None,
             queued: false,
+            counted_on_arrival: false,
             backlog: 0,
             retry_at: 0,
             alive: true,
@@ -287,12 +291,21 @@ impl Fleet {
             for _ in 0..arrived {
                 if node.queued {
                     node.backlog += 1;
+                    if node.counted_on_arrival {
+                        node.lease.note_demand(Asked::Cost(1));
+                    }
                 } else if node.lease.try_acquire(1).is_ok() {
                     node.sends.push(now);
                 }
             }
             while node.queued && node.backlog > 0 && node.retry_at <= now {
-                match node.lease.try_acquire(1) {
+                let looked = if node.counted_on_arrival {
+                    node.lease
+                        .acquire_counting(1, Asked::Nothing, node.lease.now())
+                } else {
+                    node.lease.try_acquire(1)
+                };
+                match looked {
                     Ok(()) => {
                         node.backlog -= 1;
                         node.sends.push(now);
@@ -715,6 +728,65 @@ async fn an_instance_whose_demand_fits_its_grant_reports_its_measured_demand() {
         fleet.nodes[big].status().grant,
         Rate::from_milli(232_000),
         "big reached the rest, 232/s, in two refreshes held back twice in a row"
+    );
+}
+
+#[tokio::test]
+async fn a_guess_carried_over_a_zero_grant_is_measured_a_quarter_period_after_its_first_grant() {
+    // "big" holds the whole budget, its callers always backlogged; "small"
+    // joins at 100 ms with its guess (6/s) and a zero grant: its callers, a
+    // batch of 8 then 2 a second, counted as they arrive (as the budget's
+    // layer counts them), wait for its next refresh, which carries its ask
+    // over (a count at a zero grant says nothing). Once granted, it
+    // measures its 2/s a quarter period later, as a guess is, and gives the
+    // surplus back.
+    let server = RedisServer::start();
+    let redis = ManualClock::new(Duration::from_micros(START));
+    let shared = store(&server, Some(&redis));
+    let mut fleet = Fleet::new(redis.clone(), shared.clone(), 40);
+    let big = fleet.join(&shared, "big", 1_000, 0, |b| {
+        b.initial_demand(Rate::per_second(R))
+    });
+    fleet.nodes[big].queued = true;
+    fleet.tick(0).await;
+    fleet.run_until(100 * MS, MS).await;
+    let small = fleet.join(&shared, "small", 2, 0, |b| b);
+    fleet.nodes[small].queued = true;
+    fleet.nodes[small].counted_on_arrival = true;
+    // A batch of 8 calls arrives with it.
+    for _ in 0..8 {
+        fleet.nodes[small].lease.note_demand(Asked::Cost(1));
+    }
+    fleet.nodes[small].backlog = 8;
+    fleet.tick(0).await;
+    let mut reports = Vec::new();
+    let mut last_refresh = Duration::ZERO;
+    while fleet.t < 9_500 * MS {
+        fleet.tick(MS).await;
+        let s = fleet.nodes[small].status();
+        if s.next_refresh != last_refresh {
+            last_refresh = s.next_refresh;
+            reports.push((fleet.t / MS, s.demand.as_milli(), s.grant.as_milli()));
+        }
+    }
+    // (ms, small's demand, its grant), at each of small's refreshes.
+    assert_eq!(
+        reports,
+        [
+            (101, 6_000, 0),
+            (1_100, 10_000, 0),
+            (5_000, 10_000, 10_000),
+            (6_000, 2_000, 2_000)
+        ],
+        "small measures the batch and its arrivals (10/s) but is held back by a zero grant: \
+         it asks the most of its guess and its count until granted, when big's first grant \
+         expires; a second later it measures its 2/s and lowers its grant (it held 10/s until \
+         9 s before)"
+    );
+    assert_eq!(
+        fleet.nodes[big].status().grant,
+        Rate::from_milli(R_MILLI - 2_500),
+        "big, refreshed at 9 s, takes what small gave back: all but its measure and a quarter"
     );
 }
 

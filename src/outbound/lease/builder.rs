@@ -297,6 +297,7 @@ impl<C: Clock> RateLeaseBuilder<C> {
             pushback_woke: Timestamp(0),
             calls: 0,
             unmeasured: true,
+            carried: false,
         };
         // Registered at their resting values, so a dashboard shows them
         // before the first pushback.

@@ -108,8 +108,10 @@ impl State {
                     // the next refresh, so the count says nothing; it wants
                     // what it asked for last time, as it asked it.
                     self.unmeasured = self.demand > measured;
+                    self.carried = self.unmeasured;
                     measured.max(self.demand)
                 } else {
+                    self.carried = false;
                     let (demand, doubled, again) = self.trial.next(measured, self.grant, waited);
                     self.unmeasured = doubled;
                     if doubled {

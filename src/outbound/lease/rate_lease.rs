@@ -110,7 +110,8 @@ use crate::ConfigError;
 /// for the next refresh, attempt little: it keeps asking for its guess, and
 /// gets it when those grants expire, instead of doubling from `min_demand`
 /// once per refresh). A held-back window at a zero grant reports that
-/// figure unflagged. Not counted as `R`, as a guess is: a small held-back
+/// figure unflagged, and its first grant is measured a quarter period
+/// later, as a guess's is. Not counted as `R`, as a guess is: a small held-back
 /// instance would strand the difference for every other one. Not reported
 /// as `R`: after Redis restarts empty, the first instance back would be
 /// granted all of it while the others still spend their grants. Waits

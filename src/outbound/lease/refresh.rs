@@ -139,10 +139,11 @@ impl<C: Clock> RateLease<C> {
                 s.id_taken = false;
                 let cap = cfg.capacity(s.rate_at(recv, cfg));
                 s.bucket.cap(cap);
-                // A guess is followed a quarter period later by a measure;
-                // while pushback lowers the budget, every refresh is, so
-                // that grants follow it within about a second.
-                let period = if s.guessing || s.effective < cfg.rate {
+                // A guess, or an ask carried over a zero grant, is followed
+                // a quarter period later by a measure; while pushback lowers
+                // the budget, every refresh is, so that grants follow it
+                // within about a second.
+                let period = if s.guessing || s.carried || s.effective < cfg.rate {
                     cfg.refresh_us / 4
                 } else {
                     cfg.refresh_us

@@ -91,6 +91,9 @@ pub(super) struct State {
     /// The demand last reported is no measurement: a guess, a doubling
     /// while held back, or an ask carried over a zero grant.
     pub(super) unmeasured: bool,
+    /// The demand last reported was carried over a zero grant: its first
+    /// grant is measured a quarter period later, as a guess's is.
+    pub(super) carried: bool,
     pub(super) target: Rate,
     pub(super) next_refresh: Timestamp,
     pub(super) failures: u32,
