@@ -55,6 +55,8 @@ impl Micros for Duration {
 }
 
 // Crate-private: the grant table as the script counts it.
+use super::demand::{HELD_BACK_FLAG, HELD_ONCE, MEASURED};
+use super::store::Args;
 use super::{Asked, GrantTable};
 
 /// The budget, per second.
@@ -787,6 +789,61 @@ async fn a_guess_carried_over_a_zero_grant_is_measured_a_quarter_period_after_it
         fleet.nodes[big].status().grant,
         Rate::from_milli(R_MILLI - 2_500),
         "big, refreshed at 9 s, takes what small gave back: all but its measure and a quarter"
+    );
+}
+
+#[tokio::test]
+async fn a_window_held_back_once_does_not_lower_the_others_targets_until_it_is_held_back_again() {
+    // "light" holds 9.6/s, its need, and one window of its bursts is held
+    // back: it asks twice that, flagged held back once. "big", saturated,
+    // keeps its target (others count light at half its ask, what it holds);
+    // only light's second such window in a row takes room from big's.
+    let server = RedisServer::start();
+    let redis = ManualClock::new(Duration::from_micros(START));
+    let shared = store(&server, Some(&redis));
+    let key = shared.key(BUDGET);
+    let call = |id: &'static str, life: u64, demand: u64, flag: u8| {
+        let shared = shared.clone();
+        let key = key.clone();
+        async move {
+            let args = Args {
+                op: "g",
+                life,
+                demand: Rate::from_milli(demand),
+                flag,
+                budget: Rate::per_second(R),
+                lease_us: L,
+                held: (Rate::ZERO, 0),
+                kept: (Rate::ZERO, 0),
+                pushed: false,
+                lowered: Rate::ZERO,
+                number: 0,
+            };
+            let reply = shared.grant(&key, id, &args).await.expect("grant call");
+            (reply.rate.as_milli(), reply.target.as_milli())
+        }
+    };
+    assert_eq!(call("light", 1, 9_600, MEASURED).await, (9_600, 9_600));
+    assert_eq!(call("big", 2, R_MILLI, MEASURED).await, (230_400, 230_400));
+    assert_eq!(
+        call("light", 1, 19_200, HELD_ONCE).await,
+        (9_600, 19_200),
+        "no room: big holds the rest"
+    );
+    assert_eq!(
+        call("big", 2, R_MILLI, MEASURED).await,
+        (230_400, 230_400),
+        "light held back once counts at half its ask, 9.6/s, what it holds"
+    );
+    assert_eq!(
+        call("light", 1, 19_200, HELD_BACK_FLAG).await,
+        (9_600, 19_200)
+    );
+    assert_eq!(
+        call("big", 2, R_MILLI, MEASURED).await,
+        (R_MILLI - 38_400, R_MILLI - 38_400),
+        "held back twice in a row, light counts as twice its ask: big is lowered (its older \
+         step stays counted until it expires)"
     );
 }
 

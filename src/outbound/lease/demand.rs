@@ -26,8 +26,8 @@ pub(super) const GUESS: u8 = 1;
 pub(super) const HELD_BACK_FLAG: u8 = 2;
 
 /// A demand held back by its grant once (the window before was not): other
-/// instances' targets count it as measured; it shares what no demand asks
-/// with the ones held back twice.
+/// instances' targets count it as half itself, about the grant it was held
+/// back at; it shares what no demand asks with the ones held back twice.
 pub(super) const HELD_ONCE: u8 = 3;
 
 /// What one attempt asks of the lease, counted toward the demand on its
@@ -120,9 +120,18 @@ impl State {
                         // that is no sign that it needs less. Flagged as
                         // held back twice in a row (room for its next
                         // doubling in the others' targets) or once: a single
-                        // held-back window is as often a burst as growth.
-                        held = Some(again);
-                        demand.max(self.demand)
+                        // held-back window is as often a burst as growth, so
+                        // others count that doubling at half, about what it
+                        // holds. An ask carried over from the last report
+                        // and above the doubling (a newcomer keeping its
+                        // guess) is no trial: unflagged, counted whole.
+                        let asked = demand.max(self.demand);
+                        held = match (again, asked == demand) {
+                            (true, _) => Some(true),
+                            (false, true) => Some(false),
+                            (false, false) => None,
+                        };
+                        asked
                     } else {
                         demand
                     }

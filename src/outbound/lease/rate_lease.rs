@@ -97,10 +97,12 @@ use crate::ConfigError;
 /// queue draining or bursts). Callers that queue and wait then attempt
 /// about as fast as the grant lets them, so the count understates what
 /// they want. Such a window reports at least twice the grant, flagged as
-/// held back once or, the second such window in a row, twice. Other
-/// instances' targets count one held back twice as twice its report (at
-/// most `R`), room for its next doubling, unless they are held back twice
-/// too. Held back twice, an instance may also take its part of what no
+/// held back once or, the second such window in a row, twice (an ask
+/// carried over from the last report, above the doubling, is unflagged).
+/// Other instances' targets count one held back once as half its report,
+/// about the grant it was held back at (one such window is as often a
+/// burst as growth), and one held back twice as twice its report (at most
+/// `R`), room for its next doubling, unless they are held back twice too. Held back twice, an instance may also take its part of what no
 /// demand asks, shared with every other held-back one, up to twice its
 /// report: the share that others leave (a scale-down) is taken at the next
 /// call, not one doubling per refresh. It

@@ -387,13 +387,17 @@ local function level(eff)
 end
 
 -- The targets: the water level over the live demands, another instance's
--- guessed demand counted as E, one held back twice in a row as twice
--- itself (room for its next doubling), except by a caller held back twice
--- in a row too: among those, each counts as it asks.
+-- guessed demand counted as E, one held back once as half itself (about
+-- the grant it was held back at: one such window is as often a burst as
+-- growth), one held back twice in a row as twice itself (room for its next
+-- doubling), except by a caller held back twice in a row too: among
+-- those, each counts as it asks.
 local eff = {}
 for _, f in ipairs(ids) do
-  if f == me or flags[f] == 0 or flags[f] == 3 or (flags[f] == 2 and flag == 2) then
+  if f == me or flags[f] == 0 or (flags[f] == 2 and flag == 2) then
     eff[f] = math.min(E, dem[f])
+  elseif flags[f] == 3 then
+    eff[f] = math.min(E, idiv(dem[f], 2))
   elseif flags[f] == 2 then
     eff[f] = math.min(E, 2 * dem[f])
   else
