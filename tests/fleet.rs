@@ -81,6 +81,7 @@ use tokio::task::JoinSet;
 
 use tower_admission::outbound::LeaseStore;
 
+use support::process::{metrics_text, sample_sum};
 use support::{client_command_calls, command_calls, free_port, RedisServer};
 
 /// The dependency budget, calls per second, first attempts and retries.
@@ -1471,23 +1472,14 @@ async fn trace_grants(fleet: &Fleet, t0: Instant, duration: Duration, path: &std
 /// instance has sent to the dependency (its `/metrics`), or `None` when it
 /// does not answer.
 async fn attempts_sent(client: &reqwest::Client, url: &str, share: &str) -> Option<u64> {
-    let text = client
-        .get(format!("{url}/metrics"))
-        .send()
-        .await
-        .ok()?
-        .text()
-        .await
-        .ok()?;
+    let text = metrics_text(client, url).await?;
     let label = format!("share=\"{share}\"");
-    let sent = text
-        .lines()
-        .filter(|l| {
-            l.starts_with("tower_admission_dependency_attempts_total{") && l.contains(&label)
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>();
-    Some(sent as u64)
+    let sent = sample_sum(
+        &text,
+        "tower_admission_dependency_attempts_total",
+        &[&label],
+    );
+    Some(sent.unwrap_or(0.0) as u64)
 }
 
 #[test]

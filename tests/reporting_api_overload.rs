@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use reqwest::Client;
 use serde_json::{json, Value};
-use support::process::{mock_dependency, reporting_api, Served};
+use support::process::{metrics_text, mock_dependency, reporting_api, Served};
 use support::TempDir;
 
 const FREE: [&str; 2] = ["demo-free", "demo-globex"]; // alice (acme), carol (globex): free
@@ -109,14 +109,9 @@ async fn json(client: &Client, method: reqwest::Method, url: String, body: Optio
 /// series of scope `dependency`, keyed `name{label=value,...}` with the
 /// labels sorted (scope left out).
 async fn dependency_metrics(client: &Client, api: &Served) -> BTreeMap<String, f64> {
-    let text = client
-        .get(format!("{}/metrics", api.url))
-        .send()
+    let text = metrics_text(client, &api.url)
         .await
-        .expect("GET /metrics")
-        .text()
-        .await
-        .expect("the metrics text");
+        .expect("GET /metrics and its text");
     let mut samples = BTreeMap::new();
     for line in text.lines() {
         let Some((series, value)) = line.rsplit_once(' ') else {

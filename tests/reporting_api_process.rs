@@ -19,7 +19,9 @@ use futures_util::future::join_all;
 use reqwest::header::HeaderMap;
 use reqwest::{Client, RequestBuilder};
 use serde_json::{json, Value};
-use support::process::{mock_dependency, proc_status_kib, reporting_api, Process, Served};
+use support::process::{
+    metrics_text, mock_dependency, proc_status_kib, reporting_api, sample_sum, Process, Served,
+};
 use support::TempDir;
 
 const FREE: &str = "demo-free"; // alice, plan free
@@ -444,22 +446,11 @@ async fn a_batch_of_100_items_makes_exactly_200_dependency_calls() {
     let concurrent = seen["max_concurrent"].as_u64().unwrap_or(u64::MAX);
     assert!((1..=5).contains(&concurrent), "{seen}");
     // The process's own /metrics counts the same attempts.
-    let text = client
-        .get(format!("{}/metrics", api.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let sample = |name: &str, labels: &[&str]| -> Option<f64> {
-        text.lines()
-            .filter(|l| l.starts_with(name) && labels.iter().all(|label| l.contains(label)))
-            .find_map(|l| l.rsplit(' ').next()?.parse().ok())
-    };
+    let text = metrics_text(&client, &api.url).await.expect("GET /metrics");
+    let sample = |name: &str, labels: &[&str]| sample_sum(&text, name, labels);
     assert_eq!(
         sample(
-            "tower_admission_dependency_attempts_total{",
+            "tower_admission_dependency_attempts_total",
             &["share=\"normal\""]
         ),
         Some(200.0),
@@ -467,7 +458,7 @@ async fn a_batch_of_100_items_makes_exactly_200_dependency_calls() {
     );
     assert_eq!(
         sample(
-            "tower_admission_quota_decisions_total{",
+            "tower_admission_quota_decisions_total",
             &["quota=\"requests-pro\"", "result=\"admitted\""]
         ),
         Some(1.0),

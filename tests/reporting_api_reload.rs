@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use reqwest::Client;
-use support::process::{reporting_api, Served};
+use support::process::{metrics_text, reporting_api, Served};
 use support::TempDir;
 
 /// The free plan's burst policy, as the shipped file spells it.
@@ -132,14 +132,7 @@ async fn admitted(client: &Client, served: &Served, key: &str, n: usize) -> usiz
 /// The value of the sample `name` (with its labels, as the text format
 /// writes them) on `/metrics`.
 async fn metric(client: &Client, served: &Served, name: &str) -> Option<f64> {
-    let text = client
-        .get(format!("{}/metrics", served.url))
-        .send()
-        .await
-        .ok()?
-        .text()
-        .await
-        .ok()?;
+    let text = metrics_text(client, &served.url).await?;
     text.lines()
         .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
 }

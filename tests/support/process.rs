@@ -237,3 +237,21 @@ pub async fn mock_dependency(args: &[&str]) -> Served {
 pub async fn reporting_api(args: &[String]) -> Served {
     serve("reporting_api", args, "/healthz").await
 }
+
+/// The text of `GET {url}/metrics` (the Prometheus format), or `None` when
+/// the process does not answer.
+pub async fn metrics_text(client: &reqwest::Client, url: &str) -> Option<String> {
+    let response = client.get(format!("{url}/metrics")).send().await.ok()?;
+    response.text().await.ok()
+}
+
+/// The sum of the samples of series `name` in `text` whose labels include
+/// each of `labels` (as the text writes them: `share="retry"`), or `None`
+/// when no sample does.
+pub fn sample_sum(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
+    let series = format!("{name}{{");
+    text.lines()
+        .filter(|l| l.starts_with(&series) && labels.iter().all(|label| l.contains(label)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .fold(None, |sum, value| Some(sum.unwrap_or(0.0) + value))
+}
