@@ -381,6 +381,27 @@ impl Fleet {
         self.spend_peak = self.spend_peak.max(granted + fallback);
     }
 
+    /// Runs in 1 ms ticks until `until` (µs), reading `read` after every
+    /// tick in which node `node` took in a reply (its next refresh moved).
+    async fn at_refreshes<T>(
+        &mut self,
+        node: usize,
+        until: u64,
+        read: impl Fn(&Fleet) -> T,
+    ) -> Vec<T> {
+        let mut seen = Vec::new();
+        let mut last_refresh = Duration::ZERO;
+        while self.t < until {
+            self.tick(MS).await;
+            let next = self.nodes[node].status().next_refresh;
+            if next != last_refresh {
+                last_refresh = next;
+                seen.push(read(self));
+            }
+        }
+        seen
+    }
+
     async fn run_until(&mut self, t: u64, dt: u64) {
         while self.t + dt <= t {
             self.tick(dt).await;
@@ -689,22 +710,17 @@ async fn an_instance_whose_demand_fits_its_grant_reports_its_measured_demand() {
     fleet.nodes[small].queued = true;
     fleet.nodes[big].queued = true;
     fleet.tick(0).await;
-    let mut reports = Vec::new();
-    let mut last_refresh = Duration::ZERO;
-    while fleet.t < 20 * SEC {
-        fleet.tick(MS).await;
-        let s = fleet.nodes[small].status();
-        if s.next_refresh != last_refresh {
-            last_refresh = s.next_refresh;
-            let b = fleet.nodes[big].status();
-            reports.push((
-                fleet.t / MS,
+    let reports = fleet
+        .at_refreshes(small, 20 * SEC, |f| {
+            let (s, b) = (f.nodes[small].status(), f.nodes[big].status());
+            (
+                f.t / MS,
                 s.demand.as_milli(),
                 s.grant.as_milli(),
                 b.demand.as_milli(),
-            ));
-        }
-    }
+            )
+        })
+        .await;
     // (ms, small's demand, its grant, big's demand), at each of small's refreshes.
     assert_eq!(
         reports[1..],
@@ -761,16 +777,12 @@ async fn a_guess_carried_over_a_zero_grant_is_measured_a_quarter_period_after_it
     }
     fleet.nodes[small].backlog = 8;
     fleet.tick(0).await;
-    let mut reports = Vec::new();
-    let mut last_refresh = Duration::ZERO;
-    while fleet.t < 9_500 * MS {
-        fleet.tick(MS).await;
-        let s = fleet.nodes[small].status();
-        if s.next_refresh != last_refresh {
-            last_refresh = s.next_refresh;
-            reports.push((fleet.t / MS, s.demand.as_milli(), s.grant.as_milli()));
-        }
-    }
+    let reports = fleet
+        .at_refreshes(small, 9_500 * MS, |f| {
+            let s = f.nodes[small].status();
+            (f.t / MS, s.demand.as_milli(), s.grant.as_milli())
+        })
+        .await;
     // (ms, small's demand, its grant), at each of small's refreshes.
     assert_eq!(
         reports,

@@ -89,44 +89,42 @@ use crate::ConfigError;
 /// must not take the whole budget); the next, a quarter period later,
 /// reports a measurement.
 ///
-/// A window is **held back** by its grant when, for at least three quarters
-/// of it, a refused attempt was still inside the wait it was told (for the
-/// bucket, or a [`LeasedBudget`](crate::outbound::LeasedBudget) share, to
-/// fill, or with no rate to spend, for the next refresh) and its attempts
-/// asked at least nine tenths of the grant (fewer, with such waits, is a
-/// queue draining or bursts). Callers that queue and wait then attempt
-/// about as fast as the grant lets them, so the count understates what
-/// they want. Such a window reports at least twice the grant, flagged as
-/// held back once or, the second such window in a row, twice (an ask
-/// carried over from the last report, above the doubling, is unflagged).
-/// Other instances' targets count one held back once as half its report,
-/// about the grant it was held back at (one such window is as often a
-/// burst as growth), and one held back twice as twice its report (at most
-/// `R`), room for its next doubling, unless they are held back twice too. Held back twice, an instance may also take its part of what no
-/// demand asks, shared with every other held-back one, up to twice its
-/// report: the share that others leave (a scale-down) is taken at the next
-/// call, not one doubling per refresh. It
-/// never reports less than it reported last time: a grant below that is no
-/// sign that it needs less (a newcomer's first grant is next to nothing
-/// while the others' older grants run out, and its callers, told to wait
-/// for the next refresh, attempt little: it keeps asking for its guess, and
-/// gets it when those grants expire, instead of doubling from `min_demand`
-/// once per refresh). A held-back window at a zero grant reports that
-/// figure unflagged, and its first grant is measured a quarter period
-/// later, as a guess's is. Not counted as `R`, as a guess is: a small held-back
-/// instance would strand the difference for every other one. Not reported
-/// as `R`: after Redis restarts empty, the first instance back would be
-/// granted all of it while the others still spend their grants. Waits
-/// shorter than that (an instance at or below its need) leave the measured
-/// figure. A doubling that was granted (the grant rose by half) and whose
-/// next window used less than three quarters of it shows that the waits
-/// came from bursts, not from the grant: the instance then reports its
-/// measured rate and an eighth, unflagged, until its attempts reach three
-/// quarters of the doubled grant (a window that holds more of its bursts
-/// than the last is no growth). A grant asked for by a guess or a
-/// doubling that the next measure finds larger than needed is given back at
-/// once, down to that measure and a quarter, instead of at its expiry. Through a
-/// [`LeasedBudget`](crate::outbound::LeasedBudget) the rate is in the
+/// A window is **held back** by its grant when, for at least three quarters of
+/// it, a refused attempt was still inside the wait it was told (for the bucket,
+/// or a [`LeasedBudget`](crate::outbound::LeasedBudget) share, to fill, or with
+/// no rate to spend, for the next refresh) and its attempts asked at least nine
+/// tenths of the grant (fewer, with such waits, is a queue draining or bursts).
+/// Callers that queue and wait then attempt about as fast as the grant lets
+/// them, so the count understates what they want. Such a window reports at
+/// least twice the grant, flagged as held back once or, the second such window
+/// in a row, twice (an ask carried over from the last report, above the
+/// doubling, is unflagged). Other instances' targets count one held back once
+/// as half its report, about the grant it was held back at (one such window is
+/// as often a burst as growth), and one held back twice as twice its report (at
+/// most `R`), room for its next doubling, unless they are held back twice too.
+/// Held back twice, an instance may also take its part of what no demand asks,
+/// shared with every other held-back one, up to twice its report: the share
+/// that others leave (a scale-down) is taken at the next call, not one doubling
+/// per refresh. It never reports less than it reported last time: a grant below
+/// that is no sign that it needs less (a newcomer's first grant is next to
+/// nothing while the others' older grants run out, and its callers, told to
+/// wait for the next refresh, attempt little: it keeps asking for its guess,
+/// and gets it when those grants expire, instead of doubling from `min_demand`
+/// once per refresh). A held-back window at a zero grant reports that figure
+/// unflagged, and its first grant is measured a quarter period later, as a
+/// guess's is. Not counted as `R`, as a guess is: a small held-back instance
+/// would strand the difference for every other one. Not reported as `R`: after
+/// Redis restarts empty, the first instance back would be granted all of it
+/// while the others still spend their grants. Waits shorter than that (an
+/// instance at or below its need) leave the measured figure. A doubling that
+/// was granted (the grant rose by half) and whose next window used less than
+/// three quarters of it shows that the waits came from bursts, not from the
+/// grant: the instance then reports its measured rate and an eighth, unflagged,
+/// until its attempts reach three quarters of the doubled grant (a window that
+/// holds more of its bursts than the last is no growth). A grant asked for by a
+/// guess or a doubling that the next measure finds larger than needed is given
+/// back at once, down to that measure and a quarter, instead of at its expiry.
+/// Through a [`LeasedBudget`](crate::outbound::LeasedBudget) the rate is in the
 /// lease's units: what the share that asks most needs of the whole grant.
 ///
 /// # One id, one holder
