@@ -75,9 +75,9 @@ impl State {
     /// shows that the waits came from bursts: from then on, until the
     /// attempts reach what would have used it (three quarters of the
     /// doubled grant), the demand is the measured rate and an eighth.
-    /// The flag says how others' targets count the demand: as measured (held
-    /// back once too), as the whole budget (a guess) or as twice itself
-    /// (held back twice in a row).
+    /// The flag says how others' targets count the demand: as measured, as
+    /// half itself (held back once), as the whole budget (a guess) or as
+    /// twice itself (held back twice in a row).
     pub(super) fn take_demand(&mut self, x: Timestamp, cfg: &Settings) -> (Rate, u8) {
         let mut held = None;
         let measured = if self.mode_at(x) != Mode::Granted {

@@ -26,9 +26,9 @@ pub(crate) struct InstanceGrant {
     pub demand: Rate,
     /// Whether that demand was a guess (its first refresh, nothing measured
     /// yet) or held back by its grant (once, or twice in a row). Others'
-    /// targets count a guess as the whole budget, and a demand held back
-    /// twice in a row as twice itself, at most that, unless they are held
-    /// back twice in a row too.
+    /// targets count a guess as the whole budget, a demand held back once
+    /// as half itself, and one held back twice in a row as twice itself, at
+    /// most that, unless they are held back twice in a row too.
     pub guessed: bool,
     /// The grants it may still be spending, by expiry, rates decreasing; the
     /// last one is its latest grant.

@@ -88,9 +88,11 @@
 -- Another instance's guessed demand counts as R when the caller's target is
 -- computed: a guess must not let the caller take what that instance may
 -- need, since capacity once granted is stranded for a lease length. One
--- held back twice in a row counts as twice itself, at most R: room for its
--- next doubling, without stranding the rest; but as it asks when the
--- caller is held back twice in a row too (no room kept for one another).
+-- held back once counts as half itself (one such window is as often a
+-- burst as growth); one held back twice in a row counts as twice itself,
+-- at most R: room for its next doubling, without stranding the rest; but
+-- as it asks when the caller is held back twice in a row too (no room
+-- kept for one another).
 -- Such a caller may also take its own room at once from what no demand
 -- asks (see the rule at `want`).
 --
